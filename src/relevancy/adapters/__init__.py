@@ -1,0 +1,30 @@
+"""Model adapters: one per model family, declaring where a model keeps what the methods need."""
+from __future__ import annotations
+
+from torch import nn
+
+from .base import Adapter, UnsupportedModelError
+from .timm_vit import TimmViTAdapter
+
+ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter,)
+
+
+def register_adapter(adapter: type[Adapter]) -> None:
+    """Make a new model family available to `relevancy.explain` (checked before the built-in ones)."""
+    global ADAPTERS
+    ADAPTERS = (adapter,) + tuple(a for a in ADAPTERS if a is not adapter)
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter of the first family that recognises `model`; a clear error listing the families if none does."""
+    for adapter in ADAPTERS:
+        if adapter.supports(model):
+            return adapter(model)
+    families = "; ".join(f"{a.family} ({a.examples})" for a in ADAPTERS)
+    raise UnsupportedModelError(
+        f"relevancy does not support models of type {type(model).__module__}.{type(model).__name__}. "
+        f"Supported families: {families}."
+    )
+
+
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter"]

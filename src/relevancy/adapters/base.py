@@ -1,0 +1,93 @@
+"""The interface every model family implements; the methods only talk to this."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, ClassVar, Iterator, Sequence
+
+import torch
+from torch import nn
+
+
+class UnsupportedModelError(TypeError):
+    """The model is not of a family relevancy knows, or lacks what a method needs."""
+
+
+class Adapter:
+    """Declares a model family's layout: blocks, attention probabilities, prefix tokens, grid, head.
+
+    Subclasses set `family` and `examples` (shown in error messages) and implement the methods below.
+    """
+
+    family: ClassVar[str] = ""
+    examples: ClassVar[str] = ""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    # -- layout -------------------------------------------------------------------------------------------
+    num_prefix_tokens: int
+    has_class_token: bool
+    blocks: Sequence[nn.Module]
+
+    def attention_probability_modules(self) -> list[nn.Module]:
+        """One module per block whose forward output is that block's attention probabilities `(B, heads, T, T)`."""
+        raise NotImplementedError
+
+    def last_attention_input_module(self) -> nn.Module:
+        """The module whose output is the normalised tokens entering the last attention (CDAM's X)."""
+        raise NotImplementedError
+
+    def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def class_names(self) -> list[str] | None:
+        return None
+
+    def normalization(self) -> tuple[Sequence[float], Sequence[float]]:
+        """Mean and std the model's inputs were normalised with (to show them as pictures)."""
+        return (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+
+    def check_inputs(self, inputs: object) -> torch.Tensor:
+        """The batch as a float tensor on the model's device and dtype; a clear error for anything else."""
+        if not isinstance(inputs, torch.Tensor):
+            raise TypeError(f"inputs must be a torch.Tensor batch (B, C, H, W) of normalised images, got {type(inputs).__name__}")
+        if inputs.ndim == 3:
+            inputs = inputs[None]
+        if inputs.ndim != 4 or not inputs.is_floating_point():
+            raise ValueError(f"inputs must be a float batch (B, C, H, W), got {inputs.dtype} of shape {tuple(inputs.shape)}")
+        param = next(self.model.parameters(), None)
+        return inputs.to(param.device, param.dtype) if param is not None else inputs
+
+    # -- running ------------------------------------------------------------------------------------------
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode (and, if asked, explicit attention probabilities) for one call; everything restored after."""
+        raise NotImplementedError
+        yield
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Tokens `(B, T, D)` entering the first block (position embedding added)."""
+        raise NotImplementedError
+
+    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the first block's input tokens to `(logits, pre_logits)`."""
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logits, pre_logits)`; pre_logits is what the model returns with its head removed."""
+        return self.forward_tokens(self.embed(inputs))
+
+
+@contextmanager
+def forward_hooks(modules: Sequence[nn.Module], hook: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+    """Call `hook(index, output)` on each module's forward output for the duration of the block."""
+    handles = [m.register_forward_hook(lambda _m, _i, out, k=k: hook(k, out)) for k, m in enumerate(modules)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,100 @@
+"""timm's `VisionTransformer` family: ViT, DeiT (distilled too), DINO/DINOv2 (register tokens, layer scale)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .base import Adapter
+
+
+def _is_timm_vit(model: nn.Module) -> bool:
+    try:
+        from timm.models.vision_transformer import VisionTransformer
+    except ImportError:  # timm is a dependency, but a user may have removed it
+        return False
+    return isinstance(model, VisionTransformer)
+
+
+class TimmViTAdapter(Adapter):
+    family = "timm VisionTransformer"
+    examples = "vit_*, deit_*, deit_*_distilled_*, vit_*_dinov2, vit_*_reg*, any image size"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        if not _is_timm_vit(model):
+            return False
+        return all(
+            hasattr(b, "attn") and hasattr(b, "norm1") and hasattr(b.attn, "attn_drop") and hasattr(b.attn, "fused_attn")
+            for b in model.blocks
+        )
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.blocks = list(model.blocks)
+        self.num_prefix_tokens = int(model.num_prefix_tokens)
+        self.has_class_token = model.cls_token is not None and getattr(model, "global_pool", "token") == "token"
+
+    def attention_probability_modules(self) -> list[nn.Module]:
+        # timm applies attn_drop to the softmax output; in eval mode it is the identity, so its output is A.
+        return [b.attn.attn_drop for b in self.blocks]
+
+    def last_attention_input_module(self) -> nn.Module:
+        return self.blocks[-1].norm1
+
+    def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
+        patch_embed = self.model.patch_embed
+        if getattr(self.model, "dynamic_img_size", False) or getattr(patch_embed, "dynamic_img_pad", False):
+            return tuple(patch_embed.dynamic_feat_size(tuple(inputs.shape[-2:])))
+        return tuple(patch_embed.grid_size)
+
+    def class_names(self) -> list[str] | None:
+        config = getattr(self.model, "pretrained_cfg", None) or {}
+        names = getattr(self.model, "class_names", None) or config.get("label_names")
+        if names:
+            return list(names)
+        if not config:
+            return None
+        from timm.data import ImageNetInfo, infer_imagenet_subset
+
+        subset = infer_imagenet_subset(self.model)
+        if subset is None:
+            return None
+        info = ImageNetInfo(subset)
+        return [info.index_to_description(i).split(",")[0] for i in range(self.model.num_classes)]
+
+    def normalization(self) -> tuple[Sequence[float], Sequence[float]]:
+        from timm.data import resolve_data_config
+
+        if not getattr(self.model, "pretrained_cfg", None):
+            return super().normalization()
+        config = resolve_data_config({}, model=self.model)
+        return config["mean"], config["std"]
+
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        attentions = [b.attn for b in self.blocks]
+        fused = [a.fused_attn for a in attentions]
+        training = {m: m.training for m in self.model.modules()}
+        try:
+            self.model.eval()
+            if attention_probabilities:
+                for a in attentions:
+                    a.fused_attn = False
+            yield
+        finally:
+            for a, flag in zip(attentions, fused):
+                a.fused_attn = flag
+            for m, flag in training.items():
+                m.training = flag
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        return m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(inputs))))
+
+    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.model
+        features = m.norm(m.blocks(tokens))
+        return m.forward_head(features), m.forward_head(features, pre_logits=True)

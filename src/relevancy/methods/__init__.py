@@ -1,0 +1,60 @@
+"""The registry of explanation methods: name -> how to run it and what its scores mean."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..adapters.base import Adapter
+from ..targets import Target
+
+
+@dataclass(frozen=True)
+class Method:
+    """An explanation method.
+
+    `run(adapter, inputs, target, **options)` returns `(scores, indices, logits)`: scores over the patch tokens
+    `(B, N)` or, for `pixels` methods, over the input `(B, H, W)`.
+    """
+
+    name: str
+    run: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    signed: bool  # scores take both signs: shown with a diverging colormap centred on zero
+    reads_class_token: bool  # reads the [CLS] row: needs a model with a class token
+    needs_attention: bool = True  # reads attention probabilities: fused attention is switched off for the call
+    accepts_concept: bool = False  # can explain a `Concept` instead of a class
+    pixels: bool = False
+    summary: str = ""
+
+
+from .ablation import token_ablation  # noqa: E402
+from .attention import raw_attention, rollout  # noqa: E402
+from .gradients import attention_gradcam, cdam, generic_attention  # noqa: E402
+
+REGISTRY: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("raw_attention", raw_attention, signed=False, reads_class_token=True,
+               summary="last block's attention of [CLS], mean over heads"),
+        Method("rollout", rollout, signed=False, reads_class_token=True,
+               summary="attention rollout (Abnar & Zuidema), residual-aware, row-normalised"),
+        Method("attention_gradcam", attention_gradcam, signed=False, reads_class_token=True,
+               summary="Grad-CAM on the last block's attention"),
+        Method("generic_attention", generic_attention, signed=False, reads_class_token=True,
+               summary="Chefer ICCV'21 gradient-weighted attention rule"),
+        Method("cdam", cdam, signed=True, reads_class_token=False, needs_attention=False, accepts_concept=True,
+               summary="class-discriminative attention map (Brocki & Chung), signed"),
+        Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
+               accepts_concept=True,
+               summary="score drop when a patch token is removed, signed"),
+    )
+}
+
+
+def register_method(method: Method) -> None:
+    """Add a method to `relevancy.explain` (used by the propagation methods and by users' own methods)."""
+    REGISTRY[method.name] = method
+
+
+__all__ = ["Method", "REGISTRY", "register_method", "Adapter", "Target"]

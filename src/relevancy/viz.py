@@ -1,0 +1,63 @@
+"""Colormaps and overlays: signed maps diverge around zero, non-negative maps use a sequential scale."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+SIGNED_CMAP = "RdBu_r"
+UNSIGNED_CMAP = "inferno"
+
+
+def color_limits(scores: torch.Tensor, signed: bool) -> tuple[float, float]:
+    """Symmetric limits around zero for signed maps, the map's own range otherwise."""
+    if signed:
+        bound = float(scores.abs().max()) or 1.0
+        return -bound, bound
+    low, high = float(scores.min()), float(scores.max())
+    return low, high if high > low else low + 1.0
+
+
+def draw_map(axis: plt.Axes, scores: torch.Tensor, signed: bool, picture: torch.Tensor | None = None) -> None:
+    """One map on `axis`, over a grey copy of the picture when given."""
+    low, high = color_limits(scores, signed)
+    if picture is not None:
+        axis.imshow(picture.mean(-1), cmap="gray", vmin=0, vmax=1)
+    alpha = 0.6 if picture is not None else 1.0
+    image = axis.imshow(scores.float().numpy(), cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, vmin=low, vmax=high, alpha=alpha)
+    axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
+    axis.set_axis_off()
+
+
+def overlay_figure(maps: torch.Tensor, pictures: torch.Tensor | None, signed: bool, titles: Sequence[str]) -> plt.Figure:
+    """A row of panels: each map upsampled to its picture, drawn over it."""
+    count = len(maps)
+    figure, axes = plt.subplots(1, count, figsize=(3.4 * count, 3.2), squeeze=False)
+    for i, axis in enumerate(axes[0]):
+        draw_map(axis, maps[i], signed, pictures[i] if pictures is not None else None)
+        axis.set_title(titles[i], fontsize=9)
+    figure.tight_layout()
+    return figure
+
+
+def save_figure(figure: plt.Figure, path: str | Path) -> Path:
+    """Save as PNG through a temporary file in the same folder, so a failure leaves no partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(suffix=".png", dir=path.parent)
+    os.close(handle)
+    try:
+        figure.savefig(temporary, format="png", dpi=110)
+        os.replace(temporary, path)
+    finally:
+        plt.close(figure)
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    return path
