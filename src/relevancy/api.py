@@ -43,17 +43,14 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     with adapter.explaining(attention_probabilities=spec.needs_attention):
         scores, indices, logits = spec.run(adapter, inputs, target, **options)
     if not spec.pixels:
-        scores = scores.reshape(len(scores), *adapter.grid_size(inputs))
-    mean, std = adapter.normalization()
-    return Explanation(
+        scores = adapter.arrange_token_scores(scores, inputs)
+    return adapter.explanation_class(
         scores=scores.detach(),
         target=indices,
         logits=logits.detach(),
         method=method,
         signed=spec.signed,
-        input_size=tuple(inputs.shape[-2:]),
         class_names=adapter.class_names(),
-        mean=tuple(mean),
-        std=tuple(std),
         concept=target if isinstance(target, Concept) else None,
+        **adapter.describe_inputs(inputs),
     )

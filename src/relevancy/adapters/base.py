@@ -7,6 +7,8 @@ from typing import Callable, ClassVar, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..explanation import Explanation
+
 
 class UnsupportedModelError(TypeError):
     """The model is not of a family relevancy knows, or lacks what a method needs."""
@@ -47,9 +49,15 @@ class Adapter:
     def class_names(self) -> list[str] | None:
         return None
 
-    def normalization(self) -> tuple[Sequence[float], Sequence[float]]:
-        """Mean and std the model's inputs were normalised with (to show them as pictures)."""
-        return (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    explanation_class: ClassVar[type] = Explanation
+
+    def arrange_token_scores(self, scores: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """Token scores `(B, N)` as the family shows them (an image grid `(B, h, w)` for vision models)."""
+        return scores.reshape(len(scores), *self.grid_size(inputs))
+
+    def describe_inputs(self, inputs: torch.Tensor) -> dict:
+        """Extra fields of the Explanation that depend on the inputs (input size, normalisation)."""
+        return {"input_size": tuple(inputs.shape[-2:])}
 
     def check_inputs(self, inputs: object) -> torch.Tensor:
         """The batch as a float tensor on the model's device and dtype; a clear error for anything else."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -65,13 +65,14 @@ class TimmViTAdapter(Adapter):
         info = ImageNetInfo(subset)
         return [info.index_to_description(i).split(",")[0] for i in range(self.model.num_classes)]
 
-    def normalization(self) -> tuple[Sequence[float], Sequence[float]]:
-        from timm.data import resolve_data_config
+    def describe_inputs(self, inputs: torch.Tensor) -> dict:
+        fields = {"input_size": tuple(inputs.shape[-2:])}
+        if getattr(self.model, "pretrained_cfg", None):
+            from timm.data import resolve_data_config
 
-        if not getattr(self.model, "pretrained_cfg", None):
-            return super().normalization()
-        config = resolve_data_config({}, model=self.model)
-        return config["mean"], config["std"]
+            config = resolve_data_config({}, model=self.model)
+            fields.update(mean=tuple(config["mean"]), std=tuple(config["std"]))
+        return fields
 
     @contextmanager
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:
