@@ -41,7 +41,7 @@ def record_forward(
     with forward_hooks(modules, lambda _k, out: recorded["attentions"].append(out)), forward_hooks(
         last, lambda _k, out: recorded["last"].append(out)
     ), torch.set_grad_enabled(gradients):
-        if gradients:  # a graph even when the user froze every weight
+        if gradients and not inputs.requires_grad:  # a graph even when the user froze every weight
             inputs = inputs.detach().requires_grad_(True)
         logits, pre_logits = adapter.forward(inputs)
         indices = resolve_target(target, logits)

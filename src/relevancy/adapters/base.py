@@ -43,6 +43,10 @@ class Adapter:
         """The module whose output is the normalised tokens entering the last attention (CDAM's X)."""
         raise NotImplementedError
 
+    def relevance_rule_map(self) -> dict:
+        """Module type -> relevance rule (see relevancy.lrp) for the propagation methods."""
+        raise UnsupportedModelError(f"no relevance rules for the {self.family} family yet")
+
     def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
         raise NotImplementedError
 

@@ -44,6 +44,11 @@ class TimmViTAdapter(Adapter):
     def last_attention_input_module(self) -> nn.Module:
         return self.blocks[-1].norm1
 
+    def relevance_rule_map(self) -> dict:
+        from ..lrp.timm_vit import rule_map
+
+        return rule_map()
+
     def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
         patch_embed = self.model.patch_embed
         if getattr(self.model, "dynamic_img_size", False) or getattr(patch_embed, "dynamic_img_pad", False):

@@ -31,6 +31,7 @@ class Method:
 from .ablation import token_ablation  # noqa: E402
 from .attention import raw_attention, rollout  # noqa: E402
 from .gradients import attention_gradcam, cdam, generic_attention  # noqa: E402
+from .propagation import lrp, partial_lrp, transformer_attribution  # noqa: E402
 
 REGISTRY: dict[str, Method] = {
     m.name: m
@@ -43,6 +44,12 @@ REGISTRY: dict[str, Method] = {
                summary="Grad-CAM on the last block's attention"),
         Method("generic_attention", generic_attention, signed=False, reads_class_token=True,
                summary="Chefer ICCV'21 gradient-weighted attention rule"),
+        Method("transformer_attribution", transformer_attribution, signed=False, reads_class_token=True,
+               needs_attention=False, summary="Chefer CVPR'21: LRP relevance x attention gradient, rolled out"),
+        Method("partial_lrp", partial_lrp, signed=False, reads_class_token=True, needs_attention=False,
+               summary="LRP relevance at the last attention (Voita et al.), vanilla rules"),
+        Method("lrp", lrp, signed=True, reads_class_token=False, needs_attention=False, pixels=True,
+               summary="full LRP to the pixels, vanilla rules"),
         Method("cdam", cdam, signed=True, reads_class_token=False, needs_attention=False, accepts_concept=True,
                summary="class-discriminative attention map (Brocki & Chung), signed"),
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,

@@ -1,0 +1,193 @@
+"""Rule-aware autograd on unmodified models.
+
+Inside `relevance_session(...)`, the model's modules run through `RuleFunction`s: the forward values are the
+model's own, and each backward pass is either an ordinary gradient pass or a relevance pass, chosen by the
+session's `mode` at backward time. So one forward serves both the gradient `dy/dA` and the LRP relevance at
+`A`, each in one backward pass. The rule map (module type -> rule) is data: a new architecture needs a map,
+not a fork. Every patched forward is removed when the session ends, also after an exception.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from . import rules
+
+GRADIENT, RELEVANCE = "gradient", "relevance"
+
+# A relevance rule: (session, detached inputs, relevance at the output) -> relevance per input.
+RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+@dataclass
+class RuleSet:
+    """Which variant of each rule to use: the paper's (conserving) or the vanilla LRP baselines'."""
+
+    name: str
+    shared_linear_denominator: bool
+    rescale_residuals: bool
+
+
+PAPER = RuleSet("paper", shared_linear_denominator=True, rescale_residuals=True)
+VANILLA = RuleSet("vanilla", shared_linear_denominator=False, rescale_residuals=False)
+
+
+@dataclass
+class Session:
+    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps."""
+
+    rule_set: RuleSet
+    mode: str = GRADIENT
+    attentions: list[torch.Tensor] = field(default_factory=list)
+
+    def apply(self, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        """`fn(*inputs)`, differentiated by autograd in gradient mode and by `rule` in relevance mode."""
+        return RuleFunction.apply(self, rule, fn, *inputs)
+
+    def backward(self, mode: str, outputs: torch.Tensor, inputs: list[torch.Tensor], seed: torch.Tensor) -> list[torch.Tensor]:
+        """One backward pass from `outputs` (seeded with `seed`) to `inputs` in the given mode."""
+        self.mode = mode
+        return list(torch.autograd.grad(outputs, inputs, seed, retain_graph=True))
+
+
+class RuleFunction(torch.autograd.Function):
+    """Runs `fn` on detached inputs with a local graph; backward is that graph's gradient or the rule."""
+
+    @staticmethod
+    def forward(ctx, session: Session, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor):
+        wanted = ctx.needs_input_grad[3:]
+        local = tuple(x.detach().requires_grad_(need) for x, need in zip(inputs, wanted))
+        with torch.enable_grad():
+            output = fn(*local)
+        ctx.session, ctx.rule, ctx.local, ctx.output = session, rule, local, output
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, incoming: torch.Tensor):
+        wanted = ctx.needs_input_grad[3:]
+        if ctx.session.mode == GRADIENT:
+            sources = [x for x, need in zip(ctx.local, wanted) if need]
+            found = iter(torch.autograd.grad(ctx.output, sources, incoming, retain_graph=True, allow_unused=True))
+            result = [next(found) if need else None for need in wanted]
+        else:
+            with torch.no_grad():
+                shares = ctx.rule(ctx.session, tuple(x.detach() for x in ctx.local), incoming)
+            result = [r if need else None for r, need in zip(shares, wanted)]
+        return (None, None, None, *result)
+
+
+# -- the rules as session-aware functions -----------------------------------------------------------------
+def passthrough_rule(_session: Session, _inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+    return (rules.passthrough(relevance),)
+
+
+def add_rule(session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rules.add(*inputs, relevance, rescale=session.rule_set.rescale_residuals)
+
+
+def matmul_rule(_session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rules.matmul_halved(*inputs, relevance)
+
+
+def linear_rule(module: nn.Linear) -> RelevanceRule:
+    def rule(session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        return (rules.linear_alpha1_beta0(inputs[0], module.weight, relevance, session.rule_set.shared_linear_denominator),)
+
+    return rule
+
+
+def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
+    def rule(_session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        return (rules.conv_zb(inputs[0], module.weight, relevance, module.stride, module.padding),)
+
+    return rule
+
+
+# -- operations used by canonical forwards -----------------------------------------------------------------
+def add(session: Session, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a + b` under the residual rule; `b` may broadcast (e.g. a position embedding)."""
+    return session.apply(add_rule, torch.add, a, b.expand_as(a))
+
+
+def matmul(session: Session, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return session.apply(matmul_rule, torch.matmul, u, v)
+
+
+def passthrough(session: Session, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return session.apply(passthrough_rule, fn, x)
+
+
+# -- patching ----------------------------------------------------------------------------------------------
+# A rule map entry turns (module, session) into replacement methods, e.g. {"forward": ...}; {} for none.
+Replacements = dict[str, Callable[..., torch.Tensor]]
+ForwardFactory = Callable[[nn.Module, Session], Replacements]
+
+
+def leaf(rule_for: Callable[[nn.Module], RelevanceRule]) -> ForwardFactory:
+    """An entry for a module computing one tensor from one tensor, differentiated by the given rule."""
+
+    def factory(module: nn.Module, session: Session):
+        original, rule = module.forward, rule_for(module)
+        return {"forward": lambda x: session.apply(rule, original, x)}
+
+    return factory
+
+
+def unchanged(_module: nn.Module, _session: Session) -> Replacements:
+    """An entry for containers and ops whose ordinary backward already moves relevance correctly."""
+    return {}
+
+
+PASSTHROUGH = leaf(lambda _m: passthrough_rule)
+LINEAR = leaf(linear_rule)
+PIXEL_CONV = leaf(pixel_conv_rule)
+
+
+class MissingRuleError(TypeError):
+    """A module of the model has no relevance rule in the rule map."""
+
+
+def _entry(rule_map: Mapping[type, ForwardFactory], module: nn.Module) -> ForwardFactory:
+    for cls in type(module).__mro__:
+        if cls in rule_map:
+            return rule_map[cls]
+    known = ", ".join(sorted(c.__name__ for c in rule_map))
+    raise MissingRuleError(
+        f"no relevance rule for module type {type(module).__module__}.{type(module).__name__}; "
+        f"the rule map covers: {known}"
+    )
+
+
+@contextmanager
+def relevance_session(
+    model: nn.Module,
+    rule_map: Mapping[type, ForwardFactory],
+    rule_set: RuleSet,
+    overrides: Mapping[nn.Module, ForwardFactory] | None = None,
+) -> Iterator[Session]:
+    """Apply `rule_map` to every module of `model` for the block; the model is restored on exit.
+
+    `overrides` pick a factory for particular modules (e.g. the pixel-layer convolution).
+    """
+    session = Session(rule_set)
+    overrides = dict(overrides or {})
+    plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
+    patched: list[tuple[nn.Module, str, bool, object]] = []
+    try:
+        for module, factory in plans:
+            for name, replacement in factory(module, session).items():
+                had_own = name in module.__dict__
+                patched.append((module, name, had_own, module.__dict__.get(name)))
+                object.__setattr__(module, name, replacement)
+        yield session
+    finally:
+        for module, name, had_own, previous in reversed(patched):
+            if had_own:
+                object.__setattr__(module, name, previous)
+            else:
+                object.__delattr__(module, name)
+        session.attentions.clear()

@@ -1,0 +1,93 @@
+"""The rule map of timm's VisionTransformer family: which rule each module and operation gets."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import engine
+from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, matmul, passthrough, unchanged
+
+
+def _attention(attn: nn.Module, session: Session) -> Replacements:
+    """timm `Attention` with explicit products: both halved-matmul rules, softmax and scale pass relevance."""
+    if getattr(attn, "gate", None) is not None:
+        raise engine.MissingRuleError("no relevance rule for gated attention (timm Attention with a gate)")
+
+    def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise engine.MissingRuleError("relevance propagation does not support attention masks on ViT")
+        batch, tokens, _ = x.shape
+        qkv = attn.qkv(x).reshape(batch, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        # (q k^T) * scale, in the reference's order: LRP is sensitive to the rounding of near-zero products
+        products = passthrough(session, lambda t: t * attn.scale, matmul(session, q, k.transpose(-2, -1)))
+        probabilities = passthrough(session, lambda t: t.softmax(dim=-1), products)
+        probabilities = attn.attn_drop(probabilities)
+        session.attentions.append(probabilities)
+        x = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
+        return attn.proj_drop(attn.proj(attn.norm(x)))
+
+    return {"forward": forward}
+
+
+def _block(block: nn.Module, session: Session) -> Replacements:
+    """timm `Block`: the two residual adds get the residual rule."""
+
+    def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        x = add(session, x, block.drop_path1(block.ls1(block.attn(block.norm1(x), attn_mask=attn_mask, is_causal=is_causal))))
+        return add(session, x, block.drop_path2(block.ls2(block.mlp(block.norm2(x)))))
+
+    return {"forward": forward}
+
+
+def _vision_transformer(model: nn.Module, session: Session) -> Replacements:
+    """The position-embedding add gets the residual rule; a distilled model's two heads are averaged by it."""
+    def pos_embed(x: torch.Tensor) -> torch.Tensor:
+        # timm's own _pos_embed, with the addition made explicit so that it gets the residual rule
+        if model.pos_embed is None or model.no_embed_class or getattr(model, "dynamic_img_size", False):
+            raise engine.MissingRuleError(
+                "relevance to pixels supports timm ViTs whose position embedding covers the prefix tokens "
+                "and a fixed image size"
+            )
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (model.cls_token, model.reg_token) if t is not None]
+        tokens = torch.cat(prefix + [x.reshape(x.shape[0], -1, x.shape[-1])], dim=1)
+        return model.pos_drop(add(session, tokens, model.pos_embed))
+
+    replacements: Replacements = {"_pos_embed": pos_embed}
+    if hasattr(model, "head_dist"):  # DeiT distilled: logits = (head(cls) + head_dist(dist)) / 2
+
+        def forward_head(x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+            if pre_logits:
+                return (x[:, 0] + x[:, 1]) / 2
+            half = lambda t: t / 2  # noqa: E731
+            cls_logits = passthrough(session, half, model.head(model.head_drop(x[:, 0])))
+            dist_logits = passthrough(session, half, model.head_dist(model.head_drop(x[:, 1])))
+            return add(session, cls_logits, dist_logits)
+
+        replacements["forward_head"] = forward_head
+    return replacements
+
+
+def rule_map() -> dict[type, ForwardFactory]:
+    """Module type -> rule, for every module a timm VisionTransformer is built from."""
+    from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed
+    from timm.models.vision_transformer import Attention, Block, VisionTransformer
+
+    return {
+        VisionTransformer: _vision_transformer,
+        Block: _block,
+        Attention: _attention,
+        Mlp: unchanged,
+        PatchEmbed: unchanged,
+        nn.Sequential: unchanged,
+        nn.ModuleList: unchanged,
+        nn.Identity: unchanged,
+        nn.Dropout: unchanged,
+        DropPath: unchanged,
+        nn.Linear: LINEAR,
+        nn.LayerNorm: PASSTHROUGH,
+        nn.GELU: PASSTHROUGH,
+        LayerScale: PASSTHROUGH,
+        nn.Conv2d: engine.PIXEL_CONV,
+    }
