@@ -1,0 +1,56 @@
+"""The shipped shapes ViT: architecture, loading and accuracy."""
+
+import pytest
+import torch
+
+from relevancy.bench import CLASSES, WEIGHTS_PATH, build_model, evaluate_accuracy, load_model, make_scenes
+
+
+def test_build_model_architecture():
+    from timm.models.vision_transformer import VisionTransformer
+
+    m = build_model()
+    assert isinstance(m, VisionTransformer)
+    assert m.global_pool == "token" and m.cls_token is not None
+    assert m.patch_embed.patch_size == (8, 8) and m.patch_embed.grid_size == (8, 8)
+    assert m.head.out_features == len(CLASSES)
+    assert m(torch.zeros(2, 3, 64, 64)).shape == (2, len(CLASSES))
+
+
+def test_data_config_resolves():
+    import timm.data
+
+    m = build_model()
+    cfg = timm.data.resolve_data_config({}, model=m)
+    assert cfg["input_size"] == (3, 64, 64)
+    assert tuple(cfg["mean"]) == (0.5, 0.5, 0.5) and tuple(cfg["std"]) == (0.5, 0.5, 0.5)
+    assert tuple(m.pretrained_cfg["label_names"]) == CLASSES and m.class_names == CLASSES
+
+
+needs_weights = pytest.mark.skipif(not WEIGHTS_PATH.exists(), reason="no trained weights shipped")
+
+
+@needs_weights
+def test_weights_file_small():
+    assert WEIGHTS_PATH.stat().st_size <= 25 * 2**20
+
+
+@needs_weights
+def test_shipped_model_loads_and_classifies():
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    m = load_model()
+    assert not m.training
+    assert m.class_names == CLASSES
+    s = make_scenes(200, seed=2_000_000_000)  # never used in training
+    with torch.no_grad():
+        pred = m(s.images).argmax(1)
+    acc = (pred == s.labels[:, 0]).float().mean().item()
+    assert acc >= 0.95, acc
+
+
+@needs_weights
+def test_evaluate_accuracy_reports_both_figures():
+    m = load_model()
+    r = evaluate_accuracy(m, n=40, seed=2_000_000_100)
+    assert set(r) >= {"single_top1", "pair_top2", "n"} and r["n"] == 40
+    assert 0 <= r["pair_top2"] <= 1 and 0 <= r["single_top1"] <= 1
