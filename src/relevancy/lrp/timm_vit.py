@@ -44,15 +44,25 @@ def _block(block: nn.Module, session: Session) -> Replacements:
 def _vision_transformer(model: nn.Module, session: Session) -> Replacements:
     """The position-embedding add gets the residual rule; a distilled model's two heads are averaged by it."""
     def pos_embed(x: torch.Tensor) -> torch.Tensor:
-        # timm's own _pos_embed, with the addition made explicit so that it gets the residual rule
-        if model.pos_embed is None or model.no_embed_class or getattr(model, "dynamic_img_size", False):
-            raise engine.MissingRuleError(
-                "relevance to pixels supports timm ViTs whose position embedding covers the prefix tokens "
-                "and a fixed image size"
+        # timm's own _pos_embed (plain, distilled, registers, dynamic size), its addition under the add rule
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (model.cls_token, getattr(model, "dist_token", None), model.reg_token) if t is not None]
+        if model.pos_embed is None:
+            return torch.cat(prefix + [x.reshape(x.shape[0], -1, x.shape[-1])], dim=1)
+        position = model.pos_embed
+        if getattr(model, "dynamic_img_size", False):
+            from timm.layers import resample_abs_pos_embed
+
+            height, width = x.shape[1:3]
+            position = resample_abs_pos_embed(
+                position,
+                new_size=(height, width),
+                old_size=model.patch_embed.grid_size,
+                num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens,
             )
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (model.cls_token, model.reg_token) if t is not None]
-        tokens = torch.cat(prefix + [x.reshape(x.shape[0], -1, x.shape[-1])], dim=1)
-        return model.pos_drop(add(session, tokens, model.pos_embed))
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
+        if model.no_embed_class:
+            return model.pos_drop(torch.cat(prefix + [add(session, x, position)], dim=1))
+        return model.pos_drop(add(session, torch.cat(prefix + [x], dim=1), position))
 
     replacements: Replacements = {"_pos_embed": pos_embed}
     if hasattr(model, "head_dist"):  # DeiT distilled: logits = (head(cls) + head_dist(dist)) / 2

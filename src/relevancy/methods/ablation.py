@@ -7,6 +7,12 @@ from ..adapters.base import Adapter
 from ..targets import Target, resolve_target, target_score
 
 
+def select_tokens(adapter: Adapter, tokens: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`tokens[rows[:, None], positions]`; adapters carrying per-token state (a text attention mask) select it alike."""
+    select = getattr(adapter, "select_tokens", None)
+    return select(tokens, rows, positions) if select is not None else tokens[rows[:, None], positions]
+
+
 def token_ablation(adapter: Adapter, inputs: torch.Tensor, target: Target, chunk_size: int = 256) -> tuple[torch.Tensor, ...]:
     """`f(all tokens) - f(all but patch token i)`, the token dropped before the first block.
 
@@ -32,7 +38,7 @@ def token_ablation(adapter: Adapter, inputs: torch.Tensor, target: Target, chunk
         for start in range(0, batch * patches, chunk_size):
             rows = slice(start, start + chunk_size)
             images = image_of[rows]
-            sequences = tokens[images[:, None], drop_of[rows]]
+            sequences = select_tokens(adapter, tokens, images, drop_of[rows])
             chunk_logits, chunk_pre = adapter.forward_tokens(sequences)
             ablated[rows] = target_score(target, indices[images], chunk_logits, chunk_pre)
     return full[:, None] - ablated.view(batch, patches), indices, logits

@@ -1,0 +1,374 @@
+"""Hugging Face BERT-family sequence classifiers: BERT, RoBERTa (XLM-R, CamemBERT), DistilBERT.
+
+The families differ only in where they keep their parts, so each is one row of `LAYOUTS`: attribute paths
+from the classifier to the embeddings, the layer list and each layer's self-attention, plus how the last
+hidden states become the pre-logits vector and the logits. Everything else (inputs, attention mask,
+eager attention for the call, the reference's per-family conventions) is shared.
+
+Inputs are what the tokenizer returns (`input_ids`, `attention_mask`, optional `token_type_ids`); scores
+cover every token, [CLS] included (`num_prefix_tokens = 0`), and are 0 at padding.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Callable, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from ..text.explanation import TextExplanation
+from .base import Adapter, UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one family keeps its parts (attribute paths from the `*ForSequenceClassification` model)."""
+
+    classes: tuple[str, ...]  # class names of the classifiers this row describes
+    embeddings: str  # input ids -> tokens entering the first layer (position embedding added, normalised)
+    layers: str  # the layer list; `layer(hidden, additive_mask)` -> hidden (or a tuple starting with it)
+    self_attention: str  # inside a layer: the module returning `(context, attention probabilities)`
+    pool: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, last hidden states) -> pre-logits (B, D)
+    classify: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, pre-logits) -> logits
+    token_types: bool = True  # the embeddings take `token_type_ids`
+
+
+def _roberta_pool(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    head = model.classifier
+    return torch.tanh(head.dense(head.dropout(hidden[:, 0])))
+
+
+def _distilbert_pool(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    return torch.relu(model.pre_classifier(hidden[:, 0]))
+
+
+LAYOUTS: tuple[Layout, ...] = (
+    Layout(
+        classes=("BertForSequenceClassification",),
+        embeddings="bert.embeddings",
+        layers="bert.encoder.layer",
+        self_attention="attention.self",
+        pool=lambda m, h: m.bert.pooler(h),  # dense + tanh on [CLS]
+        classify=lambda m, z: m.classifier(m.dropout(z)),
+    ),
+    Layout(
+        classes=("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification"),
+        embeddings="roberta.embeddings",
+        layers="roberta.encoder.layer",
+        self_attention="attention.self",
+        pool=_roberta_pool,  # the classification head's dense + tanh on <s>
+        classify=lambda m, z: m.classifier.out_proj(m.classifier.dropout(z)),
+    ),
+    Layout(
+        classes=("DistilBertForSequenceClassification",),
+        embeddings="distilbert.embeddings",
+        layers="distilbert.transformer.layer",
+        self_attention="attention",
+        pool=_distilbert_pool,  # pre_classifier + ReLU on [CLS]
+        classify=lambda m, z: m.classifier(m.dropout(z)),
+        token_types=False,
+    ),
+)
+
+
+def _layout_of(model: nn.Module) -> Layout | None:
+    names = {cls.__name__ for cls in type(model).__mro__}
+    return next((layout for layout in LAYOUTS if names & set(layout.classes)), None)
+
+
+def _get(root: nn.Module, path: str) -> nn.Module:
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def _first(output: object) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _probabilities(output: object) -> torch.Tensor:
+    probabilities = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+    if probabilities is None:
+        raise RuntimeError(
+            "the self-attention returned no attention probabilities: the model does not use eager attention "
+            "(relevancy switches it on for the call; a custom attention implementation may ignore the switch)"
+        )
+    return probabilities
+
+
+class OutputPart:
+    """One part of a module's forward output (e.g. the attention probabilities in `(context, probabilities)`),
+    hookable like a module: `register_forward_hook(hook)` calls `hook(module, args, part)`."""
+
+    def __init__(self, module: nn.Module, pick: Callable[[object], torch.Tensor]) -> None:
+        self.module, self.pick = module, pick
+
+    def register_forward_hook(self, hook: Callable) -> torch.utils.hooks.RemovableHandle:
+        def observe(module: nn.Module, args: tuple, output: object) -> None:
+            hook(module, args, self.pick(output))  # never replaces the module's output
+
+        return self.module.register_forward_hook(observe)
+
+    def __repr__(self) -> str:
+        return f"OutputPart({type(self.module).__name__}, {getattr(self.pick, '__name__', 'part')})"
+
+
+@dataclass
+class TextBatch:
+    """A tokenised batch on the model's device; `tokens`/`word_ids` per text when the tokenizer gave them."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long, 1 at real tokens
+    token_type_ids: torch.Tensor | None = None
+    tokens: list[list[str]] | None = None  # token strings of the real (unpadded) tokens
+    word_ids: list[list[int | None]] | None = None
+    requires_grad: bool = False  # the token embeddings become differentiable (even with frozen weights)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    # The methods treat inputs like an image batch: `inputs.detach().requires_grad_(True)` asks for a graph.
+    def detach(self) -> "TextBatch":
+        return self
+
+    def requires_grad_(self, flag: bool = True) -> "TextBatch":
+        return replace(self, requires_grad=flag)
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """`(B, T)` bool: the real tokens."""
+        return self.attention_mask.bool()
+
+
+class HFBertAdapter(Adapter):
+    """BERT-family classifiers from Hugging Face transformers (see `LAYOUTS`).
+
+    `method_defaults` hold where the authors' BERT code differs from their ViT code; every entry is also a
+    keyword option of the method, so `explain(..., cls_entry="keep")` overrides it:
+
+    - `cls_entry` (`raw_attention`, `rollout`, `attention_gradcam`, `generic_attention`: "zero";
+      `transformer_attribution`: "min"; `partial_lrp`, `lrp`: "zero"): the [CLS] token's own entry of the
+      [CLS] row, which ViT maps never show. "keep" leaves the computed value.
+    - `region` (`attention_gradcam`: "matrix"): the BERT reference averages the gradient over the whole
+      attention matrix and min-max normalises over the whole matrix, not the [CLS] row.
+    - `row_normalize` (`transformer_attribution`: True): the BERT reference row-normalises `I + E_h(G*R)^+`
+      before chaining the layers.
+    """
+
+    family = "Hugging Face BERT-family sequence classifier"
+    examples = "BertForSequenceClassification, RobertaForSequenceClassification, DistilBertForSequenceClassification"
+    num_prefix_tokens = 0
+    has_class_token = True
+    explanation_class = TextExplanation
+    method_defaults: ClassVar[dict[str, dict]] = {
+        "raw_attention": {"cls_entry": "zero"},
+        "rollout": {"cls_entry": "zero"},
+        "attention_gradcam": {"cls_entry": "zero", "region": "matrix"},
+        "generic_attention": {"cls_entry": "zero"},  # no BERT reference: as rollout, whose [CLS] entry holds the identity
+        "transformer_attribution": {"cls_entry": "min", "row_normalize": True},
+        "partial_lrp": {"cls_entry": "zero"},
+        "lrp": {"cls_entry": "zero"},
+    }
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        layout = _layout_of(model)
+        if layout is None:
+            return False
+        try:
+            layers = _get(model, layout.layers)
+            _get(model, layout.embeddings)
+            return len(layers) > 0 and all(hasattr(_get(layer, layout.self_attention), "forward") for layer in layers)
+        except AttributeError:
+            return False
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        layout = _layout_of(model)
+        if layout is None:
+            raise UnsupportedModelError(f"{type(model).__name__} is not a BERT-family sequence classifier")
+        self.layout = layout
+        self.embeddings = _get(model, layout.embeddings)
+        self.blocks = list(_get(model, layout.layers))
+        self.self_attentions = [_get(layer, layout.self_attention) for layer in self.blocks]
+        self._mask: torch.Tensor | None = None  # the attention mask of the tokens forward_tokens receives next
+
+    # -- layout -------------------------------------------------------------------------------------------
+    def attention_probability_modules(self) -> list[OutputPart]:
+        # transformers applies dropout to the probabilities functionally (no module): the self-attention's
+        # second output is the probabilities tensor that multiplies the values, so gradients reach it.
+        return [OutputPart(attention, _probabilities) for attention in self.self_attentions]
+
+    def last_attention_input_module(self) -> OutputPart:
+        # post-LN: the last layer's attention reads the previous layer's (normalised) output directly
+        source = self.blocks[-2] if len(self.blocks) > 1 else self.embeddings
+        return OutputPart(source, _first)
+
+    def class_names(self) -> list[str] | None:
+        id2label = getattr(getattr(self.model, "config", None), "id2label", None)
+        if not id2label:
+            return None
+        return [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
+
+    def token_mask(self, inputs: TextBatch) -> torch.Tensor:
+        """`(B, T)` bool: the real tokens (the methods read only these)."""
+        return inputs.valid
+
+    def arrange_token_scores(self, scores: torch.Tensor, inputs: TextBatch) -> torch.Tensor:
+        return torch.where(inputs.valid, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+
+    def describe_inputs(self, inputs: TextBatch) -> dict:
+        return {
+            "input_size": (inputs.input_ids.shape[1],),
+            "tokens": inputs.tokens,
+            "word_ids": inputs.word_ids,
+            "attention_mask": inputs.attention_mask.detach().cpu(),
+        }
+
+    def check_inputs(self, inputs: object) -> TextBatch:
+        """A `TextBatch` on the model's device from the tokenizer's output (or `input_ids` alone)."""
+        if isinstance(inputs, TextBatch):
+            batch = inputs
+        elif isinstance(inputs, Mapping):
+            batch = _from_encoding(inputs)
+        elif isinstance(inputs, torch.Tensor):
+            if inputs.is_floating_point():
+                raise TypeError("inputs must be token ids (a LongTensor) or the tokenizer's output, not a float tensor")
+            ids = inputs[None] if inputs.ndim == 1 else inputs
+            batch = TextBatch(ids, torch.ones_like(ids))
+        elif isinstance(inputs, str) or isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str):
+            raise TypeError(
+                "inputs must be tokenised: pass the tokenizer's output, e.g. "
+                "relevancy.text.encode(tokenizer, texts) or tokenizer(texts, padding=True, return_tensors='pt')"
+            )
+        else:
+            raise TypeError(
+                f"inputs must be the tokenizer's output (input_ids, attention_mask), got {type(inputs).__name__}"
+            )
+        return self._validated(batch)
+
+    def _validated(self, batch: TextBatch) -> TextBatch:
+        ids, mask = batch.input_ids, batch.attention_mask
+        if ids.ndim != 2 or mask.shape != ids.shape:
+            raise ValueError(f"input_ids must be (B, T) with an attention_mask of the same shape, got {tuple(ids.shape)} and {tuple(mask.shape)}")
+        if ids.numel() == 0 or (mask.sum(1) == 0).any():
+            empty = 0 if ids.numel() == 0 else int((mask.sum(1) == 0).nonzero()[0])
+            raise ValueError(f"text {empty} of the batch is empty (no tokens): there is nothing to explain")
+        config = getattr(self.model, "config", None)
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit is not None and ids.shape[1] > limit:
+            raise ValueError(
+                f"the batch has {ids.shape[1]} tokens but the model reads at most {limit}: tokenise with "
+                f"truncation (relevancy.text.encode truncates with a warning)"
+            )
+        vocab = getattr(config, "vocab_size", None)
+        if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
+            raise ValueError(f"input_ids out of the vocabulary (0..{vocab - 1}): was the text tokenised with this model's tokenizer?")
+        device = next(self.model.parameters()).device
+        return replace(
+            batch,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            token_type_ids=batch.token_type_ids.to(device) if batch.token_type_ids is not None else None,
+            tokens=batch.tokens or _token_strings(batch.input_ids, batch.attention_mask),
+        )
+
+    # -- running ------------------------------------------------------------------------------------------
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode and, if asked, eager attention (the only one returning probabilities) for one call."""
+        configs = _configs(self.model)
+        implementations = [getattr(c, "_attn_implementation", None) for c in configs]
+        training = {m: m.training for m in self.model.modules()}
+        try:
+            self.model.eval()
+            if attention_probabilities:
+                for c in configs:
+                    c._attn_implementation = "eager"
+            yield
+        finally:
+            for c, implementation in zip(configs, implementations):
+                if getattr(c, "_attn_implementation", None) != implementation:
+                    c._attn_implementation = implementation
+            for m, flag in training.items():
+                m.training = flag
+            self._mask = None
+
+    def embed(self, inputs: TextBatch) -> torch.Tensor:
+        kwargs = {"input_ids": inputs.input_ids}
+        if self.layout.token_types and inputs.token_type_ids is not None:
+            kwargs["token_type_ids"] = inputs.token_type_ids
+        handle = None
+        if inputs.requires_grad and torch.is_grad_enabled():
+            # frozen weights leave the embeddings off the graph: make the word embeddings a leaf that is on it
+            handle = self.embeddings.word_embeddings.register_forward_hook(
+                lambda _m, _i, out: out if out.requires_grad else out.detach().requires_grad_(True)
+            )
+        try:
+            tokens = self.embeddings(**kwargs)
+        finally:
+            if handle is not None:
+                handle.remove()
+        self._mask = inputs.attention_mask
+        return tokens
+
+    def select_tokens(self, tokens: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`tokens[rows[:, None], positions]`, with the attention mask selected alike for `forward_tokens`."""
+        self._mask = self._mask_for(tokens)[rows[:, None], positions]
+        return tokens[rows[:, None], positions]
+
+    def _mask_for(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self._mask is None:
+            return torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
+        if self._mask.shape != tokens.shape[:2]:
+            raise RuntimeError(
+                f"tokens {tuple(tokens.shape[:2])} do not match the attention mask {tuple(self._mask.shape)}: "
+                "select tokens with adapter.select_tokens so that the mask follows"
+            )
+        return self._mask
+
+    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = self._mask_for(tokens)
+        additive = (1.0 - mask[:, None, None, :].to(tokens.dtype)) * torch.finfo(tokens.dtype).min
+        hidden = tokens
+        for layer in self.blocks:
+            hidden = _first(layer(hidden, additive))
+        pre_logits = self.layout.pool(self.model, hidden)
+        return self.layout.classify(self.model, pre_logits), pre_logits
+
+
+def _configs(model: nn.Module) -> list:
+    """Every distinct config object the model's modules read their attention implementation from."""
+    seen: dict[int, object] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def _from_encoding(encoding: Mapping) -> TextBatch:
+    if "input_ids" not in encoding:
+        raise ValueError(f"the tokenizer's output must hold 'input_ids' (got keys {sorted(encoding.keys())}); inputs_embeds are not supported")
+    ids = torch.as_tensor(encoding["input_ids"])
+    if ids.is_floating_point():
+        raise TypeError("input_ids must be integer token ids")
+    single = ids.ndim == 1
+    ids = ids[None] if single else ids
+    mask = encoding.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).reshape(ids.shape).long()
+    types = encoding.get("token_type_ids")
+    types = None if types is None else torch.as_tensor(types).reshape(ids.shape).long()
+    tokens = word_ids = None
+    if getattr(encoding, "encodings", None) and not single:  # a fast tokenizer's BatchEncoding
+        valid = mask.bool()
+        tokens = [[t for t, v in zip(encoding.tokens(i), valid[i]) if v] for i in range(len(ids))]
+        word_ids = [[w for w, v in zip(encoding.word_ids(i), valid[i]) if v] for i in range(len(ids))]
+    return TextBatch(ids.long(), mask, types, tokens, word_ids)
+
+
+def _token_strings(ids: torch.Tensor, mask: torch.Tensor) -> list[list[str]]:
+    """Placeholder token strings (`[id]`) when the tokenizer did not say which strings the ids stand for."""
+    return [[f"[{int(t)}]" for t, v in zip(row, valid) if v] for row, valid in zip(ids.tolist(), mask.bool().tolist())]

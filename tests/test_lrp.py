@@ -1,0 +1,82 @@
+"""Relevance propagation: conservation of the paper's rules, where the vanilla rules lose it, batch independence."""
+from __future__ import annotations
+
+import torch
+
+from relevancy.adapters import adapter_for
+from relevancy.capture import record_forward
+from relevancy.lrp import PAPER, RELEVANCE, VANILLA, relevance_session, rules
+from models import tiny_deit_distilled, tiny_vit
+
+
+def relevance_at_block_inputs(model, images, targets, rule_set):
+    """Per-sample relevance sums at every block's input and at the final norm's input."""
+    adapter = adapter_for(model)
+    recorded = []
+    modules = list(model.blocks) + [model.norm]
+    handles = [m.register_forward_pre_hook(lambda _m, args: recorded.append(args[0])) for m in modules]
+    try:
+        with adapter.explaining(False), relevance_session(model, adapter.relevance_rule_map(), rule_set) as session:
+            fwd = record_forward(adapter, images, targets, gradients=True)
+            grads = session.backward(RELEVANCE, fwd.score.sum(), recorded, torch.ones(()))
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.stack([g.sum(dim=(1, 2)) for g in grads], 1)  # (B, blocks + 1)
+
+
+def test_paper_rules_conserve_relevance_through_every_block():
+    model = tiny_vit(depth=4)
+    sums = relevance_at_block_inputs(model, torch.randn(3, 3, 32, 32), [0, 2, 4], PAPER)
+    # one-hot at the logits: total relevance 1 from the head down to the tokens entering block 0
+    torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-4, rtol=0)
+
+
+def test_paper_rules_conserve_on_distilled_models():
+    sums = relevance_at_block_inputs(tiny_deit_distilled(), torch.randn(2, 3, 32, 32), [1, 3], PAPER)
+    torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-4, rtol=0)
+
+
+def test_vanilla_rules_do_not_conserve():
+    """The vanilla Linear rule divides positive and negative parts separately: each part gets all of R."""
+    sums = relevance_at_block_inputs(tiny_vit(depth=4), torch.randn(2, 3, 32, 32), [0, 1], VANILLA)
+    assert ((sums - 1).abs() > 0.05).any()
+
+
+def test_linear_rules():
+    torch.manual_seed(0)
+    x, weight, relevance = torch.randn(4, 64), torch.randn(3, 64), torch.rand(4, 3)  # wide: no output with Z = 0
+    shared = rules.linear_alpha1_beta0(x, weight, relevance, shared_denominator=True)
+    torch.testing.assert_close(shared.sum(1), relevance.sum(1))
+    separate = rules.linear_alpha1_beta0(x, weight, relevance, shared_denominator=False)
+    # inputs of both signs: positive and negative parts each receive the whole relevance
+    torch.testing.assert_close(separate.sum(1), 2 * relevance.sum(1))
+
+
+def test_residual_rule_conserves_per_sample():
+    torch.manual_seed(0)
+    a, b, relevance = torch.randn(3, 5, 4), torch.randn(3, 5, 4), torch.randn(3, 5, 4)
+    r_a, r_b = rules.add(a, b, relevance, rescale=True)
+    torch.testing.assert_close((r_a + r_b).sum(dim=(1, 2)), relevance.sum(dim=(1, 2)))
+    # shares follow |sum|: each sample on its own, so a batch equals its images one by one
+    for i in range(3):
+        single = rules.add(a[i : i + 1], b[i : i + 1], relevance[i : i + 1], rescale=True)
+        torch.testing.assert_close(single[0][0], r_a[i])
+        torch.testing.assert_close(single[1][0], r_b[i])
+
+
+def test_matmul_rule_halves():
+    torch.manual_seed(0)
+    u, v = torch.rand(2, 3, 4), torch.rand(2, 4, 5)
+    relevance = torch.rand(2, 3, 5)
+    r_u, r_v = rules.matmul_halved(u, v, relevance)
+    torch.testing.assert_close(r_u.sum(dim=(1, 2)), relevance.sum(dim=(1, 2)) / 2)
+    torch.testing.assert_close(r_v.sum(dim=(1, 2)), relevance.sum(dim=(1, 2)) / 2)
+
+
+def test_safe_divide_matches_the_reference_stabiliser():
+    a = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    b = torch.tensor([2.0, -2.0, 0.0, 1e-12])
+    out = rules.safe_divide(a, b)
+    assert out[0] == 1 / (2 + 1e-9) and out[1] == 1 / (-2 + 1e-9) and out[2] == 0
+    assert torch.isfinite(out).all()
