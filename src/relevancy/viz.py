@@ -16,12 +16,16 @@ SIGNED_CMAP = "RdBu_r"
 UNSIGNED_CMAP = "inferno"
 
 
+ROBUST_QUANTILE = 0.995  # LRP maps have a few extreme pixels; clip the colour scale there, not at the max
+
+
 def color_limits(scores: torch.Tensor, signed: bool) -> tuple[float, float]:
-    """Symmetric limits around zero for signed maps, the map's own range otherwise."""
+    """Symmetric limits around zero for signed maps, the map's own (robust) range otherwise."""
+    values = scores.flatten().float()
     if signed:
-        bound = float(scores.abs().max()) or 1.0
+        bound = float(torch.quantile(values.abs(), ROBUST_QUANTILE)) or float(values.abs().max()) or 1.0
         return -bound, bound
-    low, high = float(scores.min()), float(scores.max())
+    low, high = float(values.min()), float(torch.quantile(values, ROBUST_QUANTILE))
     return low, high if high > low else low + 1.0
 
 
@@ -61,3 +65,26 @@ def save_figure(figure: plt.Figure, path: str | Path) -> Path:
         if os.path.exists(temporary):
             os.remove(temporary)
     return path
+
+
+def method_grid(
+    pictures: torch.Tensor, maps: dict[str, torch.Tensor], signed: dict[str, bool], row_titles: Sequence[str], extra: dict[str, torch.Tensor] | None = None
+) -> plt.Figure:
+    """One row per image: the picture, any extra panels (e.g. a ground-truth mask), then one map per method."""
+    extra = extra or {}
+    columns = 1 + len(extra) + len(maps)
+    rows = len(pictures)
+    figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.5 * rows), squeeze=False)
+    for r in range(rows):
+        axes[r, 0].imshow(pictures[r].numpy())
+        axes[r, 0].set_title(row_titles[r], fontsize=8)
+        axes[r, 0].set_axis_off()
+        for c, (name, panel) in enumerate(extra.items(), start=1):
+            axes[r, c].imshow(panel[r].float().numpy(), cmap="gray", vmin=0, vmax=1)
+            axes[r, c].set_title(name, fontsize=8)
+            axes[r, c].set_axis_off()
+        for c, (name, scores) in enumerate(maps.items(), start=1 + len(extra)):
+            draw_map(axes[r, c], scores[r].cpu(), signed[name], pictures[r])
+            axes[r, c].set_title(name, fontsize=8)
+    figure.tight_layout()
+    return figure
