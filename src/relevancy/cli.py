@@ -16,12 +16,16 @@ class UsageError(Exception):
     """A problem with what the user asked for: printed as one line, exit status 2, nothing written."""
 
 
-def load_images(paths: Sequence[str], model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def load_images(paths: Sequence[str], model: torch.nn.Module) -> torch.Tensor:
     """Read and preprocess images with the model's own data config; every file is checked before any work."""
     from PIL import Image, UnidentifiedImageError
     from timm.data import create_transform, resolve_data_config
 
-    transform = create_transform(**resolve_data_config({}, model=model))
+    config = resolve_data_config({}, model=model)
+    patch_embed = getattr(model, "patch_embed", None)
+    if patch_embed is not None and getattr(patch_embed, "strict_img_size", False):
+        config["input_size"] = (3, *patch_embed.img_size)  # a model built at another size than its hub config
+    transform = create_transform(**config)
     tensors = []
     for path in paths:
         if not Path(path).is_file():
@@ -31,8 +35,7 @@ def load_images(paths: Sequence[str], model: torch.nn.Module) -> tuple[torch.Ten
                 tensors.append(transform(image.convert("RGB")))
         except (UnidentifiedImageError, OSError) as error:
             raise UsageError(f"{path} is not a readable image ({error})") from error
-    images = torch.stack(tensors)
-    return images, images
+    return torch.stack(tensors)
 
 
 def resolve_methods(method: str) -> list[str]:
@@ -51,7 +54,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
 
     methods = resolve_methods(args.method)
     model = load_image_model(args.model, args.arch)
-    images, _ = load_images(args.images, model)
+    images = load_images(args.images, model)
     target = args.target
     results = {m: explain(model, images, method=m, target=target) for m in methods}
     first = next(iter(results.values()))

@@ -33,7 +33,7 @@ def draw_map(axis: plt.Axes, scores: torch.Tensor, signed: bool, picture: torch.
     """One map on `axis`, over a grey copy of the picture when given."""
     low, high = color_limits(scores, signed)
     if picture is not None:
-        axis.imshow(picture.mean(-1), cmap="gray", vmin=0, vmax=1)
+        axis.imshow(picture.mean(-1).numpy(), cmap="gray", vmin=0, vmax=1)
     alpha = 0.6 if picture is not None else 1.0
     image = axis.imshow(scores.float().numpy(), cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, vmin=low, vmax=high, alpha=alpha)
     axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
