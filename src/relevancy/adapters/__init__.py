@@ -4,9 +4,10 @@ from __future__ import annotations
 from torch import nn
 
 from .base import Adapter, UnsupportedModelError
+from .hf_bert import HFBertAdapter
 from .timm_vit import TimmViTAdapter
 
-ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter,)
+ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter)
 
 
 def register_adapter(adapter: type[Adapter]) -> None:

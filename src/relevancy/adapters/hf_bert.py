@@ -155,6 +155,8 @@ class HFBertAdapter(Adapter):
       attention matrix and min-max normalises over the whole matrix, not the [CLS] row.
     - `row_normalize` (`transformer_attribution`: True): the BERT reference row-normalises `I + E_h(G*R)^+`
       before chaining the layers.
+    - `rules` (`partial_lrp`, `lrp`: "paper"): the BERT reference computes its LRP baselines with the paper's
+      rules (`layers_ours`), the ViT reference with the vanilla ones (`layers_lrp`).
     """
 
     family = "Hugging Face BERT-family sequence classifier"
@@ -168,8 +170,8 @@ class HFBertAdapter(Adapter):
         "attention_gradcam": {"cls_entry": "zero", "region": "matrix"},
         "generic_attention": {"cls_entry": "zero"},  # no BERT reference: as rollout, whose [CLS] entry holds the identity
         "transformer_attribution": {"cls_entry": "min", "row_normalize": True},
-        "partial_lrp": {"cls_entry": "zero"},
-        "lrp": {"cls_entry": "zero"},
+        "partial_lrp": {"cls_entry": "zero", "rules": "paper"},
+        "lrp": {"cls_entry": "zero", "rules": "paper"},
     }
 
     @classmethod
@@ -205,6 +207,17 @@ class HFBertAdapter(Adapter):
         # post-LN: the last layer's attention reads the previous layer's (normalised) output directly
         source = self.blocks[-2] if len(self.blocks) > 1 else self.embeddings
         return OutputPart(source, _first)
+
+    def relevance_rule_map(self) -> dict:
+        if "BertForSequenceClassification" not in self.layout.classes:
+            raise UnsupportedModelError(
+                f"relevance propagation (transformer_attribution, partial_lrp, lrp) has rules for "
+                f"BertForSequenceClassification only, not {type(self.model).__name__}; the attention and gradient "
+                f"methods work on it"
+            )
+        from ..lrp.bert_rules import rule_map
+
+        return rule_map()
 
     def class_names(self) -> list[str] | None:
         id2label = getattr(getattr(self.model, "config", None), "id2label", None)
