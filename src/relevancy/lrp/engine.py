@@ -19,8 +19,8 @@ from . import rules
 
 GRADIENT, RELEVANCE = "gradient", "relevance"
 
-# A relevance rule: (session, detached inputs, relevance at the output) -> relevance per input.
-RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor], tuple[torch.Tensor, ...]]
+# A relevance rule: (session, detached inputs, the forward output, relevance at the output) -> relevance per input.
+RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 @dataclass
@@ -75,33 +75,34 @@ class RuleFunction(torch.autograd.Function):
             result = [next(found) if need else None for need in wanted]
         else:
             with torch.no_grad():
-                shares = ctx.rule(ctx.session, tuple(x.detach() for x in ctx.local), incoming)
+                shares = ctx.rule(ctx.session, tuple(x.detach() for x in ctx.local), ctx.output.detach(), incoming)
             result = [r if need else None for r, need in zip(shares, wanted)]
         return (None, None, None, *result)
 
 
 # -- the rules as session-aware functions -----------------------------------------------------------------
-def passthrough_rule(_session: Session, _inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+def passthrough_rule(_session: Session, _inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
     return (rules.passthrough(relevance),)
 
 
-def add_rule(session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rules.add(*inputs, relevance, rescale=session.rule_set.rescale_residuals)
 
 
-def matmul_rule(_session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def matmul_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rules.matmul_halved(*inputs, relevance)
 
 
 def linear_rule(module: nn.Linear) -> RelevanceRule:
-    def rule(session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (rules.linear_alpha1_beta0(inputs[0], module.weight, relevance, session.rule_set.shared_linear_denominator),)
+    def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        product = output if module.bias is None else output - module.bias  # x W, reused from the forward
+        return (rules.linear_alpha1_beta0(inputs[0], module.weight, relevance, session.rule_set.shared_linear_denominator, product),)
 
     return rule
 
 
 def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
-    def rule(_session: Session, inputs: tuple, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+    def rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
         return (rules.conv_zb(inputs[0], module.weight, relevance, module.stride, module.padding),)
 
     return rule

@@ -13,10 +13,14 @@ EPSILON = 1e-9
 
 
 def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """`a / b` with the denominator kept 1e-9 away from zero and 0 where `b == 0` (the reference's stabiliser)."""
-    den = denominator.clamp(min=EPSILON) + denominator.clamp(max=EPSILON)
-    den = den + den.eq(0).to(den.dtype) * EPSILON
-    return numerator / den * denominator.ne(0).to(denominator.dtype)
+    """`a / (b + 1e-9)`, and 0 where `b == 0`: the reference's stabiliser.
+
+    The reference writes the denominator as `b.clamp(min=1e-9) + b.clamp(max=1e-9)`, which is `b + 1e-9`
+    bit for bit; a denominator that lands on exactly 0 becomes 1e-9.
+    """
+    den = denominator + EPSILON
+    den = den.masked_fill(den == 0, EPSILON)
+    return torch.where(denominator != 0, numerator / den, 0.0)
 
 
 def per_sample_sum(x: torch.Tensor) -> torch.Tensor:
@@ -29,19 +33,27 @@ def passthrough(relevance: torch.Tensor) -> torch.Tensor:
     return relevance
 
 
-def linear_alpha1_beta0(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, shared_denominator: bool) -> torch.Tensor:
+def linear_alpha1_beta0(
+    x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, shared_denominator: bool, product: torch.Tensor | None = None
+) -> torch.Tensor:
     """Alpha=1, beta=0 rule: positive contributions `x+ W+` and `x- W-` share the relevance (bias ignored).
 
     With `shared_denominator` (the paper's rule) both parts are divided by their sum, which conserves
-    relevance; the vanilla rule divides each part by itself, which does not.
+    relevance; the vanilla rule divides each part by itself, which does not. The shared rule is computed as
+    `Z = (x W + |x| |W|) / 2` and `R_in = (x (S W) + |x| (S |W|)) / 2`, the same sums with one weight copy
+    and one matrix product fewer when the forward's `product = x W` (no bias) is given.
     """
+    if shared_denominator:
+        magnitude = weight.abs()
+        x_abs = x.abs()
+        if product is None:
+            product = F.linear(x, weight)
+        s = safe_divide(relevance, (product + F.linear(x_abs, magnitude)) / 2)
+        return (x * (s @ weight) + x_abs * (s @ magnitude)) / 2
     x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
     w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-    z_pos, z_neg = F.linear(x_pos, w_pos), F.linear(x_neg, w_neg)
-    if shared_denominator:
-        s_pos = s_neg = safe_divide(relevance, z_pos + z_neg)
-    else:
-        s_pos, s_neg = safe_divide(relevance, z_pos), safe_divide(relevance, z_neg)
+    s_pos = safe_divide(relevance, F.linear(x_pos, w_pos))
+    s_neg = safe_divide(relevance, F.linear(x_neg, w_neg))
     return x_pos * (s_pos @ w_pos) + x_neg * (s_neg @ w_neg)
 
 

@@ -1,0 +1,119 @@
+"""Cost of each method in forward passes (method time / plain forward time, same batch, one process) and peak memory.
+
+    python benchmarks/speed.py [--batches 1 8] [--repeats 3] [--model vit_base_patch16_224] [--memory]
+
+Times are medians over `repeats`, methods interleaved with the plain forward so that machine load affects both.
+Peak memory (`--memory`) runs each measurement in a fresh subprocess and reports the growth of the process's
+peak resident memory over the loaded model, as a ratio to a plain forward + backward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import timm
+import torch
+
+import relevancy
+
+PATCH_METHODS = [m for m in relevancy.METHODS if m != "token_ablation"]
+
+
+def build(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(name, pretrained=False).eval()
+
+
+def plain_forward(model, images):
+    with torch.no_grad():
+        model(images)
+
+
+def forward_backward(model, images):
+    images = images.clone().requires_grad_(True)
+    model(images).max(-1).values.sum().backward()
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_methods(model, batch: int, repeats: int, methods: list[str]) -> dict:
+    images = torch.randn(batch, 3, 224, 224)
+    tokens = model.patch_embed.num_patches + model.num_prefix_tokens
+    runs = {m: (lambda m=m: relevancy.explain(model, images, method=m)) for m in methods}
+    if "token_ablation" in methods:
+        # the reference point for ablation: its N+1 sequences as plain batched forwards
+        runs["n_plus_1_forwards"] = lambda: [plain_forward(model, images.expand(tokens, -1, -1, -1)[: tokens]) for _ in range(batch)]
+    plain_forward(model, images)  # warm-up
+    for fn in runs.values():
+        fn()
+    forward, timings = [], {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            forward.append(seconds(lambda: plain_forward(model, images)))
+            timings[name].append(seconds(fn))
+    base = statistics.median(forward)
+    result = {"forward_seconds": base}
+    for name, values in timings.items():
+        result[name] = statistics.median(values) / base
+    if "token_ablation" in result:
+        result["token_ablation_vs_n_plus_1_forwards"] = result["token_ablation"] / result.pop("n_plus_1_forwards")
+    return result
+
+
+def peak_memory_child(name: str, batch: int, what: str) -> None:
+    model = build(name)
+    images = torch.randn(batch, 3, 224, 224)
+    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if what == "forward_backward":
+        forward_backward(model, images)
+    else:
+        relevancy.explain(model, images, method=what)
+    print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline}))
+
+
+def peak_memory(name: str, batch: int, what: str) -> int:
+    out = subprocess.run([sys.executable, __file__, "--child", name, str(batch), what], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_kib"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(PATCH_METHODS))
+    parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        name, batch, what = args.child
+        peak_memory_child(name, int(batch), what)
+        return
+    methods = args.methods.split(",")
+    model = build(args.model)
+    print(f"# {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    for batch in args.batches:
+        result = time_methods(model, batch, args.repeats, methods)
+        print(f"batch {batch}: plain forward {result.pop('forward_seconds'):.3f} s")
+        for name, ratio in result.items():
+            print(f"  {name:40s} {ratio:6.2f} x forward")
+        if args.memory:
+            reference = peak_memory(args.model, batch, "forward_backward")
+            print(f"  peak memory, plain forward + backward: {reference / 1024:.0f} MiB")
+            for method in methods:
+                used = peak_memory(args.model, batch, method)
+                print(f"  peak memory {method:28s} {used / 1024:7.0f} MiB = {used / reference:.2f} x forward+backward")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
