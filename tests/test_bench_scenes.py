@@ -131,3 +131,13 @@ def test_generation_speed():
     make_scenes(1000, seed=29, objects=2)
     dt = time.perf_counter() - t
     assert dt < 10.0, f"1000 scenes took {dt:.2f}s"  # typically ~0.6 s on one core
+
+
+def test_clutter_only_changes_the_background():
+    a = make_scenes(30, seed=31)
+    b = make_scenes(30, seed=31, clutter=1.0)
+    c = make_scenes(30, seed=31, clutter=np.linspace(0, 1, 30))
+    assert np.array_equal(a.pixels, b.pixels)
+    assert torch.equal(a.masks, c.masks) and torch.equal(a.labels, c.labels)
+    assert np.array_equal(a.pixels[-1], c.pixels[-1])
+    assert not np.array_equal(a.pixels[0], c.pixels[0])

@@ -29,9 +29,9 @@ MODEL_CONFIG = dict(
     num_classes=len(CLASSES),
     global_pool="token",
     class_token=True,
-    embed_dim=128,
+    embed_dim=96,
     depth=6,
-    num_heads=4,
+    num_heads=3,
     mlp_ratio=4.0,
     qkv_bias=True,
 )

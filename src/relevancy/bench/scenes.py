@@ -342,11 +342,15 @@ def _sample_params(rng, n, objects, size):
 
 
 def make_scenes(n: int, seed: int = 0, objects: int = 1, size: int = IMAGE_SIZE,
-                chunk: int = 512) -> Scenes:
+                chunk: int = 512, clutter=1.0) -> Scenes:
     """Render ``n`` scenes with ``objects`` (1 or 2) objects each.
 
-    Deterministic for ``(n, seed, objects, size)``.
+    Deterministic for ``(n, seed, objects, size, clutter)``.  ``clutter`` (a
+    float or an (n,) array in [0, 1], default 1 = the benchmark setting) scales
+    the number of distractors, the pixel noise and the texture contrast; lower
+    values are only used for a training curriculum.
     """
+    clutter = np.broadcast_to(np.clip(np.asarray(clutter, np.float64), 0.0, 1.0), (n,))
     if objects not in (1, 2):
         raise ValueError("objects must be 1 or 2")
     rng = np.random.default_rng(seed)
@@ -356,19 +360,19 @@ def make_scenes(n: int, seed: int = 0, objects: int = 1, size: int = IMAGE_SIZE,
     bg_a = _hsv_to_rgb(rng.random(n), rng.uniform(0, 0.7, n), rng.uniform(0.15, 0.95, n))
     bg_b = _hsv_to_rgb(rng.random(n), rng.uniform(0, 0.7, n), rng.uniform(0.15, 0.95, n))
     bg_angle = rng.uniform(0, 2 * np.pi, n)
-    noise_sigma = rng.uniform(2.0, 14.0, n)
+    noise_sigma = rng.uniform(2.0, 14.0, n) * clutter
     bg_mean = 0.5 * (bg_a + bg_b)
 
     # object colours and textures
     p["color"] = _sample_colors(rng, (n, objects), bg_mean)
     p["color2"] = _variant(rng, p["color"])
     p.update(_sample_textures(rng, (n, objects)))
-    p["tex_k"] = np.where(p["tex"] == 0, 0.0, p["tex_k"])
+    p["tex_k"] = np.where(p["tex"] == 0, 0.0, p["tex_k"] * clutter[:, None])
 
     # distractors
     D = N_DISTRACTOR_SLOTS
     d = dict(
-        active=np.arange(D)[None, :] < rng.integers(2, D + 1, n)[:, None],
+        active=np.arange(D)[None, :] < np.floor(rng.integers(2, D + 1, n) * clutter + 0.5)[:, None],
         kind=rng.integers(0, 4, (n, D)),  # 0 segment, 1 ellipse, 2 arc, 3 dot
         cx=rng.uniform(0, size, (n, D)),
         cy=rng.uniform(0, size, (n, D)),
