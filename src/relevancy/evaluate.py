@@ -1,9 +1,214 @@
-"""`relevancy evaluate`: the papers' evaluation protocols in one command (see add_evaluate_parser)."""
+"""`relevancy evaluate`: the papers' evaluation protocols in one command.
+
+    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg [--data PATH] [--model NAME] [--arch A]
+                       [--methods all|a,b,c] [--n N | -n N] [--batch-size B] [--out DIR] [--seed S]
+                       [--paper-settings] [--threads T] [--workers W]
+
+Writes ``DIR/results.json``, ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0 only). Under
+``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains every K-th batch, the metric
+accumulators are merged with the gloo backend and the numbers are exactly those of a single process.
+"""
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["add_evaluate_parser", "evaluate", "parse_methods"]
+
+DEFAULT_N = {"shapes": 500}  # imagenet, imagenet-seg: the whole data set
+
+
+def _usage_error(message: str) -> Exception:
+    from .cli import UsageError
+
+    return UsageError(message)
+
+
+def parse_methods(spec: str) -> tuple[str, ...]:
+    """``all`` or a comma-separated list of registered method names (order kept, duplicates dropped)."""
+    from . import METHODS
+    from .api import get_method
+
+    if spec.strip() == "all":
+        return tuple(METHODS)
+    names = [n.strip() for n in spec.split(",")]
+    if not names or any(not n for n in names):
+        raise _usage_error(f"--methods must be 'all' or a comma-separated list of methods, got {spec!r}")
+    for name in names:
+        try:
+            get_method(name)
+        except ValueError as error:
+            raise _usage_error(str(error)) from error
+    return tuple(dict.fromkeys(names))
+
+
+def _check(args: argparse.Namespace) -> tuple[str, int | None]:
+    """Validate everything that can be checked before loading a model; the benchmark and ``n`` (None = all)."""
+    from .evaluation.data import BENCHMARKS, MAX_SCENES
+
+    benchmark = args.benchmark
+    if benchmark not in BENCHMARKS:
+        close = difflib.get_close_matches(benchmark, BENCHMARKS, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise _usage_error(f"unknown benchmark '{benchmark}'.{hint} Valid benchmarks: {', '.join(BENCHMARKS)}")
+    n = args.n if args.n is not None else DEFAULT_N.get(benchmark)
+    if n is not None and n < 1:
+        raise _usage_error(f"--n must be at least 1, got {n}")
+    if benchmark == "shapes" and n is not None and n > MAX_SCENES:
+        raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes benchmark, got {n}")
+    if args.batch_size < 1:
+        raise _usage_error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.seed < 0:
+        raise _usage_error(f"--seed must be non-negative, got {args.seed}")
+    if args.threads is not None and args.threads < 1:
+        raise _usage_error(f"--threads must be at least 1, got {args.threads}")
+    if args.workers < 0:
+        raise _usage_error(f"--workers must be non-negative, got {args.workers}")
+    if benchmark == "shapes":
+        if args.data is not None:
+            raise _usage_error("the shapes benchmark generates its scenes: --data is not used with it")
+    else:
+        wanted = "an ImageFolder validation directory (DIR/<wnid>/*.JPEG)" if benchmark == "imagenet" else "the gtsegs_ijcv.mat file"
+        if args.data is None:
+            raise _usage_error(f"--benchmark {benchmark} needs --data: {wanted}")
+        path = Path(args.data)
+        if benchmark == "imagenet" and not path.is_dir():
+            raise _usage_error(f"--data {args.data} is not a directory; --benchmark imagenet needs {wanted}")
+        if benchmark == "imagenet-seg" and not path.is_file():
+            raise _usage_error(f"--data {args.data} is not a file; --benchmark imagenet-seg needs {wanted}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise _usage_error(f"--out {args.out} exists and is not a directory")
+    return benchmark, n
+
+
+def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
+    """The model to evaluate and what its checkpoint says about itself (shapes checkpoints: steps, final, val).
+
+    ``--arch shapes`` reads a checkpoint of the shapes architecture (its size in the file's metadata), as
+    ``relevancy.bench.train`` writes them; anything else goes through ``relevancy.models.load_image_model``.
+    """
+    from . import models
+    from .bench import WEIGHTS_PATH
+    from .bench import load_model as load_shapes
+
+    if name == models.SHIPPED:
+        return models.load_image_model(name, arch), _shapes_metadata(WEIGHTS_PATH)
+    if arch == "shapes":
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint {name} does not exist")
+        return load_shapes(path), _shapes_metadata(path)
+    return models.load_image_model(name, arch), {}
+
+
+def _shapes_metadata(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    if path.suffix != ".safetensors" or not path.is_file():
+        return {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    info: dict[str, Any] = {}
+    for key in ("steps", "final", "val"):
+        if key in meta:
+            try:
+                info[key] = json.loads(meta[key])
+            except json.JSONDecodeError:
+                info[key] = meta[key]
+    return info
+
+
+def _check_shapes_model(model: nn.Module) -> None:
+    """The shapes benchmark needs a model taking its 64x64 scenes and giving one logit per shape class."""
+    from .bench import CLASSES, IMAGE_SIZE, make_scenes
+
+    try:
+        with torch.no_grad():
+            logits = model(make_scenes(1, seed=0).images)
+    except (RuntimeError, AssertionError, ValueError) as error:
+        raise _usage_error(f"the shapes benchmark needs a model taking {IMAGE_SIZE}x{IMAGE_SIZE} images ({error})") from error
+    if logits.shape[-1] != len(CLASSES):
+        raise _usage_error(f"the shapes benchmark needs {len(CLASSES)} classes ({', '.join(CLASSES)}); the model has {logits.shape[-1]}")
+
+
+def _distributed() -> tuple[int, int, bool]:
+    """``(rank, world, created)``: joins the gloo process group when launched by torchrun (``WORLD_SIZE`` set)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), False
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        dist.init_process_group("gloo")
+        return dist.get_rank(), dist.get_world_size(), True
+    return 0, 1, False
+
+
+def evaluate(args: argparse.Namespace) -> list[Path]:
+    """The `evaluate` command: check the request, evaluate (sharded under torchrun), rank 0 writes the files."""
+    import torch.distributed as dist
+
+    from .evaluation import Settings, run, write_outputs
+
+    benchmark, n = _check(args)
+    methods = parse_methods(args.methods)
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    rank, world, created = _distributed()
+    try:
+        model, info = load_model(args.model, args.arch)
+        if benchmark == "shapes":
+            _check_shapes_model(model)
+        settings = Settings(benchmark=benchmark, methods=methods, n=n if n is not None else 2**62,
+                            batch_size=args.batch_size, seed=args.seed, paper_settings=args.paper_settings,
+                            data=args.data, workers=args.workers)
+        results = run(model, settings, rank=rank, world=world, progress=not args.quiet)
+        results = {"benchmark": results.pop("benchmark"), "model": args.model, "n": results.pop("n"),
+                   "methods": results.pop("methods"), "arch": args.arch, "model_info": info, **results}
+        if rank != 0:
+            return []
+        return write_outputs(results, args.out)
+    finally:
+        if created:
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
 
 
 def add_evaluate_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser("evaluate", help="run the papers' evaluation protocols")
-    p.set_defaults(handler=lambda _args: (_ for _ in ()).throw(RuntimeError("evaluate is being built")))
+    p = commands.add_parser(
+        "evaluate",
+        help="run the papers' evaluation protocols (perturbation, segmentation, discrimination, agreement)",
+        description="Evaluate explanation methods: perturbation and segmentation tests (Chefer et al.), class "
+                    "discrimination, agreement with token ablation (Brocki & Chung). Writes results.json, report.md "
+                    "and perturbation.png to --out. Run under `torchrun --nproc-per-node K` to shard the images over "
+                    "K processes (gloo); the results are the same.",
+    )
+    p.add_argument("--benchmark", default="shapes",
+                   help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "
+                        "ImageFolder validation set) or imagenet-seg (segmentation on gtsegs_ijcv.mat)")
+    p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat")
+    p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default), a timm model name, or a local checkpoint (with --arch)")
+    p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
+    p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
+    p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,
+                   help="images to evaluate (shapes: one-object scenes, default 500, plus n//2 two-object scenes; "
+                        "imagenet, imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
+                        "reads --n as an abbreviation of its own options")
+    p.add_argument("--batch-size", type=int, default=16, help="images explained together (default 16)")
+    p.add_argument("--out", default="relevancy-eval", help="output folder (default relevancy-eval)")
+    p.add_argument("--seed", type=int, default=0, help="shapes: which scenes; imagenet: which images (default 0)")
+    p.add_argument("--paper-settings", action="store_true",
+                   help="the authors' evaluation options: start_layer=1 for rollout and transformer_attribution, "
+                        "normalised attention_gradcam, squash resize without crop for ImageNet")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process (default: torch's choice)")
+    p.add_argument("--workers", type=int, default=0, help="data-loading worker processes for the ImageNet benchmarks")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=evaluate)
