@@ -20,9 +20,10 @@ def _attention(attn: nn.Module, session: Session) -> Replacements:
         qkv = attn.qkv(x).reshape(batch, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = attn.q_norm(q), attn.k_norm(k)
-        # (q k^T) * scale, in the reference's order: LRP is sensitive to the rounding of near-zero products
-        products = passthrough(session, lambda t: t * attn.scale, matmul(session, q, k.transpose(-2, -1)))
-        probabilities = passthrough(session, lambda t: t.softmax(dim=-1), products)
+        # (q k^T) * scale, in the reference's order: LRP is sensitive to the rounding of near-zero products.
+        # Scale and softmax both pass relevance unchanged: one op, so the scaled products are not kept.
+        products = matmul(session, q, k.transpose(-2, -1))
+        probabilities = passthrough(session, lambda t: (t * attn.scale).softmax(dim=-1), products)
         probabilities = attn.attn_drop(probabilities)
         session.attentions.append(probabilities)
         x = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)

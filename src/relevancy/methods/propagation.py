@@ -54,13 +54,35 @@ def transformer_attribution(
         used = {"all": attentions[start_layer:], "last": attentions[-1:], "first": attentions[:1]}[blocks]
         seed = _seed(fwd.score)
         factors = session.backward(GRADIENT, fwd.score.sum(), used, seed) if weights == "gradient" else [a.detach() for a in used]
-        relevances = session.backward(RELEVANCE, fwd.score.sum(), used, seed)
-    matrices = [with_identity((f * r).clamp(min=0).mean(1)) for f, r in zip(factors, relevances)]
+        matrices = combine_on_arrival(session, fwd.score.sum(), used, seed, factors)
     if family_option(adapter, "transformer_attribution", "row_normalize", row_normalize, False):
         matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
     scores = class_token_row(chain(matrices, 0), adapter.num_prefix_tokens)
     how = family_option(adapter, "transformer_attribution", "cls_entry", cls_entry, "keep")
     return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits
+
+
+def combine_on_arrival(session, score: torch.Tensor, attentions: list[torch.Tensor], seed: torch.Tensor, factors: list) -> list[torch.Tensor]:
+    """Relevance pass: as each block's relevance `R_b` arrives, reduce it at once to `I + E_h (F_b * R_b)^+`.
+
+    Keeps one `(B, T, T)` matrix per block instead of every `(B, heads, T, T)` relevance and factor.
+    """
+    matrices: list = [None] * len(attentions)
+
+    def reducer(index: int):
+        def hook(relevance: torch.Tensor) -> None:
+            matrices[index] = with_identity((factors[index] * relevance).clamp(min=0).mean(1))
+            factors[index] = None
+
+        return hook
+
+    handles = [a.register_hook(reducer(i)) for i, a in enumerate(attentions)]
+    try:
+        session.backward(RELEVANCE, score, attentions[:1], seed)  # the earliest block: the pass crosses all
+    finally:
+        for handle in handles:
+            handle.remove()
+    return matrices
 
 
 def relevance_at_last_attention(adapter: Adapter, inputs: torch.Tensor, target: Target, rule_set: RuleSet) -> tuple[torch.Tensor, ...]:
