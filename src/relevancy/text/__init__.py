@@ -14,11 +14,11 @@ def load_model(name_or_dir: str | None = None, device: str | None = None):
     return _load(name_or_dir, device=device)
 
 
-def encode(tokenizer, texts, max_length: int | None = None):
+def encode(tokenizer, texts, max_length: int | None = None, model=None):
     """The tokenizer's padded batch for `texts`, truncated to the model's length with a warning."""
     from .model import encode as _encode
 
-    return _encode(tokenizer, texts, max_length=max_length)
+    return _encode(tokenizer, texts, max_length=max_length, model=model)
 
 
 __all__ = ["TextExplanation", "load_model", "encode"]
