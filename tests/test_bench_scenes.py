@@ -105,7 +105,7 @@ def test_scenes_vary_within_class():
     for k in range(len(CLASSES)):
         sel = p["cls"][:, 0] == k
         assert np.ptp(p["scale"][sel, 0]) > 4
-        assert np.ptp(p["angle"][sel, 0]) > 5
+        assert np.ptp(p["angle"][sel, 0]) > 0.6
         assert np.ptp(p["color"][sel, 0], axis=0).min() > 150
         assert len(np.unique(p["tex"][sel, 0])) == 4
 

@@ -65,6 +65,9 @@ MIN_GAP = 2.0
 #: distractors stay this many pixels away from objects
 HALO = 2
 
+#: objects are rotated by a random angle in [-MAX_ROTATION, MAX_ROTATION]
+#: (radians) from their upright pose
+MAX_ROTATION = np.deg2rad(25.0)
 SINGLE_SCALE = (9.0, 15.0)
 PAIR_SCALE = (7.5, 11.0)
 N_DISTRACTOR_SLOTS = 7
@@ -313,7 +316,7 @@ def _sample_params(rng, n, objects, size):
     scale = rng.uniform(lo, hi, (n, objects))
     ax = rng.uniform(0.9, 1.1, (n, objects))
     ay = rng.uniform(0.9, 1.1, (n, objects))
-    angle = rng.uniform(0, 2 * np.pi, (n, objects))
+    angle = rng.uniform(-MAX_ROTATION, MAX_ROTATION, (n, objects))
     rad = BOUND * scale
     cx = np.empty((n, objects))
     cy = np.empty((n, objects))
