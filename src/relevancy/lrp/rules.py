@@ -16,11 +16,9 @@ def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Ten
     """`a / (b + 1e-9)`, and 0 where `b == 0`: the reference's stabiliser.
 
     The reference writes the denominator as `b.clamp(min=1e-9) + b.clamp(max=1e-9)`, which is `b + 1e-9`
-    bit for bit; a denominator that lands on exactly 0 becomes 1e-9.
+    bit for bit. (It also maps a denominator of exactly -1e-9 to +1e-9; that float never occurs in practice.)
     """
-    den = denominator + EPSILON
-    den = den.masked_fill(den == 0, EPSILON)
-    return torch.where(denominator != 0, numerator / den, 0.0)
+    return (numerator / (denominator + EPSILON)).masked_fill_(denominator == 0, 0.0)
 
 
 def per_sample_sum(x: torch.Tensor) -> torch.Tensor:
@@ -44,12 +42,12 @@ def linear_alpha1_beta0(
     and one matrix product fewer when the forward's `product = x W` (no bias) is given.
     """
     if shared_denominator:
-        magnitude = weight.abs()
-        x_abs = x.abs()
+        magnitude, x_abs = weight.abs(), x.abs()
         if product is None:
             product = F.linear(x, weight)
-        s = safe_divide(relevance, (product + F.linear(x_abs, magnitude)) / 2)
-        return (x * (s @ weight) + x_abs * (s @ magnitude)) / 2
+        # S / 2 with S = R / Z: the halves of Z and of R_in cancel
+        half_s = safe_divide(relevance, product + F.linear(x_abs, magnitude))
+        return torch.addcmul(x * (half_s @ weight), x_abs, half_s @ magnitude)
     x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
     w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
     s_pos = safe_divide(relevance, F.linear(x_pos, w_pos))
@@ -75,8 +73,8 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
 
 def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`Z = u @ v` of two feature maps: `R_u = u * (R/Z) v^T`, `R_v = v * u^T (R/Z)`, each halved."""
-    s = safe_divide(relevance, u @ v)
-    return u * (s @ v.transpose(-2, -1)) / 2, v * (u.transpose(-2, -1) @ s) / 2
+    half_s = safe_divide(relevance, u @ v).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
+    return u * (half_s @ v.transpose(-2, -1)), v * (u.transpose(-2, -1) @ half_s)
 
 
 def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stride, padding) -> torch.Tensor:
