@@ -157,6 +157,12 @@ class HFBertAdapter(Adapter):
       before chaining the layers.
     - `rules` (`partial_lrp`, `lrp`: "paper"): the BERT reference computes its LRP baselines with the paper's
       rules (`layers_ours`), the ViT reference with the vanilla ones (`layers_lrp`).
+
+    Not changed: `start_layer` stays 0 for every family (the BERT reference's `generate_LRP` defaults to the
+    last layer: pass `start_layer=L-1`); `cdam` and `token_ablation` keep the [CLS] token's score (no BERT
+    reference; the [CLS] token is an input token like any other there). CDAM's X is the hidden states entering
+    the last layer: BERT is post-LN, so these are the previous layer's (normalised) output, which feeds both
+    the attention and the residual branch.
     """
 
     family = "Hugging Face BERT-family sequence classifier"

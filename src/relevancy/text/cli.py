@@ -7,6 +7,7 @@ RuntimeErrors with one-line messages (the main CLI prints them and exits with st
 from __future__ import annotations
 
 import argparse
+from functools import lru_cache
 from pathlib import Path
 
 DEFAULT_METHOD = "transformer_attribution"
@@ -53,17 +54,17 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     from .. import METHODS, explain
     from ..api import get_method
     from .explanation import TextExplanation
-    from .model import encode, load_model
+    from .model import encode
 
     methods = list(METHODS) if args.method == "all" else [args.method]
     for method in methods:
         get_method(method)  # a ValueError naming the closest method, before any loading
     if args.out is not None and Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--out must name an .html file, got {args.out}")
-    try:
-        model, tokenizer = load_model(args.model)
-    except OSError as error:
-        raise RuntimeError(str(error)) from error
+    for i, text in enumerate(args.texts):
+        if not text.strip():
+            raise ValueError(f"text {i} is empty: there is nothing to explain")
+    model, tokenizer = _load(None if args.model is None else str(args.model))
     target = resolve_target(args.target, model)
     batch = encode(tokenizer, args.texts, max_length=args.max_length, model=model)
     results: list[TextExplanation] = []
@@ -79,6 +80,17 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     if args.out is None:
         return []
     return [save_all(results, Path(args.out), by_word)]
+
+
+@lru_cache(maxsize=2)
+def _load(name_or_dir: str | None):
+    """The model and tokenizer, loaded once per process (the handler may run several times, e.g. in tests)."""
+    from .model import load_model
+
+    try:
+        return load_model(name_or_dir)
+    except OSError as error:
+        raise RuntimeError(str(error)) from error
 
 
 def save_all(results: list, path: Path, by_word: bool = True) -> Path:
