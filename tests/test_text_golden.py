@@ -68,6 +68,14 @@ def test_methods_without_a_bert_reference_are_padding_invariant(method):
         assert (together.scores[row, len(ids):] == 0).all()
 
 
+def test_token_ablation_in_small_chunks_equals_one_chunk():
+    """Ablated sequences run in chunks; each chunk carries its own slice of the padded batch's attention mask."""
+    batch = pad_ids(list(SEQUENCES))
+    whole = relevancy.explain(MODEL, batch, method="token_ablation", target=[0, 1, 2])
+    chunked = relevancy.explain(MODEL, batch, method="token_ablation", target=[0, 1, 2], chunk_size=5)
+    assert_map_close(chunked.scores, whole.scores)
+
+
 def test_token_ablation_is_the_score_drop_of_each_removed_token():
     ids = SEQUENCES[1][None]
     expl = relevancy.explain(MODEL, {"input_ids": ids}, method="token_ablation", target=2)

@@ -202,6 +202,7 @@ class HFBertAdapter(Adapter):
         self.blocks = list(_get(model, layout.layers))
         self.self_attentions = [_get(layer, layout.self_attention) for layer in self.blocks]
         self._mask: torch.Tensor | None = None  # the attention mask of the tokens forward_tokens receives next
+        self._embedded_mask: torch.Tensor | None = None  # the attention mask of the batch embed() returned
 
     # -- layout -------------------------------------------------------------------------------------------
     def attention_probability_modules(self) -> list[OutputPart]:
@@ -313,7 +314,7 @@ class HFBertAdapter(Adapter):
                     c._attn_implementation = implementation
             for m, flag in training.items():
                 m.training = flag
-            self._mask = None
+            self._mask = self._embedded_mask = None
 
     def embed(self, inputs: TextBatch) -> torch.Tensor:
         kwargs = {"input_ids": inputs.input_ids}
@@ -330,18 +331,23 @@ class HFBertAdapter(Adapter):
         finally:
             if handle is not None:
                 handle.remove()
-        self._mask = inputs.attention_mask
+        self._mask = self._embedded_mask = inputs.attention_mask
         return tokens
 
     def select_tokens(self, tokens: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """`tokens[rows[:, None], positions]`, with the attention mask selected alike for `forward_tokens`."""
-        self._mask = self._mask_for(tokens)[rows[:, None], positions]
+        """`tokens[rows[:, None], positions]` of the embedded batch, with its attention mask selected alike for
+        the next `forward_tokens` call."""
+        if self._embedded_mask is None or self._embedded_mask.shape != tokens.shape[:2]:
+            raise RuntimeError("select_tokens takes the tokens returned by embed() for the current batch")
+        self._mask = self._embedded_mask[rows[:, None], positions]
         return tokens[rows[:, None], positions]
 
     def _mask_for(self, tokens: torch.Tensor) -> torch.Tensor:
         if self._mask is None:
             return torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         if self._mask.shape != tokens.shape[:2]:
+            if self._embedded_mask is not None and self._embedded_mask.shape == tokens.shape[:2]:
+                return self._embedded_mask  # the embedded batch again, after a selection
             raise RuntimeError(
                 f"tokens {tuple(tokens.shape[:2])} do not match the attention mask {tuple(self._mask.shape)}: "
                 "select tokens with adapter.select_tokens so that the mask follows"

@@ -17,6 +17,11 @@ SIGNED_PALETTE = "RdBu_r"  # negative blue, positive red, white at zero (the ima
 UNSIGNED_PALETTE = "Reds"  # white to red: the text stays readable
 
 
+def _attaches(unit: str) -> bool:
+    """Punctuation that follows the previous word without a space (as written)."""
+    return bool(unit) and unit in {".", ",", "!", "?", ";", ":", ")", "'", "%"}
+
+
 @dataclass
 class TextExplanation(Explanation):
     """Relevance of each token (`scores`, `(B, T)`, 0 at padding) for `target`.
@@ -108,9 +113,10 @@ class TextExplanation(Explanation):
         for i, caption in enumerate(self.labels()):
             units = self._units(i, by_word, special)
             line = Text(f"{self.method}: {caption}\n", style="bold")
-            for (unit, _), (background, colour) in zip(units, self._colours([s for _, s in units])):
+            for k, ((unit, _), (background, colour)) in enumerate(zip(units, self._colours([s for _, s in units]))):
+                if k and not _attaches(unit):
+                    line.append(" ")
                 line.append(unit, style=f"{colour} on {background}")
-                line.append(" ")
             console.print(line)
 
     def to_html(self, by_word: bool = True, special: bool = False) -> str:
@@ -118,14 +124,15 @@ class TextExplanation(Explanation):
         blocks = []
         for i, caption in enumerate(self.labels()):
             units = self._units(i, by_word, special)
-            spans = [
-                f'<span title="{score:.4g}" style="background:{background};color:{colour};padding:1px 2px;'
-                f'border-radius:3px">{html.escape(unit)}</span>'
-                for (unit, score), (background, colour) in zip(units, self._colours([s for _, s in units]))
-            ]
+            text = ""
+            for k, ((unit, score), (background, colour)) in enumerate(zip(units, self._colours([s for _, s in units]))):
+                text += ("" if k == 0 or _attaches(unit) else " ") + (
+                    f'<span title="{score:.4g}" style="background:{background};color:{colour};padding:1px 2px;'
+                    f'border-radius:3px">{html.escape(unit)}</span>'
+                )
             blocks.append(
                 f'<div style="margin:0.6em 0"><div style="font-weight:bold">{html.escape(self.method)}: '
-                f'{html.escape(caption)}</div><div style="line-height:1.9">{" ".join(spans)}</div></div>'
+                f'{html.escape(caption)}</div><div style="line-height:1.9">{text}</div></div>'
             )
         legend = "blue: against, red: for the class (white: 0)" if self.signed else "darker red: more relevant"
         return (
