@@ -180,3 +180,14 @@ def test_words_follow_the_tokenizer_word_ids():
         signed=False, input_size=(5,), tokens=[["<s>", "\u0120great", "\u0120dr", "ug", "</s>"]], word_ids=[[None, 0, 1, 1, None]],
     )
     assert expl.words(0) == [("great", 1.0), ("drug", 5.0)]
+
+
+def test_cdam_explains_a_concept_of_example_texts():
+    from relevancy.text import concept
+
+    model = tiny("bert")
+    examples = concept(model, batch())
+    together = relevancy.explain(model, batch(), method="cdam", target=examples)
+    assert together.target.tolist() == [-1, -1, -1]
+    alone = relevancy.explain(model, {"input_ids": SEQUENCES[2][None]}, method="cdam", target=examples)
+    assert_map_close(together.scores[2], alone.scores[0])
