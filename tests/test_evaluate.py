@@ -78,6 +78,9 @@ def test_shapes_end_to_end(tmp_path, shapes_checkpoint, capsys):
     assert "| method | pos. AUC ↓ | neg. AUC ↑" in report and "| rollout |" in report and "| lrp |" in report
     assert "2 two-object scenes" in report and "summed over each patch" in report
     assert (out / "perturbation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert all((out / name).stat().st_mode & 0o777 == 0o666 & ~umask for name in ("results.json", "report.md"))
 
 
 def test_shapes_paper_settings_and_reference_method(tmp_path, shapes_checkpoint):

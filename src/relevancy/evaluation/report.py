@@ -200,6 +200,8 @@ def write_outputs(results: dict[str, Any], out: str | Path) -> list[Path]:
     if any("perturbation" in m for m in results["methods"].values()):
         files["perturbation.png"] = _curves_png(results)
     out.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)
     temporary: dict[str, str] = {}
     try:
         for name, content in files.items():
@@ -209,6 +211,7 @@ def write_outputs(results: dict[str, Any], out: str | Path) -> list[Path]:
                 f.write(content)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(path, 0o666 & ~umask)  # mkstemp makes 0600 files; results are ordinary files
         for name, path in temporary.items():
             os.replace(path, out / name)
     finally:
