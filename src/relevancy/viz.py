@@ -1,8 +1,7 @@
 """Colormaps and overlays: signed maps diverge around zero, non-negative maps use a sequential scale."""
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Sequence
 
@@ -11,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+
+from .files import write_atomic  # noqa: E402
 
 SIGNED_CMAP = "RdBu_r"
 UNSIGNED_CMAP = "inferno"
@@ -52,19 +53,13 @@ def overlay_figure(maps: torch.Tensor, pictures: torch.Tensor | None, signed: bo
 
 
 def save_figure(figure: plt.Figure, path: str | Path) -> Path:
-    """Save as PNG through a temporary file in the same folder, so a failure leaves no partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    os.close(handle)
+    """Save as PNG; a failure leaves no partial file."""
+    buffer = io.BytesIO()
     try:
-        figure.savefig(temporary, format="png", dpi=110)
-        os.replace(temporary, path)
+        figure.savefig(buffer, format="png", dpi=110)
     finally:
         plt.close(figure)
-        if os.path.exists(temporary):
-            os.remove(temporary)
-    return path
+    return write_atomic(path, buffer.getvalue())
 
 
 def method_grid(

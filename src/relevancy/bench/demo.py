@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 import html
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from ..files import write_atomic
 
 DEMO_SEED = 20_261_122  # far from the training seeds
 
@@ -82,10 +82,7 @@ def _write_index(out: Path, entries: list[tuple[str, str]], methods: list[str], 
 <p>Each row explains one object class present in the scene (the target), with every method;
 the second panel is that object's ground-truth mask. {rows} explanations per method, all methods in {seconds:.1f} s.</p>
 <ul>{legend}</ul>{figures}</body></html>"""
-    handle, temporary = tempfile.mkstemp(suffix=".html", dir=out)
-    with os.fdopen(handle, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(temporary, out / "index.html")
+    write_atomic(out / "index.html", page)
 
 
 def add_demo_parser(commands: argparse._SubParsersAction) -> None:

@@ -97,18 +97,8 @@ def save_all(results: list, path: Path, by_word: bool = True) -> Path:
     """One HTML page with every method's explanation of every text (atomically written)."""
     if len(results) == 1:
         return results[0].save(path, by_word=by_word)
-    import os
-    import tempfile
+    from ..files import write_atomic
 
     body = "<hr>".join(result.to_html(by_word) for result in results)
     page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>relevancy</title></head><body>{body}</body></html>\n'
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(suffix=".html", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            f.write(page)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-    return path
+    return write_atomic(path, page)

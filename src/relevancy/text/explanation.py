@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import html
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..explanation import Explanation
+from ..files import write_atomic
 
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|<s>|</s>|<pad>|<unk>|<mask>|<cls>|<sep>)$")
 SIGNED_PALETTE = "RdBu_r"  # negative blue, positive red, white at zero (the image side's colormap)
@@ -146,17 +145,8 @@ class TextExplanation(Explanation):
     def save(self, path: str | Path, images: object = None, by_word: bool = True, special: bool = False) -> Path:
         """Write an HTML page of the coloured texts; the file appears whole or not at all."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         page = (
             '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>relevancy: '
             f"{html.escape(self.method)}</title></head><body>{self.to_html(by_word, special)}</body></html>\n"
         )
-        handle, temporary = tempfile.mkstemp(suffix=".html", dir=path.parent)
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as f:
-                f.write(page)
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
-        return path
+        return write_atomic(path, page)
