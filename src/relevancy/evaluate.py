@@ -74,6 +74,9 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     if benchmark == "shapes":
         if args.data is not None:
             raise _usage_error("the shapes benchmark generates its scenes: --data is not used with it")
+    elif benchmark == "eraser":
+        if args.data is None or not (Path(args.data) / f"{args.split}.jsonl").is_file():
+            raise _usage_error(f"--benchmark eraser needs --data: an ERASER folder with docs/ (or docs.jsonl) and {args.split}.jsonl")
     else:
         wanted = "an ImageFolder validation directory (DIR/<wnid>/*.JPEG)" if benchmark == "imagenet" else "the gtsegs_ijcv.mat file"
         if args.data is None:
@@ -159,6 +162,8 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
 
     benchmark, n = _check(args)
     methods = parse_methods(args.methods)
+    if benchmark == "eraser":
+        return evaluate_rationales(args, methods, n)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -182,6 +187,37 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
         torch.set_num_threads(threads)
 
 
+def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: int | None) -> list[Path]:
+    """Token-F1 (ERASER, e.g. Movie Reviews) of each method with a text classifier; writes results.json, report.md."""
+    import time
+
+    from .files import write_atomic
+    from .metrics.rationales import load_eraser
+    from .text import load_model as load_text_model
+    from .text.rationales import RationaleSet, token_f1
+
+    model, tokenizer = load_text_model(None if args.model == "shapes" else args.model)
+    annotations, documents = load_eraser(args.data, args.split)
+    data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    labels = data.labels(names)
+    results: dict[str, Any] = {"benchmark": "eraser", "model": args.model, "n": len(data.annotations), "split": args.split, "methods": {}}
+    for method in methods:
+        started = time.perf_counter()
+        scores = token_f1(model, tokenizer, method, data, batch_size=args.batch_size, labels=labels)["scores"]
+        results["methods"][method] = {"token_f1": {str(k): v for k, v in scores.items()},
+                                      "seconds_per_text": (time.perf_counter() - started) / len(data.annotations)}
+    ks = list(next(iter(results["methods"].values()))["token_f1"])
+    rows = [f"| `{m}` | " + " | ".join(f"{r['token_f1'][k]['macro']['f1']:.3f}" for k in ks) + " |" for m, r in results["methods"].items()]
+    report = "\n".join([
+        f"# Token-F1 on {args.data} ({args.split}, {len(data.annotations)} documents), model {args.model}", "",
+        "Macro token-level F1 of each method's top-k words against the human rationales, explaining the true class.", "",
+        "| method | " + " | ".join(f"k={k}" for k in ks) + " |", "| --- |" + " --- |" * len(ks), *rows, "",
+    ])
+    out = Path(args.out)
+    return [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"), write_atomic(out / "report.md", report)]
+
+
 def add_evaluate_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "evaluate",
@@ -193,7 +229,8 @@ def add_evaluate_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--benchmark", default="shapes",
                    help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "
-                        "ImageFolder validation set) or imagenet-seg (segmentation on gtsegs_ijcv.mat)")
+                        "ImageFolder validation set), imagenet-seg (segmentation on gtsegs_ijcv.mat) or eraser "
+                        "(token-F1 of a text classifier against ERASER rationales, e.g. Movie Reviews)")
     p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat")
     p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default), a timm model name, or a local checkpoint (with --arch)")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
@@ -211,4 +248,5 @@ def add_evaluate_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process (default: torch's choice)")
     p.add_argument("--workers", type=int, default=0, help="data-loading worker processes for the ImageNet benchmarks")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--split", default="test", help="eraser: which split's annotations (default test)")
     p.set_defaults(handler=evaluate)

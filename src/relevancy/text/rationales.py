@@ -94,8 +94,17 @@ class RationaleSet:
         """The documents as strings, in the annotations' order."""
         return [" ".join(self.documents[a.docid]) for a in self.annotations]
 
-    def labels(self) -> list[int]:
-        return [LABELS.index(a.classification) for a in self.annotations]
+    def labels(self, names: Sequence[str] = LABELS) -> list[int]:
+        """Class index per annotation in `names` (a model's labels), matched case-insensitively by prefix:
+        ERASER's "POS" / "NEG" are a sentiment model's "positive" / "negative"."""
+        lowered = [n.lower() for n in names]
+        indices = []
+        for a in self.annotations:
+            found = [i for i, n in enumerate(lowered) if n.startswith(a.classification.lower()) or a.classification.lower().startswith(n)]
+            if len(found) != 1:
+                raise ValueError(f"class {a.classification!r} of annotation {a.annotation_id} matches none or several of the model's labels {list(names)}")
+            indices.extend(found)
+        return indices
 
 
 def _sentence(phrase: str) -> str:
@@ -153,7 +162,10 @@ def write_eraser(rationales: RationaleSet, folder: str | Path, split: str = "tes
     return folder
 
 
-def token_f1(model, tokenizer, method: str, rationales: RationaleSet, ks: Sequence[int] | None = None, batch_size: int = 16, **options) -> dict:
+def token_f1(
+    model, tokenizer, method: str, rationales: RationaleSet, ks: Sequence[int] | None = None, batch_size: int = 16,
+    labels: Sequence[int] | None = None, **options,
+) -> dict:
     """ERASER token-level precision / recall / F1 of `method`'s top-k words against the evidences.
 
     As the papers' protocol: the map of the *true* class, clamped at 0, from word pieces to whitespace words
@@ -163,7 +175,8 @@ def token_f1(model, tokenizer, method: str, rationales: RationaleSet, ks: Sequen
     from .model import encode
 
     test = RationaleTest() if ks is None else RationaleTest(ks)
-    texts, labels = rationales.texts(), rationales.labels()
+    texts = rationales.texts()
+    labels = list(labels) if labels is not None else rationales.labels()
     for start in range(0, len(texts), batch_size):
         chunk = rationales.annotations[start:start + batch_size]
         batch = encode(tokenizer, texts[start:start + batch_size], model=model)
