@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from .segmentation import normalised_maps
 
 __all__ = ["STEPS", "TESTS", "PerturbationTest", "perturbation_auc", "perturbation_test"]
 
@@ -51,21 +52,6 @@ def _pixel_transforms(
     m = torch.as_tensor(mean, dtype=images.dtype, device=images.device)[None, :, None, None]
     s = torch.as_tensor(std, dtype=images.dtype, device=images.device)[None, :, None, None]
     return (lambda x: x * s + m), (lambda x: (x - m) / s)
-
-
-def _upsampled_minmax(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``(B, H*W)`` map: bilinear upsampling to ``size`` (if needed), then per-image min-max scaling."""
-    maps = maps.detach()
-    if maps.dim() != 3:
-        raise ValueError(f"maps must be (B, h, w), got shape {tuple(maps.shape)}")
-    if not maps.is_floating_point():
-        maps = maps.float()
-    if tuple(maps.shape[-2:]) != size:
-        maps = F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
-    flat = maps.reshape(maps.shape[0], -1)
-    lo = flat.min(dim=1, keepdim=True).values
-    hi = flat.max(dim=1, keepdim=True).values
-    return (flat - lo) / (hi - lo)
 
 
 def _removal_masks(vis: torch.Tensor, steps: Sequence[float]) -> torch.Tensor:
@@ -108,7 +94,7 @@ def perturbation_test(
     b, _, h, w = images.shape
     unnorm, norm = _pixel_transforms(images, mean, std, unnormalize, normalize)
     pixels = unnorm(images).reshape(b, images.shape[1], h * w)
-    vis = _upsampled_minmax(maps.to(images.device), (h, w))
+    vis = normalised_maps(maps.to(images.device), (h, w)).flatten(1)
     labels = labels.to(images.device)
 
     # One removal mask per (test, step); a step that removes nothing is classified once for all tests.

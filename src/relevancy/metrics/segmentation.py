@@ -28,7 +28,7 @@ __all__ = ["SegmentationTest", "segmentation_scores"]
 _EPS = float(np.spacing(1, dtype=np.float64))
 
 
-def _normalised_maps(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def normalised_maps(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``(B, H, W)`` maps upsampled to ``size`` (bilinear) and min-max normalised per image."""
     maps = maps.detach()
     if maps.dim() != 3:
@@ -59,7 +59,7 @@ def segmentation_scores(maps: torch.Tensor, masks: torch.Tensor) -> dict[str, to
     ``(B, 2)`` (background, foreground) as int64 and ``ap`` ``(B,)`` float64.
     """
     masks = masks.to(maps.device).long()
-    res = _normalised_maps(maps, tuple(masks.shape[-2:]))
+    res = normalised_maps(maps, tuple(masks.shape[-2:]))
     foreground = res > res.mean(dim=(1, 2), keepdim=True)  # NaN maps compare False: background
     pred = foreground.long()
     correct = (pred == masks).sum(dim=(1, 2))
