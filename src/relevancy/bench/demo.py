@@ -71,7 +71,6 @@ def run_demo(out: str | Path = "demo", singles: int = 3, pairs: int = 3, methods
 
 
 def _write_index(out: Path, entries: list[tuple[str, str]], methods: list[str], seconds: float, rows: int) -> None:
-    from .. import METHODS  # noqa: F401  (names shown in the legend come from the registry)
     from ..methods import REGISTRY
 
     legend = "".join(f"<li><b>{m}</b>: {html.escape(REGISTRY[m].summary)}{' (signed: red +, blue -)' if REGISTRY[m].signed else ''}</li>" for m in methods)

@@ -51,10 +51,10 @@ REGISTRY: dict[str, Method] = {
         Method("lrp", lrp, signed=True, reads_class_token=False, needs_attention=False, pixels=True,
                summary="full LRP to the pixels, vanilla rules"),
         Method("cdam", cdam, signed=True, reads_class_token=False, needs_attention=False, accepts_concept=True,
-               summary="class-discriminative attention map (Brocki & Chung), signed"),
+               summary="class-discriminative attention map (Brocki & Chung)"),
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
                accepts_concept=True,
-               summary="score drop when a patch token is removed, signed"),
+               summary="score drop when a patch token is removed"),
     )
 }
 
