@@ -1,6 +1,5 @@
 import pickle
 
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -9,6 +8,7 @@ from torch import nn
 from torchvision import transforms
 
 from relevancy.datasets import PAPER_DATA_CONFIG, ImageNetSegmentation, imagenet_folder, timm_transform
+from data_files import write_gtsegs
 
 
 def _image_folder(root):
@@ -47,23 +47,6 @@ def test_timm_transform_from_model_config():
         timm_transform()
 
 
-def _gtsegs(path, images, masks):
-    """A file laid out like MATLAB v7.3's ``gtsegs_ijcv.mat``: cell arrays of object references."""
-    with h5py.File(path, "w") as f:
-        refs = f.create_group("#refs#")
-        img_refs = np.empty((len(images), 1), dtype=h5py.ref_dtype)
-        gt_refs = np.empty((len(images), 1), dtype=h5py.ref_dtype)
-        for i, (img, mask) in enumerate(zip(images, masks)):
-            img_refs[i, 0] = refs.create_dataset(f"img{i}", data=img.transpose((2, 1, 0))).ref  # (3, W, H)
-            m = refs.create_dataset(f"mask{i}", data=mask.transpose((1, 0)))  # (W, H)
-            cell = refs.create_dataset(f"cell{i}", shape=(1, 1), dtype=h5py.ref_dtype)
-            cell[0, 0] = m.ref
-            gt_refs[i, 0] = cell.ref
-        value = f.create_group("value")
-        value.create_dataset("img", data=img_refs)
-        value.create_dataset("gt", data=gt_refs)
-
-
 def test_imagenet_segmentation_reader(tmp_path):
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 256, (12, 20, 3), dtype=np.uint8), rng.integers(0, 256, (30, 10, 3), dtype=np.uint8)]
@@ -71,7 +54,7 @@ def test_imagenet_segmentation_reader(tmp_path):
     masks[0][2:8, 5:15] = 1
     masks[1][10:, :5] = 1
     path = tmp_path / "gtsegs_ijcv.mat"
-    _gtsegs(path, images, masks)
+    write_gtsegs(path, images, masks)
 
     ds = ImageNetSegmentation(path, size=(16, 16))
     assert len(ds) == 2

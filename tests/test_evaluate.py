@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -19,6 +18,7 @@ from safetensors.torch import save_file
 from relevancy.cli import main
 from relevancy.evaluation import data as D
 from models import tiny_vit
+from data_files import write_gtsegs
 
 TINY_SHAPES = dict(embed_dim=32, depth=2, num_heads=2)
 
@@ -137,25 +137,15 @@ def test_imagenet_subset_folders_keep_their_imagenet_labels(tmp_path):
 
 
 def gtsegs(path: Path, count: int = 3) -> Path:
-    """A file laid out like MATLAB v7.3's ``gtsegs_ijcv.mat`` (as in tests/test_datasets.py)."""
+    """A tiny ``gtsegs_ijcv.mat`` with a rectangle mask per image."""
     rng = np.random.default_rng(1)
-    with h5py.File(path, "w") as f:
-        refs = f.create_group("#refs#")
-        img_refs = np.empty((count, 1), dtype=h5py.ref_dtype)
-        gt_refs = np.empty((count, 1), dtype=h5py.ref_dtype)
-        for i in range(count):
-            img = rng.integers(0, 256, (24 + i, 30, 3), dtype=np.uint8)
-            mask = np.zeros(img.shape[:2], dtype=np.uint8)
-            mask[4:15, 6 + i : 20] = 1
-            img_refs[i, 0] = refs.create_dataset(f"img{i}", data=img.transpose((2, 1, 0))).ref
-            m = refs.create_dataset(f"mask{i}", data=mask.transpose((1, 0)))
-            cell = refs.create_dataset(f"cell{i}", shape=(1, 1), dtype=h5py.ref_dtype)
-            cell[0, 0] = m.ref
-            gt_refs[i, 0] = cell.ref
-        value = f.create_group("value")
-        value.create_dataset("img", data=img_refs)
-        value.create_dataset("gt", data=gt_refs)
-    return path
+    images = [rng.integers(0, 256, (24 + i, 30, 3), dtype=np.uint8) for i in range(count)]
+    masks = []
+    for i, img in enumerate(images):
+        mask = np.zeros(img.shape[:2], dtype=np.uint8)
+        mask[4:15, 6 + i : 20] = 1
+        masks.append(mask)
+    return write_gtsegs(path, images, masks)
 
 
 @pytest.fixture()
