@@ -9,6 +9,8 @@ from golden import assert_map_close, pad_ids
 from relevancy.adapters import adapter_for
 from relevancy.adapters.base import UnsupportedModelError
 from relevancy.adapters.hf_bert import HFBertAdapter, TextBatch
+from relevancy.capture import record_forward
+from relevancy.lrp import PAPER, RELEVANCE, relevance_session
 from relevancy.text import TextExplanation
 
 import transformers
@@ -23,10 +25,11 @@ def tiny(family: str = "bert", seed: int = 0) -> torch.nn.Module:
     if family == "bert":
         config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **common)
         return transformers.BertForSequenceClassification(config).eval()
-    if family == "roberta":
-        config = transformers.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                            pad_token_id=1, **common)
-        return transformers.RobertaForSequenceClassification(config).eval()
+    if family in ("roberta", "xlm-roberta"):
+        roberta = family == "roberta"
+        config = (transformers.RobertaConfig if roberta else transformers.XLMRobertaConfig)(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, pad_token_id=1, **common)
+        return (transformers.RobertaForSequenceClassification if roberta else transformers.XLMRobertaForSequenceClassification)(config).eval()
     config = transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common)
     return transformers.DistilBertForSequenceClassification(config).eval()
 
@@ -62,7 +65,7 @@ def test_adapter_reproduces_the_model_on_a_padded_batch(family):
 
 
 @pytest.mark.parametrize("family", ["roberta", "distilbert"])
-@pytest.mark.parametrize("method", ATTENTION_METHODS + ["cdam", "token_ablation"])
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_other_families_are_padding_invariant(family, method):
     model = tiny(family)
     pad = 1 if family == "roberta" else 0
@@ -73,19 +76,34 @@ def test_other_families_are_padding_invariant(family, method):
         assert (together.scores[row, len(ids):] == 0).all()
 
 
-def test_relevance_propagation_is_refused_clearly_outside_bert():
-    with pytest.raises(UnsupportedModelError, match="BertForSequenceClassification only"):
-        relevancy.explain(tiny("distilbert"), {"input_ids": SEQUENCES[0][None]}, method="transformer_attribution")
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "distilbert"])
+def test_paper_rules_conserve_relevance_through_every_layer(family):
+    """One-hot relevance at the logits reaches every layer's input with its total intact, per text."""
+    model = tiny(family)
+    adapter = adapter_for(model)
+    inputs = adapter.check_inputs({"input_ids": torch.stack([SEQUENCES[0], SEQUENCES[0].flip(0)])})
+    recorded = []
+    handles = [layer.register_forward_pre_hook(lambda _m, args: recorded.append(args[0])) for layer in adapter.blocks]
+    try:
+        with adapter.explaining(True), relevance_session(model, adapter.relevance_rule_map(), PAPER) as session:
+            forward = record_forward(adapter, inputs, [0, 2], gradients=True)
+            relevance = session.backward(RELEVANCE, forward.score.sum(), recorded, torch.ones(()))
+    finally:
+        for handle in handles:
+            handle.remove()
+    sums = torch.stack([r.sum(dim=(1, 2)) for r in relevance], 1)
+    torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
 @pytest.mark.parametrize("method", ALL_METHODS)
-def test_model_is_handed_back_unchanged(method):
-    model = tiny("bert")
+def test_model_is_handed_back_unchanged(family, method):
+    model = tiny(family)
     model.train()  # the user's flag, restored after the call
-    model.bert.encoder.layer[0].training = False  # ... down to single modules
+    adapter_for(model).blocks[0].training = False  # ... down to single modules
     before = model_state(model)
     assert model.config._attn_implementation == "sdpa"
-    expl = relevancy.explain(model, batch(), method=method, target=1)
+    expl = relevancy.explain(model, batch(1 if family == "roberta" else 0), method=method, target=1)
     assert isinstance(expl, TextExplanation)
     assert model_state(model) == before
 

@@ -30,18 +30,31 @@ class Layout:
     embeddings: str  # input ids -> tokens entering the first layer (position embedding added, normalised)
     layers: str  # the layer list; `layer(hidden, additive_mask)` -> hidden (or a tuple starting with it)
     self_attention: str  # inside a layer: the module returning `(context, attention probabilities)`
-    pool: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, last hidden states) -> pre-logits (B, D)
-    classify: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, pre-logits) -> logits
+    head: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (model, last hidden) -> (logits, pre-logits)
+    rules: str  # the family's relevance rule map (`relevancy.lrp.bert_rules.rule_map`)
     token_types: bool = True  # the embeddings take `token_type_ids`
 
 
-def _roberta_pool(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    head = model.classifier
-    return torch.tanh(head.dense(head.dropout(hidden[:, 0])))
+def _bert_head(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    pre_logits = model.bert.pooler(hidden)  # dense + tanh on [CLS]
+    return model.classifier(model.dropout(pre_logits)), pre_logits
 
 
-def _distilbert_pool(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    return torch.relu(model.pre_classifier(hidden[:, 0]))
+def _roberta_head(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classification head's own forward (dense + tanh on `<s>`, out_proj), so that a relevance session's
+    replacement of it applies; the pre-logits are what enters out_proj."""
+    entering: list[torch.Tensor] = []
+    handle = model.classifier.out_proj.register_forward_pre_hook(lambda _m, args: entering.append(args[0]))
+    try:
+        logits = model.classifier(hidden)
+    finally:
+        handle.remove()
+    return logits, entering[0]
+
+
+def _distilbert_head(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    pre_logits = torch.relu(model.pre_classifier(hidden[:, 0]))  # ReLU's gradient passes relevance unchanged
+    return model.classifier(model.dropout(pre_logits)), pre_logits
 
 
 LAYOUTS: tuple[Layout, ...] = (
@@ -50,24 +63,24 @@ LAYOUTS: tuple[Layout, ...] = (
         embeddings="bert.embeddings",
         layers="bert.encoder.layer",
         self_attention="attention.self",
-        pool=lambda m, h: m.bert.pooler(h),  # dense + tanh on [CLS]
-        classify=lambda m, z: m.classifier(m.dropout(z)),
+        head=_bert_head,
+        rules="bert",
     ),
     Layout(
         classes=("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification"),
         embeddings="roberta.embeddings",
         layers="roberta.encoder.layer",
         self_attention="attention.self",
-        pool=_roberta_pool,  # the classification head's dense + tanh on <s>
-        classify=lambda m, z: m.classifier.out_proj(m.classifier.dropout(z)),
+        head=_roberta_head,
+        rules="roberta",
     ),
     Layout(
         classes=("DistilBertForSequenceClassification",),
         embeddings="distilbert.embeddings",
         layers="distilbert.transformer.layer",
         self_attention="attention",
-        pool=_distilbert_pool,  # pre_classifier + ReLU on [CLS]
-        classify=lambda m, z: m.classifier(m.dropout(z)),
+        head=_distilbert_head,
+        rules="distilbert",
         token_types=False,
     ),
 )
@@ -216,15 +229,10 @@ class HFBertAdapter(Adapter):
         return OutputPart(source, _first)
 
     def relevance_rule_map(self) -> dict:
-        if "BertForSequenceClassification" not in self.layout.classes:
-            raise UnsupportedModelError(
-                f"relevance propagation (transformer_attribution, partial_lrp, lrp) has rules for "
-                f"BertForSequenceClassification only, not {type(self.model).__name__}; the attention and gradient "
-                f"methods work on it"
-            )
         from ..lrp.bert_rules import rule_map
 
-        return rule_map()
+        classifier = next(cls for cls in type(self.model).__mro__ if cls.__name__ in self.layout.classes)
+        return rule_map(classifier, self.layout.rules)
 
     def class_names(self) -> list[str] | None:
         id2label = getattr(getattr(self.model, "config", None), "id2label", None)
@@ -360,8 +368,7 @@ class HFBertAdapter(Adapter):
         hidden = tokens
         for layer in self.blocks:
             hidden = _first(layer(hidden, additive))
-        pre_logits = self.layout.pool(self.model, hidden)
-        return self.layout.classify(self.model, pre_logits), pre_logits
+        return self.layout.head(self.model, hidden)
 
 
 def _configs(model: nn.Module) -> list:

@@ -1,21 +1,25 @@
-"""The rule map of Hugging Face BERT (`BertForSequenceClassification`): which rule each module gets.
+"""Rule maps of the Hugging Face BERT family (`*ForSequenceClassification`): which rule each module gets.
 
-As the authors' BERT code (`BERT_explainability/modules/BERT/BERT.py` on `layers_ours`):
+BERT follows the authors' BERT code (`BERT_explainability/modules/BERT/BERT.py` on `layers_ours`); RoBERTa
+(XLM-R, CamemBERT) and DistilBERT, which the authors did not cover, get the same rules on their own modules:
 - self-attention: both matrix products get the halved two-operand rule; the `1/sqrt(d)` scale and the softmax
   pass relevance unchanged, the additive mask gets the add rule (its share dropped); the probabilities are
   recorded for the methods;
-- post-LN residual adds (`BertSelfOutput`, `BertOutput`: `LayerNorm(dense(h) + input)`) get the add rule;
-  the LayerNorms after them pass relevance unchanged; the branch split before a layer adds relevances up;
-- the pooler reads [CLS] (relevance goes back to token 0), its dense layer gets the linear rule and its tanh
-  passes relevance unchanged (treated as the identity); the classifier gets the linear rule;
+- post-LN residual adds (`LayerNorm(dense(h) + input)`) get the add rule; the LayerNorms after them pass
+  relevance unchanged; the branch split before a layer adds relevances up;
+- the head reads [CLS] (relevance goes back to token 0); its dense layers get the linear rule, its tanh
+  (BERT pooler, RoBERTa head) passes relevance unchanged (treated as the identity), so does DistilBERT's ReLU
+  (its gradient already is the identity wherever the input carries relevance);
 - GELU passes relevance unchanged.
-- the embeddings add `(token type + position) + word` under the add rule (the reference's order, which also
-  fixes the rounding of the forward values); their LayerNorm passes relevance unchanged. The reference's full
-  LRP (`generate_full_lrp`) stops at the embedding output.
+- the embeddings add their parts under the add rule, in the order the model adds them (BERT: the reference's
+  `(token type + position) + word`, which also fixes the rounding of the forward values; RoBERTa:
+  `(word + token type) + position`; DistilBERT: `word + position`); their LayerNorm passes relevance
+  unchanged. The reference's full LRP (`generate_full_lrp`) stops at the embedding output.
 """
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 from torch import nn
@@ -23,20 +27,29 @@ from torch import nn
 from . import engine
 from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, matmul, passthrough, unchanged
 
-
 def _self_attention(attention: nn.Module, session: Session) -> Replacements:
-    """`BertSelfAttention` (eager, explicit products): returns `(context, probabilities)` like the original."""
-    head = attention.attention_head_size
+    """`BertSelfAttention` and RoBERTa's: eager, explicit products; returns `(context, probabilities)`."""
+    return _attention_forward(session, attention.attention_head_size, attention.query, attention.key, attention.value)
+
+
+def _distilbert_attention(attention: nn.Module, session: Session) -> Replacements:
+    """`DistilBertSelfAttention`: as BERT's, with the output projection inside."""
+    return _attention_forward(session, attention.attention_head_size, attention.q_lin, attention.k_lin,
+                              attention.v_lin, attention.out_lin)
+
+
+def _attention_forward(session: Session, head: int, query: nn.Module, key: nn.Module, value: nn.Module,
+                       output: nn.Module | None = None) -> Replacements:
     scale = math.sqrt(head)
 
     def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> tuple:
         if kwargs.get("encoder_hidden_states") is not None or kwargs.get("past_key_values") is not None:
-            raise engine.MissingRuleError("relevance propagation supports BERT encoders (no cross-attention, no cache)")
+            raise engine.MissingRuleError("relevance propagation supports encoders (no cross-attention, no cache)")
         batch, tokens, _ = hidden_states.shape
         shape = (batch, tokens, -1, head)
-        q = attention.query(hidden_states).view(shape).transpose(1, 2)
-        k = attention.key(hidden_states).view(shape).transpose(1, 2)
-        v = attention.value(hidden_states).view(shape).transpose(1, 2)
+        q = query(hidden_states).view(shape).transpose(1, 2)
+        k = key(hidden_states).view(shape).transpose(1, 2)
+        v = value(hidden_states).view(shape).transpose(1, 2)
 
         # the reference divides by sqrt(d) (no rule), then adds the mask under the add rule (all of the relevance
         # stays with the scores: the mask's share is dropped)
@@ -46,12 +59,12 @@ def _self_attention(attention: nn.Module, session: Session) -> Replacements:
         probabilities = passthrough(session, lambda t: t.softmax(dim=-1), scores)
         session.attentions.append(probabilities)
         context = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
-        return context, probabilities
+        return (context if output is None else output(context)), probabilities
 
     return {"forward": forward}
 
 
-def _embeddings(embeddings: nn.Module, session: Session) -> Replacements:
+def _bert_embeddings(embeddings: nn.Module, session: Session) -> Replacements:
     """`BertEmbeddings` as the reference computes it: `(token type + position) + word`, both adds under the add
     rule, then LayerNorm (pass-through); relevance can so be followed to the word embeddings."""
 
@@ -78,6 +91,59 @@ def _residual_output(module: nn.Module, session: Session) -> Replacements:
     return {"forward": forward}
 
 
+def _roberta_embeddings(embeddings: nn.Module, session: Session) -> Replacements:
+    """`RobertaEmbeddings`: `(word + token type) + position` under the add rule, positions counted from the
+    padding index as the model does; then LayerNorm (pass-through)."""
+
+    def forward(input_ids=None, token_type_ids=None, position_ids=None, inputs_embeds=None, past_key_values_length: int = 0):
+        words = embeddings.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if position_ids is None:
+            position_ids = (embeddings.create_position_ids_from_input_ids(input_ids, embeddings.padding_idx, past_key_values_length)
+                            if input_ids is not None
+                            else embeddings.create_position_ids_from_inputs_embeds(inputs_embeds, embeddings.padding_idx))
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(words.shape[:2], dtype=torch.long, device=words.device)
+        summed = add(session, add(session, words, embeddings.token_type_embeddings(token_type_ids)),
+                     embeddings.position_embeddings(position_ids))
+        return embeddings.dropout(embeddings.LayerNorm(summed))
+
+    return {"forward": forward}
+
+
+def _distilbert_embeddings(embeddings: nn.Module, session: Session) -> Replacements:
+    """DistilBERT `Embeddings`: `word + position` under the add rule, then LayerNorm (pass-through)."""
+
+    def forward(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None = None, position_ids=None):
+        words = embeddings.word_embeddings(input_ids) if input_ids is not None else inputs_embeds
+        if position_ids is None:
+            position_ids = embeddings.position_ids[:, : words.shape[1]]
+        summed = add(session, words, embeddings.position_embeddings(position_ids))
+        return embeddings.dropout(embeddings.LayerNorm(summed))
+
+    return {"forward": forward}
+
+
+def _roberta_head(head: nn.Module, session: Session) -> Replacements:
+    """`RobertaClassificationHead`: dense, tanh (a function call here, pass-through), out_proj on `<s>`."""
+
+    def forward(features: torch.Tensor, **_kwargs) -> torch.Tensor:
+        hidden = passthrough(session, torch.tanh, head.dense(head.dropout(features[:, 0])))
+        return head.out_proj(head.dropout(hidden))
+
+    return {"forward": forward}
+
+
+def _distilbert_block(block: nn.Module, session: Session) -> Replacements:
+    """DistilBERT `TransformerBlock`: both post-LN residual adds under the add rule."""
+
+    def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        attended, _ = block.attention(hidden_states, attention_mask=attention_mask, **kwargs)
+        attended = block.sa_layer_norm(add(session, attended, hidden_states))
+        return block.output_layer_norm(add(session, block.ffn(attended), attended))
+
+    return {"forward": forward}
+
+
 def _activations() -> list[type]:
     from transformers import activations
 
@@ -86,30 +152,50 @@ def _activations() -> list[type]:
     return [getattr(activations, n) for n in names if isinstance(getattr(activations, n, None), type)]
 
 
-def rule_map() -> dict[type, ForwardFactory]:
-    """Module type -> rule, for every module a `BertForSequenceClassification` is built from."""
-    from transformers.models.bert import modeling_bert as bert
+_LEAVES: dict[type, ForwardFactory] = {
+    nn.ModuleList: unchanged,
+    nn.Embedding: unchanged,
+    nn.Dropout: unchanged,
+    nn.Linear: LINEAR,
+    nn.LayerNorm: PASSTHROUGH,
+    nn.Tanh: PASSTHROUGH,
+    nn.GELU: PASSTHROUGH,
+    nn.ReLU: PASSTHROUGH,
+}
 
-    table: dict[type, ForwardFactory] = {
-        bert.BertForSequenceClassification: unchanged,
-        bert.BertModel: unchanged,
-        bert.BertEmbeddings: _embeddings,
-        bert.BertEncoder: unchanged,
-        bert.BertLayer: unchanged,
-        bert.BertAttention: unchanged,
-        bert.BertSelfAttention: _self_attention,
-        bert.BertSelfOutput: _residual_output,
-        bert.BertIntermediate: unchanged,
-        bert.BertOutput: _residual_output,
-        bert.BertPooler: unchanged,  # [CLS] indexing moves relevance to token 0; dense and tanh have entries
-        nn.ModuleList: unchanged,
-        nn.Embedding: unchanged,
-        nn.Dropout: unchanged,
-        nn.Linear: LINEAR,
-        nn.LayerNorm: PASSTHROUGH,
-        nn.Tanh: PASSTHROUGH,
-        nn.GELU: PASSTHROUGH,
-        nn.ReLU: PASSTHROUGH,
+
+def _encoder_table(prefix: str, namespace: object, embeddings: ForwardFactory) -> dict[type, ForwardFactory]:
+    """The modules BERT and RoBERTa-style encoders share, named `{prefix}Layer`, `{prefix}SelfAttention`, ..."""
+    parts = {
+        "ForSequenceClassification": unchanged, "Model": unchanged, "Embeddings": embeddings, "Encoder": unchanged,
+        "Layer": unchanged, "Attention": unchanged, "SelfAttention": _self_attention, "SelfOutput": _residual_output,
+        "Intermediate": unchanged, "Output": _residual_output,
+        "Pooler": unchanged,  # [CLS] indexing moves relevance to token 0; dense and tanh have entries
+        "ClassificationHead": _roberta_head,
     }
+    return {getattr(namespace, prefix + name): rule for name, rule in parts.items() if hasattr(namespace, prefix + name)}
+
+
+def rule_map(classifier: type, family: str) -> dict[type, ForwardFactory]:
+    """Module type -> rule for every module of a `*ForSequenceClassification` model of transformers.
+
+    `classifier` is the transformers class (e.g. `XLMRobertaForSequenceClassification`); its own modelling
+    module supplies the family's module classes. `family`: "bert", "roberta" or "distilbert"."""
+    namespace = sys.modules[classifier.__module__]
+    prefix = classifier.__name__.removesuffix("ForSequenceClassification")
+    if family == "bert":
+        table = _encoder_table(prefix, namespace, _bert_embeddings)
+    elif family == "roberta":
+        table = _encoder_table(prefix, namespace, _roberta_embeddings)
+    elif family == "distilbert":
+        table = {
+            namespace.DistilBertForSequenceClassification: unchanged, namespace.DistilBertModel: unchanged,
+            namespace.Embeddings: _distilbert_embeddings, namespace.Transformer: unchanged,
+            namespace.TransformerBlock: _distilbert_block, namespace.DistilBertSelfAttention: _distilbert_attention,
+            namespace.FFN: unchanged,
+        }
+    else:
+        raise ValueError(f"unknown BERT family {family!r}; choose from 'bert', 'roberta', 'distilbert'")
+    table.update(_LEAVES)
     table.update({activation: PASSTHROUGH for activation in _activations()})
     return table
