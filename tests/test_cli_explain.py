@@ -143,3 +143,8 @@ def test_signed_maps_use_a_diverging_colormap_centred_on_zero():
     assert low == -high
     assert color_limits(torch.tensor([[0.0, 2.0]]), signed=False)[0] == 0.0
     assert np.isclose(color_limits(torch.tensor([[0.0, 2.0]]), signed=False)[1], 2.0, atol=0.02)
+
+
+def test_a_concept_needs_examples():
+    with pytest.raises(ValueError, match="at least one example"):
+        relevancy.Concept(tiny_vit(), torch.zeros(0, 3, 32, 32))

@@ -201,11 +201,11 @@ def test_words_follow_the_tokenizer_word_ids():
 
 
 def test_cdam_explains_a_concept_of_example_texts():
-    from relevancy.text import concept
-
     model = tiny("bert")
-    examples = concept(model, batch())
+    examples = relevancy.Concept(model, batch())
+    assert torch.allclose(relevancy.Concept(model, batch(), batch_size=2).vector, examples.vector, atol=1e-6)
     together = relevancy.explain(model, batch(), method="cdam", target=examples)
     assert together.target.tolist() == [-1, -1, -1]
     alone = relevancy.explain(model, {"input_ids": SEQUENCES[2][None]}, method="cdam", target=examples)
     assert_map_close(together.scores[2], alone.scores[0])
+

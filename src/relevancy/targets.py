@@ -1,4 +1,4 @@
-"""What is explained: a class per image, the predicted class, or a concept given by example images."""
+"""What is explained: a class per input, the predicted class, or a concept given by examples."""
 from __future__ import annotations
 
 from typing import Sequence, Union
@@ -8,20 +8,22 @@ from torch import nn
 
 
 class Concept:
-    """A CDAM concept: the mean pre-logits latent of example images; explained as `f(x) = z(x) . c`.
+    """A CDAM concept: the mean pre-logits latent of examples; explained as `f(x) = z(x) . c`.
 
-    `Concept(model, example_images)` runs the model once on the examples (in batches of `batch_size`),
-    leaving the model as it was.
+    `Concept(model, examples)` takes what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
+    text model's tokenizer output), runs the model on the examples in batches of `batch_size` and leaves the
+    model as it was.
     """
 
-    def __init__(self, model: nn.Module, example_images: torch.Tensor, batch_size: int = 64) -> None:
+    def __init__(self, model: nn.Module, examples: object, batch_size: int = 64) -> None:
         from .adapters import adapter_for
 
-        if example_images.ndim != 4 or len(example_images) == 0:
-            raise ValueError(f"example_images must be a non-empty batch (N, C, H, W), got shape {tuple(example_images.shape)}")
         adapter = adapter_for(model)
+        inputs = adapter.check_inputs(examples)
+        if len(inputs) == 0:
+            raise ValueError("a Concept needs at least one example")
         with adapter.explaining(attention_probabilities=False), torch.no_grad():
-            latents = [adapter.forward(chunk)[1] for chunk in example_images.split(batch_size)]
+            latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
         self.vector = torch.cat(latents).mean(0)
 
     @classmethod

@@ -74,6 +74,10 @@ class Adapter:
         param = next(self.model.parameters(), None)
         return inputs.to(param.device, param.dtype) if param is not None else inputs
 
+    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+        """Checked inputs in consecutive batches of at most `size`."""
+        return iter(inputs.split(size))
+
     # -- running ------------------------------------------------------------------------------------------
     @contextmanager
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:

@@ -277,6 +277,16 @@ class HFBertAdapter(Adapter):
             )
         return self._validated(batch)
 
+    def batches(self, inputs: TextBatch, size: int) -> Iterator[TextBatch]:
+        for start in range(0, len(inputs), size):
+            part = slice(start, start + size)
+            yield replace(
+                inputs, input_ids=inputs.input_ids[part], attention_mask=inputs.attention_mask[part],
+                token_type_ids=None if inputs.token_type_ids is None else inputs.token_type_ids[part],
+                tokens=None if inputs.tokens is None else inputs.tokens[part],
+                word_ids=None if inputs.word_ids is None else inputs.word_ids[part],
+            )
+
     def _validated(self, batch: TextBatch) -> TextBatch:
         ids, mask = batch.input_ids, batch.attention_mask
         if ids.ndim != 2 or mask.shape != ids.shape:

@@ -21,18 +21,4 @@ def encode(tokenizer, texts, max_length: int | None = None, model=None):
     return _encode(tokenizer, texts, max_length=max_length, model=model)
 
 
-def concept(model, examples):
-    """A CDAM `Concept` from example texts (the tokenizer's output): the mean pre-logits latent (pooler output)."""
-    import torch
-
-    from ..adapters import adapter_for
-    from ..targets import Concept
-
-    adapter = adapter_for(model)
-    inputs = adapter.check_inputs(examples)
-    with adapter.explaining(attention_probabilities=False), torch.no_grad():
-        latents = adapter.forward(inputs)[1]
-    return Concept.from_vector(latents.mean(0))
-
-
-__all__ = ["TextExplanation", "concept", "encode", "load_model"]
+__all__ = ["TextExplanation", "encode", "load_model"]
