@@ -44,13 +44,13 @@ def test_shipped_model_loads_and_classifies():
     m, acc = _single_accuracy()
     assert not m.training
     assert m.class_names == CLASSES
-    # the shipped model's measured level (84.9 % on 2,000 scenes, MODEL_CARD.md), less sampling noise on 200;
-    # below the 95 % target, which stays open until a longer training run ships
-    assert acc >= 0.78, acc
+    # 99.75 % on 2,000 held-out scenes (MODEL_CARD.md); the quick sample must clear 95 %
+    assert acc >= 0.95, acc
 
 
 def test_evaluate_accuracy_reports_both_figures():
     m = load_model()
-    r = evaluate_accuracy(m, n=40, seed=2_000_000_100)
-    assert set(r) >= {"single_top1", "pair_top2", "n"} and r["n"] == 40
-    assert 0 <= r["pair_top2"] <= 1 and 0 <= r["single_top1"] <= 1
+    r = evaluate_accuracy(m, n=100, seed=2_000_000_100)
+    assert set(r) >= {"single_top1", "pair_top2", "n"} and r["n"] == 100
+    # two-object scenes: both present classes are the top-2 logits (98.9 % on 2,000 held-out scenes)
+    assert r["pair_top2"] >= 0.9 and r["single_top1"] >= 0.95, r

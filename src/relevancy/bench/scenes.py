@@ -69,7 +69,9 @@ HALO = 2
 #: (radians) from their upright pose
 MAX_ROTATION = np.deg2rad(25.0)
 SINGLE_SCALE = (9.0, 15.0)
-PAIR_SCALE = (7.5, 11.0)
+PAIR_SCALE = (8.5, 12.0)
+#: joint redraws of both object positions before the corner fallback
+PLACEMENT_ROUNDS = 256
 N_DISTRACTOR_SLOTS = 7
 
 _STAR_RI = 0.45
@@ -320,27 +322,27 @@ def _sample_params(rng, n, objects, size):
     rad = BOUND * scale
     cx = np.empty((n, objects))
     cy = np.empty((n, objects))
-    u = rng.random((n, 2))
-    cx[:, 0] = rad[:, 0] + u[:, 0] * (size - 2 * rad[:, 0])
-    cy[:, 0] = rad[:, 0] + u[:, 1] * (size - 2 * rad[:, 0])
-    if objects == 2:
-        todo = np.ones(n, bool)
-        for _ in range(64):
-            cand = rng.random((n, 2))
-            px = rad[:, 1] + cand[:, 0] * (size - 2 * rad[:, 1])
-            py = rad[:, 1] + cand[:, 1] * (size - 2 * rad[:, 1])
-            ok = np.hypot(px - cx[:, 0], py - cy[:, 0]) >= rad[:, 0] + rad[:, 1] + MIN_GAP
-            take = todo & ok
-            cx[take, 1], cy[take, 1] = px[take], py[take]
-            todo &= ~ok
-            if not todo.any():
-                break
-        if todo.any():  # fallback: opposite corners at minimum size
-            scale[todo] = lo
-            rad = BOUND * scale
-            r0 = rad[todo, 0]
-            cx[todo, 0], cy[todo, 0] = r0, r0
-            cx[todo, 1], cy[todo, 1] = size - r0, size - r0
+    todo = np.ones(n, bool)
+    for _ in range(PLACEMENT_ROUNDS):  # redraw both positions until the discs are apart
+        idx = np.flatnonzero(todo)
+        u = rng.random((idx.size, 2 * objects))
+        for j in range(objects):
+            span = size - 2 * rad[idx, j]
+            cx[idx, j] = rad[idx, j] + u[:, 2 * j] * span
+            cy[idx, j] = rad[idx, j] + u[:, 2 * j + 1] * span
+        if objects == 1:
+            todo[:] = False
+        else:
+            apart = np.hypot(cx[:, 1] - cx[:, 0], cy[:, 1] - cy[:, 0]) >= rad.sum(1) + MIN_GAP
+            todo &= ~apart
+        if not todo.any():
+            break
+    if todo.any():  # rare fallback: opposite corners at minimum size
+        scale[todo] = lo
+        rad = BOUND * scale
+        r0 = rad[todo, 0]
+        cx[todo, 0], cy[todo, 0] = r0, r0
+        cx[todo, 1], cy[todo, 1] = size - r0, size - r0
     return dict(cls=cls, cx=cx, cy=cy, scale=scale, angle=angle, ax=ax, ay=ay)
 
 

@@ -228,11 +228,11 @@ def evaluate(args) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="run seed, 0..9")
-    ap.add_argument("--minutes", type=float, default=64.0, help="wall-clock training budget")
+    ap.add_argument("--minutes", type=float, default=88.0, help="wall-clock training budget")
     ap.add_argument("--steps", type=int, default=None, help="fixed number of steps instead of --minutes")
     ap.add_argument("--out", default=str(WEIGHTS_DIR))
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--pair-fraction", type=float, default=0.3)
+    ap.add_argument("--pair-fraction", type=float, default=0.4)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--min-lr", type=float, default=1e-5)
     ap.add_argument("--weight-decay", type=float, default=0.05)
@@ -244,8 +244,8 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu", help="e.g. cuda; the shipped run used cpu")
     ap.add_argument("--workers", type=int, default=0,
                     help="DataLoader processes generating scenes (needs --steps)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads; 1 is far faster than 2 when the CPU is shared")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads (the shipped run: 2, alone on a 2-core CPU)")
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
     ap.add_argument("--val-n", type=int, default=300)
