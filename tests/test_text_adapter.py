@@ -25,11 +25,11 @@ def tiny(family: str = "bert", seed: int = 0) -> torch.nn.Module:
     if family == "bert":
         config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, **common)
         return transformers.BertForSequenceClassification(config).eval()
-    if family in ("roberta", "xlm-roberta"):
-        roberta = family == "roberta"
-        config = (transformers.RobertaConfig if roberta else transformers.XLMRobertaConfig)(
+    roberta_like = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
+    if family in roberta_like:
+        config = getattr(transformers, roberta_like[family] + "Config")(
             hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, pad_token_id=1, **common)
-        return (transformers.RobertaForSequenceClassification if roberta else transformers.XLMRobertaForSequenceClassification)(config).eval()
+        return getattr(transformers, roberta_like[family] + "ForSequenceClassification")(config).eval()
     config = transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **common)
     return transformers.DistilBertForSequenceClassification(config).eval()
 
@@ -76,7 +76,7 @@ def test_other_families_are_padding_invariant(family, method):
         assert (together.scores[row, len(ids):] == 0).all()
 
 
-@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "xlm-roberta", "camembert", "distilbert"])
 def test_paper_rules_conserve_relevance_through_every_layer(family):
     """One-hot relevance at the logits reaches every layer's input with its total intact, per text."""
     model = tiny(family)
