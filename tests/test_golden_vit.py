@@ -1,11 +1,11 @@
-"""Every ViT map of the authors' code (../shared/golden/vit_reference.pt), one image at a time and batched."""
+"""Every ViT map of the authors' code in float64 (tests/golden/vit_reference64.pt), one image at a time and batched."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import relevancy
-from golden import assert_map_close, build_vit, vit_cases
+from golden import assert_map_close, build_vit, exact_options, vit_cases
 
 # golden key -> (method, options)
 MAPS = {
@@ -29,7 +29,7 @@ CONCEPTS = [r for r in CASE["records"] if "concept" in r]
 
 def test_model_reproduces_reference_logits():
     with torch.no_grad():
-        torch.testing.assert_close(MODEL(CASE["inputs"]), CASE["logits"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(MODEL(CASE["inputs"]), CASE["logits"], atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("key", list(MAPS))
@@ -37,7 +37,7 @@ def test_single_image_maps(key):
     method, options = MAPS[key]
     for record in RECORDS:
         image = CASE["inputs"][record["image"]][None]
-        expl = relevancy.explain(MODEL, image, method=method, target=record["target"], **options)
+        expl = relevancy.explain(MODEL, image, method=method, target=record["target"], **exact_options(method, options))
         assert expl.target.tolist() == [record["target"]]
         assert_map_close(expl.scores[0], record[key])
 
@@ -49,7 +49,7 @@ def test_mixed_target_batch_equals_single_images(key):
     for offset in (0, 1):
         chosen = [[r for r in RECORDS if r["image"] == i][(i + offset) % 2] for i in range(3)]
         images = CASE["inputs"][[r["image"] for r in chosen]]
-        expl = relevancy.explain(MODEL, images, method=method, target=[r["target"] for r in chosen], **options)
+        expl = relevancy.explain(MODEL, images, method=method, target=[r["target"] for r in chosen], **exact_options(method, options))
         for row, record in enumerate(chosen):
             assert_map_close(expl.scores[row], record[key])
 
@@ -57,7 +57,7 @@ def test_mixed_target_batch_equals_single_images(key):
 def test_cdam_for_a_concept():
     for record in CONCEPTS:
         concept = relevancy.Concept(MODEL, CASE["inputs"][record["concept_images"]])
-        torch.testing.assert_close(concept.vector, record["concept"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(concept.vector, record["concept"], atol=1e-12, rtol=0)
         expl = relevancy.explain(MODEL, CASE["inputs"][record["image"]][None], method="cdam", target=concept)
         assert_map_close(expl.scores[0], record["cdam_concept"])
         assert expl.target.tolist() == [-1]

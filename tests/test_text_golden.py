@@ -1,12 +1,12 @@
-"""Every BERT map of the authors' code (../shared/golden/bert_reference.pt): one text at a time, and a padded
-batch of all texts with mixed targets, on an unmodified `transformers.BertForSequenceClassification`."""
+"""Every BERT map of the authors' code in float64 (tests/golden/bert_reference64.pt): one text at a time, and a
+padded batch of all texts with mixed targets, on an unmodified `transformers.BertForSequenceClassification`."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import relevancy
-from golden import assert_map_close, bert_cases, build_bert, pad_ids
+from golden import HF_RTOL, assert_map_close, bert_cases, build_bert, exact_options, pad_ids
 
 CASE = bert_cases()[0]
 MODEL = build_bert(CASE)
@@ -30,7 +30,7 @@ def test_model_reproduces_reference_logits():
     with torch.no_grad():
         for record in RECORDS:
             logits = MODEL(input_ids=SEQUENCES[record["sequence"]][None]).logits[0]
-            torch.testing.assert_close(logits, record["logits"], atol=1e-5, rtol=0)
+            torch.testing.assert_close(logits, record["logits"], atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("key", list(MAPS))
@@ -38,10 +38,10 @@ def test_single_text_maps(key):
     method, options = MAPS[key]
     for record in RECORDS:
         ids = SEQUENCES[record["sequence"]][None]
-        expl = relevancy.explain(MODEL, {"input_ids": ids}, method=method, target=record["target"], **options)
+        expl = relevancy.explain(MODEL, {"input_ids": ids}, method=method, target=record["target"], **exact_options(method, options))
         assert expl.target.tolist() == [record["target"]]
         assert expl.scores.shape == (1, ids.shape[1])
-        assert_map_close(expl.scores[0], record[key])
+        assert_map_close(expl.scores[0], record[key], rtol=HF_RTOL)
 
 
 @pytest.mark.parametrize("key", list(MAPS))
@@ -51,10 +51,10 @@ def test_padded_mixed_target_batch_equals_single_texts(key):
     batch = pad_ids(list(SEQUENCES))
     for offset in (0, 1):
         chosen = [[r for r in RECORDS if r["sequence"] == i][(i + offset) % 2] for i in range(len(SEQUENCES))]
-        expl = relevancy.explain(MODEL, batch, method=method, target=[r["target"] for r in chosen], **options)
+        expl = relevancy.explain(MODEL, batch, method=method, target=[r["target"] for r in chosen], **exact_options(method, options))
         for row, record in enumerate(chosen):
             length = len(SEQUENCES[row])
-            assert_map_close(expl.scores[row, :length], record[key])
+            assert_map_close(expl.scores[row, :length], record[key], rtol=HF_RTOL)
             assert (expl.scores[row, length:] == 0).all()
 
 
@@ -64,7 +64,7 @@ def test_methods_without_a_bert_reference_are_padding_invariant(method):
     together = relevancy.explain(MODEL, batch, method=method, target=[0, 1, 2])
     for row, ids in enumerate(SEQUENCES):
         alone = relevancy.explain(MODEL, {"input_ids": ids[None]}, method=method, target=[0, 1, 2][row])
-        assert_map_close(together.scores[row, : len(ids)], alone.scores[0])
+        assert_map_close(together.scores[row, : len(ids)], alone.scores[0], rtol=HF_RTOL)
         assert (together.scores[row, len(ids):] == 0).all()
 
 
@@ -73,7 +73,7 @@ def test_token_ablation_in_small_chunks_equals_one_chunk():
     batch = pad_ids(list(SEQUENCES))
     whole = relevancy.explain(MODEL, batch, method="token_ablation", target=[0, 1, 2])
     chunked = relevancy.explain(MODEL, batch, method="token_ablation", target=[0, 1, 2], chunk_size=5)
-    assert_map_close(chunked.scores, whole.scores)
+    assert_map_close(chunked.scores, whole.scores, rtol=HF_RTOL)
 
 
 def test_token_ablation_is_the_score_drop_of_each_removed_token():

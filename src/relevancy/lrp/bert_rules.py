@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from . import engine
-from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, matmul, passthrough, unchanged
+from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
 
 def _self_attention(attention: nn.Module, session: Session) -> Replacements:
     """`BertSelfAttention` and RoBERTa's: eager, explicit products; returns `(context, probabilities)`."""
@@ -47,6 +47,7 @@ def _attention_forward(session: Session, head: int, query: nn.Module, key: nn.Mo
             raise engine.MissingRuleError("relevance propagation supports encoders (no cross-attention, no cache)")
         batch, tokens, _ = hidden_states.shape
         shape = (batch, tokens, -1, head)
+        hidden_states = branch(session, hidden_states)  # feeds the query, key and value projections
         q = query(hidden_states).view(shape).transpose(1, 2)
         k = key(hidden_states).view(shape).transpose(1, 2)
         v = value(hidden_states).view(shape).transpose(1, 2)
@@ -80,6 +81,27 @@ def _bert_embeddings(embeddings: nn.Module, session: Session) -> Replacements:
         return embeddings.dropout(embeddings.LayerNorm(summed))
 
     return {"forward": forward}
+
+
+def _branched_input(module: nn.Module, session: Session) -> Replacements:
+    """`BertAttention`: its input feeds the self-attention and the residual add."""
+    original = module.forward
+
+    def forward(hidden_states: torch.Tensor, *args, **kwargs):
+        return original(branch(session, hidden_states), *args, **kwargs)
+
+    return {"forward": forward}
+
+
+def _layer(layer: nn.Module, session: Session) -> Replacements:
+    """`BertLayer`: the attention output feeds the feed-forward block and its residual add."""
+    original = layer.feed_forward_chunk
+    return {"feed_forward_chunk": lambda attention_output: original(branch(session, attention_output))}
+
+
+def _pooler(pooler: nn.Module, session: Session) -> Replacements:
+    """`BertPooler`: [CLS] readout, then dense and tanh (their own entries)."""
+    return {"forward": lambda hidden_states: pooler.activation(pooler.dense(first_token(session, hidden_states)))}
 
 
 def _residual_output(module: nn.Module, session: Session) -> Replacements:
@@ -127,7 +149,7 @@ def _roberta_head(head: nn.Module, session: Session) -> Replacements:
     """`RobertaClassificationHead`: dense, tanh (a function call here, pass-through), out_proj on `<s>`."""
 
     def forward(features: torch.Tensor, **_kwargs) -> torch.Tensor:
-        hidden = passthrough(session, torch.tanh, head.dense(head.dropout(features[:, 0])))
+        hidden = passthrough(session, torch.tanh, head.dense(head.dropout(first_token(session, features))))
         return head.out_proj(head.dropout(hidden))
 
     return {"forward": forward}
@@ -137,8 +159,9 @@ def _distilbert_block(block: nn.Module, session: Session) -> Replacements:
     """DistilBERT `TransformerBlock`: both post-LN residual adds under the add rule."""
 
     def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        hidden_states = branch(session, hidden_states)
         attended, _ = block.attention(hidden_states, attention_mask=attention_mask, **kwargs)
-        attended = block.sa_layer_norm(add(session, attended, hidden_states))
+        attended = branch(session, block.sa_layer_norm(add(session, attended, hidden_states)))
         return block.output_layer_norm(add(session, block.ffn(attended), attended))
 
     return {"forward": forward}
@@ -168,9 +191,8 @@ def _encoder_table(prefix: str, namespace: object, embeddings: ForwardFactory) -
     """The modules BERT and RoBERTa-style encoders share, named `{prefix}Layer`, `{prefix}SelfAttention`, ..."""
     parts = {
         "ForSequenceClassification": unchanged, "Model": unchanged, "Embeddings": embeddings, "Encoder": unchanged,
-        "Layer": unchanged, "Attention": unchanged, "SelfAttention": _self_attention, "SelfOutput": _residual_output,
-        "Intermediate": unchanged, "Output": _residual_output,
-        "Pooler": unchanged,  # [CLS] indexing moves relevance to token 0; dense and tanh have entries
+        "Layer": _layer, "Attention": _branched_input, "SelfAttention": _self_attention, "SelfOutput": _residual_output,
+        "Intermediate": unchanged, "Output": _residual_output, "Pooler": _pooler,
         "ClassificationHead": _roberta_head,
     }
     return {getattr(namespace, prefix + name): rule for name, rule in parts.items() if hasattr(namespace, prefix + name)}

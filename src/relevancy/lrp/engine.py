@@ -38,9 +38,14 @@ VANILLA = RuleSet("vanilla", shared_linear_denominator=False, rescale_residuals=
 
 @dataclass
 class Session:
-    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps."""
+    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps.
+
+    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its branch splits
+    (`Clone`) and [CLS] selection (`IndexSelect`) scale the arriving relevance by `x / (x + 1e-9)`.
+    """
 
     rule_set: RuleSet
+    exact: bool = False
     mode: str = GRADIENT
     attentions: list[torch.Tensor] = field(default_factory=list)
 
@@ -93,10 +98,20 @@ def matmul_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevan
     return rules.matmul_halved(*inputs, relevance)
 
 
+def reweigh_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+    return (rules.reweigh_branches(inputs[0], relevance),)
+
+
+def first_token_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+    (tokens,) = inputs
+    shares = torch.zeros_like(tokens)
+    shares[:, 0] = rules.reweigh_branches(tokens[:, 0], relevance)
+    return (shares,)
+
+
 def linear_rule(module: nn.Linear) -> RelevanceRule:
-    def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        product = output if module.bias is None else output - module.bias  # x W, reused from the forward
-        return (rules.linear_alpha1_beta0(inputs[0], module.weight, relevance, session.rule_set.shared_linear_denominator, product),)
+    def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        return (rules.linear_alpha1_beta0(inputs[0], module.weight, relevance, session.rule_set.shared_linear_denominator),)
 
     return rule
 
@@ -120,6 +135,19 @@ def matmul(session: Session, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def passthrough(session: Session, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return session.apply(passthrough_rule, fn, x)
+
+
+def branch(session: Session, x: torch.Tensor) -> torch.Tensor:
+    """`x` about to feed several branches (a residual and its block): their relevances add up at `x`.
+
+    Exact sessions apply the reference's `Clone` factor to the sum; otherwise autograd's accumulation is the rule.
+    """
+    return session.apply(reweigh_rule, torch.clone, x) if session.exact else x
+
+
+def first_token(session: Session, x: torch.Tensor) -> torch.Tensor:
+    """`x[:, 0]`, the [CLS] readout: relevance goes back to token 0 (times the reference's factor when exact)."""
+    return session.apply(first_token_rule, lambda t: t[:, 0], x) if session.exact else x[:, 0]
 
 
 # -- patching ----------------------------------------------------------------------------------------------
@@ -169,12 +197,13 @@ def relevance_session(
     rule_map: Mapping[type, ForwardFactory],
     rule_set: RuleSet,
     overrides: Mapping[nn.Module, ForwardFactory] | None = None,
+    exact: bool = False,
 ) -> Iterator[Session]:
     """Apply `rule_map` to every module of `model` for the block; the model is restored on exit.
 
-    `overrides` pick a factory for particular modules (e.g. the pixel-layer convolution).
+    `overrides` pick a factory for particular modules (e.g. the pixel-layer convolution); `exact`: see `Session`.
     """
-    session = Session(rule_set)
+    session = Session(rule_set, exact=exact)
     overrides = dict(overrides or {})
     plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
     patched: list[tuple[nn.Module, str, bool, object]] = []

@@ -31,28 +31,27 @@ def passthrough(relevance: torch.Tensor) -> torch.Tensor:
     return relevance
 
 
-def linear_alpha1_beta0(
-    x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, shared_denominator: bool, product: torch.Tensor | None = None
-) -> torch.Tensor:
+def linear_alpha1_beta0(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, shared_denominator: bool) -> torch.Tensor:
     """Alpha=1, beta=0 rule: positive contributions `x+ W+` and `x- W-` share the relevance (bias ignored).
 
-    With `shared_denominator` (the paper's rule) both parts are divided by their sum, which conserves
-    relevance; the vanilla rule divides each part by itself, which does not. The shared rule is computed as
-    `Z = (x W + |x| |W|) / 2` and `R_in = (x (S W) + |x| (S |W|)) / 2`, the same sums with one weight copy
-    and one matrix product fewer when the forward's `product = x W` (no bias) is given.
+    With `shared_denominator` (the paper's rule) both parts are divided by their sum `Z = x+ W+ + x- W-`, which
+    conserves relevance; the vanilla rule divides each part by itself, which does not. Every term is a sum of
+    non-negative products, so nothing cancels in float32 (the shorter `(x W + |x| |W|) / 2` does, where the
+    negative products dominate).
     """
-    if shared_denominator:
-        magnitude, x_abs = weight.abs(), x.abs()
-        if product is None:
-            product = F.linear(x, weight)
-        # S / 2 with S = R / Z: the halves of Z and of R_in cancel
-        half_s = safe_divide(relevance, product + F.linear(x_abs, magnitude))
-        return torch.addcmul(x * (half_s @ weight), x_abs, half_s @ magnitude)
     x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
     w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-    s_pos = safe_divide(relevance, F.linear(x_pos, w_pos))
-    s_neg = safe_divide(relevance, F.linear(x_neg, w_neg))
+    z_pos, z_neg = F.linear(x_pos, w_pos), F.linear(x_neg, w_neg)
+    if shared_denominator:
+        s_pos = s_neg = safe_divide(relevance, z_pos + z_neg)
+    else:
+        s_pos, s_neg = safe_divide(relevance, z_pos), safe_divide(relevance, z_neg)
     return x_pos * (s_pos @ w_pos) + x_neg * (s_neg @ w_neg)
+
+
+def reweigh_branches(x: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """The reference's `Clone` and `IndexSelect`: relevance arriving at `x` times `x / (x + 1e-9)` (0 where x == 0)."""
+    return x * safe_divide(relevance, x)
 
 
 def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool) -> tuple[torch.Tensor, torch.Tensor]:

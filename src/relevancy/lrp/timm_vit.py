@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from . import engine
-from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, matmul, passthrough, unchanged
+from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
 
 
 def _attention(attn: nn.Module, session: Session) -> Replacements:
@@ -33,10 +33,12 @@ def _attention(attn: nn.Module, session: Session) -> Replacements:
 
 
 def _block(block: nn.Module, session: Session) -> Replacements:
-    """timm `Block`: the two residual adds get the residual rule."""
+    """timm `Block`: the two residual adds get the residual rule; the input of each feeds two branches."""
 
     def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        x = branch(session, x)
         x = add(session, x, block.drop_path1(block.ls1(block.attn(block.norm1(x), attn_mask=attn_mask, is_causal=is_causal))))
+        x = branch(session, x)
         return add(session, x, block.drop_path2(block.ls2(block.mlp(block.norm2(x)))))
 
     return {"forward": forward}
@@ -65,7 +67,14 @@ def _vision_transformer(model: nn.Module, session: Session) -> Replacements:
             return model.pos_drop(torch.cat(prefix + [add(session, x, position)], dim=1))
         return model.pos_drop(add(session, torch.cat(prefix + [x], dim=1), position))
 
-    replacements: Replacements = {"_pos_embed": pos_embed}
+    original_pool = model.pool
+
+    def pool(x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+        if model.attn_pool is None and (pool_type or model.global_pool) == "token":
+            return first_token(session, x)
+        return original_pool(x, pool_type)
+
+    replacements: Replacements = {"_pos_embed": pos_embed, "pool": pool}
     if hasattr(model, "head_dist"):  # DeiT distilled: logits = (head(cls) + head_dist(dist)) / 2
 
         def forward_head(x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:

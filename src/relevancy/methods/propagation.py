@@ -35,7 +35,7 @@ def _rule_set(adapter: Adapter, method: str, rules: str | None) -> RuleSet:
 
 def transformer_attribution(
     adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: int = 0, weights: str = "gradient", blocks: str = "all",
-    row_normalize: bool | None = None, cls_entry: str | None = None,
+    row_normalize: bool | None = None, cls_entry: str | None = None, exact: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """`C = prod_b (I + E_h (G_b * R_b)^+)` read at the [CLS] row; `R_b` is the paper-rule relevance at `A_b`.
 
@@ -46,7 +46,7 @@ def transformer_attribution(
     """
     _one_of("weights", weights, WEIGHTS)
     _one_of("blocks", blocks, BLOCKS)
-    with relevance_session(adapter.model, adapter.relevance_rule_map(), PAPER) as session:
+    with relevance_session(adapter.model, adapter.relevance_rule_map(), PAPER, exact=exact) as session:
         fwd = record_forward(adapter, inputs, target, gradients=True)
         attentions = session.attentions
         if not 0 <= start_layer < len(attentions):
@@ -85,32 +85,36 @@ def combine_on_arrival(session, score: torch.Tensor, attentions: list[torch.Tens
     return matrices
 
 
-def relevance_at_last_attention(adapter: Adapter, inputs: torch.Tensor, target: Target, rule_set: RuleSet) -> tuple[torch.Tensor, ...]:
-    with relevance_session(adapter.model, adapter.relevance_rule_map(), rule_set) as session:
+def relevance_at_last_attention(adapter: Adapter, inputs: torch.Tensor, target: Target, rule_set: RuleSet, exact: bool) -> tuple[torch.Tensor, ...]:
+    with relevance_session(adapter.model, adapter.relevance_rule_map(), rule_set, exact=exact) as session:
         fwd = record_forward(adapter, inputs, target, gradients=True)
         (relevance,) = session.backward(RELEVANCE, fwd.score.sum(), session.attentions[-1:], _seed(fwd.score))
     return relevance, fwd.indices, fwd.logits
 
 
-def partial_lrp(adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None) -> tuple[torch.Tensor, ...]:
+def partial_lrp(
+    adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None, exact: bool = False
+) -> tuple[torch.Tensor, ...]:
     """The paper's partial-LRP baseline: vanilla-rule relevance at the last attention, `E_h (R)^+` at [CLS].
 
     `rules`: see `_rule_set` (BERT: "paper"); `cls_entry`: see `set_class_entry` (BERT: "zero").
     """
-    relevance, indices, logits = relevance_at_last_attention(adapter, inputs, target, _rule_set(adapter, "partial_lrp", rules))
+    relevance, indices, logits = relevance_at_last_attention(adapter, inputs, target, _rule_set(adapter, "partial_lrp", rules), exact)
     scores = class_token_row(relevance.clamp(min=0).mean(1), adapter.num_prefix_tokens)
     how = family_option(adapter, "partial_lrp", "cls_entry", cls_entry, "keep")
     return set_class_entry(scores, how, adapter, inputs), indices, logits
 
 
-def lrp(adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None) -> tuple[torch.Tensor, ...]:
+def lrp(
+    adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None, exact: bool = False
+) -> tuple[torch.Tensor, ...]:
     """The paper's full-LRP baseline: vanilla rules down to the pixels (z^B at the patch embedding), `(B, H, W)`.
 
     Text models: relevance at the embedding output summed over the hidden dimension, `(B, T)` (the BERT
     reference's `generate_full_lrp`). `rules`: see `_rule_set` (BERT: "paper"); `cls_entry`: see
     `set_class_entry` (BERT: "zero").
     """
-    with relevance_session(adapter.model, adapter.relevance_rule_map(), _rule_set(adapter, "lrp", rules)) as session:
+    with relevance_session(adapter.model, adapter.relevance_rule_map(), _rule_set(adapter, "lrp", rules), exact=exact) as session:
         if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
             pixels = inputs.detach().requires_grad_(True)
             fwd = record_forward(adapter, pixels, target, gradients=True)
