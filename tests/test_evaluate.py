@@ -56,6 +56,8 @@ def test_shapes_end_to_end(tmp_path, shapes_checkpoint, capsys):
     results = json.loads((out / "results.json").read_text())
     assert results["benchmark"] == "shapes" and results["n"] == 4 and results["model"] == str(shapes_checkpoint)
     assert results["splits"]["single"] == 4 and results["splits"]["pair"] == 2
+    assert list(results)[:5] == ["benchmark", "model", "n", "units", "methods"] and results["units"].startswith("percent (0-100)")
+    assert results["accuracy"]["single_top1"] in (0, 25, 50, 75, 100)
     assert results["model_info"] == {"steps": 0, "final": False}
     assert list(results["methods"]) == ["rollout", "lrp"]
     for name, m in results["methods"].items():
@@ -65,12 +67,15 @@ def test_shapes_end_to_end(tmp_path, shapes_checkpoint, capsys):
             assert 0 <= p[key] <= 90
         assert p["num_images"] == 4 and len(p["curves"]["positive"]) == 10 and p["curves"]["steps"][-1] == 0.9
         assert p["curves"]["positive"][0] == p["curves"]["negative"][0]  # step 0: the clean image
+        assert all(any(abs(v - 25 * k) < 1e-9 for k in range(5)) for v in p["curves"]["positive"])  # percent of 4 images
+        assert p["positive_auc"] == pytest.approx(np.trapezoid(p["curves"]["positive"], p["curves"]["steps"]))
         s = m["segmentation"]
-        assert 0 <= s["pixel_accuracy"] <= 1 and 0 <= s["miou"] <= 1 and 0 <= s["map"] <= 1 and s["num_images"] == 4
+        assert all(0 <= s[k] <= 100 for k in ("pixel_accuracy", "miou", "map")) and s["num_images"] == 4
+        assert s["miou"] == pytest.approx(sum(s["iou"]) / 2)
         d = m["discrimination"]
         assert d["num_images"] == 4  # 2 two-object scenes, each explained for both of its classes
-        assert 0 <= d["target_share"] + d["other_share"] <= 1 + 1e-9 and 0 <= d["pointing_game"] <= 1
-        assert finite_or_none(m["agreement"]["pearson_tam"]) and 0 <= m["agreement"]["sparsity"] <= 1
+        assert 0 <= d["target_share"] + d["other_share"] <= 100 + 1e-7 and d["pointing_game"] in (0, 25, 50, 75, 100)
+        assert finite_or_none(m["agreement"]["pearson_tam"]) and 0 <= m["agreement"]["sparsity"] <= 100
         assert m["seconds_per_image"] > 0 and m["metric_seconds_per_image"] > 0
         # one map per one-object scene, more for wrongly predicted scenes (true class), two per two-object scene
         assert 4 + 4 <= m["maps"] <= 4 + 4 + 4
@@ -179,7 +184,7 @@ def test_imagenet_segmentation(tmp_path, tiny_timm):
     assert results["n"] == 3
     for m in results["methods"].values():
         assert set(k for k in m if isinstance(m[k], dict)) == {"segmentation"}
-        assert m["segmentation"]["num_images"] == 3 and 0 <= m["segmentation"]["miou"] <= 1
+        assert m["segmentation"]["num_images"] == 3 and 0 <= m["segmentation"]["miou"] <= 100
     assert sorted(p.name for p in out.iterdir()) == ["report.md", "results.json"]  # no curves without perturbation
     assert "mIoU ↑" in (out / "report.md").read_text()
 
@@ -218,6 +223,64 @@ def test_imagenet_seg_needs_a_file_and_shapes_needs_a_shapes_model(tmp_path, cap
     assert run("evaluate", "--model", "tiny", "--out", out, "--quiet") == 2  # a 32x32 timm model on 64x64 scenes
     assert "the shapes benchmark needs a model taking 64x64 images" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.fixture()
+def no_work(monkeypatch):
+    """Fail the test if the command loads a model or runs an evaluation."""
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("the command did work before checking its outputs")
+
+    monkeypatch.setattr("relevancy.evaluate.load_model", forbidden)
+    monkeypatch.setattr("relevancy.evaluation.run", forbidden)
+
+
+def test_the_output_folder_is_checked_before_any_work(tmp_path, capsys, no_work):
+    a_file = tmp_path / "taken"
+    a_file.write_text("keep me")
+    occupied = tmp_path / "occupied"
+    (occupied / "results.json").mkdir(parents=True)
+    for out, message in [(a_file, f"{a_file} exists and is not a folder"),
+                         (a_file / "run", f"cannot create the folder {a_file / 'run'}: {a_file} is a file"),
+                         (occupied, f"cannot write {occupied / 'results.json'}: it is a folder"),
+                         (Path("/proc/relevancy-eval"), "cannot write to /proc/relevancy-eval: /proc is not writable")]:
+        assert run("evaluate", "--methods", "rollout", "-n", 2, "--out", out, "--quiet") == 2
+        err = capsys.readouterr().err
+        assert err.startswith("relevancy evaluate: error:") and message in err, err
+    assert a_file.read_text() == "keep me"
+
+
+def test_json_prints_the_summary(tmp_path, shapes_checkpoint, capsys):
+    out = tmp_path / "out"
+    assert shapes(shapes_checkpoint, out, "--methods", "rollout", "-n", 2, "--json") == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    written = json.loads((out / "results.json").read_text())
+    assert summary["units"] == written["units"] and summary["n"] == 2
+    assert summary["methods"]["rollout"]["segmentation"]["miou"] == written["methods"]["rollout"]["segmentation"]["miou"]
+    assert "curves" not in summary["methods"]["rollout"]["perturbation"] and "iou" not in summary["methods"]["rollout"]["segmentation"]
+    assert summary["methods"]["rollout"]["perturbation"]["positive_auc"] == written["methods"]["rollout"]["perturbation"]["positive_auc"]
+    assert captured.err.count("wrote") == 3  # the file list goes to stderr: stdout holds only the JSON
+
+
+def test_report_reads_results_json_as_written(tmp_path, shapes_checkpoint):
+    from relevancy.evaluation import render_report
+
+    out = tmp_path / "out"
+    assert shapes(shapes_checkpoint, out, "--methods", "cdam", "-n", 2) == 0
+    assert render_report(json.loads((out / "results.json").read_text())) == (out / "report.md").read_text()
+
+
+def test_the_committed_example_is_in_percent():
+    from relevancy.evaluation import render_report
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results" / "shapes500"
+    results = json.loads((folder / "results.json").read_text())
+    assert results["units"].startswith("percent (0-100)")
+    raw = results["methods"]["raw_attention"]
+    assert raw["segmentation"]["pixel_accuracy"] == pytest.approx(81.53, abs=0.005)
+    assert raw["discrimination"]["pointing_game"] == pytest.approx(39.8) and raw["perturbation"]["curves"]["positive"][0] == 99.6
+    assert render_report(results) == (folder / "report.md").read_text()
 
 
 def test_failure_midway_leaves_no_files(tmp_path, shapes_checkpoint, monkeypatch, capsys):

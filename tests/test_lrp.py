@@ -1,6 +1,7 @@
 """Relevance propagation: conservation of the paper's rules, where the vanilla rules lose it, batch independence."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from relevancy.adapters import adapter_for
@@ -53,23 +54,25 @@ def test_linear_rules():
     torch.testing.assert_close(separate.sum(1), 2 * relevance.sum(1))
 
 
-def test_residual_rule_conserves_per_sample():
+@pytest.mark.parametrize("exact", [True, False])
+def test_residual_rule_conserves_per_sample(exact):
     torch.manual_seed(0)
     a, b, relevance = torch.randn(3, 5, 4), torch.randn(3, 5, 4), torch.randn(3, 5, 4)
-    r_a, r_b = rules.add(a, b, relevance, rescale=True)
+    r_a, r_b = rules.add(a, b, relevance, rescale=True, exact=exact)
     torch.testing.assert_close((r_a + r_b).sum(dim=(1, 2)), relevance.sum(dim=(1, 2)))
     # shares follow |sum|: each sample on its own, so a batch equals its images one by one
     for i in range(3):
-        single = rules.add(a[i : i + 1], b[i : i + 1], relevance[i : i + 1], rescale=True)
+        single = rules.add(a[i : i + 1], b[i : i + 1], relevance[i : i + 1], rescale=True, exact=exact)
         torch.testing.assert_close(single[0][0], r_a[i])
         torch.testing.assert_close(single[1][0], r_b[i])
 
 
-def test_matmul_rule_halves():
+@pytest.mark.parametrize("exact", [True, False])
+def test_matmul_rule_halves(exact):
     torch.manual_seed(0)
     u, v = torch.rand(2, 3, 4), torch.rand(2, 4, 5)
     relevance = torch.rand(2, 3, 5)
-    r_u, r_v = rules.matmul_halved(u, v, relevance)
+    r_u, r_v = rules.matmul_halved(u, v, relevance, exact=exact)
     torch.testing.assert_close(r_u.sum(dim=(1, 2)), relevance.sum(dim=(1, 2)) / 2)
     torch.testing.assert_close(r_v.sum(dim=(1, 2)), relevance.sum(dim=(1, 2)) / 2)
 
@@ -80,3 +83,36 @@ def test_safe_divide_matches_the_reference_stabiliser():
     out = rules.safe_divide(a, b)
     assert out[0] == 1 / (2 + 1e-9) and out[1] == 1 / (-2 + 1e-9) and out[2] == 0
     assert torch.isfinite(out).all()
+
+
+def test_stable_division_holds_only_cancelling_sums_at_the_floor():
+    a = torch.tensor([3.0, 1.0, -1.0, 0.0])
+    b = torch.tensor([1.0, -0.9999, 0.9999, 0.0])
+    signed, unsigned = rules.stable_quotients(torch.ones(4), a + b, a.abs() + b.abs())
+    floor = rules.RELATIVE_FLOOR * 1.9999
+    assert signed[0] == 1 / 4 and unsigned[0] == 0  # no cancellation: the plain quotient
+    torch.testing.assert_close(signed[1:3], torch.tensor([1 / floor, -1 / floor]))  # the sign of the sum is kept
+    assert signed[3] == 0 and unsigned[3] == 0
+    shares = a * signed + a.abs() * unsigned + b * signed + b.abs() * unsigned
+    torch.testing.assert_close(shares, torch.tensor([1.0, 1.0, 1.0, 0.0]))  # conserved, cancelling or not
+
+
+def test_stable_rules_conserve_where_sums_cancel():
+    a = torch.tensor([[1.0, 2.0]])
+    r_a, r_b = rules.add(a, -a + 1e-6, torch.ones(1, 2), rescale=False, exact=False)
+    torch.testing.assert_close(r_a + r_b, torch.ones(1, 2))
+    assert (r_a.abs() < 1 / rules.RELATIVE_FLOOR).all()
+    u, v = torch.tensor([[[1.0, -1.0]]]), torch.tensor([[[1.0], [1.0 + 1e-6]]])  # u @ v = -1e-6
+    r_u, r_v = rules.matmul_halved(u, v, torch.ones(1, 1, 1), exact=False)
+    torch.testing.assert_close(r_u.sum() + r_v.sum(), torch.tensor(1.0))
+
+
+def test_pixel_rule_forms_agree():
+    """The default z^B computes the same sums as the reference's form, without its cancellation."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(2, 3, 8, 8, dtype=torch.float64), torch.randn(4, 3, 4, 4, dtype=torch.float64)
+    relevance = torch.rand(2, 4, 2, 2, dtype=torch.float64)
+    exact = rules.conv_zb(x, weight, relevance, (4, 4), (0, 0), exact=True)
+    stable = rules.conv_zb(x, weight, relevance, (4, 4), (0, 0), exact=False)
+    torch.testing.assert_close(stable, exact, rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(stable.sum(), relevance.sum())

@@ -207,5 +207,5 @@ def test_cdam_explains_a_concept_of_example_texts():
     together = relevancy.explain(model, batch(), method="cdam", target=examples)
     assert together.target.tolist() == [-1, -1, -1]
     alone = relevancy.explain(model, {"input_ids": SEQUENCES[2][None]}, method="cdam", target=examples)
-    assert_map_close(together.scores[2], alone.scores[0])
+    assert_map_close(together.scores[2], alone.scores[0], rtol=1e-4)
 

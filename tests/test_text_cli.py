@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import time
 import warnings
 
 import pytest
@@ -9,8 +11,9 @@ import torch
 
 import relevancy
 
+from relevancy.cli import UsageError, build_parser, main
 from relevancy.text import encode, load_model
-from relevancy.text.cli import add_explain_text_parser, run_explain_text
+from relevancy.text.cli import run_explain_text
 
 POSITIVE = "This medicine worked wonders, I feel great and I highly recommend it."
 NEGATIVE = "Terrible side effects, I felt awful and sick every day. Worst drug ever."
@@ -22,13 +25,15 @@ def shipped():
     return load_model()
 
 
-def args(**given) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_explain_text_parser(parser.add_subparsers(dest="command"))
-    argv = ["explain-text", *given.pop("texts")]
+def argv(**given) -> list[str]:
+    words = ["explain-text", *given.pop("texts")]
     for key, value in given.items():
-        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return parser.parse_args(argv)
+        words += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return words
+
+
+def args(**given) -> argparse.Namespace:
+    return build_parser().parse_args(argv(**given))
 
 
 def test_default_model_is_a_bert_classifier_with_named_labels(shipped):
@@ -74,11 +79,11 @@ def test_cli_refuses_bad_requests_before_writing(tmp_path):
         run_explain_text(args(texts=[POSITIVE], target="happy", out=out))
     with pytest.raises(ValueError, match="out of range"):
         run_explain_text(args(texts=[POSITIVE], target=5, out=out))
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(UsageError, match="empty"):
         run_explain_text(args(texts=["   "], out=out))
-    with pytest.raises(ValueError, match="Did you mean 'rollout'"):
+    with pytest.raises(UsageError, match="Did you mean 'rollout'"):
         run_explain_text(args(texts=[POSITIVE], method="rolout", out=out))
-    with pytest.raises(ValueError, match="html"):
+    with pytest.raises(UsageError, match="html"):
         run_explain_text(args(texts=[POSITIVE], out=tmp_path / "x.png"))
     with pytest.raises(RuntimeError, match="could not load"):
         run_explain_text(args(texts=[POSITIVE], model=tmp_path / "no-such-model", out=out))
@@ -102,3 +107,82 @@ def test_long_texts_are_truncated_with_a_warning(shipped):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         encode(tokenizer, ["short"], model=model)
+
+
+# ------------------------------------------------------------------------------------- checks before work
+
+
+@pytest.fixture()
+def no_work(monkeypatch):
+    """Fail the test if the command loads a model or explains anything."""
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("the command did work before checking its request")
+
+    monkeypatch.setattr("relevancy.text.cli.load_classifier", forbidden)
+    monkeypatch.setattr("relevancy.api.explain", forbidden)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"max_length": -5}, "--max-length must be at least 3 ([CLS], a token and [SEP]), got -5"),
+        ({"max_length": 2}, "--max-length must be at least 3"),
+        ({"target": -1}, "--target must be a class index (0 or more) or a label name, got -1"),
+        ({"method": "rolout"}, "Did you mean 'rollout'?"),
+    ],
+)
+def test_bad_numbers_are_refused_before_loading(tmp_path, capsys, no_work, given, message):
+    assert main(argv(texts=[POSITIVE], out=tmp_path / "x.html", **given)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relevancy explain-text: error:") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_the_output_file_is_checked_before_loading(tmp_path, capsys, no_work):
+    folder = tmp_path / "page.html"
+    folder.mkdir()
+    assert main(argv(texts=[POSITIVE], out=folder)) == 2
+    assert f"{folder} is a folder; give a file name" in capsys.readouterr().err
+    a_file = tmp_path / "taken"
+    a_file.write_text("keep me")
+    assert main(argv(texts=[POSITIVE], out=a_file / "x.html")) == 2
+    assert f"{a_file} exists and is not a folder" in capsys.readouterr().err
+    assert main(argv(texts=[POSITIVE], out="/proc/relevancy/x.html")) == 2
+    assert "is not writable" in capsys.readouterr().err
+
+
+def test_json_prints_tokens_and_scores(capsys):
+    assert main(argv(texts=[POSITIVE, NEGATIVE], method="all", json=True)) == 0
+    numbers = json.loads(capsys.readouterr().out)
+    assert [t["text"] for t in numbers["texts"]] == [POSITIVE, NEGATIVE]
+    for text in numbers["texts"]:
+        assert list(text["methods"]) == list(relevancy.METHODS)
+        for m in text["methods"].values():
+            assert m["tokens"][0] == "[CLS]" and m["tokens"][-1] == "[SEP]"
+            assert len(m["scores"]) == len(m["tokens"]) and all(isinstance(x, float) for x in m["scores"])
+            assert m["class"] in ("negative", "positive") and m["target"] == ["negative", "positive"].index(m["class"])
+            assert isinstance(m["logit"], float)
+    # the two texts have different lengths: each lists its own tokens, no padding
+    first, second = (t["methods"]["rollout"]["tokens"] for t in numbers["texts"])
+    assert "wonders" in first and "awful" in second and len(first) != len(second)
+
+
+def test_without_a_terminal_the_scores_are_printed_as_columns(capsys):
+    assert main(argv(texts=[POSITIVE], method="cdam")) == 0  # pytest's stdout is not a terminal
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# text 1, cdam: positive (")
+    rows = [line.split("\t") for line in lines[1:] if line]
+    assert [word for word, _ in rows][:3] == ["this", "medicine", "worked"]
+    assert all(float(score) == float(score) for _, score in rows)  # every row holds a number
+
+
+def test_an_offline_hub_name_fails_in_seconds(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr("relevancy.models.hub_reachable", lambda: False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    started = time.perf_counter()
+    with pytest.raises(RuntimeError, match="cannot be reached and it is not in the local cache; pass a local model folder"):
+        run_explain_text(args(texts=[POSITIVE], model="someone/sentiment-classifier"))
+    assert time.perf_counter() - started < 10
+    assert constants.HF_HUB_OFFLINE is False

@@ -1,10 +1,40 @@
-"""relevancy: what a transformer looked at. Relevance maps for timm and Hugging Face transformers."""
-from .api import explain
-from .explanation import Explanation
-from .methods import REGISTRY as _REGISTRY
-from .targets import Concept
+"""relevancy: what a transformer looked at. Relevance maps for timm and Hugging Face transformers.
 
-METHODS: tuple[str, ...] = tuple(_REGISTRY)
+The public names are imported on first use (module `__getattr__`), so that `import relevancy.cli` and
+`relevancy --help` load no torch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import explain
+    from .explanation import Explanation
+    from .targets import Concept
+
+    METHODS: tuple[str, ...]
 
 __all__ = ["explain", "Explanation", "Concept", "METHODS"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """`explain`, `Explanation`, `Concept`, `METHODS` (the registered method names), imported when first read."""
+    if name == "explain":
+        from .api import explain as value
+    elif name == "Explanation":
+        from .explanation import Explanation as value
+    elif name == "Concept":
+        from .targets import Concept as value
+    elif name == "METHODS":
+        from .methods import REGISTRY
+
+        value = tuple(REGISTRY)
+    else:
+        raise AttributeError(f"module 'relevancy' has no attribute '{name}'")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 from .adapters import adapter_for
 from .adapters.base import UnsupportedModelError
 from .explanation import Explanation
+from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
 from .targets import Concept, Target
 
@@ -26,8 +28,9 @@ def get_method(name: str):
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, **options: Any) -> Explanation:
     """Explain `model`'s prediction on a batch: relevance of every patch (or pixel, for `lrp`) for `target`.
 
-    `target`: None (the predicted class), an int or one int per image, or a `Concept`.
-    `options` go to the method (e.g. `start_layer`, `chunk_size`). The model is handed back exactly as it was.
+    Returns an `Explanation` (`scores`, `target`, `logits`, `heatmap()`, `save()`; text models: a
+    `TextExplanation` with `tokens` and `show()`). The model is handed back exactly as it was.
+    The inputs, targets, methods and options accepted are listed below (generated from the method registry).
     """
     spec = get_method(method)
     adapter = adapter_for(model)
@@ -39,18 +42,53 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
-    inputs = adapter.check_inputs(inputs)
-    with adapter.explaining(attention_probabilities=spec.needs_attention):
-        scores, indices, logits = spec.run(adapter, inputs, target, **options)
-    if not spec.pixels:
-        scores = adapter.arrange_token_scores(scores, inputs)
-    return adapter.explanation_class(
-        scores=scores.detach(),
-        target=indices,
-        logits=logits.detach(),
-        method=method,
-        signed=spec.signed,
-        class_names=adapter.class_names(),
-        concept=target if isinstance(target, Concept) else None,
-        **adapter.describe_inputs(inputs),
-    )
+    # one call at a time per model (threads), with autograd on whatever no_grad / inference_mode the caller is in
+    with exclusive(model, *adapter.shared_state()), gradients_enabled():
+        inputs = ordinary(adapter.check_inputs(inputs))
+        with adapter.explaining(attention_probabilities=spec.needs_attention):
+            scores, indices, logits, *details = spec.run(adapter, inputs, target, **options)
+        if not spec.pixels:
+            scores = adapter.arrange_token_scores(scores, inputs)
+        return adapter.explanation_class(
+            scores=scores.detach(),
+            target=indices,
+            logits=logits.detach(),
+            method=method,
+            signed=spec.signed,
+            class_names=adapter.class_names(),
+            concept=target if isinstance(target, Concept) else None,
+            **adapter.describe_inputs(inputs),
+            **(details[0] if details else {}),
+        )
+
+
+EXPLAIN_INPUTS = """\
+Inputs, by model family:
+  timm VisionTransformer (ViT, DeiT, DINO/DINOv2, ...): a float tensor (B, 3, H, W), or one image (3, H, W),
+      normalised as the model expects (its pretrained_cfg mean and std).
+  Hugging Face BERT-family sequence classifier (BERT, RoBERTa, XLM-R, CamemBERT, DistilBERT): the tokenizer's
+      output, a dict or BatchEncoding with input_ids and attention_mask (e.g. relevancy.text.encode(tokenizer,
+      texts)), or a LongTensor of token ids (B, T).
+
+target:
+  None                     the predicted class of each input (default)
+  int                      the same class for every input
+  list or tensor of ints   one class per input
+  relevancy.Concept        a concept given by examples (methods marked "concept" below)
+"""
+
+
+def method_reference() -> str:
+    """The methods of the registry, one line each with its options and defaults (read from `run`'s signature),
+    so that `help(relevancy.explain)` cannot drift from the code."""
+    lines = ["method= (keyword options and their defaults; None: the model family's default, see docs/methods.md):"]
+    for name, spec in REGISTRY.items():
+        parameters = list(inspect.signature(spec.run).parameters.values())[3:]  # after (adapter, inputs, target)
+        options = ", ".join(f"{p.name}={p.default!r}" for p in parameters) or "no options"
+        traits = ", ".join(t for t, on in (("signed", spec.signed), ("concept", spec.accepts_concept), ("pixels", spec.pixels)) if on)
+        lines.append(f"  {name}{f' [{traits}]' if traits else ''}: {spec.summary}")
+        lines.append(f"      {options}")
+    return "\n".join(lines)
+
+
+explain.__doc__ = f"{inspect.cleandoc(explain.__doc__ or '')}\n\n{EXPLAIN_INPUTS}\n{method_reference()}\n"

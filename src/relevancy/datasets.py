@@ -17,6 +17,8 @@ from torch.utils.data import Dataset
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
+from .extras import require
+
 __all__ = ["PAPER_DATA_CONFIG", "ImageNetSegmentation", "imagenet_folder", "timm_transform"]
 
 # The CVPR'21 evaluation input pipeline: Resize((224, 224)) (bilinear), ToTensor, Normalize(0.5, 0.5).
@@ -73,7 +75,7 @@ class ImageNetSegmentation(Dataset):
         mean: Sequence[float] = (0.5, 0.5, 0.5),
         std: Sequence[float] = (0.5, 0.5, 0.5),
     ) -> None:
-        import h5py
+        h5py = require("h5py", extra="eval")
 
         self.path = str(path)
         self.image_transform = transforms.Compose([
@@ -89,7 +91,7 @@ class ImageNetSegmentation(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._file is None:
-            import h5py
+            h5py = require("h5py", extra="eval")
 
             self._file = h5py.File(self.path, "r")
         f = self._file

@@ -2,11 +2,13 @@
 
     relevancy evaluate --benchmark shapes|imagenet|imagenet-seg [--data PATH] [--model NAME] [--arch A]
                        [--methods all|a,b,c] [--n N | -n N] [--batch-size B] [--out DIR] [--seed S]
-                       [--paper-settings] [--threads T] [--workers W]
+                       [--paper-settings] [--threads T] [--workers W] [--json]
 
-Writes ``DIR/results.json``, ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0 only). Under
-``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains every K-th batch, the metric
-accumulators are merged with the gloo backend and the numbers are exactly those of a single process.
+Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
+only), and with ``--json`` prints the summary metrics on stdout. The options are defined in
+:mod:`relevancy.cli`; the output folder is checked before any work. Under ``torchrun --nproc-per-node K``
+(``WORLD_SIZE`` set) each process explains every K-th batch, the metric accumulators are merged with the gloo
+backend and the numbers are exactly those of a single process.
 """
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["add_evaluate_parser", "evaluate", "parse_methods"]
+__all__ = ["evaluate", "parse_methods"]
 
 DEFAULT_N = {"shapes": 500}  # imagenet, imagenet-seg: the whole data set
+#: the ``units`` field of the eraser benchmark's results.json
+RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as ERASER reports them; seconds_per_text: seconds"
 
 
 def _usage_error(message: str) -> Exception:
@@ -52,6 +56,8 @@ def parse_methods(spec: str) -> tuple[str, ...]:
 def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     """Validate everything that can be checked before loading a model; the benchmark and ``n`` (None = all)."""
     from .evaluation.data import BENCHMARKS, MAX_SCENES
+    from .evaluation.report import OUTPUT_FILES
+    from .files import check_folder
 
     benchmark = args.benchmark
     if benchmark not in BENCHMARKS:
@@ -86,9 +92,7 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
             raise _usage_error(f"--data {args.data} is not a directory; --benchmark imagenet needs {wanted}")
         if benchmark == "imagenet-seg" and not path.is_file():
             raise _usage_error(f"--data {args.data} is not a file; --benchmark imagenet-seg needs {wanted}")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise _usage_error(f"--out {args.out} exists and is not a directory")
+    check_folder(args.out, OUTPUT_FILES)
     return benchmark, n
 
 
@@ -158,7 +162,9 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
     """The `evaluate` command: check the request, evaluate (sharded under torchrun), rank 0 writes the files."""
     import torch.distributed as dist
 
+    from .cli import print_json
     from .evaluation import Settings, run, write_outputs
+    from .evaluation.report import summary
 
     benchmark, n = _check(args)
     methods = parse_methods(args.methods)
@@ -180,7 +186,10 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
                    "methods": results.pop("methods"), "arch": args.arch, "model_info": info, **results}
         if rank != 0:
             return []
-        return write_outputs(results, args.out)
+        written = write_outputs(results, args.out)
+        if args.json:
+            print_json(summary(results))
+        return written
     finally:
         if created:
             dist.destroy_process_group()
@@ -193,15 +202,16 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
 
     from .files import write_atomic
     from .metrics.rationales import load_eraser
-    from .text import load_model as load_text_model
+    from .text.cli import load_classifier
     from .text.rationales import RationaleSet, token_f1
 
-    model, tokenizer = load_text_model(None if args.model == "shapes" else args.model)
+    model, tokenizer = load_classifier(None if args.model == "shapes" else args.model)
     annotations, documents = load_eraser(args.data, args.split)
     data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     labels = data.labels(names)
-    results: dict[str, Any] = {"benchmark": "eraser", "model": args.model, "n": len(data.annotations), "split": args.split, "methods": {}}
+    results: dict[str, Any] = {"benchmark": "eraser", "model": args.model, "n": len(data.annotations), "split": args.split,
+                               "units": RATIONALE_UNITS, "methods": {}}
     for method in methods:
         started = time.perf_counter()
         scores = token_f1(model, tokenizer, method, data, batch_size=args.batch_size, labels=labels)["scores"]
@@ -215,38 +225,9 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
         "| method | " + " | ".join(f"k={k}" for k in ks) + " |", "| --- |" + " --- |" * len(ks), *rows, "",
     ])
     out = Path(args.out)
-    return [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"), write_atomic(out / "report.md", report)]
+    written = [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"), write_atomic(out / "report.md", report)]
+    if args.json:
+        from .cli import print_json
 
-
-def add_evaluate_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
-        "evaluate",
-        help="run the papers' evaluation protocols (perturbation, segmentation, discrimination, agreement)",
-        description="Evaluate explanation methods: perturbation and segmentation tests (Chefer et al.), class "
-                    "discrimination, agreement with token ablation (Brocki & Chung). Writes results.json, report.md "
-                    "and perturbation.png to --out. Run under `torchrun --nproc-per-node K` to shard the images over "
-                    "K processes (gloo); the results are the same.",
-    )
-    p.add_argument("--benchmark", default="shapes",
-                   help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "
-                        "ImageFolder validation set), imagenet-seg (segmentation on gtsegs_ijcv.mat) or eraser "
-                        "(token-F1 of a text classifier against ERASER rationales, e.g. Movie Reviews)")
-    p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat")
-    p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default), a timm model name, or a local checkpoint (with --arch)")
-    p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
-    p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
-    p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,
-                   help="images to evaluate (shapes: one-object scenes, default 500, plus n//2 two-object scenes; "
-                        "imagenet, imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
-                        "reads --n as an abbreviation of its own options")
-    p.add_argument("--batch-size", type=int, default=16, help="images explained together (default 16)")
-    p.add_argument("--out", default="relevancy-eval", help="output folder (default relevancy-eval)")
-    p.add_argument("--seed", type=int, default=0, help="shapes: which scenes; imagenet: which images (default 0)")
-    p.add_argument("--paper-settings", action="store_true",
-                   help="the authors' evaluation options: start_layer=1 for rollout and transformer_attribution, "
-                        "normalised attention_gradcam, squash resize without crop for ImageNet")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process (default: torch's choice)")
-    p.add_argument("--workers", type=int, default=0, help="data-loading worker processes for the ImageNet benchmarks")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--split", default="test", help="eraser: which split's annotations (default test)")
-    p.set_defaults(handler=evaluate)
+        print_json(results)
+    return written

@@ -17,6 +17,8 @@ class Explanation:
 
     Scores are raw, as the method defines them; `signed` says whether negative values carry meaning.
     `target` holds the explained class per image (-1 where a `concept` was explained).
+    `relevance_total` (LRP-based methods only, `(B,)`): the total relevance reaching the level the map is read at,
+    for a relevance of 1 at the explained score; the paper's rules conserve it (1), see docs/methods.md.
     """
 
     scores: torch.Tensor
@@ -29,6 +31,7 @@ class Explanation:
     mean: Sequence[float] = (0.0, 0.0, 0.0)
     std: Sequence[float] = (1.0, 1.0, 1.0)
     concept: Concept | None = field(default=None, repr=False)
+    relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
     def heatmap(self) -> torch.Tensor:
         """`(B, H, W)`: the scores upsampled bilinearly to the input size (raw values)."""

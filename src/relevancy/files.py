@@ -1,9 +1,66 @@
-"""Writing output files whole or not at all: a temporary file in the same folder, then `os.replace`."""
+"""Writing output files: checked before any work, never two outputs of one run on one name, each written whole.
+
+`check_folder` and `check_file` refuse an output path that cannot be written before a command computes
+anything; `distinct_stems` names the outputs of a run apart; `write_atomic` writes a temporary file in the
+same folder and moves it into place with `os.replace`, so a failure leaves no partial file.
+"""
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterable, Sequence
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written; raised before any work is done."""
+
+
+def check_folder(path: str | Path, files: Iterable[str] = ()) -> Path:
+    """`path` as an output folder: refused if it is a file, if it cannot be created or written, or if one of
+    `files` (the names to be written in it) is a folder. Creates nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{path} exists and is not a folder")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot create the folder {path}: {existing} is a file")
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # the real test: permissions, read-only disks, root
+            pass
+    except OSError as error:
+        raise OutputError(f"cannot write to {path}: {existing} is not writable ({error.strerror})") from None
+    for name in files:
+        if (path / name).is_dir():
+            raise OutputError(f"cannot write {path / name}: it is a folder")
+    return path
+
+
+def check_file(path: str | Path) -> Path:
+    """`path` as an output file: refused if it is a folder or if its folder cannot be created or written."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{path} is a folder; give a file name")
+    check_folder(path.parent)
+    return path
+
+
+def distinct_stems(paths: Sequence[str | Path]) -> list[str]:
+    """One output name stem per input path, apart even where inputs share a name (or differ only in case):
+    `a/cat.png`, `b/cat.png` -> `cat`, `cat-2`."""
+    taken: set[str] = set()
+    stems = []
+    for path in paths:
+        stem = Path(path).stem
+        candidate, count = stem, 1
+        while candidate.casefold() in taken:
+            count += 1
+            candidate = f"{stem}-{count}"
+        taken.add(candidate.casefold())
+        stems.append(candidate)
+    return stems
 
 
 def write_atomic(path: str | Path, content: bytes | str) -> Path:

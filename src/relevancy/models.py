@@ -1,31 +1,48 @@
-"""Loading the models the command line explains: timm names (hub weights), local checkpoints, the shipped model."""
+"""Loading the models the command line explains: timm names (hub weights), local checkpoints, the shipped model.
+
+Hub downloads go through `hub_access`: when the Hugging Face Hub cannot be reached they run offline (the
+local cache only), so a missing download fails in seconds instead of after huggingface_hub's minute of retries.
+"""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import nn
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"
+#: seconds to wait for a connection to the Hub (or the HTTPS proxy) before going offline
+HUB_TIMEOUT_S = 3.0
 
 
 def _state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    """The tensors of a checkpoint file (a state dict, or one under "state_dict", "model" or "state_dict_ema")."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
+            state = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # pickle, zip, safetensors and torch all raise their own types for a bad file
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ValueError(f"could not read {path} as a PyTorch or safetensors checkpoint ({first})") from error
     for key in ("state_dict", "model", "state_dict_ema"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
-            return state[key]
+            state = state[key]
+            break
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} holds no state dict (a mapping of parameter names to tensors)")
     return state
 
 
 def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
     """`name`: "shapes" (the model shipped in the package), a local checkpoint with `arch`, or a timm model name.
 
-    timm names load with `pretrained=True`: the hub's weights for users with internet access.
+    timm names load with `pretrained=True`: the hub's weights (or the local cache) for users with internet access.
     """
     import timm
 
@@ -34,31 +51,104 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
 
         return load_model()
     path = Path(name)
-    if path.suffix in CHECKPOINT_SUFFIXES or path.exists():
+    if path.is_dir():
+        raise ValueError(f"--model {name} is a folder; it takes a checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, or '{SHIPPED}'")
+    if path.is_file() and path.suffix not in CHECKPOINT_SUFFIXES:
+        raise ValueError(f"--model {name} is not a weights file: it takes a checkpoint ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, or '{SHIPPED}'")
+    if path.suffix in CHECKPOINT_SUFFIXES:
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {name} does not exist")
         if arch is None:
             raise ValueError(f"a local checkpoint needs its architecture: pass --arch (a timm model name such as vit_base_patch16_224) with {name}")
+        _check_name(timm, arch)
         state = _state_dict(path)
         head = state.get("head.weight")
         kwargs = {"num_classes": head.shape[0]} if head is not None else {}
-        model = _create(timm, arch, pretrained=False, **kwargs)
+        model = timm.create_model(arch, pretrained=False, **kwargs)
+        _check_fit(model, state, name, arch)
         model.load_state_dict(state)
         return model.eval()
-    return _create(timm, name, pretrained=True).eval()
+    _check_name(timm, name)
+    with hub_access() as offline:
+        try:
+            return timm.create_model(name, pretrained=True).eval()
+        except (OSError, RuntimeError) as error:  # hub unreachable, or weights missing
+            reason = f"{offline} and the weights are not in the local cache" if offline else (
+                f"{error.__class__.__name__}: {(str(error).strip().splitlines() or [''])[0]}")
+            raise RuntimeError(
+                f"could not load pretrained weights for '{name}' ({reason}). "
+                "Without internet access, pass a local checkpoint file with --arch."
+            ) from error
 
 
-def _create(timm, name: str, **kwargs) -> nn.Module:
-    if not timm.is_model(name):
-        import difflib
+def _check_name(timm, name: str) -> None:
+    """A ValueError with the closest timm names unless `name` is one."""
+    if timm.is_model(name):
+        return
+    import difflib
 
-        close = difflib.get_close_matches(name, timm.list_models("*vit*") + timm.list_models("*deit*"), n=3)
-        hint = f" Close timm names: {', '.join(close)}." if close else ""
-        raise ValueError(f"unknown model '{name}': not a timm model name nor an existing checkpoint file.{hint}")
+    close = difflib.get_close_matches(name, timm.list_models("*vit*") + timm.list_models("*deit*"), n=3)
+    hint = f" Close timm names: {', '.join(close)}." if close else ""
+    raise ValueError(f"unknown model '{name}': not a timm model name nor an existing checkpoint file.{hint}")
+
+
+def _check_fit(model: nn.Module, state: dict[str, torch.Tensor], name: str, arch: str) -> None:
+    """A one-line ValueError naming what differs when the checkpoint's tensors do not fit the architecture."""
+    own = model.state_dict()
+    problems = {
+        "missing": [k for k in own if k not in state],
+        "unexpected": [k for k in state if k not in own],
+        "of another shape": [k for k in own if k in state and state[k].shape != own[k].shape],
+    }
+    found = [f"{len(keys)} {kind} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})" for kind, keys in problems.items() if keys]
+    if found:
+        raise ValueError(f"checkpoint {name} does not fit --arch {arch}: tensors {'; '.join(found)}")
+
+
+def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to the Hugging Face Hub (or to the HTTPS proxy) opens within `timeout` seconds,
+    name lookup included."""
+    import socket
+    import threading
+    import urllib.parse
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    address = urllib.request.getproxies().get("https") or constants.ENDPOINT
+    target = urllib.parse.urlsplit(address if "://" in address else f"http://{address}")
+    if target.hostname is None:
+        return False
+    port = target.port or (443 if target.scheme == "https" else 80)
+    opened: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((target.hostname, port), timeout=timeout).close()
+            opened.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=connect, daemon=True)  # a thread: name lookup ignores socket timeouts
+    thread.start()
+    thread.join(timeout)
+    return bool(opened)
+
+
+@contextmanager
+def hub_access() -> Iterator[str | None]:
+    """Hugging Face Hub downloads for the duration of the block, offline (the local cache only) when the Hub
+    cannot be reached; yields None when online, else why not. HF_HUB_OFFLINE=1 is respected."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        yield "HF_HUB_OFFLINE is set"
+        return
+    if hub_reachable():
+        yield None
+        return
+    constants.HF_HUB_OFFLINE = True  # read at each request by huggingface_hub, timm and transformers
     try:
-        return timm.create_model(name, **kwargs)
-    except (OSError, RuntimeError) as error:  # hub unreachable, or weights missing
-        raise RuntimeError(
-            f"could not load pretrained weights for '{name}' ({error.__class__.__name__}: {error}). "
-            "Without internet access, pass a local checkpoint file with --arch."
-        ) from error
+        yield f"the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached"
+    finally:
+        constants.HF_HUB_OFFLINE = False

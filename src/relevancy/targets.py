@@ -1,10 +1,14 @@
 """What is explained: a class per input, the predicted class, or a concept given by examples."""
 from __future__ import annotations
 
+import numbers
 from typing import Sequence, Union
 
+import numpy as np
 import torch
 from torch import nn
+
+from .guard import exclusive, ordinary
 
 
 class Concept:
@@ -19,28 +23,87 @@ class Concept:
         from .adapters import adapter_for
 
         adapter = adapter_for(model)
-        inputs = adapter.check_inputs(examples)
-        if len(inputs) == 0:
-            raise ValueError("a Concept needs at least one example")
-        with adapter.explaining(attention_probabilities=False), torch.no_grad():
-            latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
-        self.vector = torch.cat(latents).mean(0)
+        # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
+        # tensor that a later explanation's backward pass can use
+        with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
+            inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
+            with adapter.explaining(attention_probabilities=False):
+                latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
+            self.vector = torch.cat(latents).mean(0)
 
     @classmethod
-    def from_vector(cls, vector: torch.Tensor) -> "Concept":
-        """A concept from a latent vector computed elsewhere (e.g. saved from an earlier run)."""
+    def from_vector(cls, vector: object) -> "Concept":
+        """A concept from a latent vector computed elsewhere (e.g. saved from an earlier run): a 1-D tensor, array
+        or list of finite numbers; its size is checked against the model's pre-logits when it is explained."""
+        values = _numbers(vector)
+        if values is None or values.ndim != 1 or len(values) == 0:
+            got = type(vector).__name__ if values is None else f"shape {tuple(values.shape)}"
+            raise ValueError(f"a concept vector must be 1-D numbers, one per pre-logits feature (a tensor, array or list), got {got}")
+        if not torch.isfinite(values).all():
+            raise ValueError("the concept vector holds NaN or infinite values: it must be finite")
         concept = cls.__new__(cls)
-        concept.vector = vector
+        concept.vector = values if values.is_floating_point() else values.float()
         return concept
 
     def score(self, pre_logits: torch.Tensor) -> torch.Tensor:
-        return pre_logits @ self.vector.to(pre_logits)
+        """`z . c` per input; a concept of another model (another latent size) is refused, naming both sizes."""
+        if self.vector.numel() != pre_logits.shape[-1]:
+            raise ValueError(
+                f"the concept has {self.vector.numel()} dimensions but this model's pre-logits have {pre_logits.shape[-1]}: "
+                "build it from this model (Concept(model, examples)) or give Concept.from_vector a vector of that size"
+            )
+        return pre_logits @ ordinary(self.vector).to(pre_logits)  # a vector made under inference_mode is cloned
 
     def __repr__(self) -> str:
         return f"Concept(dim={self.vector.numel()})"
 
 
 Target = Union[None, int, Sequence[int], torch.Tensor, Concept]
+
+
+def _numbers(value: object) -> torch.Tensor | None:
+    """`value` (tensor, array, list or tuple) as a tensor of real numbers; None for anything else."""
+    if not isinstance(value, (torch.Tensor, np.ndarray, list, tuple)):
+        return None
+    try:
+        values = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):  # strings, ragged lists, object arrays
+        return None
+    return None if values.dtype == torch.bool or values.is_complex() else values
+
+
+TARGETS_ACCEPTED = (
+    "None (the predicted class), a class index (an int), one index per input (a list of ints, an integer array or "
+    "tensor) or a Concept"
+)
+
+
+def _is_integer_array(value: torch.Tensor | np.ndarray) -> bool:
+    """An array or tensor of integers (bool, float and complex ones are not class indices)."""
+    if isinstance(value, np.ndarray):
+        return np.issubdtype(value.dtype, np.integer)
+    return not (value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex)
+
+
+def _is_index(value: object) -> bool:
+    """An integer scalar: int, numpy integer, or a 0-d integer array/tensor; bool is not a class index."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value.ndim == 0 and _is_integer_array(value)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _class_indices(target: object) -> torch.Tensor:
+    """The target's class indices as a flat long tensor; a TypeError saying what is accepted for anything else."""
+    if isinstance(target, (torch.Tensor, np.ndarray)):
+        if not _is_integer_array(target):
+            raise TypeError(f"target must be {TARGETS_ACCEPTED}; got a {type(target).__name__} of {target.dtype}")
+        return torch.as_tensor(target).flatten().long()
+    items = list(target) if isinstance(target, (list, tuple)) else [target]
+    for position, item in enumerate(items):
+        if not _is_index(item):
+            where = f" at position {position}" if isinstance(target, (list, tuple)) else ""
+            raise TypeError(f"target must be {TARGETS_ACCEPTED}; got {type(item).__name__} {item!r}{where}")
+    return torch.tensor([int(item) for item in items], dtype=torch.long)
 
 
 def resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
@@ -50,11 +113,13 @@ def resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
         return torch.full((batch,), -1, dtype=torch.long, device=logits.device)
     if target is None:
         return logits.argmax(-1)
-    indices = torch.as_tensor(target, dtype=torch.long, device=logits.device).flatten()
+    indices = _class_indices(target).to(logits.device)
     if indices.numel() == 1:
         indices = indices.expand(batch)
     if indices.numel() != batch:
-        raise ValueError(f"target has {indices.numel()} entries for a batch of {batch} images; give one per image or one for all")
+        raise ValueError(
+            f"target has {indices.numel()} entries for a batch of {batch} inputs; give one per image (or text) or one for all"
+        )
     bad = indices[(indices < 0) | (indices >= num_classes)]
     if bad.numel():
         raise ValueError(f"target {bad[0].item()} is out of range: the model has {num_classes} classes (valid: 0..{num_classes - 1})")

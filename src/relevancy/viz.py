@@ -9,7 +9,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from .files import write_atomic  # noqa: E402
 
@@ -18,6 +20,18 @@ UNSIGNED_CMAP = "inferno"
 
 
 ROBUST_QUANTILE = 0.995  # LRP maps have a few extreme pixels; clip the colour scale there, not at the max
+MAP_OPACITY = 0.6  # a map drawn over a picture: 60 % map colour, 40 % grey picture
+ALL_ZERO_NOTE = "all zero: this method gives no relevance here"
+
+
+def is_all_zero(scores: torch.Tensor) -> bool:
+    """A map without any relevance: shown as a note, not as a blank panel with a made-up colour scale."""
+    return not bool(scores.any())
+
+
+def colormap_name(signed: bool) -> str:
+    """Diverging around zero for signed maps, sequential otherwise."""
+    return SIGNED_CMAP if signed else UNSIGNED_CMAP
 
 
 def color_limits(scores: torch.Tensor, signed: bool) -> tuple[float, float]:
@@ -31,14 +45,18 @@ def color_limits(scores: torch.Tensor, signed: bool) -> tuple[float, float]:
 
 
 def draw_map(axis: plt.Axes, scores: torch.Tensor, signed: bool, picture: torch.Tensor | None = None) -> None:
-    """One map on `axis`, over a grey copy of the picture when given."""
-    low, high = color_limits(scores, signed)
+    """One map on `axis`, over a grey copy of the picture when given; an all-zero map gets a note instead."""
+    axis.set_axis_off()
     if picture is not None:
         axis.imshow(picture.mean(-1).numpy(), cmap="gray", vmin=0, vmax=1)
-    alpha = 0.6 if picture is not None else 1.0
-    image = axis.imshow(scores.float().numpy(), cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, vmin=low, vmax=high, alpha=alpha)
+    if is_all_zero(scores):
+        axis.text(0.5, 0.5, ALL_ZERO_NOTE.replace(": ", ":\n"), transform=axis.transAxes, ha="center", va="center",
+                  fontsize=7, bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"})
+        return
+    low, high = color_limits(scores, signed)
+    alpha = MAP_OPACITY if picture is not None else 1.0
+    image = axis.imshow(scores.float().numpy(), cmap=colormap_name(signed), vmin=low, vmax=high, alpha=alpha)
     axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
-    axis.set_axis_off()
 
 
 def overlay_figure(maps: torch.Tensor, pictures: torch.Tensor | None, signed: bool, titles: Sequence[str]) -> plt.Figure:
@@ -83,3 +101,35 @@ def method_grid(
             axes[r, c].set_title(name, fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def overlay_pixels(scores: torch.Tensor, signed: bool, picture: torch.Tensor, scale: int = 1) -> np.ndarray:
+    """`(H * scale, W * scale, 3)` uint8: the map's colours over a grey copy of the picture `(H, W, 3)` in [0, 1],
+    as `draw_map` draws them; an all-zero map gives the grey picture alone. Each pixel becomes a `scale` square."""
+    grey = picture.float().mean(-1, keepdim=True).expand(*picture.shape[:2], 3).numpy()
+    if is_all_zero(scores):
+        blended = grey
+    else:
+        low, high = color_limits(scores, signed)
+        normalised = ((scores.float().cpu().numpy() - low) / (high - low)).clip(0, 1)
+        colours = matplotlib.colormaps[colormap_name(signed)](normalised)[..., :3]
+        blended = MAP_OPACITY * colours + (1 - MAP_OPACITY) * grey
+    pixels = (blended * 255).round().astype(np.uint8)
+    return pixels.repeat(scale, axis=0).repeat(scale, axis=1)
+
+
+def css_gradient(signed: bool, stops: int = 11) -> str:
+    """The map colours (as drawn over a mid-grey picture) as a CSS `linear-gradient`, low to high: an HTML colour
+    bar whose labels stay readable at any page width."""
+    colours = matplotlib.colormaps[colormap_name(signed)](np.linspace(0, 1, stops))[:, :3]
+    colours = MAP_OPACITY * colours + (1 - MAP_OPACITY) * 0.5
+    return "linear-gradient(to right, " + ", ".join(
+        "#" + "".join(f"{round(float(c) * 255):02x}" for c in colour) for colour in colours
+    ) + ")"
+
+
+def save_png(pixels: np.ndarray, path: str | Path) -> Path:
+    """Save a uint8 `(H, W, 3)` or `(H, W)` array as PNG; a failure leaves no partial file."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return write_atomic(path, buffer.getvalue())

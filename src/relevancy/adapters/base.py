@@ -64,15 +64,37 @@ class Adapter:
         return {"input_size": tuple(inputs.shape[-2:])}
 
     def check_inputs(self, inputs: object) -> torch.Tensor:
-        """The batch as a float tensor on the model's device and dtype; a clear error for anything else."""
+        """The batch as a float tensor on the model's device and dtype; a clear error for anything else.
+
+        Every method runs on what this returns, so the checks here (one image or more, finite values, the
+        shape the model takes) hold for all of them alike.
+        """
         if not isinstance(inputs, torch.Tensor):
             raise TypeError(f"inputs must be a torch.Tensor batch (B, C, H, W) of normalised images, got {type(inputs).__name__}")
         if inputs.ndim == 3:
             inputs = inputs[None]
         if inputs.ndim != 4 or not inputs.is_floating_point():
             raise ValueError(f"inputs must be a float batch (B, C, H, W), got {inputs.dtype} of shape {tuple(inputs.shape)}")
+        if len(inputs) == 0:
+            raise ValueError(
+                f"the batch holds no images (shape {tuple(inputs.shape)}): explanations and concepts need at least one "
+                "example, (B, C, H, W) with B >= 1"
+            )
+        self.check_image_shape(tuple(inputs.shape))
         param = next(self.model.parameters(), None)
-        return inputs.to(param.device, param.dtype) if param is not None else inputs
+        if param is not None:
+            inputs = inputs.to(param.device, param.dtype)
+        finite = torch.isfinite(inputs).flatten(1).all(1)
+        if not finite.all():
+            index = int((~finite).nonzero()[0])
+            raise ValueError(
+                f"image {index} of the batch holds NaN or infinite values (in {inputs.dtype}): inputs must be finite, "
+                "normalised pixel values"
+            )
+        return inputs
+
+    def check_image_shape(self, shape: tuple[int, ...]) -> None:
+        """Refuse a `(B, C, H, W)` batch the model cannot take, naming the shape it takes (default: any)."""
 
     def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
         """Checked inputs in consecutive batches of at most `size`."""
@@ -84,6 +106,11 @@ class Adapter:
         """Eval mode (and, if asked, explicit attention probabilities) for one call; everything restored after."""
         raise NotImplementedError
         yield
+
+    def shared_state(self) -> list[object]:
+        """Objects besides the model whose state `explaining` switches and that other models may share (weakly
+        referenceable); calls on models sharing one are serialised (see `relevancy.guard`)."""
+        return []
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         """Tokens `(B, T, D)` entering the first block (position embedding added)."""

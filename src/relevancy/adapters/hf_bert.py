@@ -10,11 +10,13 @@ cover every token, [CLS] included (`num_prefix_tokens = 0`), and are 0 at paddin
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -260,12 +262,12 @@ class HFBertAdapter(Adapter):
         if isinstance(inputs, TextBatch):
             batch = inputs
         elif isinstance(inputs, Mapping):
-            batch = _from_encoding(inputs)
+            batch = _from_encoding(inputs, self._pad_id())
         elif isinstance(inputs, torch.Tensor):
             if inputs.is_floating_point():
                 raise TypeError("inputs must be token ids (a LongTensor) or the tokenizer's output, not a float tensor")
-            ids = inputs[None] if inputs.ndim == 1 else inputs
-            batch = TextBatch(ids, torch.ones_like(ids))
+            ids = _token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
+            batch = TextBatch(ids, _mask_from_padding(ids, self._pad_id()))
         elif isinstance(inputs, str) or isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str):
             raise TypeError(
                 "inputs must be tokenised: pass the tokenizer's output, e.g. "
@@ -273,9 +275,14 @@ class HFBertAdapter(Adapter):
             )
         else:
             raise TypeError(
-                f"inputs must be the tokenizer's output (input_ids, attention_mask), got {type(inputs).__name__}"
+                f"inputs must be the tokenizer's output (input_ids, attention_mask) or a LongTensor of token ids, "
+                f"got {type(inputs).__name__}"
             )
         return self._validated(batch)
+
+    def _pad_id(self) -> int | None:
+        """The id that pads a batch (the config's `pad_token_id`), to find the padding of ids given without a mask."""
+        return getattr(getattr(self.model, "config", None), "pad_token_id", None)
 
     def batches(self, inputs: TextBatch, size: int) -> Iterator[TextBatch]:
         for start in range(0, len(inputs), size):
@@ -288,11 +295,18 @@ class HFBertAdapter(Adapter):
             )
 
     def _validated(self, batch: TextBatch) -> TextBatch:
-        ids, mask = batch.input_ids, batch.attention_mask
+        ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids
         if ids.ndim != 2 or mask.shape != ids.shape:
             raise ValueError(f"input_ids must be (B, T) with an attention_mask of the same shape, got {tuple(ids.shape)} and {tuple(mask.shape)}")
-        if ids.numel() == 0 or (mask.sum(1) == 0).any():
-            empty = 0 if ids.numel() == 0 else int((mask.sum(1) == 0).nonzero()[0])
+        if len(ids) == 0:
+            raise ValueError(
+                f"the batch holds no texts (input_ids of shape {tuple(ids.shape)}): explanations and concepts need at "
+                "least one example, a tokenised text"
+            )
+        if ((mask != 0) & (mask != 1)).any():
+            raise ValueError("attention_mask must hold 1 at real tokens and 0 at padding, nothing else")
+        if ids.shape[1] == 0 or (mask.sum(1) == 0).any():
+            empty = 0 if ids.shape[1] == 0 else int((mask.sum(1) == 0).nonzero()[0])
             raise ValueError(f"text {empty} of the batch is empty (no tokens): there is nothing to explain")
         config = getattr(self.model, "config", None)
         limit = getattr(config, "max_position_embeddings", None)
@@ -303,7 +317,17 @@ class HFBertAdapter(Adapter):
             )
         vocab = getattr(config, "vocab_size", None)
         if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
-            raise ValueError(f"input_ids out of the vocabulary (0..{vocab - 1}): was the text tokenised with this model's tokenizer?")
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise ValueError(
+                f"input_ids must be in the model's vocabulary, 0..{vocab - 1}, got {bad}: was the text tokenised with "
+                "this model's tokenizer?"
+            )
+        kinds = getattr(config, "type_vocab_size", None)
+        if types is not None and types.shape != ids.shape:
+            raise ValueError(f"token_type_ids must have the shape of input_ids {tuple(ids.shape)}, got {tuple(types.shape)}")
+        if types is not None and self.layout.token_types and kinds is not None and (types.min() < 0 or types.max() >= kinds):
+            bad = int(types[(types < 0) | (types >= kinds)][0])
+            raise ValueError(f"token_type_ids must be in 0..{kinds - 1} (the model's type_vocab_size is {kinds}), got {bad}")
         device = next(self.model.parameters()).device
         return replace(
             batch,
@@ -333,6 +357,10 @@ class HFBertAdapter(Adapter):
             for m, flag in training.items():
                 m.training = flag
             self._mask = self._embedded_mask = None
+
+    def shared_state(self) -> list[object]:
+        """The configs whose attention implementation `explaining` switches: models built from one config share it."""
+        return _configs(self.model)
 
     def embed(self, inputs: TextBatch) -> torch.Tensor:
         kwargs = {"input_ids": inputs.input_ids}
@@ -391,24 +419,67 @@ def _configs(model: nn.Module) -> list:
     return list(seen.values())
 
 
-def _from_encoding(encoding: Mapping) -> TextBatch:
+def _from_encoding(encoding: Mapping, pad_id: int | None) -> TextBatch:
     if "input_ids" not in encoding:
         raise ValueError(f"the tokenizer's output must hold 'input_ids' (got keys {sorted(encoding.keys())}); inputs_embeds are not supported")
-    ids = torch.as_tensor(encoding["input_ids"])
-    if ids.is_floating_point():
-        raise TypeError("input_ids must be integer token ids")
+    ids = _token_tensor(encoding["input_ids"], "input_ids")
     single = ids.ndim == 1
     ids = ids[None] if single else ids
-    mask = encoding.get("attention_mask")
-    mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).reshape(ids.shape).long()
-    types = encoding.get("token_type_ids")
-    types = None if types is None else torch.as_tensor(types).reshape(ids.shape).long()
+    fields = {}
+    for name in ("attention_mask", "token_type_ids"):
+        value = encoding.get(name)
+        if value is not None:
+            value = _token_tensor(value, name)
+            fields[name] = value[None] if single and value.ndim == 1 else value
+    mask = fields.get("attention_mask")
+    if mask is None:
+        mask = _mask_from_padding(ids, pad_id)
+    elif mask.shape != ids.shape:
+        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, got {tuple(mask.shape)}")
+    types = fields.get("token_type_ids")
     tokens = word_ids = None
     if getattr(encoding, "encodings", None) and not single:  # a fast tokenizer's BatchEncoding
         valid = mask.bool()
         tokens = [[t for t, v in zip(encoding.tokens(i), valid[i]) if v] for i in range(len(ids))]
         word_ids = [[w for w, v in zip(encoding.word_ids(i), valid[i]) if v] for i in range(len(ids))]
     return TextBatch(ids.long(), mask, types, tokens, word_ids)
+
+
+def _token_tensor(value: object, name: str) -> torch.Tensor:
+    """Token ids, an attention mask or token types (tensor, array, list of rows) as a long tensor; one-line errors
+    for rows of different lengths and for anything but integers."""
+    rows = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(row, (list, tuple)) or isinstance(row, (torch.Tensor, np.ndarray)) and row.ndim > 0 for row in value
+    )
+    if rows and len({len(row) for row in value}) > 1:
+        raise ValueError(
+            f"{name} rows have different lengths {[len(row) for row in value]}: pad the batch (relevancy.text.encode("
+            "tokenizer, texts) or tokenizer(texts, padding=True, return_tensors='pt')) or explain one text at a time"
+        )
+    try:
+        tensor = torch.stack([torch.as_tensor(row) for row in value]) if rows else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):  # strings, objects
+        tensor = None
+    if tensor is not None and tensor.numel() == 0:
+        return tensor.long()  # `[]` converts to float; the empty-batch check names the problem
+    if tensor is None or tensor.is_floating_point() or tensor.is_complex() or (tensor.dtype == torch.bool and name != "attention_mask"):
+        got = type(value).__name__ if tensor is None else str(tensor.dtype)
+        raise TypeError(f"{name} must be integers (a tensor, array or list of rows of ints, as the tokenizer returns), got {got}")
+    return tensor.long()
+
+
+def _mask_from_padding(ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
+    """The attention mask of `input_ids` given without one: 0 at the pad ids that end a row, with a warning."""
+    if pad_id is None or ids.ndim != 2:  # a wrong shape is named by the shape check
+        return torch.ones_like(ids)
+    trailing = (ids == pad_id).long().flip(1).cumprod(1).flip(1).bool()
+    if trailing.any():
+        padded = int(trailing.any(1).sum())
+        warnings.warn(
+            f"input_ids of {padded} text(s) end in the pad id {pad_id} but no attention_mask was given: relevancy treats "
+            "those positions as padding; pass the tokenizer's attention_mask to say which tokens are real"
+        )
+    return (~trailing).long()
 
 
 def _token_strings(ids: torch.Tensor, mask: torch.Tensor) -> list[list[str]]:

@@ -55,6 +55,31 @@ class TimmViTAdapter(Adapter):
             return tuple(patch_embed.dynamic_feat_size(tuple(inputs.shape[-2:])))
         return tuple(patch_embed.grid_size)
 
+    def check_image_shape(self, shape: tuple[int, ...]) -> None:
+        """Channels from the patch embedding; size as timm takes it: the model's own image size, or with
+        `dynamic_img_size` multiples of the patch size (any size with `dynamic_img_pad`)."""
+        _, channels, height, width = shape
+        patch_embed = self.model.patch_embed
+        proj = getattr(patch_embed, "proj", None)
+        # a hybrid embedding's projection reads CNN features, not the image: its channels are not checked
+        expected_channels = proj.in_channels if isinstance(proj, nn.Conv2d) and not hasattr(patch_embed, "backbone") else None
+        channel_text = "C" if expected_channels is None else str(expected_channels)
+        size = getattr(patch_embed, "img_size", None)
+        patch = tuple(getattr(patch_embed, "patch_size", (1, 1)))
+        dynamic = getattr(self.model, "dynamic_img_size", False)
+        if size is not None and (getattr(patch_embed, "strict_img_size", True) or not dynamic):
+            fits = (height, width) == tuple(size)
+            takes = f"(B, {channel_text}, {size[0]}, {size[1]})"
+        elif getattr(patch_embed, "dynamic_img_pad", False):
+            fits = True
+            takes = f"(B, {channel_text}, H, W) of any size"
+        else:
+            fits = height >= patch[0] and width >= patch[1] and height % patch[0] == 0 and width % patch[1] == 0
+            takes = f"(B, {channel_text}, H, W) with H a multiple of {patch[0]} and W a multiple of {patch[1]} (its patch size)"
+        if fits and expected_channels in (None, channels):
+            return
+        raise ValueError(f"this model takes images of shape {takes}, got {shape}")
+
     def class_names(self) -> list[str] | None:
         config = getattr(self.model, "pretrained_cfg", None) or {}
         names = getattr(self.model, "class_names", None) or config.get("label_names")

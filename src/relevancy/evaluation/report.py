@@ -1,7 +1,8 @@
 """The files `relevancy evaluate` writes: results.json, report.md (the papers' table layout), perturbation.png.
 
-All three are rendered in memory first, then written to temporary files in the output folder and moved into
-place with ``os.replace``: a failure leaves no partial file.
+Every percentage in results.json is in percent (0-100), as report.md and the papers show them; its ``units``
+field says so. All three files are rendered in memory first, then written to temporary files in the output
+folder and moved into place with ``os.replace``: a failure leaves no partial file.
 """
 from __future__ import annotations
 
@@ -12,23 +13,82 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["render_report", "write_outputs"]
+__all__ = ["OUTPUT_FILES", "PERCENT_KEYS", "UNITS", "in_percent", "render_report", "summary", "write_outputs"]
 
-# (section, key, column title, scale, decimals)
-_COLUMNS: tuple[tuple[str, str, str, float, int], ...] = (
-    ("perturbation", "positive_auc", "pos. AUC ↓", 1.0, 2),
-    ("perturbation", "negative_auc", "neg. AUC ↑", 1.0, 2),
-    ("perturbation", "positive_auc_target", "pos. AUC, true class ↓", 1.0, 2),
-    ("perturbation", "negative_auc_target", "neg. AUC, true class ↑", 1.0, 2),
-    ("segmentation", "pixel_accuracy", "pixel acc ↑", 100.0, 2),
-    ("segmentation", "miou", "mIoU ↑", 100.0, 2),
-    ("segmentation", "map", "mAP ↑", 100.0, 2),
-    ("discrimination", "target_share", "target share ↑", 100.0, 1),
-    ("discrimination", "other_share", "other share ↓", 100.0, 1),
-    ("discrimination", "pointing_game", "pointing ↑", 100.0, 1),
-    ("agreement", "pearson_tam", "r with TAM", 1.0, 3),
-    ("agreement", "sparsity", "sparsity", 100.0, 1),
+OUTPUT_FILES = ("results.json", "report.md", "perturbation.png")
+#: fractions the runner computes in [0, 1] that results.json gives in percent, wherever the key occurs
+#: (the perturbation curves, segmentation, discrimination, sparsity, model accuracy, a checkpoint's val accuracy)
+PERCENT_KEYS = frozenset({
+    "positive", "negative", "positive_target", "negative_target",
+    "pixel_accuracy", "miou", "map", "iou",
+    "target_share", "other_share", "pointing_game",
+    "sparsity", "single_top1", "pair_top2",
+})
+UNITS = ("percent (0-100): accuracy curves, pixel_accuracy, miou, map, iou, target_share, other_share, pointing_game, "
+         "sparsity, single_top1, pair_top2; AUCs: trapezoid of the percent accuracy curve over steps (at most 90); "
+         "pearson_tam and agreement_pearson: correlations in [-1, 1]; steps: fractions of pixels removed; "
+         "*seconds*: seconds")
+
+# (section, key, column title, decimals); values as in results.json
+_COLUMNS: tuple[tuple[str, str, str, int], ...] = (
+    ("perturbation", "positive_auc", "pos. AUC ↓", 2),
+    ("perturbation", "negative_auc", "neg. AUC ↑", 2),
+    ("perturbation", "positive_auc_target", "pos. AUC, true class ↓", 2),
+    ("perturbation", "negative_auc_target", "neg. AUC, true class ↑", 2),
+    ("segmentation", "pixel_accuracy", "pixel acc ↑", 2),
+    ("segmentation", "miou", "mIoU ↑", 2),
+    ("segmentation", "map", "mAP ↑", 2),
+    ("discrimination", "target_share", "target share ↑", 1),
+    ("discrimination", "other_share", "other share ↓", 1),
+    ("discrimination", "pointing_game", "pointing ↑", 1),
+    ("agreement", "pearson_tam", "r with TAM", 3),
+    ("agreement", "sparsity", "sparsity", 1),
 )
+
+
+def in_percent(results: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the runner's results with every fraction of `PERCENT_KEYS` in percent and a ``units`` field
+    saying so (placed before ``methods``); results that have the field are returned as they are."""
+    if "units" in results:
+        return results
+
+    def scale(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [scale(v) for v in value]
+        if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool)):
+            return float(f"{100 * value:.15g}")  # 15 digits: no float noise such as 99.60000000000001
+        return value
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: scale(v) if k in PERCENT_KEYS else convert(v) for k, v in value.items()}
+        return value
+
+    converted: dict[str, Any] = {}
+    for key, value in results.items():
+        if key == "methods":
+            converted["units"] = UNITS
+        converted[key] = convert(value)
+    converted.setdefault("units", UNITS)
+    return converted
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """results.json without its lists (perturbation curves, per-class IoU, settings' lists) and the sections
+    that held only lists: what `evaluate --json` prints."""
+    def scalars(value: dict[str, Any]) -> dict[str, Any]:
+        kept = {}
+        for key, item in value.items():
+            if isinstance(item, dict) and item:
+                item = scalars(item)
+                if not item:
+                    continue
+            elif isinstance(item, (list, tuple)):
+                continue
+            kept[key] = item
+        return kept
+
+    return scalars(in_percent(results))
 
 
 def _clean(value: Any) -> Any:
@@ -56,18 +116,20 @@ def _dumps(value: Any, indent: int = 0) -> str:
 
 
 def _describe(info: dict[str, Any]) -> str:
-    """``steps 762, final False, val single_top1 0.213 ...`` from a checkpoint's metadata."""
-    def fmt(v: Any) -> str:
+    """``steps 762, final False, val single_top1 21.3% ...`` from a checkpoint's metadata (in percent)."""
+    def fmt(key: str, v: Any) -> str:
+        if isinstance(v, dict):
+            return " ".join(f"{k} {fmt(k, x)}" for k, x in v.items())
+        if key in PERCENT_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return f"{v:.1f}%"
         if isinstance(v, float):
             return f"{v:.3f}"
-        if isinstance(v, dict):
-            return " ".join(f"{k} {fmt(x)}" for k, x in v.items())
         return str(v)
 
-    return ", ".join(f"{k} {fmt(v)}" for k, v in info.items())
+    return ", ".join(f"{k} {fmt(k, v)}" for k, v in info.items())
 
 
-def _cell(value: Any, scale: float, decimals: int) -> str:
+def _cell(value: Any, decimals: int, scale: float = 1.0) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
     return f"{value * scale:.{decimals}f}"
@@ -122,7 +184,9 @@ def _notes(results: dict[str, Any]) -> list[str]:
 
 
 def render_report(results: dict[str, Any]) -> str:
-    """``report.md``: a table like the papers', one row per method, then how it was measured."""
+    """``report.md``: a table like the papers', one row per method, then how it was measured (from the runner's
+    results or from results.json)."""
+    results = in_percent(results)
     methods: dict[str, Any] = results["methods"]
     present = [c for c in _COLUMNS if any(c[0] in m for m in methods.values())]
     head = ["method", *(c[2] for c in present), "explain ms/img", "metric ms/img"]
@@ -134,17 +198,17 @@ def render_report(results: dict[str, Any]) -> str:
     if accuracy:
         parts = []
         if "single_top1" in accuracy:
-            parts.append(f"top-1 accuracy {100 * accuracy['single_top1']:.1f}%")
+            parts.append(f"top-1 accuracy {accuracy['single_top1']:.1f}%")
         if "pair_top2" in accuracy:
-            parts.append(f"two-object scenes with both classes in the top 2: {100 * accuracy['pair_top2']:.1f}%")
+            parts.append(f"two-object scenes with both classes in the top 2: {accuracy['pair_top2']:.1f}%")
         lines.append(f"Model on these images: {'; '.join(parts)}.")
     lines += ["", "| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
     for name, m in methods.items():
         cells = [name]
-        for section, key, _, scale, decimals in present:
-            cells.append(_cell(m.get(section, {}).get(key), scale, decimals))
-        cells.append(_cell(m.get("seconds_per_image"), 1000.0, 2))
-        cells.append(_cell(m.get("metric_seconds_per_image"), 1000.0, 2))
+        for section, key, _, decimals in present:
+            cells.append(_cell(m.get(section, {}).get(key), decimals))
+        cells.append(_cell(m.get("seconds_per_image"), 2, scale=1000.0))
+        cells.append(_cell(m.get("metric_seconds_per_image"), 2, scale=1000.0))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## How it was measured", ""]
     lines += [f"- {n}" for n in _notes(results)]
@@ -157,7 +221,7 @@ def render_report(results: dict[str, Any]) -> str:
 
 
 def _curves_png(results: dict[str, Any]) -> bytes:
-    """Accuracy against the removed fraction, one line per method, one panel per test."""
+    """Accuracy (percent) against the removed fraction, one line per method, one panel per test."""
     import io
 
     import matplotlib
@@ -177,9 +241,9 @@ def _curves_png(results: dict[str, Any]) -> bytes:
             ax.plot(c["steps"], values, marker="o", markersize=3, label=name)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("fraction of pixels removed")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-2, 102)
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("top-1 accuracy")
+    axes[0, 0].set_ylabel("top-1 accuracy (%)")
     if curves:
         axes[0, -1].legend(fontsize=7, loc="best")
     figure.suptitle(f"perturbation test, {results['benchmark']}, model {results.get('model')}, n = {results['n']}", fontsize=10)
@@ -191,7 +255,9 @@ def _curves_png(results: dict[str, Any]) -> bytes:
 
 
 def write_outputs(results: dict[str, Any], out: str | Path) -> list[Path]:
-    """Write ``results.json``, ``report.md`` and (with a perturbation section) ``perturbation.png`` into ``out``."""
+    """Write ``results.json`` (in percent), ``report.md`` and (with a perturbation section) ``perturbation.png``
+    into ``out``."""
+    results = in_percent(results)
     out = Path(out)
     files: dict[str, bytes] = {
         "results.json": (_dumps(_clean(results)) + "\n").encode(),

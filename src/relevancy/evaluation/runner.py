@@ -27,6 +27,7 @@ from torch import nn
 
 from .. import metrics
 from ..api import explain
+from ..extras import require
 from ..metrics import AgreementTest, DiscriminationTest, PerturbationTest, SegmentationTest, perturbation_test
 from . import data as D
 
@@ -115,7 +116,7 @@ class Evaluation:
             self.records[m] = r
         self.agreement = AgreementTest() if "agreement" in self.sections else None
         if "segmentation" in self.sections:
-            import sklearn.metrics  # noqa: F401  (imported here, not inside the first method's timing)
+            require("sklearn.metrics", extra="eval")  # imported here, not inside the first method's timing
         #: summed over processes: reference and agreement costs, model accuracy counts
         self.shared: dict[str, float] = {
             "reference_seconds": 0.0, "agreement_seconds": 0.0, "wall_seconds": 0.0,

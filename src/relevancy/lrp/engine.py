@@ -40,8 +40,9 @@ VANILLA = RuleSet("vanilla", shared_linear_denominator=False, rescale_residuals=
 class Session:
     """State of one explanation call: the rule set, the backward mode, and the recorded attention maps.
 
-    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its branch splits
-    (`Clone`) and [CLS] selection (`IndexSelect`) scale the arriving relevance by `x / (x + 1e-9)`.
+    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its `1e-9`
+    stabiliser in every division, and its branch splits (`Clone`) and [CLS] selection (`IndexSelect`), which
+    scale the arriving relevance by `x / (x + 1e-9)`. Otherwise the rules divide stably (see `rules`).
     """
 
     rule_set: RuleSet
@@ -91,11 +92,11 @@ def passthrough_rule(_session: Session, _inputs: tuple, _output: torch.Tensor, r
 
 
 def add_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return rules.add(*inputs, relevance, rescale=session.rule_set.rescale_residuals)
+    return rules.add(*inputs, relevance, rescale=session.rule_set.rescale_residuals, exact=session.exact)
 
 
-def matmul_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return rules.matmul_halved(*inputs, relevance)
+def matmul_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rules.matmul_halved(*inputs, relevance, exact=session.exact)
 
 
 def reweigh_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
@@ -117,8 +118,8 @@ def linear_rule(module: nn.Linear) -> RelevanceRule:
 
 
 def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
-    def rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (rules.conv_zb(inputs[0], module.weight, relevance, module.stride, module.padding),)
+    def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        return (rules.conv_zb(inputs[0], module.weight, relevance, module.stride, module.padding, exact=session.exact),)
 
     return rule
 

@@ -2,7 +2,13 @@
 
 Each rule takes the operation's inputs (detached) and the relevance at its output, and returns one relevance
 tensor per input. Definitions follow Chefer et al. CVPR'21 (`layers_ours`, "paper" rules) and their LRP
-baselines (`layers_lrp`, "vanilla" rules); see ../shared/METHODS.md.
+baselines (`layers_lrp`, "vanilla" rules); docs/methods.md states them.
+
+Two arithmetics share these rules. `exact=True` divides as the authors' code does (`safe_divide`, 1e-9 added to
+every denominator). The default divides with `stable_divide`: where a sum cancels (`|z|` below `RELATIVE_FLOOR`
+of the magnitude of its terms), the denominator is held at that floor with its sign kept, so the float32
+rounding of the forward pass is amplified at most `1 / RELATIVE_FLOOR` times instead of without bound; every
+other denominator is used as it is.
 """
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 EPSILON = 1e-9
+RELATIVE_FLOOR = 3e-2
 
 
 def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -19,6 +26,24 @@ def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Ten
     bit for bit. (It also maps a denominator of exactly -1e-9 to +1e-9; that float never occurs in practice.)
     """
     return (numerator / (denominator + EPSILON)).masked_fill_(denominator == 0, 0.0)
+
+
+def stable_quotients(relevance: torch.Tensor, z: torch.Tensor, magnitude: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(signed, unsigned)` quotients for sharing `relevance` over the terms of `z` (`magnitude`: the sum of their
+    absolute values).
+
+    Where `|z| >= RELATIVE_FLOOR * magnitude`, `signed = R / z` and `unsigned = 0`: the plain rule. Where the sum
+    cancels, `z` is held at the floor (its sign kept) and the relevance this leaves unshared, `R (1 - z / held)`,
+    goes to the terms in proportion to their magnitudes (`unsigned`). So each term's share is
+    `term * signed + |term| * unsigned`: relevance is conserved, continuously in `z`, and float32 rounding is
+    amplified at most `1 / RELATIVE_FLOOR` times. Both are 0 where every term is 0.
+    """
+    floor = RELATIVE_FLOOR * magnitude
+    held = torch.where(z >= 0, torch.maximum(z, floor), torch.minimum(z, -floor))
+    empty = magnitude == 0
+    signed = (relevance / held).masked_fill_(empty, 0.0)
+    unsigned = torch.where(held == z, 0.0, (relevance - signed * z) / magnitude).masked_fill_(empty, 0.0)
+    return signed, unsigned
 
 
 def per_sample_sum(x: torch.Tensor) -> torch.Tensor:
@@ -54,14 +79,18 @@ def reweigh_branches(x: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
     return x * safe_divide(relevance, x)
 
 
-def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`z = a + b`: each input gets its share `x * R / z`.
 
     With `rescale` (the paper's residual rule) the shares are then scaled so that, per sample, their sums
     split `sum R` in proportion to `|sum R_a|` and `|sum R_b|`: relevance is conserved through the residual.
     """
-    s = safe_divide(relevance, a + b)
-    r_a, r_b = a * s, b * s
+    if exact:
+        s = safe_divide(relevance, a + b)
+        r_a, r_b = a * s, b * s
+    else:
+        signed, unsigned = stable_quotients(relevance, a + b, a.abs() + b.abs())
+        r_a, r_b = torch.addcmul(a * signed, a.abs(), unsigned), torch.addcmul(b * signed, b.abs(), unsigned)
     if rescale:
         sum_a, sum_b, total = per_sample_sum(r_a), per_sample_sum(r_b), per_sample_sum(relevance)
         norm = sum_a.abs() + sum_b.abs()
@@ -70,18 +99,38 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
     return r_a, r_b
 
 
-def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`Z = u @ v` of two feature maps: `R_u = u * (R/Z) v^T`, `R_v = v * u^T (R/Z)`, each halved."""
-    half_s = safe_divide(relevance, u @ v).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
-    return u * (half_s @ v.transpose(-2, -1)), v * (u.transpose(-2, -1) @ half_s)
+    if exact:
+        half_s = safe_divide(relevance, u @ v).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
+        return u * (half_s @ v.transpose(-2, -1)), v * (u.transpose(-2, -1) @ half_s)
+    u_abs, v_abs = u.abs(), v.abs()
+    signed, unsigned = stable_quotients(relevance, u @ v, u_abs @ v_abs)
+    signed, unsigned = signed.mul_(0.5), unsigned.mul_(0.5)
+    r_u = torch.addcmul(u * (signed @ v.transpose(-2, -1)), u_abs, unsigned @ v_abs.transpose(-2, -1))
+    r_v = torch.addcmul(v * (u.transpose(-2, -1) @ signed), v_abs, u_abs.transpose(-2, -1) @ unsigned)
+    return r_u, r_v
 
 
-def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stride, padding) -> torch.Tensor:
-    """z^B rule for the pixel layer: inputs bounded by each image's minimum `L` and maximum `H`."""
+def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stride, padding, exact: bool) -> torch.Tensor:
+    """z^B rule for the pixel layer: inputs bounded by each image's minimum `L` and maximum `H`.
+
+    `Z = conv(x, W) - conv(L, W+) - conv(H, W-)` is the sum of the non-negative `conv(x - L, W+)` and
+    `conv(x - H, W-)`; the default computes it so (nothing cancels), `exact` as the reference writes it.
+    """
     dims = tuple(range(1, x.ndim))
     low = x.amin(dim=dims, keepdim=True).expand_as(x)
     high = x.amax(dim=dims, keepdim=True).expand_as(x)
     w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+
+    def back(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.nn.grad.conv2d_input(x.shape, w, s, stride=stride, padding=padding)
+
+    if not exact:
+        above, below = x - low, x - high
+        z = F.conv2d(above, w_pos, stride=stride, padding=padding) + F.conv2d(below, w_neg, stride=stride, padding=padding)
+        s = safe_divide(relevance, z)
+        return above * back(w_pos, s) + below * back(w_neg, s)
     z = (
         F.conv2d(x, weight, stride=stride, padding=padding)
         - F.conv2d(low, w_pos, stride=stride, padding=padding)
@@ -89,8 +138,4 @@ def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stri
         + EPSILON
     )
     s = relevance / z
-
-    def back(w: torch.Tensor) -> torch.Tensor:
-        return torch.nn.grad.conv2d_input(x.shape, w, s, stride=stride, padding=padding)
-
-    return x * back(weight) - low * back(w_pos) - high * back(w_neg)
+    return x * back(weight, s) - low * back(w_pos, s) - high * back(w_neg, s)

@@ -15,7 +15,8 @@ class Method:
     """An explanation method.
 
     `run(adapter, inputs, target, **options)` returns `(scores, indices, logits)`: scores over the patch tokens
-    `(B, N)` or, for `pixels` methods, over the input `(B, H, W)`.
+    `(B, N)` or, for `pixels` methods, over the input `(B, H, W)`; optionally a fourth item, a dict of further
+    `Explanation` fields (e.g. `relevance_total`).
     """
 
     name: str

@@ -15,7 +15,8 @@ def attention_gradcam(
 ) -> tuple[torch.Tensor, ...]:
     """Grad-CAM on the last attention: heads weighted by their mean gradient, then ReLU.
 
-    `normalize=True` min-max normalises each map, as the authors' baseline code does.
+    `normalize=True` min-max normalises each map, as the authors' baseline code does; a constant map (the
+    ReLU left nothing) becomes zeros where the reference divides 0 by 0.
     `region`: where the gradient is averaged and the min-max taken: "class_row" (the [CLS] row at the patch
     columns, the ViT reference) or "matrix" (the whole attention matrix over the real tokens, the BERT reference).
     `cls_entry`: see `set_class_entry`, applied after the normalisation (the BERT reference: "zero").
@@ -43,7 +44,8 @@ def attention_gradcam(
         low = maps.masked_fill(~pairs[:, 0], float("inf")).amin((-2, -1))[:, None]
         high = maps.masked_fill(~pairs[:, 0], float("-inf")).amax((-2, -1))[:, None]
     if normalize:
-        scores = (scores - low) / (high - low)
+        span = high - low
+        scores = (scores - low) / torch.where(span > 0, span, torch.ones_like(span))
     how = family_option(adapter, "attention_gradcam", "cls_entry", cls_entry, "keep")
     return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits
 

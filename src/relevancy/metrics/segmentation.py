@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..extras import require
+
 __all__ = ["SegmentationTest", "segmentation_scores"]
 
 _EPS = float(np.spacing(1, dtype=np.float64))
@@ -44,7 +46,7 @@ def normalised_maps(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 def _average_precision(res: torch.Tensor, mask: torch.Tensor) -> float:
     """The authors' ``get_ap_scores`` for one image: AP of both channels' scores pooled."""
-    from sklearn.metrics import average_precision_score
+    average_precision_score = require("sklearn.metrics", extra="eval").average_precision_score
 
     scores = torch.stack((1 - res, res)).nan_to_num(0.0).reshape(-1).cpu().numpy()
     truth = torch.stack((mask == 0, mask == 1)).reshape(-1).cpu().numpy().astype(np.int64)

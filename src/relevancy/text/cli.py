@@ -1,36 +1,22 @@
-"""`relevancy explain-text "TEXT" [--model NAME_OR_DIR] [--method M] [--target K] [--out x.html]`.
+"""`relevancy explain-text "TEXT" [--model NAME_OR_DIR] [--method M] [--target K] [--out x.html] [--json]`.
 
-Registered by `relevancy.cli` through `add_explain_text_parser(subparsers)`; the handler prints each text as
-coloured words to the terminal and, with `--out`, writes the HTML page. Errors are ValueErrors or
-RuntimeErrors with one-line messages (the main CLI prints them and exits with status 2, writing nothing).
+The options are defined in `relevancy.cli` (which loads no torch); this is the handler. It prints each text as
+coloured words in a terminal, as word and score columns when stdout is not a terminal (a pipe or a file), the
+numbers as JSON with `--json`, and writes the HTML page with `--out`. Everything that can be checked is checked
+before the model loads; errors are one-line UsageErrors, ValueErrors or RuntimeErrors (exit status 2).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import lru_cache
 from pathlib import Path
 
-DEFAULT_METHOD = "transformer_attribution"
+from ..cli import UsageError, at_least, explanation_numbers, print_json, resolve_methods
+from ..files import check_file
 
-
-def add_explain_text_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the `explain-text` subcommand to an `argparse` subparsers object."""
-    from .. import METHODS
-
-    p = subparsers.add_parser("explain-text", help="explain texts with a BERT-family text classifier")
-    p.add_argument("texts", nargs="+", metavar="TEXT", help="one or more texts (quote each)")
-    p.add_argument("--model", default=None,
-                   help="hub name or local folder of a BERT/RoBERTa/DistilBERT sequence classifier "
-                        "(default: the shipped drug-review sentiment model)")
-    p.add_argument("--method", default=DEFAULT_METHOD, help=f"one of {', '.join(METHODS)}, or 'all'")
-    p.add_argument("--target", default=None,
-                   help="class to explain: an index or a label name, e.g. 'positive' (default: the predicted class)")
-    p.add_argument("--out", default=None, help="write an HTML page of the coloured texts here (e.g. x.html)")
-    p.add_argument("--max-length", type=int, default=None, help="truncate longer texts to this many tokens (with a warning)")
-    p.add_argument("--tokens", action="store_true", help="show word pieces instead of words")
-    p.add_argument("--quiet", action="store_true", help="do not print the coloured texts to the terminal")
-    p.set_defaults(handler=run_explain_text)
-    return p
+#: the shortest --max-length: [CLS], one token of text and [SEP]
+MIN_LENGTH = 3
 
 
 def resolve_target(target: str | int | None, model) -> int | None:
@@ -49,22 +35,31 @@ def resolve_target(target: str | int | None, model) -> int | None:
     raise ValueError(f"unknown target '{text}': the model's classes are {classes}")
 
 
+def _check(args: argparse.Namespace) -> list[str]:
+    """The methods to run; a UsageError for anything wrong with the request that needs no model."""
+    methods = resolve_methods(args.method)
+    at_least("--max-length", args.max_length, MIN_LENGTH, " ([CLS], a token and [SEP])")
+    target = str(args.target or "").strip()
+    if target.startswith("-") and target[1:].isdigit():
+        raise UsageError(f"--target must be a class index (0 or more) or a label name, got {target}")
+    for i, text in enumerate(args.texts):
+        if not text.strip():
+            raise UsageError(f"text {i} is empty: there is nothing to explain")
+    if args.out is not None:
+        if Path(args.out).suffix.lower() not in (".html", ".htm"):
+            raise UsageError(f"--out must name an .html file, got {args.out}")
+        check_file(args.out)
+    return methods
+
+
 def run_explain_text(args: argparse.Namespace) -> list[Path]:
     """Explain `args.texts`; returns the files written (the HTML page when `--out` is given)."""
-    from .. import METHODS, explain
-    from ..api import get_method
+    from ..api import explain
     from .explanation import TextExplanation
     from .model import encode
 
-    methods = list(METHODS) if args.method == "all" else [args.method]
-    for method in methods:
-        get_method(method)  # a ValueError naming the closest method, before any loading
-    if args.out is not None and Path(args.out).suffix.lower() not in (".html", ".htm"):
-        raise ValueError(f"--out must name an .html file, got {args.out}")
-    for i, text in enumerate(args.texts):
-        if not text.strip():
-            raise ValueError(f"text {i} is empty: there is nothing to explain")
-    model, tokenizer = _load(None if args.model is None else str(args.model))
+    methods = _check(args)
+    model, tokenizer = load_classifier(None if args.model is None else str(args.model))
     target = resolve_target(args.target, model)
     batch = encode(tokenizer, args.texts, max_length=args.max_length, model=model)
     results: list[TextExplanation] = []
@@ -73,22 +68,59 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
             results.append(explain(model, batch, method=method, target=target))
         except TypeError as error:  # e.g. relevance rules missing for this family: say which method
             raise RuntimeError(f"{method}: {error}") from error
-    by_word = not getattr(args, "tokens", False)
-    if not getattr(args, "quiet", False):
+    by_word = not args.tokens
+    if args.json:
+        print_json({"model": args.model, "method": args.method, "texts": [
+            {"text": text, "methods": {r.method: _numbers(r, i) for r in results}} for i, text in enumerate(args.texts)
+        ]})
+    elif not args.quiet:
         for result in results:
-            result.show(by_word=by_word)
+            if sys.stdout.isatty():
+                result.show(by_word=by_word)
+            else:
+                print_columns(result, by_word)
     if args.out is None:
         return []
     return [save_all(results, Path(args.out), by_word)]
 
 
+def _numbers(result, index: int) -> dict:
+    """`--json` for one text and method: target, class, logit, and the text's real tokens with their scores."""
+    numbers = explanation_numbers(result, index)
+    pairs = result.token_scores(index)
+    numbers["tokens"] = [token for token, _ in pairs]
+    numbers["scores"] = [score for _, score in pairs]
+    return numbers
+
+
+def print_columns(result, by_word: bool = True) -> None:
+    """Each text as plain columns, word (or token) and score, under a `# method: class (logit)` line."""
+    for i, caption in enumerate(result.labels()):
+        print(f"# text {i + 1}, {result.method}: {caption}")
+        units = result.words(i) if by_word else result.token_scores(i)
+        for unit, score in units:
+            print(f"{unit}\t{score:.6g}")
+        print()
+
+
 @lru_cache(maxsize=2)
-def _load(name_or_dir: str | None):
-    """The model and tokenizer, loaded once per process (the handler may run several times, e.g. in tests)."""
+def load_classifier(name_or_dir: str | None):
+    """The model and tokenizer, loaded once per process (the handler may run several times, e.g. in tests).
+    A hub name that is not cached fails at once when the Hub cannot be reached; errors are RuntimeErrors."""
+    from ..models import hub_access
     from .model import load_model
 
     try:
-        return load_model(name_or_dir)
+        if name_or_dir is None or Path(name_or_dir).exists():
+            return load_model(name_or_dir)
+        with hub_access() as offline:
+            try:
+                return load_model(name_or_dir)
+            except OSError as error:
+                if offline:
+                    raise OSError(f"could not load '{name_or_dir}': {offline} and it is not in the local cache; "
+                                  "pass a local model folder") from error
+                raise
     except OSError as error:
         raise RuntimeError(str(error)) from error
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..explanation import Explanation
+from ..extras import require
 from ..files import write_atomic
 
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|<s>|</s>|<pad>|<unk>|<mask>|<cls>|<sep>)$")
@@ -105,8 +106,8 @@ class TextExplanation(Explanation):
 
             display(HTML(self.to_html(by_word, special)))
             return
-        from rich.console import Console
-        from rich.text import Text
+        Console = require("rich.console", extra="text").Console
+        Text = require("rich.text", extra="text").Text
 
         console = Console()
         for i, caption in enumerate(self.labels()):

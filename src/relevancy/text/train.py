@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..extras import require
 from .data import LABELS, drug_reviews
 from .model import HEAD_FILE, build_classifier, encoder_dir, load_default_model
 
@@ -105,9 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     started = time.time()
 
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(encoder_dir()))
+    transformers = require("transformers", extra="text")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(encoder_dir()))
     model = build_classifier(len(LABELS), LABELS)
     layers = model.config.num_hidden_layers
     train, test = drug_reviews("train"), drug_reviews("test")

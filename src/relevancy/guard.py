@@ -1,0 +1,67 @@
+"""Safe under any call: one explanation at a time per model, and autograd on whatever context the caller is in.
+
+An explanation switches state on the user's model for its duration (eval mode, timm's `fused_attn`, a text
+model's attention implementation, hooks, patched forwards), so two calls on one model from different threads
+would see each other's switches. `exclusive` serialises them with a re-entrant lock per object (a nested call
+from the same thread goes through); calls on different models run in parallel. The locks live in a registry
+that holds its objects weakly, keyed by identity, so models are still garbage-collected and objects without a
+hash (Hugging Face configs) can be locked too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from contextlib import ExitStack, contextmanager
+from typing import Iterator, TypeVar
+
+import torch
+
+_locks: dict[int, threading.RLock] = {}
+_registry = threading.Lock()
+
+T = TypeVar("T")
+
+
+def _lock_of(owner: object) -> threading.RLock:
+    """The re-entrant lock of `owner`, created on first use and dropped when `owner` is garbage-collected."""
+    with _registry:
+        lock = _locks.get(id(owner))
+        if lock is None:
+            lock = _locks[id(owner)] = threading.RLock()
+            # runs while `owner` is collected, before its id can be reused; dict.pop is atomic, so no lock needed
+            weakref.finalize(owner, _locks.pop, id(owner), None)
+        return lock
+
+
+@contextmanager
+def exclusive(*owners: object) -> Iterator[None]:
+    """Hold the locks of all `owners` for the block; taken in one global order, so two calls never deadlock."""
+    distinct = {id(owner): owner for owner in owners}
+    with ExitStack() as stack:
+        for key in sorted(distinct):
+            stack.enter_context(_lock_of(distinct[key]))
+        yield
+
+
+@contextmanager
+def gradients_enabled() -> Iterator[None]:
+    """Autograd on for the block, also when the caller is inside `no_grad`, `set_grad_enabled(False)` or
+    `inference_mode`: the gradient methods need a graph, and tensors made here are ordinary tensors."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+def ordinary(value: T) -> T:
+    """`value` with inference tensors (made under `torch.inference_mode`, which autograd cannot save) cloned into
+    ordinary ones; a tensor or the tensor fields of a dataclass (a tokenised batch). Use inside `gradients_enabled`."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.is_inference() else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cloned = {
+            f.name: getattr(value, f.name).clone()
+            for f in dataclasses.fields(value)
+            if isinstance(getattr(value, f.name), torch.Tensor) and getattr(value, f.name).is_inference()
+        }
+        return dataclasses.replace(value, **cloned) if cloned else value
+    return value

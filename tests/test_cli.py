@@ -1,0 +1,90 @@
+"""The command line as a whole: --version, a --help that loads no torch, the lazy package, the demo's checks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import relevancy
+from relevancy.cli import METHOD_NAMES, main
+
+HEAVY = ("torch", "timm", "transformers", "numpy", "PIL", "matplotlib")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"relevancy {relevancy.__version__}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["explain"], ["explain-text"], ["demo"], ["evaluate"]])
+def test_help_loads_no_heavy_library(command):
+    """`relevancy [COMMAND] --help` in a fresh interpreter: the help is printed and torch & co. are never imported."""
+    script = (
+        "import sys\n"
+        "from relevancy.cli import main\n"
+        "try:\n"
+        f"    main({command + ['--help']!r})\n"
+        "except SystemExit as done:\n"
+        "    assert done.code == 0, done.code\n"
+        f"print('LOADED', sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: relevancy" in done.stdout
+    assert done.stdout.strip().endswith("LOADED []")
+
+
+def test_the_help_names_every_method(capsys):
+    assert METHOD_NAMES == relevancy.METHODS
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    words = " ".join(capsys.readouterr().out.split())
+    assert f"one of {', '.join(METHOD_NAMES)}, or 'all'" in words
+
+
+def test_the_package_loads_its_public_names_on_first_use():
+    script = (
+        "import sys, relevancy\n"
+        "assert 'torch' not in sys.modules\n"
+        "from relevancy import Concept, Explanation, METHODS, explain\n"
+        "assert 'torch' in sys.modules and callable(explain) and 'rollout' in METHODS\n"
+        "assert relevancy.explain is explain and relevancy.Concept is Concept and relevancy.Explanation is Explanation\n"
+        "assert set(relevancy.__all__) <= set(dir(relevancy))\n"
+        "try:\n"
+        "    relevancy.explian\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "module 'relevancy' has no attribute 'explian'"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--singles", "-1"], "--singles must be at least 0, got -1"),
+        (["--pairs", "-2"], "--pairs must be at least 0, got -2"),
+        (["--singles", "0", "--pairs", "0"], "there is no scene to explain"),
+        (["--methods", "rollout,gradcam"], "unknown method 'gradcam'"),
+    ],
+)
+def test_demo_refuses_bad_requests_before_work(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr("relevancy.bench.demo.run_demo", lambda *a, **k: pytest.fail("the demo ran"))
+    assert main(["demo", "--out", str(tmp_path / "d"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
+
+
+def test_demo_checks_its_output_folder_before_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("relevancy.bench.demo.run_demo", lambda *a, **k: pytest.fail("the demo ran"))
+    a_file = tmp_path / "demo"
+    a_file.write_text("keep me")
+    assert main(["demo", "--out", str(a_file)]) == 2
+    assert f"{a_file} exists and is not a folder" in capsys.readouterr().err
+    assert main(["demo", "--out", "/proc/relevancy-demo"]) == 2
+    assert "is not writable" in capsys.readouterr().err
+    assert a_file.read_text() == "keep me"
