@@ -194,15 +194,16 @@ def run_demo(args: argparse.Namespace) -> list[Path]:
     """`relevancy demo`: checks the scene counts and the output folder, then runs the demo."""
     from .bench import demo
 
-    for name in args.methods.split(","):
-        resolve_methods(name.strip())
+    methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip())]
     at_least("--singles", args.singles, 0)
     at_least("--pairs", args.pairs, 0)
     if args.singles + args.pairs == 0:
         raise UsageError("--singles and --pairs are both 0: there is no scene to explain")
     check_folder(args.out, ["index.html"])
     check_folder(Path(args.out) / demo.IMAGES)
-    return demo._run(args)
+    index = demo.run_demo(args.out, args.singles, args.pairs, methods)
+    print(f"open {index} (its pictures are in {index.parent / demo.IMAGES})")
+    return []
 
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:

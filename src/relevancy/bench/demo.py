@@ -5,7 +5,6 @@ CSS grid: titles, colour scales and notes stay readable at any page width, unlik
 """
 from __future__ import annotations
 
-import argparse
 import html
 import time
 from dataclasses import dataclass
@@ -185,12 +184,3 @@ scene (the target): the scene, that object's ground-truth mask, then one map per
 of the scene. {rows} explanations per method; all methods together took {seconds:.1f} s.</p>
 {legend}{why}<ul>{listed}</ul>{body}</body></html>"""
     write_atomic(out / "index.html", page)
-
-
-def _run(args: argparse.Namespace) -> list[Path]:
-    from ..cli import resolve_methods
-
-    methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip())]
-    index = run_demo(args.out, args.singles, args.pairs, methods)
-    print(f"open {index} (its pictures are in {index.parent / IMAGES})")
-    return []
