@@ -1,4 +1,18 @@
+import pytest
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture()
+def forbid(monkeypatch):
+    """`forbid("module.name", ...)`: the test fails if any of these is called (a command working before its checks)."""
+    def forbidden(*_args, **_kwargs):
+        raise AssertionError("the command did work before checking its request")
+
+    def patch(*targets: str) -> None:
+        for target in targets:
+            monkeypatch.setattr(target, forbidden)
+
+    return patch

@@ -214,13 +214,9 @@ def test_a_concept_needs_examples():
 
 
 @pytest.fixture()
-def no_work(monkeypatch):
+def no_work(forbid):
     """Fail the test if the command loads a model or explains anything."""
-    def forbidden(*_args, **_kwargs):
-        raise AssertionError("the command did work before checking its outputs")
-
-    monkeypatch.setattr("relevancy.models.load_image_model", forbidden)
-    monkeypatch.setattr("relevancy.api.explain", forbidden)
+    forbid("relevancy.models.load_image_model", "relevancy.api.explain")
 
 
 @pytest.fixture()

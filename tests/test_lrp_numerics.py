@@ -32,6 +32,17 @@ def test_float32_maps_of_the_shipped_vit_agree_with_float64(method):
 
 
 @pytest.mark.parametrize("method", LRP_METHODS)
+def test_float32_maps_of_the_shipped_text_model_agree_with_float64(method):
+    from relevancy.text import encode, load_model
+
+    model, tokenizer = load_model()
+    batch = dict(encode(tokenizer, ["Great.", "The side effects were awful at first, but it worked in the end."]))
+    single = relevancy.explain(model, batch, method=method, target=1).scores
+    double = relevancy.explain(copy.deepcopy(model).double(), batch, method=method, target=1).scores
+    assert relative_error(single, double).max() < 1e-3
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
 def test_shipped_text_model_padding_does_not_move_float32_maps(method):
     """"Great." alone and in a padded batch beside a long review: the same map within 1e-3."""
     from relevancy.text import encode, load_model

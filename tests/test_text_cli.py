@@ -113,13 +113,9 @@ def test_long_texts_are_truncated_with_a_warning(shipped):
 
 
 @pytest.fixture()
-def no_work(monkeypatch):
+def no_work(forbid):
     """Fail the test if the command loads a model or explains anything."""
-    def forbidden(*_args, **_kwargs):
-        raise AssertionError("the command did work before checking its request")
-
-    monkeypatch.setattr("relevancy.text.cli.load_classifier", forbidden)
-    monkeypatch.setattr("relevancy.api.explain", forbidden)
+    forbid("relevancy.text.cli.load_classifier", "relevancy.api.explain")
 
 
 @pytest.mark.parametrize(

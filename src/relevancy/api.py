@@ -5,7 +5,6 @@ import difflib
 import inspect
 from typing import Any
 
-import torch
 from torch import nn
 
 from .adapters import adapter_for

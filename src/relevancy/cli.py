@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import __version__
 from .extras import MissingExtraError
-from .files import check_folder, distinct_stems
+from .files import check_folder, distinct_stems, strict_json
 
 if TYPE_CHECKING:
     import torch
@@ -51,16 +50,7 @@ def at_least(option: str, value: int | None, minimum: int, why: str = "") -> Non
 
 def print_json(value: Any) -> None:
     """`value` as strict JSON on stdout (NaN and infinities as null)."""
-    def finite(item: Any) -> Any:
-        if isinstance(item, float) and not math.isfinite(item):
-            return None
-        if isinstance(item, dict):
-            return {k: finite(v) for k, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [finite(v) for v in item]
-        return item
-
-    print(json.dumps(finite(value), allow_nan=False))
+    print(json.dumps(strict_json(value), allow_nan=False))
 
 
 def explanation_numbers(explanation: Explanation, index: int) -> dict[str, Any]:

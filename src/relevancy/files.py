@@ -6,10 +6,22 @@ same folder and moves it into place with `os.replace`, so a failure leaves no pa
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with NaN and infinities as None, so that it serialises as strict JSON (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
 
 
 class OutputError(ValueError):

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..files import strict_json
+
 __all__ = ["OUTPUT_FILES", "PERCENT_KEYS", "UNITS", "in_percent", "render_report", "summary", "write_outputs"]
 
 OUTPUT_FILES = ("results.json", "report.md", "perturbation.png")
@@ -89,17 +91,6 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         return kept
 
     return scalars(in_percent(results))
-
-
-def _clean(value: Any) -> Any:
-    """NaN and infinities become ``null`` (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
 
 
 def _dumps(value: Any, indent: int = 0) -> str:
@@ -260,7 +251,7 @@ def write_outputs(results: dict[str, Any], out: str | Path) -> list[Path]:
     results = in_percent(results)
     out = Path(out)
     files: dict[str, bytes] = {
-        "results.json": (_dumps(_clean(results)) + "\n").encode(),
+        "results.json": (_dumps(strict_json(results)) + "\n").encode(),
         "report.md": render_report(results).encode(),
     }
     if any("perturbation" in m for m in results["methods"].values()):
