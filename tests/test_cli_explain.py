@@ -10,7 +10,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import relevancy
-from relevancy.adapters import UnsupportedModelError
+from relevancy.families import UnsupportedModelError
 from relevancy.cli import main
 from models import tiny_vit
 

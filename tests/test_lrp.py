@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relevancy.adapters import adapter_for
+from relevancy.families import adapter_for
 from relevancy.capture import record_forward
 from relevancy.lrp import PAPER, RELEVANCE, VANILLA, relevance_session, rules
 from models import tiny_deit_distilled, tiny_vit

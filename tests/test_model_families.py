@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import relevancy
-from relevancy.adapters import UnsupportedModelError
+from relevancy.families import UnsupportedModelError
 from models import tiny_deit_distilled, tiny_global_pool, tiny_registers, tiny_vit
 
 PATCH_METHODS = [m for m in relevancy.METHODS if m != "lrp"]
@@ -30,7 +30,7 @@ def test_every_method_gives_the_model_grid(method, build, size, grid):
 
 
 def test_prefix_tokens_come_from_the_model():
-    from relevancy.adapters import adapter_for
+    from relevancy.families import adapter_for
 
     assert adapter_for(tiny_vit()).num_prefix_tokens == 1
     assert adapter_for(tiny_deit_distilled()).num_prefix_tokens == 2

@@ -6,9 +6,9 @@ import torch
 
 import relevancy
 from golden import assert_map_close, pad_ids
-from relevancy.adapters import adapter_for
-from relevancy.adapters.base import UnsupportedModelError
-from relevancy.adapters.hf_bert import HFBertAdapter, TextBatch
+from relevancy.families import adapter_for
+from relevancy.families.base import UnsupportedModelError
+from relevancy.families.hf_bert.adapter import HFBertAdapter, TextBatch
 from relevancy.capture import record_forward
 from relevancy.lrp import PAPER, RELEVANCE, relevance_session
 from relevancy.text import TextExplanation

@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from .adapters import adapter_for
-from .adapters.base import UnsupportedModelError
+from .families import adapter_for
+from .families.base import UnsupportedModelError
 from .explanation import Explanation
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY

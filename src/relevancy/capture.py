@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .adapters.base import Adapter, forward_hooks
+from .families.base import Adapter, forward_hooks
 from .targets import Target, resolve_target, target_score
 
 

@@ -1,14 +1,17 @@
-"""The result of `explain()`: raw scores plus what is needed to show them."""
+"""The result of `explain()`: raw scores per token stream (`parts`) plus what is needed to show them."""
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from .targets import Concept
+from .parts import ImagePart, TextPart
+
+if TYPE_CHECKING:
+    from .targets import Concept
 
 
 @dataclass
@@ -16,9 +19,10 @@ class Explanation:
     """Relevance of each patch (`scores`, `(B, h, w)`) or pixel (`(B, H, W)`, method `lrp`) for `target`.
 
     Scores are raw, as the method defines them; `signed` says whether negative values carry meaning.
-    `target` holds the explained class per image (-1 where a `concept` was explained).
+    `target` holds the explained class per image (-1 where a `concept` or a callable target was explained).
     `relevance_total` (LRP-based methods only, `(B,)`): the total relevance reaching the level the map is read at,
     for a relevance of 1 at the explained score; the paper's rules conserve it (1), see docs/methods.md.
+    `parts` maps each token stream's name to its part (here one, `"image"`).
     """
 
     scores: torch.Tensor
@@ -33,32 +37,129 @@ class Explanation:
     concept: Concept | None = field(default=None, repr=False)
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
+    @property
+    def parts(self) -> dict[str, ImagePart | TextPart]:
+        return {"image": ImagePart(self.scores, self.signed, self.input_size, self.mean, self.std)}
+
     def heatmap(self) -> torch.Tensor:
         """`(B, H, W)`: the scores upsampled bilinearly to the input size (raw values)."""
-        if tuple(self.scores.shape[-2:]) == tuple(self.input_size):
-            return self.scores
-        return F.interpolate(self.scores[:, None].float(), size=self.input_size, mode="bilinear", align_corners=False)[:, 0]
+        return self.parts["image"].heatmap()
 
     def labels(self) -> list[str]:
-        """A caption per image: the concept, or the class name (or index) with its logit."""
+        """A caption per input: the concept, or the class name (or index) with its logit."""
         if self.concept is not None:
             return ["concept"] * len(self.target)
         captions = []
         for i, k in enumerate(self.target.tolist()):
+            if k < 0:
+                captions.append("custom target")
+                continue
             name = self.class_names[k] if self.class_names and k < len(self.class_names) else f"class {k}"
             captions.append(f"{name} ({self.logits[i, k]:.2f})")
         return captions
 
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """Normalised input images back to `[0, 1]` pictures `(B, H, W, 3)`."""
-        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
-        std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
-        return (images.detach().float().cpu() * std + mean).clamp(0, 1).permute(0, 2, 3, 1)
+        return self.parts["image"].pixels(images)
 
     def save(self, path: str | Path, images: torch.Tensor | None = None) -> Path:
         """Write an overlay PNG (one panel per image); the file appears whole or not at all."""
-        from .viz import overlay_figure, save_figure
+        return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])
 
-        pictures = self.pixels(images) if images is not None else None
-        figure = overlay_figure(self.heatmap().cpu(), pictures, self.signed, [f"{self.method}: {c}" for c in self.labels()])
-        return save_figure(figure, path)
+
+def save_overlays(part: ImagePart, path: str | Path, images: torch.Tensor | None, captions: list[str]) -> Path:
+    """An image part as an overlay PNG, one panel per row, written atomically."""
+    from .viz import overlay_figure, save_figure
+
+    pictures = part.pixels(images) if images is not None else None
+    return save_figure(overlay_figure(part.heatmap().cpu(), pictures, part.signed, captions), path)
+
+
+def texts_html(part: TextPart, captions: list[str], by_word: bool = True, special: bool = False) -> str:
+    """An HTML fragment: one paragraph per text under its caption, each word on its colour."""
+    blocks = [
+        f'<div style="margin:0.6em 0"><div style="font-weight:bold">{html.escape(caption)}</div>'
+        f'<div style="line-height:1.9">{part.html_line(i, by_word, special)}</div></div>'
+        for i, caption in enumerate(captions)
+    ]
+    return (
+        '<div style="font-family:sans-serif">' + "".join(blocks)
+        + f'<div style="color:#666;font-size:small">{part.legend()}; hover a word for its score</div></div>'
+    )
+
+
+def html_page(title: str, body: str) -> str:
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>relevancy: {html.escape(title)}</title></head>'
+        f"<body>{body}</body></html>\n"
+    )
+
+
+def show_texts(part: TextPart, captions: list[str], by_word: bool = True, special: bool = False) -> None:
+    """Print each text as coloured words (a terminal through rich; HTML in a notebook)."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+        from IPython.display import HTML, display
+
+        display(HTML(texts_html(part, captions, by_word, special)))
+        return
+    from .extras import require
+
+    console = require("rich.console", extra="text").Console()
+    for i, caption in enumerate(captions):
+        console.print(part.rich_line(i, caption, by_word, special))
+
+
+@dataclass
+class TextExplanation(Explanation):
+    """Relevance of each token (`scores`, `(B, T)`, 0 at padding) for `target`.
+
+    `tokens[i]` are the token strings of text `i` (its real tokens, [CLS] and [SEP] included), in the order of
+    `scores[i]`; `words(i)` merges word pieces into words by summing their scores.
+    """
+
+    input_size: tuple[int, ...] = ()
+    tokens: list[list[str]] | None = None
+    word_ids: list[list[int | None]] | None = field(default=None, repr=False)
+    attention_mask: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def parts(self) -> dict[str, ImagePart | TextPart]:
+        return {"text": TextPart(self.scores, self.signed, self.tokens, self.word_ids, self.attention_mask)}
+
+    def heatmap(self) -> torch.Tensor:
+        """The token scores themselves, `(B, T)` (nothing to upsample)."""
+        return self.scores
+
+    def token_scores(self, index: int = 0) -> list[tuple[str, float]]:
+        """`(token, score)` for the real tokens of text `index`."""
+        return self.parts["text"].token_scores(index)
+
+    def words(self, index: int = 0, special: bool = False) -> list[tuple[str, float]]:
+        """`(word, score)` of text `index`, word pieces merged (see `TextPart.words`)."""
+        return self.parts["text"].words(index, special)
+
+    def captions(self) -> list[str]:
+        return [f"{self.method}: {caption}" for caption in self.labels()]
+
+    def show(self, by_word: bool = True, special: bool = False) -> None:
+        """Print each text as coloured words (a terminal through rich; HTML in a notebook)."""
+        show_texts(self.parts["text"], self.captions(), by_word, special)
+
+    def to_html(self, by_word: bool = True, special: bool = False) -> str:
+        """An HTML fragment: one paragraph per text, each word on its colour, its score in the tooltip."""
+        return texts_html(self.parts["text"], self.captions(), by_word, special)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def save(self, path: str | Path, images: object = None, by_word: bool = True, special: bool = False) -> Path:
+        """Write an HTML page of the coloured texts; the file appears whole or not at all."""
+        from .files import write_atomic
+
+        return write_atomic(Path(path), html_page(self.method, self.to_html(by_word, special)))

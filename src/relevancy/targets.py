@@ -20,7 +20,7 @@ class Concept:
     """
 
     def __init__(self, model: nn.Module, examples: object, batch_size: int = 64) -> None:
-        from .adapters import adapter_for
+        from .families import adapter_for
 
         adapter = adapter_for(model)
         # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from ..adapters.base import Adapter
+from ..families.base import Adapter
 from ..targets import Target
 
 

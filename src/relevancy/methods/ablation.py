@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..adapters.base import Adapter
+from ..families.base import Adapter
 from ..targets import Target, resolve_target, target_score
 
 

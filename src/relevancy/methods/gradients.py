@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..adapters.base import Adapter
+from ..families.base import Adapter
 from ..capture import record_forward
 from ..targets import Target
 from .attention import class_token_row, family_option, set_class_entry, token_mask

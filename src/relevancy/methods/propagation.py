@@ -8,7 +8,7 @@ from typing import Iterator
 
 import torch
 
-from ..adapters.base import Adapter
+from ..families.base import Adapter
 from ..capture import record_forward
 from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, relevance_session
 from ..targets import Target, resolve_target, target_score

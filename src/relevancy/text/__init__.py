@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from .explanation import TextExplanation
+from ..explanation import TextExplanation
 
 
 def load_model(name_or_dir: str | None = None, device: str | None = None):

@@ -55,7 +55,7 @@ def _check(args: argparse.Namespace) -> list[str]:
 def run_explain_text(args: argparse.Namespace) -> list[Path]:
     """Explain `args.texts`; returns the files written (the HTML page when `--out` is given)."""
     from ..api import explain
-    from .explanation import TextExplanation
+    from ..explanation import TextExplanation
     from .model import encode
 
     methods = _check(args)

@@ -37,7 +37,7 @@ def trained_names(model, layers: int) -> list[str]:
 
 def last_layer_inputs(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 32) -> list[torch.Tensor]:
     """Per text `(T, D)`: the hidden states entering the last layer (unpadded)."""
-    from ..adapters.hf_bert import HFBertAdapter
+    from ..families.hf_bert.adapter import HFBertAdapter
 
     adapter = HFBertAdapter(model)
     out: list[torch.Tensor] = [None] * len(texts)  # type: ignore[list-item]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import engine
-from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from ...lrp import engine
+from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
 
 
 def _attention(attn: nn.Module, session: Session) -> Replacements:

@@ -1,11 +1,11 @@
-"""Model adapters: one per model family, declaring where a model keeps what the methods need."""
+"""Model families: one folder per family (adapter, rule map, batch type), declaring where a model keeps what the methods need."""
 from __future__ import annotations
 
 from torch import nn
 
 from .base import Adapter, UnsupportedModelError
-from .hf_bert import HFBertAdapter
-from .timm_vit import TimmViTAdapter
+from .hf_bert.adapter import HFBertAdapter
+from .timm_vit.adapter import TimmViTAdapter
 
 ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter)
 

@@ -24,8 +24,8 @@ import sys
 import torch
 from torch import nn
 
-from . import engine
-from .engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from ...lrp import engine
+from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
 
 def _self_attention(attention: nn.Module, session: Session) -> Replacements:
     """`BertSelfAttention` and RoBERTa's: eager, explicit products; returns `(context, probabilities)`."""

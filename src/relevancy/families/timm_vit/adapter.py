@@ -7,7 +7,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from .base import Adapter
+from ..base import Adapter
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -45,7 +45,7 @@ class TimmViTAdapter(Adapter):
         return self.blocks[-1].norm1
 
     def relevance_rule_map(self) -> dict:
-        from ..lrp.timm_vit import rule_map
+        from .rules import rule_map
 
         return rule_map()
 

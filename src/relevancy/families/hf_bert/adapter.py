@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..text.explanation import TextExplanation
-from .base import Adapter, UnsupportedModelError
+from ...explanation import TextExplanation
+from ..base import Adapter, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Layout:
     layers: str  # the layer list; `layer(hidden, additive_mask)` -> hidden (or a tuple starting with it)
     self_attention: str  # inside a layer: the module returning `(context, attention probabilities)`
     head: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (model, last hidden) -> (logits, pre-logits)
-    rules: str  # the family's relevance rule map (`relevancy.lrp.bert_rules.rule_map`)
+    rules: str  # the family's relevance rule map (`rules.rule_map`)
     token_types: bool = True  # the embeddings take `token_type_ids`
 
 
@@ -231,7 +231,7 @@ class HFBertAdapter(Adapter):
         return OutputPart(source, _first)
 
     def relevance_rule_map(self) -> dict:
-        from ..lrp.bert_rules import rule_map
+        from .rules import rule_map
 
         classifier = next(cls for cls in type(self.model).__mro__ if cls.__name__ in self.layout.classes)
         return rule_map(classifier, self.layout.rules)

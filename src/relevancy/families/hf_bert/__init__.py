@@ -1,0 +1,1 @@
+"""Hugging Face BERT-family classifiers: adapter, typed text batch and relevance rule map."""

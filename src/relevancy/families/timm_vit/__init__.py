@@ -1,0 +1,1 @@
+"""timm VisionTransformer family: adapter and relevance rule map."""
