@@ -7,9 +7,9 @@ from typing import Any
 
 from torch import nn
 
+from .explanation import Explanation
 from .families import adapter_for
 from .families.base import UnsupportedModelError
-from .explanation import Explanation
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
 from .targets import Concept, Target
@@ -33,30 +33,33 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     """
     spec = get_method(method)
     adapter = adapter_for(model)
-    if spec.reads_class_token and not adapter.has_class_token:
-        raise UnsupportedModelError(
-            f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
-            f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
-        )
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
     # one call at a time per model (threads), with autograd on whatever no_grad / inference_mode the caller is in
     with exclusive(model, *adapter.shared_state()), gradients_enabled():
         inputs = ordinary(adapter.check_inputs(inputs))
+        streams = adapter.streams(inputs)
+        pooled = [name for name, stream in streams.items() if stream.readout is None]
+        if spec.reads_class_token and pooled:
+            raise UnsupportedModelError(
+                f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
+                f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
+            )
         with adapter.explaining(attention_probabilities=spec.needs_attention):
             scores, indices, logits, *details = spec.run(adapter, inputs, target, **options)
+        if not isinstance(scores, dict):  # a one-stream method
+            scores = {next(iter(streams)): scores}
         if not spec.pixels:
-            scores = adapter.arrange_token_scores(scores, inputs)
-        return adapter.explanation_class(
-            scores=scores.detach(),
+            scores = {name: adapter.arrange(streams[name], values) for name, values in scores.items()}
+        return adapter.explanation(
+            {name: values.detach() for name, values in scores.items()},
+            inputs,
             target=indices,
             logits=logits.detach(),
             method=method,
             signed=spec.signed,
-            class_names=adapter.class_names(),
             concept=target if isinstance(target, Concept) else None,
-            **adapter.describe_inputs(inputs),
             **(details[0] if details else {}),
         )
 
@@ -70,10 +73,11 @@ Inputs, by model family:
       texts)), or a LongTensor of token ids (B, T).
 
 target:
-  None                     the predicted class of each input (default)
+  None                     the predicted class of each input (default); image-text pairs: the pair's logit
   int                      the same class for every input
   list or tensor of ints   one class per input
   relevancy.Concept        a concept given by examples (methods marked "concept" below)
+  callable                 f(logits) -> one differentiable score per input, (B,) (as in pytorch-grad-cam)
 """
 
 

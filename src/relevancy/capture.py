@@ -1,11 +1,13 @@
-"""One forward pass that records what the methods read: attention probabilities and the last block's input."""
+"""One forward pass that records what the methods read: attention probabilities and the last attentions' inputs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from .families.base import Adapter, forward_hooks
+from .streams import AttentionSite
 from .targets import Target, resolve_target, target_score
 
 
@@ -15,35 +17,47 @@ class Forward:
 
     logits: torch.Tensor
     pre_logits: torch.Tensor
-    indices: torch.Tensor  # (B,) explained class per image, -1 for a concept
+    indices: torch.Tensor  # (B,) explained class per input, -1 for a concept or a callable target
     score: torch.Tensor  # (B,) the explained score, differentiable when recorded with gradients
-    attentions: list[torch.Tensor] = field(default_factory=list)  # per block (B, heads, T, T)
-    last_attention_input: torch.Tensor | None = None  # (B, T, D), CDAM's X
+    sites: list[AttentionSite] = field(default_factory=list)
+    attentions: list[torch.Tensor] = field(default_factory=list)  # per site (B, heads, T_query, T_key)
+    attention_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # per stream (B, T, D), CDAM's X
+
+    def self_attentions(self, stream: str) -> list[torch.Tensor]:
+        """The recorded self-attentions of `stream`, block by block."""
+        return [a for site, a in zip(self.sites, self.attentions) if site.is_self and site.query == stream]
 
     def gradients(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """d score / d tensor for each tensor; images in a batch do not mix, so one backward serves all."""
+        """d score / d tensor for each tensor; inputs of a batch do not mix, so one backward serves all."""
         return list(torch.autograd.grad(self.score.sum(), tensors))
 
 
 def record_forward(
     adapter: Adapter,
-    inputs: torch.Tensor,
+    inputs: Any,
     target: Target,
     *,
     attentions: bool = False,
-    last_attention_input: bool = False,
+    attention_inputs: bool = False,
     gradients: bool = False,
 ) -> Forward:
     """Run the model once, recording the asked-for tensors (the adapter's `explaining` context must be active)."""
-    recorded: dict[str, list] = {"attentions": [], "last": []}
-    modules = adapter.attention_probability_modules() if attentions else []
-    last = [adapter.last_attention_input_module()] if last_attention_input else []
-    with forward_hooks(modules, lambda _k, out: recorded["attentions"].append(out)), forward_hooks(
-        last, lambda _k, out: recorded["last"].append(out)
+    sites = adapter.attention_sites() if attentions else []
+    recorded: list[torch.Tensor] = [None] * len(sites)  # type: ignore[list-item]
+    entering = adapter.attention_inputs() if attention_inputs else {}
+    seen: dict[str, torch.Tensor] = {}
+    names = list(entering)
+
+    def keep_attention(k: int, out: torch.Tensor) -> None:
+        recorded[k] = out
+
+    def keep_input(k: int, out: torch.Tensor) -> None:
+        seen[names[k]] = out
+
+    with forward_hooks([s.probabilities for s in sites], keep_attention), forward_hooks(
+        list(entering.values()), keep_input
     ), torch.set_grad_enabled(gradients):
-        if gradients and not inputs.requires_grad:  # a graph even when the user froze every weight
-            inputs = inputs.detach().requires_grad_(True)
-        logits, pre_logits = adapter.forward(inputs)
+        logits, pre_logits = adapter.forward(inputs, graph=gradients)
         indices = resolve_target(target, logits)
         score = target_score(target, indices, logits, pre_logits)
     return Forward(
@@ -51,6 +65,7 @@ def record_forward(
         pre_logits=pre_logits.detach(),
         indices=indices,
         score=score,
-        attentions=recorded["attentions"],
-        last_attention_input=recorded["last"][0] if recorded["last"] else None,
+        sites=sites,
+        attentions=recorded,
+        attention_inputs=seen,
     )

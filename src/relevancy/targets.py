@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -58,7 +58,8 @@ class Concept:
         return f"Concept(dim={self.vector.numel()})"
 
 
-Target = Union[None, int, Sequence[int], torch.Tensor, Concept]
+ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
+Target = Union[None, int, Sequence[int], torch.Tensor, Concept, ScoreFunction]
 
 
 def _numbers(value: object) -> torch.Tensor | None:
@@ -74,8 +75,13 @@ def _numbers(value: object) -> torch.Tensor | None:
 
 TARGETS_ACCEPTED = (
     "None (the predicted class), a class index (an int), one index per input (a list of ints, an integer array or "
-    "tensor) or a Concept"
+    "tensor), a Concept, or a callable taking the logits (B, C) and returning one score per input (B,)"
 )
+
+
+def is_score_function(target: object) -> bool:
+    """A callable target (as in pytorch-grad-cam): `f(logits) -> (B,)`, differentiable scores to explain."""
+    return callable(target) and not isinstance(target, (Concept, torch.Tensor, np.ndarray))
 
 
 def _is_integer_array(value: torch.Tensor | np.ndarray) -> bool:
@@ -109,7 +115,7 @@ def _class_indices(target: object) -> torch.Tensor:
 def resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
     """One class index per image (`(B,)` long); predicted classes for None; -1 for a concept."""
     batch, num_classes = logits.shape
-    if isinstance(target, Concept):
+    if isinstance(target, Concept) or is_score_function(target):
         return torch.full((batch,), -1, dtype=torch.long, device=logits.device)
     if target is None:
         return logits.argmax(-1)
@@ -127,7 +133,13 @@ def resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
 
 
 def target_score(target: Target, indices: torch.Tensor, logits: torch.Tensor, pre_logits: torch.Tensor) -> torch.Tensor:
-    """The explained score per image, `(B,)`: the target logit, or the concept score."""
+    """The explained score per input, `(B,)`: the target logit, the concept score, or the callable's score."""
     if isinstance(target, Concept):
         return target.score(pre_logits)
+    if is_score_function(target):
+        score = target(logits)
+        if not isinstance(score, torch.Tensor) or score.shape != (len(logits),):
+            got = f"shape {tuple(score.shape)}" if isinstance(score, torch.Tensor) else type(score).__name__
+            raise ValueError(f"a callable target must return one score per input, a tensor of shape ({len(logits)},); got {got}")
+        return score
     return logits.gather(1, indices[:, None]).squeeze(1)

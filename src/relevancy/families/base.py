@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from ..explanation import Explanation
+from ..streams import AttentionSite, Hookable, Stream
 
 
 class UnsupportedModelError(TypeError):
@@ -15,13 +16,16 @@ class UnsupportedModelError(TypeError):
 
 
 class Adapter:
-    """Declares a model family's layout: blocks, attention probabilities, prefix tokens, grid, head.
+    """Declares a model family: its token streams, its attention sites, how to run it in pieces.
 
-    Subclasses set `family` and `examples` (shown in error messages) and implement the methods below.
+    Subclasses set `family` and `examples` (shown in error messages) and implement the methods below. The
+    adapter keeps no state between calls: everything that depends on a batch travels in the batch object
+    (`check_inputs` returns it) or in the `Stream`s of that batch.
     """
 
     family: ClassVar[str] = ""
     examples: ClassVar[str] = ""
+    explanation_class: ClassVar[type] = Explanation
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -30,77 +34,59 @@ class Adapter:
     def supports(cls, model: nn.Module) -> bool:
         raise NotImplementedError
 
-    # -- layout -------------------------------------------------------------------------------------------
-    num_prefix_tokens: int
-    has_class_token: bool
-    blocks: Sequence[nn.Module]
-
-    def attention_probability_modules(self) -> list[nn.Module]:
-        """One module per block whose forward output is that block's attention probabilities `(B, heads, T, T)`."""
+    # -- what the model is made of -------------------------------------------------------------------------
+    def streams(self, inputs: Any) -> dict[str, Stream]:
+        """The token streams of a checked batch, in the order the model reads them."""
         raise NotImplementedError
 
-    def last_attention_input_module(self) -> nn.Module:
-        """The module whose output is the normalised tokens entering the last attention (CDAM's X)."""
+    def attention_sites(self) -> list[AttentionSite]:
+        """Every attention of the model in forward order (per stream, block by block)."""
         raise NotImplementedError
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        """Per stream, where the normalised tokens entering its last attention come out (CDAM's X)."""
+        raise NotImplementedError
+
+    # one-stream families: the blocks the LRP methods propagate through (see `relevance_rule_map`)
+    blocks: Sequence[nn.Module] = ()
 
     def relevance_rule_map(self) -> dict:
         """Module type -> relevance rule (see relevancy.lrp) for the propagation methods."""
         raise UnsupportedModelError(f"no relevance rules for the {self.family} family yet")
 
-    def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
-        raise NotImplementedError
-
     def class_names(self) -> list[str] | None:
         return None
 
-    explanation_class: ClassVar[type] = Explanation
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> Any:
+        """The batch in the family's input type, on the model's device and dtype; a clear error for anything else.
 
-    def arrange_token_scores(self, scores: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """Token scores `(B, N)` as the family shows them (an image grid `(B, h, w)` for vision models)."""
-        return scores.reshape(len(scores), *self.grid_size(inputs))
-
-    def describe_inputs(self, inputs: torch.Tensor) -> dict:
-        """Extra fields of the Explanation that depend on the inputs (input size, normalisation)."""
-        return {"input_size": tuple(inputs.shape[-2:])}
-
-    def check_inputs(self, inputs: object) -> torch.Tensor:
-        """The batch as a float tensor on the model's device and dtype; a clear error for anything else.
-
-        Every method runs on what this returns, so the checks here (one image or more, finite values, the
-        shape the model takes) hold for all of them alike.
+        Every method runs on what this returns, so the checks here hold for all of them alike.
         """
-        if not isinstance(inputs, torch.Tensor):
-            raise TypeError(f"inputs must be a torch.Tensor batch (B, C, H, W) of normalised images, got {type(inputs).__name__}")
-        if inputs.ndim == 3:
-            inputs = inputs[None]
-        if inputs.ndim != 4 or not inputs.is_floating_point():
-            raise ValueError(f"inputs must be a float batch (B, C, H, W), got {inputs.dtype} of shape {tuple(inputs.shape)}")
-        if len(inputs) == 0:
-            raise ValueError(
-                f"the batch holds no images (shape {tuple(inputs.shape)}): explanations and concepts need at least one "
-                "example, (B, C, H, W) with B >= 1"
-            )
-        self.check_image_shape(tuple(inputs.shape))
-        param = next(self.model.parameters(), None)
-        if param is not None:
-            inputs = inputs.to(param.device, param.dtype)
-        finite = torch.isfinite(inputs).flatten(1).all(1)
-        if not finite.all():
-            index = int((~finite).nonzero()[0])
-            raise ValueError(
-                f"image {index} of the batch holds NaN or infinite values (in {inputs.dtype}): inputs must be finite, "
-                "normalised pixel values"
-            )
-        return inputs
+        raise NotImplementedError
 
-    def check_image_shape(self, shape: tuple[int, ...]) -> None:
-        """Refuse a `(B, C, H, W)` batch the model cannot take, naming the shape it takes (default: any)."""
-
-    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+    def batches(self, inputs: Any, size: int) -> Iterator[Any]:
         """Checked inputs in consecutive batches of at most `size`."""
-        return iter(inputs.split(size))
+        raise NotImplementedError
 
-    # -- running ------------------------------------------------------------------------------------------
+    def describe_inputs(self, inputs: Any) -> dict:
+        """Fields of the Explanation that depend on the inputs (input size, normalisation, tokens)."""
+        return {}
+
+    def arrange(self, stream: Stream, scores: torch.Tensor) -> torch.Tensor:
+        """Content-token scores `(B, N)` of `stream` as the family shows them: an image stream's grid `(B, h, w)`,
+        a text stream's tokens with padding at 0."""
+        if stream.grid is not None:
+            return scores.reshape(len(scores), *stream.grid)
+        valid = stream.content_valid()
+        return scores if valid is None else torch.where(valid, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: Any, **fields: Any) -> Explanation:
+        """The Explanation of a one-stream family from its arranged scores; multi-stream families override."""
+        (stream_scores,) = scores.values()
+        return self.explanation_class(scores=stream_scores, class_names=self.class_names(), **self.describe_inputs(inputs), **fields)
+
+    # -- running --------------------------------------------------------------------------------------------
     @contextmanager
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:
         """Eval mode (and, if asked, explicit attention probabilities) for one call; everything restored after."""
@@ -112,21 +98,40 @@ class Adapter:
         referenceable); calls on models sharing one are serialised (see `relevancy.guard`)."""
         return []
 
-    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Tokens `(B, T, D)` entering the first block (position embedding added)."""
+    def forward(self, inputs: Any, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logits, pre_logits)`; pre_logits is what the model returns with its head removed. `graph`: the
+        output is differentiable with respect to the input tokens even when every weight is frozen."""
+        return self.forward_tokens(inputs, self.embed(inputs, graph))
+
+    def embed(self, inputs: Any, graph: bool = False) -> dict[str, torch.Tensor]:
+        """Per stream, the tokens `(B, T, D)` entering its first block (position embedding added)."""
         raise NotImplementedError
 
-    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """From the first block's input tokens to `(logits, pre_logits)`."""
+    def forward_tokens(
+        self, inputs: Any, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the streams' first-block tokens to `(logits, pre_logits)`.
+
+        For token ablation the sequences may be a selection: sequence `r` comes from batch row `rows[r]` and
+        holds the tokens at `positions[stream][r]` of that stream (a stream missing from `positions`: all).
+        """
         raise NotImplementedError
 
-    def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(logits, pre_logits)`; pre_logits is what the model returns with its head removed."""
-        return self.forward_tokens(self.embed(inputs))
+
+def only_stream(adapter: Adapter, inputs: Any, method: str) -> Stream:
+    """The stream of a one-stream family; a clear error for the methods not written for several streams."""
+    streams = adapter.streams(inputs)
+    if len(streams) != 1:
+        raise UnsupportedModelError(
+            f"method '{method}' explains one-stream models (ViT, BERT); {adapter.family} has the streams "
+            f"{', '.join(streams)}"
+        )
+    return next(iter(streams.values()))
 
 
 @contextmanager
-def forward_hooks(modules: Sequence[nn.Module], hook: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+def forward_hooks(modules: Sequence[Hookable], hook: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
     """Call `hook(index, output)` on each module's forward output for the duration of the block."""
     handles = [m.register_forward_hook(lambda _m, _i, out, k=k: hook(k, out)) for k, m in enumerate(modules)]
     try:
@@ -134,3 +139,31 @@ def forward_hooks(modules: Sequence[nn.Module], hook: Callable[[int, torch.Tenso
     finally:
         for h in handles:
             h.remove()
+
+
+def checked_images(inputs: object, model: nn.Module, check_shape: Callable[[tuple[int, ...]], None]) -> torch.Tensor:
+    """An image batch `(B, C, H, W)` (one image `(C, H, W)` accepted) as a finite float tensor on the model's device
+    and dtype; `check_shape` refuses the shapes the model cannot take."""
+    if not isinstance(inputs, torch.Tensor):
+        raise TypeError(f"images must be a torch.Tensor batch (B, C, H, W) of normalised images, got {type(inputs).__name__}")
+    if inputs.ndim == 3:
+        inputs = inputs[None]
+    if inputs.ndim != 4 or not inputs.is_floating_point():
+        raise ValueError(f"images must be a float batch (B, C, H, W), got {inputs.dtype} of shape {tuple(inputs.shape)}")
+    if len(inputs) == 0:
+        raise ValueError(
+            f"the batch holds no images (shape {tuple(inputs.shape)}): explanations and concepts need at least one "
+            "example, (B, C, H, W) with B >= 1"
+        )
+    check_shape(tuple(inputs.shape))
+    param = next(model.parameters(), None)
+    if param is not None:
+        inputs = inputs.to(param.device, param.dtype)
+    finite = torch.isfinite(inputs).flatten(1).all(1)
+    if not finite.all():
+        index = int((~finite).nonzero()[0])
+        raise ValueError(
+            f"image {index} of the batch holds NaN or infinite values (in {inputs.dtype}): inputs must be finite, "
+            "normalised pixel values"
+        )
+    return inputs

@@ -1,5 +1,7 @@
-"""Token ablation (TAM): how much the explained score drops when one patch token is removed."""
+"""Token ablation (TAM): how much the explained score drops when one content token is removed."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -7,38 +9,40 @@ from ..families.base import Adapter
 from ..targets import Target, resolve_target, target_score
 
 
-def select_tokens(adapter: Adapter, tokens: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """`tokens[rows[:, None], positions]`; adapters carrying per-token state (a text attention mask) select it alike."""
-    select = getattr(adapter, "select_tokens", None)
-    return select(tokens, rows, positions) if select is not None else tokens[rows[:, None], positions]
+def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: int = 256) -> tuple:
+    """`f(all tokens) - f(all but token i)`, per stream: each content token (patch, word) dropped before the first
+    block, the other streams left whole.
 
-
-def token_ablation(adapter: Adapter, inputs: torch.Tensor, target: Target, chunk_size: int = 256) -> tuple[torch.Tensor, ...]:
-    """`f(all tokens) - f(all but patch token i)`, the token dropped before the first block.
-
-    The N ablated sequences of every image run as batches of `chunk_size` sequences.
+    The N ablated sequences of every input run as batches of `chunk_size` sequences. A padding token's entry is 0.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of sequences, got {chunk_size}")
+    scores = {}
     with torch.no_grad():
         tokens = adapter.embed(inputs)
-        logits, pre_logits = adapter.forward_tokens(tokens)
+        logits, pre_logits = adapter.forward_tokens(inputs, tokens)
         indices = resolve_target(target, logits)
         full = target_score(target, indices, logits, pre_logits)
-
-        batch, length, _ = tokens.shape
-        p = adapter.num_prefix_tokens
-        patches = length - p
-        # keep[i] lists the token positions that remain when patch token i is dropped
-        positions = torch.arange(length, device=tokens.device)
-        keep = positions.expand(patches, length)[positions[p:, None] != positions].view(patches, length - 1)
-        image_of = torch.arange(batch, device=tokens.device).repeat_interleave(patches)
-        drop_of = keep.repeat(batch, 1)
-        ablated = torch.empty(batch * patches, device=tokens.device, dtype=full.dtype)
-        for start in range(0, batch * patches, chunk_size):
-            rows = slice(start, start + chunk_size)
-            images = image_of[rows]
-            sequences = select_tokens(adapter, tokens, images, drop_of[rows])
-            chunk_logits, chunk_pre = adapter.forward_tokens(sequences)
-            ablated[rows] = target_score(target, indices[images], chunk_logits, chunk_pre)
-    return full[:, None] - ablated.view(batch, patches), indices, logits
+        for name, stream in adapter.streams(inputs).items():
+            batch, length, _ = tokens[name].shape
+            p = stream.prefix_tokens
+            content = length - p
+            # keep[i] lists the token positions that remain when content token i is dropped
+            positions = torch.arange(length, device=full.device)
+            keep = positions.expand(content, length)[positions[p:, None] != positions].view(content, length - 1)
+            row_of = torch.arange(batch, device=full.device).repeat_interleave(content)
+            kept_of = keep.repeat(batch, 1)
+            ablated = torch.empty(batch * content, device=full.device, dtype=full.dtype)
+            for start in range(0, batch * content, chunk_size):
+                part = slice(start, start + chunk_size)
+                rows, kept = row_of[part], kept_of[part]
+                selected = {
+                    other: values[rows[:, None], kept] if other == name else values[rows]
+                    for other, values in tokens.items()
+                }
+                chunk_logits, chunk_pre = adapter.forward_tokens(inputs, selected, rows, {name: kept})
+                ablated[part] = target_score(target, indices[rows], chunk_logits, chunk_pre)
+            drop = full[:, None] - ablated.view(batch, content)
+            valid = stream.content_valid()
+            scores[name] = drop if valid is None else drop.masked_fill(~valid, 0)
+    return scores, indices, logits

@@ -1,12 +1,18 @@
-"""Methods that read attention probabilities only: raw attention and rollout (no gradients)."""
+"""Methods that read attention probabilities only: raw attention and rollout (no gradients).
+
+Every attention-based method runs per stream: on each stream's self-attentions, block by block, and reads the
+stream's readout row ([CLS], or CLIP's end-of-text token) over its content tokens.
+"""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
-from ..families.base import Adapter
 from ..capture import record_forward
+from ..families.base import Adapter
+from ..streams import Stream
 from ..targets import Target
-
 
 CLASS_ENTRIES = ("keep", "zero", "min")
 
@@ -19,32 +25,36 @@ def family_option(adapter: Adapter, method: str, option: str, value, fallback):
     return getattr(adapter, "method_defaults", {}).get(method, {}).get(option, fallback)
 
 
-def token_mask(adapter: Adapter, inputs) -> torch.Tensor | None:
-    """`(B, T)` bool of the real tokens for families that pad (text), None when every token is real."""
-    mask = getattr(adapter, "token_mask", None)
-    return mask(inputs) if mask is not None else None
-
-
-def set_class_entry(scores: torch.Tensor, how: str, adapter: Adapter, inputs) -> torch.Tensor:
-    """The [CLS] token's own entry of a [CLS]-row map read over all tokens (`num_prefix_tokens == 0`, text models):
+def set_class_entry(scores: torch.Tensor, how: str, stream: Stream) -> torch.Tensor:
+    """The readout token's own entry of a readout-row map read over all tokens (no prefix tokens: text models):
     "keep" it, set it to "zero", or to the row's "min" over the real tokens. Maps without that column are unchanged."""
     if how not in CLASS_ENTRIES:
         raise ValueError(f"cls_entry must be one of {', '.join(CLASS_ENTRIES)}, got {how!r}")
-    if how == "keep" or adapter.num_prefix_tokens != 0 or not adapter.has_class_token:
+    if how == "keep" or stream.prefix_tokens != 0 or stream.readout is None:
         return scores
     scores = scores.clone()
+    rows = torch.arange(len(scores), device=scores.device)
     if how == "zero":
-        scores[:, 0] = 0
+        scores[rows, stream.readout] = 0
     else:
-        valid = token_mask(adapter, inputs)
-        row = scores if valid is None else scores.masked_fill(~valid, float("inf"))
-        scores[:, 0] = row.amin(-1)
+        row = scores if stream.valid is None else scores.masked_fill(~stream.valid, float("inf"))
+        scores[rows, stream.readout] = row.amin(-1)
     return scores
 
 
-def class_token_row(matrix: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """The [CLS] row of a `(B, T, T)` token matrix at the patch columns: `(B, N)`."""
-    return matrix[:, 0, num_prefix_tokens:]
+def readout_row(matrix: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """The readout token's row of a `(B, T, T)` token matrix (or of each head's, `(B, H, T, T)`) at the content
+    columns: `(B, N)` (or `(B, H, N)`)."""
+    rows = torch.arange(len(matrix), device=matrix.device)
+    readout = stream.readout.to(matrix.device)
+    picked = matrix[rows, :, readout] if matrix.ndim == 4 else matrix[rows, readout]
+    return picked[..., stream.prefix_tokens:]
+
+
+def per_stream(adapter: Adapter, inputs: Any, method: str, cls_entry: str | None, compute) -> dict[str, torch.Tensor]:
+    """`compute(stream)` for every stream, its [CLS] entry set as the family's reference does."""
+    how = family_option(adapter, method, "cls_entry", cls_entry, "keep")
+    return {name: set_class_entry(compute(stream), how, stream) for name, stream in adapter.streams(inputs).items()}
 
 
 def chain(matrices: list[torch.Tensor], start_layer: int) -> torch.Tensor:
@@ -62,20 +72,23 @@ def with_identity(matrix: torch.Tensor) -> torch.Tensor:
     return matrix + torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
 
 
-def raw_attention(adapter: Adapter, inputs: torch.Tensor, target: Target, cls_entry: str | None = None) -> tuple[torch.Tensor, ...]:
+def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None = None) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero")."""
     fwd = record_forward(adapter, inputs, target, attentions=True)
-    last = fwd.attentions[-1].mean(1)
-    scores = class_token_row(last, adapter.num_prefix_tokens)
-    how = family_option(adapter, "raw_attention", "cls_entry", cls_entry, "keep")
-    return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits
+    scores = per_stream(
+        adapter, inputs, "raw_attention", cls_entry,
+        lambda stream: readout_row(fwd.self_attentions(stream.name)[-1].mean(1), stream),
+    )
+    return scores, fwd.indices, fwd.logits
 
 
-def rollout(adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: int = 0, cls_entry: str | None = None) -> tuple[torch.Tensor, ...]:
+def rollout(adapter: Adapter, inputs: Any, target: Target, start_layer: int = 0, cls_entry: str | None = None) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero")."""
     fwd = record_forward(adapter, inputs, target, attentions=True)
-    matrices = [with_identity(a.mean(1)) for a in fwd.attentions]
-    matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
-    scores = class_token_row(chain(matrices, start_layer), adapter.num_prefix_tokens)
-    how = family_option(adapter, "rollout", "cls_entry", cls_entry, "keep")
-    return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits
+
+    def compute(stream: Stream) -> torch.Tensor:
+        matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]
+        matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
+        return readout_row(chain(matrices, start_layer), stream)
+
+    return per_stream(adapter, inputs, "rollout", cls_entry, compute), fwd.indices, fwd.logits

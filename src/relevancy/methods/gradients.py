@@ -1,23 +1,40 @@
 """Methods that weight attention or tokens by gradients of the explained score."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ..families.base import Adapter
 from ..capture import record_forward
+from ..families.base import Adapter
+from ..streams import Stream
 from ..targets import Target
-from .attention import class_token_row, family_option, set_class_entry, token_mask
+from .attention import family_option, per_stream, readout_row
+
+StartLayer = int | dict[str, int] | None
+
+
+def first_layer(start_layer: StartLayer, stream: Stream, depth: int) -> int:
+    """The first block a rule uses in `stream` (of `depth` blocks): an index, negative ones from the end (-1: the
+    last block only); a dict gives one per stream name."""
+    value = start_layer.get(stream.name, 0) if isinstance(start_layer, dict) else start_layer
+    if not isinstance(value, int) or isinstance(value, bool) or not -depth <= value < depth:
+        raise ValueError(
+            f"start_layer must be a block index in {-depth}..{depth - 1} for the {stream.name} stream ({depth} blocks; "
+            f"-1: the last block only), got {value!r}"
+        )
+    return value % depth
 
 
 def attention_gradcam(
-    adapter: Adapter, inputs: torch.Tensor, target: Target, normalize: bool = False, region: str | None = None,
+    adapter: Adapter, inputs: Any, target: Target, normalize: bool = False, region: str | None = None,
     cls_entry: str | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple:
     """Grad-CAM on the last attention: heads weighted by their mean gradient, then ReLU.
 
     `normalize=True` min-max normalises each map, as the authors' baseline code does; a constant map (the
     ReLU left nothing) becomes zeros where the reference divides 0 by 0.
-    `region`: where the gradient is averaged and the min-max taken: "class_row" (the [CLS] row at the patch
+    `region`: where the gradient is averaged and the min-max taken: "class_row" (the readout row at the content
     columns, the ViT reference) or "matrix" (the whole attention matrix over the real tokens, the BERT reference).
     `cls_entry`: see `set_class_entry`, applied after the normalisation (the BERT reference: "zero").
     """
@@ -25,56 +42,74 @@ def attention_gradcam(
     if region not in ("class_row", "matrix"):
         raise ValueError(f"region must be 'class_row' or 'matrix', got {region!r}")
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
-    attention = fwd.attentions[-1]
-    (grad,) = fwd.gradients([attention])
-    p = adapter.num_prefix_tokens
-    if region == "class_row":
-        cam = attention[:, :, 0, p:].detach()
-        weights = grad[:, :, 0, p:].mean(-1, keepdim=True)
-        scores = (weights * cam).mean(1).clamp(min=0)
-        low, high = scores.amin(-1, keepdim=True), scores.amax(-1, keepdim=True)
-    else:
-        valid = token_mask(adapter, inputs)
-        if valid is None:
-            valid = torch.ones(attention.shape[0], attention.shape[-1], dtype=torch.bool, device=attention.device)
-        pairs = (valid[:, :, None] & valid[:, None, :])[:, None]  # (B, 1, T, T)
-        weights = (grad * pairs).sum((-2, -1), keepdim=True) / pairs.sum((-2, -1), keepdim=True)
-        maps = (attention.detach() * weights).mean(1).clamp(min=0)  # (B, T, T)
-        scores = maps[:, 0, p:]
-        low = maps.masked_fill(~pairs[:, 0], float("inf")).amin((-2, -1))[:, None]
-        high = maps.masked_fill(~pairs[:, 0], float("-inf")).amax((-2, -1))[:, None]
-    if normalize:
-        span = high - low
-        scores = (scores - low) / torch.where(span > 0, span, torch.ones_like(span))
-    how = family_option(adapter, "attention_gradcam", "cls_entry", cls_entry, "keep")
-    return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits
+    streams = adapter.streams(inputs)
+    lasts = [fwd.self_attentions(name)[-1] for name in streams]
+    grads = dict(zip(streams, fwd.gradients(lasts)))
+    attention_of = dict(zip(streams, lasts))
+
+    def compute(stream: Stream) -> torch.Tensor:
+        attention, grad = attention_of[stream.name].detach(), grads[stream.name]
+        if region == "class_row":
+            cam = readout_row(attention, stream)  # (B, H, N)
+            weights = readout_row(grad, stream).mean(-1, keepdim=True)
+            scores = (weights * cam).mean(1).clamp(min=0)
+            low, high = scores.amin(-1, keepdim=True), scores.amax(-1, keepdim=True)
+        else:
+            valid = stream.valid
+            if valid is None:
+                valid = torch.ones(attention.shape[0], attention.shape[-1], dtype=torch.bool, device=attention.device)
+            pairs = (valid[:, :, None] & valid[:, None, :])[:, None]  # (B, 1, T, T)
+            weights = (grad * pairs).sum((-2, -1), keepdim=True) / pairs.sum((-2, -1), keepdim=True)
+            maps = (attention * weights).mean(1).clamp(min=0)  # (B, T, T)
+            scores = readout_row(maps, stream)
+            low = maps.masked_fill(~pairs[:, 0], float("inf")).amin((-2, -1))[:, None]
+            high = maps.masked_fill(~pairs[:, 0], float("-inf")).amax((-2, -1))[:, None]
+        if normalize:
+            span = high - low
+            scores = (scores - low) / torch.where(span > 0, span, torch.ones_like(span))
+        return scores
+
+    return per_stream(adapter, inputs, "attention_gradcam", cls_entry, compute), fwd.indices, fwd.logits
 
 
 def generic_attention(
-    adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: int = 0, cls_entry: str | None = None
-) -> tuple[torch.Tensor, ...]:
-    """Chefer et al. ICCV'21 self-attention rule: `R += E_h (G * A)^+ @ R` from `start_layer` on.
+    adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None
+) -> tuple:
+    """Chefer et al. ICCV'21 self-attention rule, per stream: `R = I; R += E_h (G * A)^+ @ R` from `start_layer` on.
 
+    `start_layer`: the first block used (negative: from the end, -1 = the last block only; a dict: one per stream);
+    the family's default when None (ViT, BERT: 0, every block; CLIP: -1, the authors' notebook).
     `cls_entry`: see `set_class_entry` (text models: "zero", as the BERT rollout reference; its value holds the identity).
     """
+    start_layer = family_option(adapter, "generic_attention", "start_layer", start_layer, 0)
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
-    if not 0 <= start_layer < len(fwd.attentions):
-        raise ValueError(f"start_layer must be in 0..{len(fwd.attentions) - 1}, got {start_layer}")
-    used = fwd.attentions[start_layer:]
-    grads = fwd.gradients(used)
-    tokens = used[0].shape[-1]
-    relevance = torch.eye(tokens, dtype=used[0].dtype, device=used[0].device).expand(len(used[0]), tokens, tokens)
-    for attention, grad in zip(used, grads):
-        relevance = relevance + (grad * attention.detach()).clamp(min=0).mean(1) @ relevance
-    scores = class_token_row(relevance, adapter.num_prefix_tokens)
-    how = family_option(adapter, "generic_attention", "cls_entry", cls_entry, "keep")
-    return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits
+    streams = adapter.streams(inputs)
+    used = {}
+    for name, stream in streams.items():
+        attentions = fwd.self_attentions(name)
+        used[name] = attentions[first_layer(start_layer, stream, len(attentions)):]
+    flat = [a for name in streams for a in used[name]]
+    grads = iter(fwd.gradients(flat))
+
+    relevance: dict[str, torch.Tensor] = {}
+    for name, attentions in used.items():
+        tokens = attentions[0].shape[-1]
+        matrix = torch.eye(tokens, dtype=attentions[0].dtype, device=attentions[0].device).expand(len(attentions[0]), tokens, tokens)
+        for attention in attentions:
+            matrix = matrix + (next(grads) * attention.detach()).clamp(min=0).mean(1) @ matrix
+        relevance[name] = matrix
+    scores = per_stream(adapter, inputs, "generic_attention", cls_entry, lambda stream: readout_row(relevance[stream.name], stream))
+    return scores, fwd.indices, fwd.logits
 
 
-def cdam(adapter: Adapter, inputs: torch.Tensor, target: Target) -> tuple[torch.Tensor, ...]:
-    """Brocki & Chung: `sum_d X * dF/dX` at the normalised tokens entering the last attention; signed."""
-    fwd = record_forward(adapter, inputs, target, last_attention_input=True, gradients=True)
-    tokens = fwd.last_attention_input
-    (grad,) = fwd.gradients([tokens])
-    scores = (tokens.detach() * grad).sum(-1)
-    return scores[:, adapter.num_prefix_tokens:], fwd.indices, fwd.logits
+def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
+    """Brocki & Chung: `sum_d X * dF/dX` at the normalised tokens entering each stream's last attention; signed."""
+    fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True)
+    streams = adapter.streams(inputs)
+    tokens = [fwd.attention_inputs[name] for name in streams]
+    grads = fwd.gradients(tokens)
+    scores = {
+        name: (x.detach() * g).sum(-1)[:, stream.prefix_tokens:]
+        for (name, stream), x, g in zip(streams.items(), tokens, grads)
+    }
+    return scores, fwd.indices, fwd.logits

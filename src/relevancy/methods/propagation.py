@@ -8,11 +8,12 @@ from typing import Iterator
 
 import torch
 
-from ..families.base import Adapter
+from ..families.base import Adapter, only_stream
 from ..capture import record_forward
 from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, relevance_session
 from ..targets import Target, resolve_target, target_score
-from .attention import chain, class_token_row, family_option, set_class_entry, token_mask, with_identity
+from ..streams import Stream
+from .attention import chain, family_option, readout_row, set_class_entry, with_identity
 
 WEIGHTS = ("gradient", "attention")
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)
@@ -95,6 +96,7 @@ def transformer_attribution(
     """
     _one_of("weights", weights, WEIGHTS)
     _one_of("blocks", blocks, BLOCKS)
+    stream = only_stream(adapter, inputs, "transformer_attribution")
     depth = len(adapter.blocks)
     if not 0 <= start_layer < depth:
         raise ValueError(f"start_layer must be in 0..{depth - 1}, got {start_layer}")
@@ -110,15 +112,15 @@ def transformer_attribution(
             matrices, arrived = combine_on_arrival(session, fwd.score.sum(), used, seed, factors, entering[0])
     if family_option(adapter, "transformer_attribution", "row_normalize", row_normalize, False):
         matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
-    scores = class_token_row(chain(matrices, 0), adapter.num_prefix_tokens)
+    scores = readout_row(chain(matrices, 0), stream)
     how = family_option(adapter, "transformer_attribution", "cls_entry", cls_entry, "keep")
-    details = conservation(masked(adapter, inputs, arrived), PAPER, "transformer_attribution")
-    return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits, details
+    details = conservation(masked(stream, arrived), PAPER, "transformer_attribution")
+    return set_class_entry(scores, how, stream), fwd.indices, fwd.logits, details
 
 
-def masked(adapter: Adapter, inputs, relevance: torch.Tensor) -> torch.Tensor:
+def masked(stream: Stream, relevance: torch.Tensor) -> torch.Tensor:
     """Token relevance `(B, T, ...)` with padding tokens zeroed (families that pad)."""
-    valid = token_mask(adapter, inputs)
+    valid = stream.valid
     if valid is None:
         return relevance
     return relevance * valid.reshape(*valid.shape, *([1] * (relevance.ndim - 2))).to(relevance)
@@ -159,15 +161,16 @@ def partial_lrp(
     authors' arithmetic.
     """
     rule_set = _rule_set(adapter, "partial_lrp", rules)
+    stream = only_stream(adapter, inputs, "partial_lrp")
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session, \
                 block_input(adapter32, len(adapter32.blocks) - 1) as entering:
             fwd = record_forward(adapter32, inputs32, target, gradients=True)
             relevance, arrived = session.backward(RELEVANCE, fwd.score.sum(), [session.attentions[-1], entering[0]], _seed(fwd.score))
-    scores = class_token_row(relevance.clamp(min=0).mean(1), adapter.num_prefix_tokens)
+    scores = readout_row(relevance.clamp(min=0).mean(1), stream)
     how = family_option(adapter, "partial_lrp", "cls_entry", cls_entry, "keep")
-    details = conservation(masked(adapter, inputs, arrived), rule_set, "partial_lrp")
-    return set_class_entry(scores, how, adapter, inputs), fwd.indices, fwd.logits, details
+    details = conservation(masked(stream, arrived), rule_set, "partial_lrp")
+    return set_class_entry(scores, how, stream), fwd.indices, fwd.logits, details
 
 
 def lrp(
@@ -180,21 +183,22 @@ def lrp(
     `set_class_entry` (BERT: "zero"); `exact`: the authors' arithmetic.
     """
     rule_set = _rule_set(adapter, "lrp", rules)
+    stream = only_stream(adapter, inputs, "lrp")
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session:
-            if isinstance(inputs32, torch.Tensor) and inputs32.is_floating_point():
+            if stream.kind == "image":
                 pixels = inputs32.detach().requires_grad_(True)
                 fwd = record_forward(adapter32, pixels, target, gradients=True)
                 (relevance,) = session.backward(RELEVANCE, fwd.score.sum(), [pixels], _seed(fwd.score))
                 scores = relevance.sum(1)
                 return scores, fwd.indices, fwd.logits, conservation(scores, rule_set, "lrp")
             with torch.enable_grad():
-                tokens = adapter32.embed(inputs32).detach().requires_grad_(True)
-                logits, pre_logits = adapter32.forward_tokens(tokens)
+                tokens = adapter32.embed(inputs32)[stream.name].detach().requires_grad_(True)
+                logits, pre_logits = adapter32.forward_tokens(inputs32, {stream.name: tokens})
                 indices = resolve_target(target, logits)
                 score = target_score(target, indices, logits, pre_logits)
             (relevance,) = session.backward(RELEVANCE, score.sum(), [tokens], _seed(score))
-    scores = masked(adapter, inputs, relevance).sum(-1)
+    scores = masked(stream, relevance).sum(-1)
     details = conservation(scores, rule_set, "lrp")
     how = family_option(adapter, "lrp", "cls_entry", cls_entry, "keep")
-    return set_class_entry(scores, how, adapter, inputs), indices, logits.detach(), details
+    return set_class_entry(scores, how, stream), indices, logits.detach(), details

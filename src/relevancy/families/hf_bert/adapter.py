@@ -21,7 +21,9 @@ import torch
 from torch import nn
 
 from ...explanation import TextExplanation
+from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError
+from .batch import TextBatch
 
 
 @dataclass(frozen=True)
@@ -130,33 +132,6 @@ class OutputPart:
         return f"OutputPart({type(self.module).__name__}, {getattr(self.pick, '__name__', 'part')})"
 
 
-@dataclass
-class TextBatch:
-    """A tokenised batch on the model's device; `tokens`/`word_ids` per text when the tokenizer gave them."""
-
-    input_ids: torch.Tensor  # (B, T) long
-    attention_mask: torch.Tensor  # (B, T) long, 1 at real tokens
-    token_type_ids: torch.Tensor | None = None
-    tokens: list[list[str]] | None = None  # token strings of the real (unpadded) tokens
-    word_ids: list[list[int | None]] | None = None
-    requires_grad: bool = False  # the token embeddings become differentiable (even with frozen weights)
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    # The methods treat inputs like an image batch: `inputs.detach().requires_grad_(True)` asks for a graph.
-    def detach(self) -> "TextBatch":
-        return self
-
-    def requires_grad_(self, flag: bool = True) -> "TextBatch":
-        return replace(self, requires_grad=flag)
-
-    @property
-    def valid(self) -> torch.Tensor:
-        """`(B, T)` bool: the real tokens."""
-        return self.attention_mask.bool()
-
-
 class HFBertAdapter(Adapter):
     """BERT-family classifiers from Hugging Face transformers (see `LAYOUTS`).
 
@@ -216,19 +191,21 @@ class HFBertAdapter(Adapter):
         self.embeddings = _get(model, layout.embeddings)
         self.blocks = list(_get(model, layout.layers))
         self.self_attentions = [_get(layer, layout.self_attention) for layer in self.blocks]
-        self._mask: torch.Tensor | None = None  # the attention mask of the tokens forward_tokens receives next
-        self._embedded_mask: torch.Tensor | None = None  # the attention mask of the batch embed() returned
 
     # -- layout -------------------------------------------------------------------------------------------
-    def attention_probability_modules(self) -> list[OutputPart]:
+    def streams(self, inputs: TextBatch) -> dict[str, Stream]:
+        readout = torch.zeros(len(inputs), dtype=torch.long, device=inputs.input_ids.device)
+        return {"text": Stream("text", "text", 0, readout, valid=inputs.valid)}
+
+    def attention_sites(self) -> list[AttentionSite]:
         # transformers applies dropout to the probabilities functionally (no module): the self-attention's
         # second output is the probabilities tensor that multiplies the values, so gradients reach it.
-        return [OutputPart(attention, _probabilities) for attention in self.self_attentions]
+        return [AttentionSite("text", "text", OutputPart(attention, _probabilities)) for attention in self.self_attentions]
 
-    def last_attention_input_module(self) -> OutputPart:
+    def attention_inputs(self) -> dict[str, Hookable]:
         # post-LN: the last layer's attention reads the previous layer's (normalised) output directly
         source = self.blocks[-2] if len(self.blocks) > 1 else self.embeddings
-        return OutputPart(source, _first)
+        return {"text": OutputPart(source, _first)}
 
     def relevance_rule_map(self) -> dict:
         from .rules import rule_map
@@ -241,13 +218,6 @@ class HFBertAdapter(Adapter):
         if not id2label:
             return None
         return [str(id2label.get(i, id2label.get(str(i), f"class {i}"))) for i in range(len(id2label))]
-
-    def token_mask(self, inputs: TextBatch) -> torch.Tensor:
-        """`(B, T)` bool: the real tokens (the methods read only these)."""
-        return inputs.valid
-
-    def arrange_token_scores(self, scores: torch.Tensor, inputs: TextBatch) -> torch.Tensor:
-        return torch.where(inputs.valid, scores, torch.zeros((), dtype=scores.dtype, device=scores.device))
 
     def describe_inputs(self, inputs: TextBatch) -> dict:
         return {
@@ -285,14 +255,7 @@ class HFBertAdapter(Adapter):
         return getattr(getattr(self.model, "config", None), "pad_token_id", None)
 
     def batches(self, inputs: TextBatch, size: int) -> Iterator[TextBatch]:
-        for start in range(0, len(inputs), size):
-            part = slice(start, start + size)
-            yield replace(
-                inputs, input_ids=inputs.input_ids[part], attention_mask=inputs.attention_mask[part],
-                token_type_ids=None if inputs.token_type_ids is None else inputs.token_type_ids[part],
-                tokens=None if inputs.tokens is None else inputs.tokens[part],
-                word_ids=None if inputs.word_ids is None else inputs.word_ids[part],
-            )
+        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
 
     def _validated(self, batch: TextBatch) -> TextBatch:
         ids, mask, types = batch.input_ids, batch.attention_mask, batch.token_type_ids
@@ -356,54 +319,36 @@ class HFBertAdapter(Adapter):
                     c._attn_implementation = implementation
             for m, flag in training.items():
                 m.training = flag
-            self._mask = self._embedded_mask = None
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
         return _configs(self.model)
 
-    def embed(self, inputs: TextBatch) -> torch.Tensor:
+    def embed(self, inputs: TextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
         kwargs = {"input_ids": inputs.input_ids}
         if self.layout.token_types and inputs.token_type_ids is not None:
             kwargs["token_type_ids"] = inputs.token_type_ids
         handle = None
-        if inputs.requires_grad and torch.is_grad_enabled():
+        if graph and torch.is_grad_enabled():
             # frozen weights leave the embeddings off the graph: make the word embeddings a leaf that is on it
             handle = self.embeddings.word_embeddings.register_forward_hook(
                 lambda _m, _i, out: out if out.requires_grad else out.detach().requires_grad_(True)
             )
         try:
-            tokens = self.embeddings(**kwargs)
+            return {"text": self.embeddings(**kwargs)}
         finally:
             if handle is not None:
                 handle.remove()
-        self._mask = self._embedded_mask = inputs.attention_mask
-        return tokens
 
-    def select_tokens(self, tokens: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """`tokens[rows[:, None], positions]` of the embedded batch, with its attention mask selected alike for
-        the next `forward_tokens` call."""
-        if self._embedded_mask is None or self._embedded_mask.shape != tokens.shape[:2]:
-            raise RuntimeError("select_tokens takes the tokens returned by embed() for the current batch")
-        self._mask = self._embedded_mask[rows[:, None], positions]
-        return tokens[rows[:, None], positions]
-
-    def _mask_for(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self._mask is None:
-            return torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
-        if self._mask.shape != tokens.shape[:2]:
-            if self._embedded_mask is not None and self._embedded_mask.shape == tokens.shape[:2]:
-                return self._embedded_mask  # the embedded batch again, after a selection
-            raise RuntimeError(
-                f"tokens {tuple(tokens.shape[:2])} do not match the attention mask {tuple(self._mask.shape)}: "
-                "select tokens with adapter.select_tokens so that the mask follows"
-            )
-        return self._mask
-
-    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = self._mask_for(tokens)
-        additive = (1.0 - mask[:, None, None, :].to(tokens.dtype)) * torch.finfo(tokens.dtype).min
-        hidden = tokens
+    def forward_tokens(
+        self, inputs: TextBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = tokens["text"]
+        mask = inputs.attention_mask if rows is None else inputs.attention_mask[rows]
+        if positions and "text" in positions:
+            mask = mask.gather(1, positions["text"])
+        additive = (1.0 - mask[:, None, None, :].to(hidden.dtype)) * torch.finfo(hidden.dtype).min
         for layer in self.blocks:
             hidden = _first(layer(hidden, additive))
         return self.layout.head(self.model, hidden)

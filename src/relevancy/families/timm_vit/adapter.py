@@ -7,7 +7,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..base import Adapter
+from ...streams import AttentionSite, Hookable, Stream
+from ..base import Adapter, checked_images
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -37,12 +38,16 @@ class TimmViTAdapter(Adapter):
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.has_class_token = model.cls_token is not None and getattr(model, "global_pool", "token") == "token"
 
-    def attention_probability_modules(self) -> list[nn.Module]:
-        # timm applies attn_drop to the softmax output; in eval mode it is the identity, so its output is A.
-        return [b.attn.attn_drop for b in self.blocks]
+    def streams(self, inputs: torch.Tensor) -> dict[str, Stream]:
+        readout = torch.zeros(len(inputs), dtype=torch.long, device=inputs.device) if self.has_class_token else None
+        return {"image": Stream("image", "image", self.num_prefix_tokens, readout, grid=self.grid_size(inputs))}
 
-    def last_attention_input_module(self) -> nn.Module:
-        return self.blocks[-1].norm1
+    def attention_sites(self) -> list[AttentionSite]:
+        # timm applies attn_drop to the softmax output; in eval mode it is the identity, so its output is A.
+        return [AttentionSite("image", "image", b.attn.attn_drop) for b in self.blocks]
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        return {"image": self.blocks[-1].norm1}
 
     def relevance_rule_map(self) -> dict:
         from .rules import rule_map
@@ -54,6 +59,12 @@ class TimmViTAdapter(Adapter):
         if getattr(self.model, "dynamic_img_size", False) or getattr(patch_embed, "dynamic_img_pad", False):
             return tuple(patch_embed.dynamic_feat_size(tuple(inputs.shape[-2:])))
         return tuple(patch_embed.grid_size)
+
+    def check_inputs(self, inputs: object) -> torch.Tensor:
+        return checked_images(inputs, self.model, self.check_image_shape)
+
+    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+        return iter(inputs.split(size))
 
     def check_image_shape(self, shape: tuple[int, ...]) -> None:
         """Channels from the patch embedding; size as timm takes it: the model's own image size, or with
@@ -121,11 +132,16 @@ class TimmViTAdapter(Adapter):
             for m, flag in training.items():
                 m.training = flag
 
-    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+    def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         m = self.model
-        return m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(inputs))))
+        if graph and torch.is_grad_enabled() and not inputs.requires_grad:  # a graph even when every weight is frozen
+            inputs = inputs.detach().requires_grad_(True)
+        return {"image": m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(inputs))))}
 
-    def forward_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_tokens(
+        self, inputs: torch.Tensor, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.model
-        features = m.norm(m.blocks(tokens))
+        features = m.norm(m.blocks(tokens["image"]))
         return m.forward_head(features), m.forward_head(features, pre_logits=True)

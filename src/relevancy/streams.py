@@ -1,0 +1,61 @@
+"""What an adapter declares about a model: its token streams and its attention sites.
+
+A one-stream model (ViT, BERT) has one stream and one self-attention site per block; CLIP has two streams
+(`image`, `text`) that never attend to each other; co-attention and encoder-decoder models add cross sites
+(query stream != key stream). Methods compute relevance per stream pair from these declarations alone, so they
+are written once for every family: the ICCV'21 paper's `R^ii`, `R^tt`, `R^it`, `R^ti`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+STREAM_KINDS = ("image", "text", "queries")
+
+
+class Hookable(Protocol):
+    """A module, or one part of a module's output, whose forward output can be observed."""
+
+    def register_forward_hook(self, hook): ...
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One token stream of a batch.
+
+    `prefix_tokens`: tokens before the content ([CLS], registers, distillation token); scores cover the tokens
+    after them. `readout`: `(B,)` the token whose row a method reads ([CLS]: 0; CLIP text: the end-of-text
+    token), None where the model pools (no such row). `valid`: `(B, T)` bool of the real tokens (None: all).
+    `grid`: `(h, w)` of the content tokens of an image stream.
+    """
+
+    name: str
+    kind: str
+    prefix_tokens: int
+    readout: torch.Tensor | None
+    valid: torch.Tensor | None = None
+    grid: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in STREAM_KINDS:
+            raise ValueError(f"stream kind must be one of {', '.join(STREAM_KINDS)}, got {self.kind!r}")
+
+    def content_valid(self) -> torch.Tensor | None:
+        """`(B, N)` bool of the real content tokens (after the prefix), None when all are real."""
+        return None if self.valid is None else self.valid[:, self.prefix_tokens:]
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """Where one attention's probabilities are: `probabilities` outputs `(B, heads, T_query, T_key)`, the tensor
+    that multiplies the values, with queries from stream `query` and keys from stream `key`."""
+
+    query: str
+    key: str
+    probabilities: Hookable
+
+    @property
+    def is_self(self) -> bool:
+        return self.query == self.key
