@@ -228,7 +228,7 @@ def test_imagenet_seg_needs_a_file_and_shapes_needs_a_shapes_model(tmp_path, cap
 @pytest.fixture()
 def no_work(forbid):
     """Fail the test if the command loads a model or runs an evaluation."""
-    forbid("relevancy.evaluate.load_model", "relevancy.evaluation.run")
+    forbid("relevancy.cli.evaluate.load_model", "relevancy.evaluation.run")
 
 
 def test_the_output_folder_is_checked_before_any_work(tmp_path, capsys, no_work):

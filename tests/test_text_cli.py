@@ -13,7 +13,7 @@ import relevancy
 
 from relevancy.cli import UsageError, build_parser, main
 from relevancy.text import encode, load_model
-from relevancy.text.cli import run_explain_text
+from relevancy.cli.text import run_explain_text
 
 POSITIVE = "This medicine worked wonders, I feel great and I highly recommend it."
 NEGATIVE = "Terrible side effects, I felt awful and sick every day. Worst drug ever."
@@ -115,7 +115,7 @@ def test_long_texts_are_truncated_with_a_warning(shipped):
 @pytest.fixture()
 def no_work(forbid):
     """Fail the test if the command loads a model or explains anything."""
-    forbid("relevancy.text.cli.load_classifier", "relevancy.api.explain")
+    forbid("relevancy.cli.text.load_classifier", "relevancy.api.explain")
 
 
 @pytest.mark.parametrize(

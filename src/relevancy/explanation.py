@@ -4,14 +4,11 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
 from .parts import ImagePart, TextPart
-
-if TYPE_CHECKING:
-    from .targets import Concept
 
 
 @dataclass
@@ -34,7 +31,7 @@ class Explanation:
     class_names: list[str] | None = None
     mean: Sequence[float] = (0.0, 0.0, 0.0)
     std: Sequence[float] = (1.0, 1.0, 1.0)
-    concept: Concept | None = field(default=None, repr=False)
+    concept: object | None = field(default=None, repr=False)  # the relevancy.Concept explained, if any
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
     @property

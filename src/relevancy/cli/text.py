@@ -12,7 +12,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from ..cli import UsageError, at_least, explanation_numbers, print_json, resolve_methods
+from .common import UsageError, at_least, explanation_numbers, print_json, resolve_methods
 from ..files import check_file
 
 #: the shortest --max-length: [CLS], one token of text and [SEP]
@@ -56,7 +56,7 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     """Explain `args.texts`; returns the files written (the HTML page when `--out` is given)."""
     from ..api import explain
     from ..explanation import TextExplanation
-    from .model import encode
+    from ..text.model import encode
 
     methods = _check(args)
     model, tokenizer = load_classifier(None if args.model is None else str(args.model))
@@ -108,7 +108,7 @@ def load_classifier(name_or_dir: str | None):
     """The model and tokenizer, loaded once per process (the handler may run several times, e.g. in tests).
     A hub name that is not cached fails at once when the Hub cannot be reached; errors are RuntimeErrors."""
     from ..models import hub_access
-    from .model import load_model
+    from ..text.model import load_model
 
     try:
         if name_or_dir is None or Path(name_or_dir).exists():

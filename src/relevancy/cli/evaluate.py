@@ -30,15 +30,15 @@ RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as
 
 
 def _usage_error(message: str) -> Exception:
-    from .cli import UsageError
+    from .common import UsageError
 
     return UsageError(message)
 
 
 def parse_methods(spec: str) -> tuple[str, ...]:
     """``all`` or a comma-separated list of registered method names (order kept, duplicates dropped)."""
-    from . import METHODS
-    from .api import get_method
+    from .. import METHODS
+    from ..api import get_method
 
     if spec.strip() == "all":
         return tuple(METHODS)
@@ -55,9 +55,9 @@ def parse_methods(spec: str) -> tuple[str, ...]:
 
 def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     """Validate everything that can be checked before loading a model; the benchmark and ``n`` (None = all)."""
-    from .evaluation.data import BENCHMARKS, MAX_SCENES
-    from .evaluation.report import OUTPUT_FILES
-    from .files import check_folder
+    from ..evaluation.data import BENCHMARKS, MAX_SCENES
+    from ..evaluation.report import OUTPUT_FILES
+    from ..files import check_folder
 
     benchmark = args.benchmark
     if benchmark not in BENCHMARKS:
@@ -102,9 +102,9 @@ def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
     ``--arch shapes`` reads a checkpoint of the shapes architecture (its size in the file's metadata), as
     ``relevancy.bench.train`` writes them; anything else goes through ``relevancy.models.load_image_model``.
     """
-    from . import models
-    from .bench import WEIGHTS_PATH
-    from .bench import load_model as load_shapes
+    from .. import models
+    from ..bench import WEIGHTS_PATH
+    from ..bench import load_model as load_shapes
 
     if name == models.SHIPPED:
         return models.load_image_model(name, arch), _shapes_metadata(WEIGHTS_PATH)
@@ -135,7 +135,7 @@ def _shapes_metadata(path: Path) -> dict[str, Any]:
 
 def _check_shapes_model(model: nn.Module) -> None:
     """The shapes benchmark needs a model taking its 64x64 scenes and giving one logit per shape class."""
-    from .bench import CLASSES, IMAGE_SIZE, make_scenes
+    from ..bench import CLASSES, IMAGE_SIZE, make_scenes
 
     try:
         with torch.no_grad():
@@ -162,9 +162,9 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
     """The `evaluate` command: check the request, evaluate (sharded under torchrun), rank 0 writes the files."""
     import torch.distributed as dist
 
-    from .cli import print_json
-    from .evaluation import Settings, run, write_outputs
-    from .evaluation.report import summary
+    from .common import print_json
+    from ..evaluation import Settings, run, write_outputs
+    from ..evaluation.report import summary
 
     benchmark, n = _check(args)
     methods = parse_methods(args.methods)
@@ -200,10 +200,10 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
     """Token-F1 (ERASER, e.g. Movie Reviews) of each method with a text classifier; writes results.json, report.md."""
     import time
 
-    from .files import write_atomic
-    from .metrics.rationales import load_eraser
-    from .text.cli import load_classifier
-    from .text.rationales import RationaleSet, token_f1
+    from ..files import write_atomic
+    from ..metrics.rationales import load_eraser
+    from .text import load_classifier
+    from ..text.rationales import RationaleSet, token_f1
 
     model, tokenizer = load_classifier(None if args.model == "shapes" else args.model)
     annotations, documents = load_eraser(args.data, args.split)
@@ -227,7 +227,7 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
     out = Path(args.out)
     written = [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"), write_atomic(out / "report.md", report)]
     if args.json:
-        from .cli import print_json
+        from .common import print_json
 
         print_json(results)
     return written

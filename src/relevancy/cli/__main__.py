@@ -1,0 +1,4 @@
+"""`python -m relevancy.cli`: the command line."""
+from . import main
+
+raise SystemExit(main())

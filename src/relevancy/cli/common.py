@@ -1,0 +1,67 @@
+"""What every command shares: usage errors, warnings, JSON output, method names (no torch imported)."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..files import strict_json
+
+if TYPE_CHECKING:
+    from ..explanation import Explanation
+
+#: the built-in methods (`relevancy.METHODS`), named here so that the help loads no torch; a test keeps them equal
+METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
+                "partial_lrp", "lrp", "cdam", "token_ablation")
+DEFAULT_OUT = "relevancy-out"
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: printed as one line, exit status 2, nothing written."""
+
+
+def warn(command: str, message: str) -> None:
+    """A one-line warning on stderr (stdout may carry JSON)."""
+    print(f"relevancy {command}: warning: {message}", file=sys.stderr)
+
+
+def at_least(option: str, value: int | None, minimum: int, why: str = "") -> None:
+    """A UsageError unless `value` (None: not given) is at least `minimum`."""
+    if value is not None and value < minimum:
+        raise UsageError(f"{option} must be at least {minimum}{why}, got {value}")
+
+
+def print_json(value: Any) -> None:
+    """`value` as strict JSON on stdout (NaN and infinities as null)."""
+    print(json.dumps(strict_json(value), allow_nan=False))
+
+
+def explanation_numbers(explanation: Explanation, index: int) -> dict[str, Any]:
+    """What `--json` prints for one input and method: the target, its class name and logit, the scores."""
+    target = int(explanation.target[index])
+    names = explanation.class_names
+    return {
+        "target": target,
+        "class": names[target] if names and 0 <= target < len(names) else None,
+        "logit": float(explanation.logits[index, target]) if target >= 0 else None,
+        "signed": explanation.signed,
+        "scores": explanation.scores[index].detach().float().cpu().tolist(),
+    }
+
+
+# -- images ---------------------------------------------------------------------------------------------------
+def resolve_methods(method: str) -> list[str]:
+    """`all` or one method name, checked against the registry (a UsageError with the closest name)."""
+    from .. import METHODS
+    from ..api import get_method
+
+    if method == "all":
+        return list(METHODS)
+    try:
+        get_method(method)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    return [method]
+
+
+# -- commands -------------------------------------------------------------------------------------------------
