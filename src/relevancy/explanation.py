@@ -160,3 +160,76 @@ class TextExplanation(Explanation):
         from .files import write_atomic
 
         return write_atomic(Path(path), html_page(self.method, self.to_html(by_word, special)))
+
+
+@dataclass
+class PairExplanation:
+    """Relevance for the logit of each image-text pair: an image part and a text part (`parts`).
+
+    `parts["image"].scores` `(P, h, w)`: the image's [CLS] row over the patches, raw; `parts["text"].scores`
+    `(P, T)`: the end-of-text token's row over every position, raw (0 after it). `pairs[p]` = (image, text)
+    indices; `logits` `(P, 1)` the explained logits; `readout[p]` the end-of-text position of pair `p`'s text.
+    """
+
+    image_scores: torch.Tensor
+    text_scores: torch.Tensor
+    pairs: torch.Tensor
+    readout: torch.Tensor
+    target: torch.Tensor
+    logits: torch.Tensor
+    method: str
+    signed: bool
+    input_size: tuple[int, int]
+    tokens: list[list[str]] | None = None
+    mean: Sequence[float] = (0.0, 0.0, 0.0)
+    std: Sequence[float] = (1.0, 1.0, 1.0)
+    relevance_total: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def parts(self) -> dict[str, ImagePart | TextPart]:
+        valid = torch.arange(self.text_scores.shape[1]) <= self.readout[:, None]
+        return {
+            "image": ImagePart(self.image_scores, self.signed, self.input_size, self.mean, self.std),
+            "text": TextPart(self.text_scores, self.signed, self.tokens, None, valid),
+        }
+
+    def heatmap(self) -> torch.Tensor:
+        """`(P, H, W)`: the image part upsampled to the input size (raw values)."""
+        return self.parts["image"].heatmap()
+
+    def text_relevance(self) -> list[torch.Tensor]:
+        """Per pair, the authors' normalised text view: the scores between the start and end tokens, divided by
+        their sum (`show_heatmap_on_text`)."""
+        views = []
+        for row, end in zip(self.text_scores, self.readout.tolist()):
+            inner = row[1:end]
+            views.append(inner / inner.sum())
+        return views
+
+    def captions(self) -> list[str]:
+        """A caption per pair: its text (the words when known) and the logit."""
+        captions = []
+        for p, (image, text) in enumerate(self.pairs.tolist()):
+            words = " ".join(w for w, _ in self.parts["text"].words(p)) if self.tokens else f"text {text}"
+            captions.append(f"image {image} / \"{words}\" ({self.logits[p, 0]:.2f})")
+        return captions
+
+    def show(self, by_word: bool = True, special: bool = False) -> None:
+        """Print each pair's text as coloured words (a terminal through rich; HTML in a notebook)."""
+        show_texts(self.parts["text"], [f"{self.method}: {c}" for c in self.captions()], by_word, special)
+
+    def to_html(self, by_word: bool = True, special: bool = False) -> str:
+        return texts_html(self.parts["text"], [f"{self.method}: {c}" for c in self.captions()], by_word, special)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def save(self, path: str | Path, images: torch.Tensor | None = None) -> Path:
+        """Write the image part as an overlay PNG (one panel per pair; `images` are the pairs' images), and the
+        text part as HTML beside it (same name, `.html`); each file appears whole or not at all."""
+        from .files import write_atomic
+
+        path = Path(path)
+        written = save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.captions()])
+        write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
+        return written

@@ -4,10 +4,11 @@ from __future__ import annotations
 from torch import nn
 
 from .base import Adapter, UnsupportedModelError
+from .clip.adapter import ClipAdapter
 from .hf_bert.adapter import HFBertAdapter
 from .timm_vit.adapter import TimmViTAdapter
 
-ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter)
+ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter, ClipAdapter)
 
 
 def register_adapter(adapter: type[Adapter]) -> None:
@@ -28,4 +29,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "ClipAdapter"]

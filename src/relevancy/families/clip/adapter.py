@@ -1,0 +1,193 @@
+"""CLIP (transformers `CLIPModel`, open_clip `CLIP`): two streams, `image` and `text`, that meet only in the logit.
+
+An explanation explains the *scaled* logit of each image-text pair (`exp(logit_scale) * cosine`), as the authors'
+notebook does: image stream read at [CLS] over the patches, text stream read at the end-of-text token over every
+position (causal attention: positions after it are 0). Every attention-based method runs on both towers.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from ...explanation import Explanation, PairExplanation
+from ...streams import AttentionSite, Stream
+from ..base import Adapter, checked_images
+from .batch import ImageTextBatch
+from .towers import IMAGE, TEXT, ClipTowers, Recorder, clip_library
+
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+class RecordedTensor:
+    """A tensor the towers' recorder names (an attention or a last-attention input), hookable like a module."""
+
+    def __init__(self, adapter: "ClipTowersAdapter", key: tuple) -> None:
+        self.adapter, self.key = adapter, key
+
+    def register_forward_hook(self, hook):
+        recorder = self.adapter.recorder
+        if recorder is None:
+            raise RuntimeError("CLIP tensors are recorded only inside adapter.explaining()")
+        return recorder.listen(self.key, hook)
+
+
+class ClipTowersAdapter(Adapter):
+    """What the pair adapter and the zero-shot adapter share: the towers, their sites, eval mode and restoring."""
+
+    method_defaults: ClassVar[dict[str, dict]] = {"generic_attention": {"start_layer": -1}}
+    towers_used: ClassVar[tuple[str, ...]] = (IMAGE, TEXT)
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.towers = ClipTowers(self.clip)
+        self.recorder: Recorder | None = None
+
+    @property
+    def clip(self) -> nn.Module:
+        return self.model
+
+    def attention_sites(self) -> list[AttentionSite]:
+        depth = {IMAGE: self.towers.image_depth, TEXT: self.towers.text_depth}
+        return [
+            AttentionSite(tower, tower, RecordedTensor(self, ("attention", tower, block)))
+            for tower in self.towers_used for block in range(depth[tower])
+        ]
+
+    def attention_inputs(self) -> dict[str, RecordedTensor]:
+        return {tower: RecordedTensor(self, ("input", tower)) for tower in self.towers_used}
+
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode and recorded attention (exact eager attention / recomputed open_clip attention) for the call."""
+        with self.towers.explaining() as recorder:
+            self.recorder = recorder
+            try:
+                yield
+            finally:
+                self.recorder = None
+
+    def shared_state(self) -> list[object]:
+        return self.towers._shared_state()
+
+    def image_stream(self, images: torch.Tensor) -> Stream:
+        readout = torch.zeros(len(images), dtype=torch.long, device=images.device)
+        return Stream(IMAGE, "image", 1, readout, grid=self.towers.grid_size(images))
+
+    def check_images(self, images: object) -> torch.Tensor:
+        return checked_images(images, self.clip, lambda shape: None)
+
+    def describe_images(self, images: torch.Tensor) -> dict:
+        """Input size and the normalisation to undo for overlays: the model's `image_mean`/`image_std` if set,
+        open_clip's `preprocess_cfg`, else OpenAI CLIP's statistics (what transformers' CLIP processors use)."""
+        preprocess = getattr(getattr(self.clip, "visual", None), "preprocess_cfg", None) or {}
+        mean = getattr(self.clip, "image_mean", None) or preprocess.get("mean") or OPENAI_CLIP_MEAN
+        std = getattr(self.clip, "image_std", None) or preprocess.get("std") or OPENAI_CLIP_STD
+        return {"input_size": tuple(images.shape[-2:]), "mean": tuple(mean), "std": tuple(std)}
+
+
+class ClipAdapter(ClipTowersAdapter):
+    """Image-text pairs of a CLIP model; inputs `(images, texts)` or an `ImageTextBatch`."""
+
+    family = "CLIP (transformers CLIPModel, open_clip CLIP with a ViT image tower)"
+    examples = "transformers.CLIPModel, open_clip.create_model('ViT-B-32'), relevancy.bench.load_clip()"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        return clip_library(model) is not None
+
+    def check_inputs(self, inputs: object) -> ImageTextBatch:
+        if isinstance(inputs, ImageTextBatch):
+            batch = inputs
+        elif isinstance(inputs, (tuple, list)) and len(inputs) == 2:
+            batch = ImageTextBatch.of(inputs[0], inputs[1])
+        else:
+            raise TypeError(
+                "inputs of a CLIP model must be (images, texts): images (n, 3, H, W) normalised as the model expects, "
+                "texts the tokenizer's output or input_ids (m, T); or a relevancy ImageTextBatch"
+            )
+        images = self.check_images(batch.images)
+        ids = batch.input_ids.to(images.device)
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be (m, T) with T >= 1, got shape {tuple(ids.shape)}")
+        context = self.towers.context_length
+        if ids.shape[1] > context:
+            raise ValueError(f"the texts have {ids.shape[1]} positions but the model reads at most {context}: tokenise with its context length")
+        vocab = self._vocab_size()
+        if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}, got {bad}")
+        pairs = batch.pairs.to(images.device)
+        if len(pairs) == 0:
+            raise ValueError("the batch holds no image-text pairs: there is nothing to explain")
+        bad_pairs = (pairs[:, 0] < 0) | (pairs[:, 0] >= len(images)) | (pairs[:, 1] < 0) | (pairs[:, 1] >= len(ids))
+        if bad_pairs.any():
+            raise ValueError(f"pairs must index images 0..{len(images) - 1} and texts 0..{len(ids) - 1}, got {pairs[bad_pairs][0].tolist()}")
+        mask = None if batch.attention_mask is None else batch.attention_mask.to(images.device)
+        return ImageTextBatch(images, ids, pairs, mask, batch.tokens)
+
+    def _vocab_size(self) -> int | None:
+        config = getattr(getattr(self.clip, "config", None), "text_config", None)
+        if config is not None:
+            return config.vocab_size
+        embedding = getattr(self.clip, "token_embedding", None)
+        return None if embedding is None else embedding.num_embeddings
+
+    def batches(self, inputs: ImageTextBatch, size: int) -> Iterator[ImageTextBatch]:
+        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
+
+    def streams(self, inputs: ImageTextBatch) -> dict[str, Stream]:
+        ids = inputs.pair_ids
+        readout = self.towers.readout_index(ids)
+        valid = torch.arange(ids.shape[1], device=ids.device) <= readout[:, None]
+        return {IMAGE: self.image_stream(inputs.pair_images), TEXT: Stream(TEXT, "text", 0, readout, valid=valid)}
+
+    def embed(self, inputs: ImageTextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        images = inputs.pair_images
+        if graph and torch.is_grad_enabled() and not images.requires_grad:
+            images = images.detach().requires_grad_(True)
+        text = self.towers.text_tokens(inputs.pair_ids)
+        if graph and torch.is_grad_enabled() and not text.requires_grad:
+            text = text.detach().requires_grad_(True)
+        return {IMAGE: self.towers.image_tokens(images), TEXT: text}
+
+    def forward_tokens(
+        self, inputs: ImageTextBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logits (P, 1), image features (P, E))`: the pair logits as the one "class" of each pair."""
+        ids = inputs.pair_ids if rows is None else inputs.pair_ids[rows]
+        text, keep = tokens[TEXT], None
+        kept = (positions or {}).get(TEXT)
+        if kept is not None:  # a selection of text positions: the others are masked out as keys, positions unchanged
+            full = text.new_zeros(len(text), ids.shape[1], text.shape[-1])
+            text = full.scatter(1, kept[:, :, None].expand(-1, -1, text.shape[-1]), text)
+            keep = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device).scatter(1, kept, True)
+        image_features = self.towers.image_features_from_tokens(tokens[IMAGE])
+        text_features = self.towers.text_features_from_tokens(text, ids, keep)
+        return self.towers.pair_logits(image_features, text_features)[:, None], image_features
+
+    def describe_inputs(self, inputs: ImageTextBatch) -> dict:
+        return self.describe_images(inputs.pair_images)
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: ImageTextBatch, **fields: Any) -> Explanation:
+        fields.pop("concept", None)
+        streams = self.streams(inputs)
+        return PairExplanation(
+            image_scores=scores[IMAGE],
+            text_scores=scores[TEXT],
+            pairs=inputs.pairs.cpu(),
+            readout=streams[TEXT].readout.cpu(),
+            tokens=inputs.pair_tokens() or _placeholder_tokens(inputs.pair_ids, streams[TEXT].readout),
+            **self.describe_inputs(inputs),
+            **fields,
+        )
+
+
+def _placeholder_tokens(ids: torch.Tensor, readout: torch.Tensor) -> list[list[str]]:
+    """`[id]` strings for positions 0..end of each text when no tokenizer named them."""
+    return [[f"[{t}]" for t in row[: int(end) + 1]] for row, end in zip(ids.tolist(), readout.tolist())]
