@@ -140,3 +140,24 @@ def test_callable_target_and_errors(setup):
         relevancy.explain(model, images, method="raw_attention")
     with pytest.raises(ValueError, match="start_layer"):
         relevancy.explain(model, (images, ids), method="generic_attention", start_layer=99)
+
+
+def test_zero_shot_classifier_explains_classes_and_concepts(setup):
+    """A CLIP + prompts classifier: logits equal the model's own; every image method runs on it, concepts too."""
+    case, model = setup
+    images, prompts = case["images"], case["input_ids"]
+    classifier = relevancy.ZeroShotClassifier(model, prompts, class_names=[f"c{k}" for k in range(len(prompts))])
+    with torch.no_grad():
+        logits = classifier(images)
+    assert close(logits, case["logits_per_image"]) < 1e-10
+    for method in ("generic_attention", "raw_attention", "rollout", "attention_gradcam", "cdam", "token_ablation"):
+        expl = relevancy.explain(classifier, images, method=method, target=1)
+        assert expl.scores.shape[0] == len(images) and torch.isfinite(expl.scores).all()
+        assert expl.labels()[0].startswith("c1")
+    # the zero-shot generic attention for class k is the pair (image, prompt k) explanation of the image part
+    pair = relevancy.explain(model, (images[:1], prompts[1:2]), method="generic_attention", start_layer=0)
+    zero_shot = relevancy.explain(classifier, images[:1], method="generic_attention", target=1, start_layer=0)
+    assert close(zero_shot.scores, pair.parts["image"].scores) < 1e-10
+    concept = relevancy.Concept(classifier, images[1:])
+    expl = relevancy.explain(classifier, images[:1], method="cdam", target=concept)
+    assert torch.isfinite(expl.scores).all() and expl.scores.abs().sum() > 0

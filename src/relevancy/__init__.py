@@ -9,21 +9,29 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import explain
-    from .explanation import Explanation
+    from .explanation import Explanation, PairExplanation
+    from .families.clip.batch import ImageTextBatch
+    from .families.clip.zero_shot import ZeroShotClassifier
     from .targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "Concept", "METHODS"]
+__all__ = ["explain", "Explanation", "PairExplanation", "Concept", "ImageTextBatch", "ZeroShotClassifier", "METHODS"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """`explain`, `Explanation`, `Concept`, `METHODS` (the registered method names), imported when first read."""
+    """The public names (`METHODS`: the registered method names), imported when first read."""
     if name == "explain":
         from .api import explain as value
     elif name == "Explanation":
         from .explanation import Explanation as value
+    elif name == "PairExplanation":
+        from .explanation import PairExplanation as value
+    elif name == "ImageTextBatch":
+        from .families.clip.batch import ImageTextBatch as value
+    elif name == "ZeroShotClassifier":
+        from .families.clip.zero_shot import ZeroShotClassifier as value
     elif name == "Concept":
         from .targets import Concept as value
     elif name == "METHODS":

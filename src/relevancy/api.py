@@ -71,6 +71,11 @@ Inputs, by model family:
   Hugging Face BERT-family sequence classifier (BERT, RoBERTa, XLM-R, CamemBERT, DistilBERT): the tokenizer's
       output, a dict or BatchEncoding with input_ids and attention_mask (e.g. relevancy.text.encode(tokenizer,
       texts)), or a LongTensor of token ids (B, T).
+  CLIP (transformers CLIPModel, open_clip CLIP with a ViT image tower): (images, texts), texts the tokenizer's
+      output or input_ids (m, T); image i with text i (one image with every text, or every image with one text),
+      or relevancy.ImageTextBatch.grid(images, texts) for every pair. Returns a PairExplanation: parts["image"]
+      (P, h, w) and parts["text"] (P, T). generic_attention's start_layer defaults to -1 (the last block).
+  relevancy.ZeroShotClassifier(clip, prompts, class_names): images (B, 3, H, W), explained like a ViT classifier.
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

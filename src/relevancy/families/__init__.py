@@ -4,11 +4,11 @@ from __future__ import annotations
 from torch import nn
 
 from .base import Adapter, UnsupportedModelError
-from .clip.adapter import ClipAdapter
+from .clip.adapter import ClipAdapter, ZeroShotAdapter
 from .hf_bert.adapter import HFBertAdapter
 from .timm_vit.adapter import TimmViTAdapter
 
-ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter, ClipAdapter)
+ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter, ClipAdapter, ZeroShotAdapter)
 
 
 def register_adapter(adapter: type[Adapter]) -> None:
@@ -29,4 +29,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "ClipAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "ClipAdapter", "ZeroShotAdapter"]

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...explanation import Explanation, PairExplanation
@@ -191,3 +192,49 @@ class ClipAdapter(ClipTowersAdapter):
 def _placeholder_tokens(ids: torch.Tensor, readout: torch.Tensor) -> list[list[str]]:
     """`[id]` strings for positions 0..end of each text when no tokenizer named them."""
     return [[f"[{t}]" for t in row[: int(end) + 1]] for row, end in zip(ids.tolist(), readout.tolist())]
+
+
+class ZeroShotAdapter(ClipTowersAdapter):
+    """A `ZeroShotClassifier`: the image stream of its CLIP, explained like a ViT classifier (classes, Concepts)."""
+
+    family = "CLIP zero-shot classifier (relevancy ZeroShotClassifier)"
+    examples = "ZeroShotClassifier(clip_model, tokenizer(['a photo of a cat', 'a photo of a dog']))"
+    towers_used = (IMAGE,)
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        from .zero_shot import ZeroShotClassifier
+
+        return isinstance(model, ZeroShotClassifier)
+
+    @property
+    def clip(self) -> nn.Module:
+        return self.model.clip
+
+    def class_names(self) -> list[str] | None:
+        return self.model.class_names
+
+    def check_inputs(self, inputs: object) -> torch.Tensor:
+        return self.check_images(inputs)
+
+    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+        return iter(inputs.split(size))
+
+    def streams(self, inputs: torch.Tensor) -> dict[str, Stream]:
+        return {IMAGE: self.image_stream(inputs)}
+
+    def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
+        if graph and torch.is_grad_enabled() and not inputs.requires_grad:
+            inputs = inputs.detach().requires_grad_(True)
+        return {IMAGE: self.towers.image_tokens(inputs)}
+
+    def forward_tokens(
+        self, inputs: torch.Tensor, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logits (B, K), normalised image embedding (B, E))`: a Concept is a mean direction in CLIP's space."""
+        features = self.towers.image_features_from_tokens(tokens[IMAGE])
+        return self.model.logits_from_features(features), F.normalize(features, dim=-1)
+
+    def describe_inputs(self, inputs: torch.Tensor) -> dict:
+        return self.describe_images(inputs)
