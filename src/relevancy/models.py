@@ -5,12 +5,16 @@ local cache only), so a missing download fails in seconds instead of after huggi
 """
 from __future__ import annotations
 
+import difflib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
+
+from .extras import require
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"
@@ -152,3 +156,69 @@ def hub_access() -> Iterator[str | None]:
         yield f"the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached"
     finally:
         constants.HF_HUB_OFFLINE = False
+
+
+SHIPPED_CLIP = "shapes-clip"
+OPEN_CLIP_PREFIX = "open_clip:"
+
+
+@dataclass
+class ClipBundle:
+    """A CLIP model with what the command line needs around it: its tokenizer and its image preprocessing."""
+
+    model: nn.Module
+    encode: Callable[[list[str]], dict[str, torch.Tensor]]  # texts -> {"input_ids", optionally "attention_mask"}
+    token_strings: Callable[[torch.Tensor], list[list[str]]]  # (m, T) ids -> strings per position
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
+    """`name`: "shapes-clip" (shipped, offline), `open_clip:ARCH[:PRETRAINED]` (open_clip's model names; PRETRAINED
+    a tag or a local weights file), or a Hugging Face hub name or local folder of a `CLIPModel` (with its tokenizer
+    and image processor)."""
+    if name == SHIPPED_CLIP:
+        from .bench.clip_model import CONTEXT_LENGTH, load_clip
+        from .bench.scenes import IMAGE_SIZE, MEAN, STD
+
+        model, tokenizer = load_clip()
+        return ClipBundle(model, lambda texts: tokenizer.encode(texts, CONTEXT_LENGTH), tokenizer.tokens, IMAGE_SIZE, MEAN, STD)
+    if name.startswith(OPEN_CLIP_PREFIX):
+        open_clip = require("open_clip", extra="clip")
+        arch, _, pretrained = name[len(OPEN_CLIP_PREFIX):].partition(":")
+        if arch not in open_clip.list_models():
+            close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
+            raise ValueError(f"open_clip has no model '{arch}'" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        with hub_access():
+            model = open_clip.create_model(arch, pretrained=pretrained or None).eval()
+        tokenizer = open_clip.get_tokenizer(arch)
+        decoder = getattr(tokenizer, "decoder", None)
+        preprocess = getattr(model.visual, "preprocess_cfg", {}) or {}
+        size = model.visual.image_size
+        return ClipBundle(
+            model, lambda texts: {"input_ids": tokenizer(texts)},
+            lambda ids: [[decoder.get(int(t), f"[{int(t)}]") if decoder else f"[{int(t)}]" for t in row] for row in ids],
+            size[0] if isinstance(size, (tuple, list)) else size,
+            tuple(preprocess.get("mean", (0.48145466, 0.4578275, 0.40821073))),
+            tuple(preprocess.get("std", (0.26862954, 0.26130258, 0.27577711))),
+        )
+    transformers = require("transformers", extra="text")
+    with hub_access() as offline:
+        try:
+            model = transformers.CLIPModel.from_pretrained(name).eval()
+            tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+            processor = transformers.CLIPImageProcessor.from_pretrained(name)
+        except OSError as error:
+            where = f" ({offline}; only the local cache was searched)" if offline else ""
+            raise ValueError(
+                f"--model {name}: not a CLIP model folder or hub name{where}; give '{SHIPPED_CLIP}', "
+                f"'{OPEN_CLIP_PREFIX}ARCH[:PRETRAINED]' or a folder with a CLIPModel, its tokenizer and image processor"
+            ) from error
+    crop = processor.crop_size or processor.size
+    size = crop.get("height") or crop.get("shortest_edge")
+    return ClipBundle(
+        model, lambda texts: dict(tokenizer(texts, padding=True, return_tensors="pt")),
+        lambda ids: [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids],
+        int(size), tuple(processor.image_mean), tuple(processor.image_std),
+    )

@@ -31,12 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     methods = f"one of {', '.join(METHOD_NAMES)}"
 
-    p = commands.add_parser("explain", help="explain images with a timm Vision Transformer",
+    p = commands.add_parser("explain", help="explain images with a timm Vision Transformer, or image-text pairs with CLIP (--text)",
                             description="Explain images with a timm Vision Transformer: one PNG per image (the "
-                                        "methods side by side) and, with --json, the numbers on stdout.")
+                                        "methods side by side) and, with --json, the numbers on stdout. With --text, "
+                                        "explain each image against each text with a CLIP model: per image a PNG (a row "
+                                        "per text) and an HTML page of the coloured texts.")
     p.add_argument("images", nargs="+", help="image files (16-bit and float images are scaled by their range; "
                                              f"EXIF orientation is applied; animations use frame 1; at most {MAX_IMAGE_PIXELS:,} pixels)")
-    p.add_argument("--model", default="shapes", help="timm model name (hub weights), local checkpoint (.pth/.pt/.bin/.safetensors, with --arch), or 'shapes' (the shipped model, default)")
+    p.add_argument("--model", default=None, help="timm model name (hub weights), local checkpoint (.pth/.pt/.bin/.safetensors, with --arch), "
+                                             "or 'shapes' (the shipped model, default). With --text: 'shapes-clip' (the shipped CLIP, default), "
+                                             "'open_clip:ARCH[:PRETRAINED]', or a Hugging Face CLIP hub name or folder")
+    p.add_argument("--text", action="append", default=None, metavar="TEXT",
+                   help="a caption to explain each image against (repeat for several); switches to a CLIP model")
     p.add_argument("--arch", help="timm architecture of a local checkpoint")
     p.add_argument("--method", default="transformer_attribution", help=f"{methods}, or 'all' (side by side)")
     p.add_argument("--target", type=int, default=None, help="class index to explain (default: the predicted class)")

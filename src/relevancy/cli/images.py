@@ -75,8 +75,26 @@ def preprocess(pictures: Sequence[Image.Image], model: nn.Module) -> torch.Tenso
     return torch.stack([transform(picture) for picture in pictures])
 
 
+def normalised(pictures: Sequence[Image.Image], size: int, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """CLIP-style preprocessing: the shorter side resized to `size` (bicubic), the centre `size x size` cropped,
+    normalised with `mean` and `std`; one batch."""
+    import torch
+    from torchvision.transforms import v2
+
+    transform = v2.Compose([
+        v2.ToImage(), v2.Resize(size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True), v2.CenterCrop(size),
+        v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std)),
+    ])
+    return torch.stack([transform(picture) for picture in pictures])
+
+
 def run_explain(args: argparse.Namespace) -> list[Path]:
-    """`relevancy explain`: checks, then one PNG per image (methods side by side) and/or the numbers as JSON."""
+    """`relevancy explain`: checks, then one PNG per image (methods side by side) and/or the numbers as JSON;
+    with `--text`, image-text pairs of a CLIP model (`cli.pairs`)."""
+    if args.text:
+        from .pairs import run_explain_pairs
+
+        return run_explain_pairs(args, [read_image(path) for path in args.images])
     methods = resolve_methods(args.method)
     at_least("--target", args.target, 0)
     out = None if args.out is None and args.json else Path(args.out or DEFAULT_OUT)
@@ -88,11 +106,11 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     from .. import models
     from ..api import explain
 
-    model = models.load_image_model(args.model, args.arch)
+    model = models.load_image_model(args.model or models.SHIPPED, args.arch)
     images = preprocess(pictures, model)
     results = {m: explain(model, images, method=m, target=args.target) for m in methods}
     if args.json:
-        print_json({"model": args.model, "method": args.method, "images": [
+        print_json({"model": args.model or models.SHIPPED, "method": args.method, "images": [
             {"file": path, "methods": {m: explanation_numbers(r, i) for m, r in results.items()}}
             for i, path in enumerate(args.images)
         ]})

@@ -1,0 +1,90 @@
+"""`relevancy explain IMAGE --text ...`: image-text pairs from the shell, for the shipped CLIP, a Hugging Face CLIP
+folder (with its tokenizer and image processor) and an open_clip model by name."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+open_clip = pytest.importorskip("open_clip")
+transformers = pytest.importorskip("transformers")
+
+from golden import GOLDEN  # noqa: E402
+from relevancy.cli import main  # noqa: E402
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def tiny_tokenizer(folder, vocab_size: int) -> None:
+    """A CLIPTokenizer whose words are spelled letter by letter (no merges), end token = the largest id."""
+    vocab = {c: i for i, c in enumerate(LETTERS)} | {c + "</w>": 26 + i for i, c in enumerate(LETTERS)}
+    vocab |= {"<|startoftext|>": vocab_size - 2, "<|endoftext|>": vocab_size - 1}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt")).save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """The golden tiny CLIP saved as a Hugging Face folder with a tokenizer and an image processor."""
+    case = torch.load(GOLDEN / "clip_reference.pt", weights_only=True)[0]
+    folder = tmp_path_factory.mktemp("tiny-clip")
+    model = transformers.CLIPModel(transformers.CLIPConfig(**case["hf_config"])).eval()
+    model.load_state_dict({k: v.float() for k, v in case["state_dict_hf"].items()}, strict=True)
+    model.save_pretrained(folder)
+    size = case["config"]["image_resolution"]
+    transformers.CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size}).save_pretrained(folder)
+    tiny_tokenizer(folder, case["hf_config"]["text_config"]["vocab_size"])
+    return folder
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("images") / "cat.png"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def test_hugging_face_folder(hf_folder, photo, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["explain", str(photo), "--text", "a red star", "--text", "a ring", "--model", str(hf_folder),
+                 "--method", "generic_attention", "--out", str(out), "--json"])
+    assert code == 0
+    numbers = json.loads(capsys.readouterr().out)
+    pairs = numbers["images"][0]["pairs"]
+    assert [p["text"] for p in pairs] == ["a red star", "a ring"]
+    first = pairs[0]["methods"]["generic_attention"]
+    assert np.array(first["image_scores"]).shape == (4, 4)  # 32 px, patch 8
+    assert first["tokens"][0] == "<|startoftext|>" and first["tokens"][-1] == "<|endoftext|>"
+    assert len(first["text_scores"]) == len(first["tokens"])
+    assert sorted(p.name for p in out.iterdir()) == ["cat_generic_attention.html", "cat_generic_attention.png"]
+    page = (out / "cat_generic_attention.html").read_text()
+    assert "a red star" in page and "<span" in page
+
+
+def test_open_clip_by_name(photo, tmp_path, capsys):
+    code = main(["explain", str(photo), "--text", "a photo of a cat", "--model", "open_clip:ViT-S-32",
+                 "--method", "raw_attention", "--json"])
+    assert code == 0
+    numbers = json.loads(capsys.readouterr().out)
+    scores = numbers["images"][0]["pairs"][0]["methods"]["raw_attention"]
+    assert np.array(scores["image_scores"]).shape == (7, 7)  # 224 px, patch 32
+    assert scores["tokens"][0] == "<start_of_text>" and scores["tokens"][-1] == "<end_of_text>"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--text", ""], "--text is empty"),
+    (["--text", "a star", "--target", "1"], "--target picks a class"),
+    (["--text", "a star", "--method", "lrp"], "does not explain image-text pairs"),
+    (["--text", "a star", "--model", "open_clip:ViT-Q-99"], "open_clip has no model"),
+])
+def test_bad_requests(photo, tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    code = main(["explain", str(photo), "--out", str(out), *argv])
+    assert code != 0
+    assert message in capsys.readouterr().err
+    assert not out.exists()
