@@ -87,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", default="shapes",
                    help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "
                         "ImageFolder validation set), imagenet-seg (segmentation on gtsegs_ijcv.mat) or eraser "
-                        "(token-F1 of a text classifier against ERASER rationales, e.g. Movie Reviews)")
+                        "(token-F1 of a text classifier against ERASER rationales, e.g. Movie Reviews) or shapes-clip (grounding of "
+                        "captions naming one object of two-object scenes by the shipped shapes CLIP: image and text side)")
     p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat")
-    p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default), a timm model name, or a local checkpoint (with --arch)")
+    p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default; for shapes-clip the shipped shapes CLIP), a timm model name, "
+                        "or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file)")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
     p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,

@@ -1,6 +1,6 @@
 """`relevancy evaluate`: the papers' evaluation protocols in one command.
 
-    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg [--data PATH] [--model NAME] [--arch A]
+    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip [--data PATH] [--model NAME] [--arch A]
                        [--methods all|a,b,c] [--n N | -n N] [--batch-size B] [--out DIR] [--seed S]
                        [--paper-settings] [--threads T] [--workers W] [--json]
 
@@ -24,7 +24,7 @@ from torch import nn
 
 __all__ = ["evaluate", "parse_methods"]
 
-DEFAULT_N = {"shapes": 500}  # imagenet, imagenet-seg: the whole data set
+DEFAULT_N = {"shapes": 500, "shapes-clip": 200}  # imagenet, imagenet-seg: the whole data set
 #: the ``units`` field of the eraser benchmark's results.json
 RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as ERASER reports them; seconds_per_text: seconds"
 
@@ -77,9 +77,11 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         raise _usage_error(f"--threads must be at least 1, got {args.threads}")
     if args.workers < 0:
         raise _usage_error(f"--workers must be non-negative, got {args.workers}")
-    if benchmark == "shapes":
+    if benchmark in ("shapes", "shapes-clip"):
         if args.data is not None:
-            raise _usage_error("the shapes benchmark generates its scenes: --data is not used with it")
+            raise _usage_error(f"the {benchmark} benchmark generates its scenes: --data is not used with it")
+        if benchmark == "shapes-clip" and n > MAX_SCENES:
+            raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes-clip benchmark, got {n}")
     elif benchmark == "eraser":
         if args.data is None or not (Path(args.data) / f"{args.split}.jsonl").is_file():
             raise _usage_error(f"--benchmark eraser needs --data: an ERASER folder with docs/ (or docs.jsonl) and {args.split}.jsonl")
@@ -170,6 +172,8 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
     methods = parse_methods(args.methods)
     if benchmark == "eraser":
         return evaluate_rationales(args, methods, n)
+    if benchmark == "shapes-clip":
+        return evaluate_shapes_clip(args, methods, n)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -226,6 +230,36 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
     ])
     out = Path(args.out)
     written = [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"), write_atomic(out / "report.md", report)]
+    if args.json:
+        from .common import print_json
+
+        print_json(results)
+    return written
+
+
+def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: int) -> list[Path]:
+    """Grounding of captions in two-object scenes by the shipped shapes CLIP (or a checkpoint of it); writes
+    results.json and report.md."""
+    from ..bench.clip_model import load_clip
+    from ..evaluation.grounding import evaluate_grounding, grounding_report
+    from ..files import write_atomic
+    from .pairs import PAIR_METHODS
+
+    if args.methods.strip() == "all":
+        methods = tuple(m for m in methods if m in PAIR_METHODS)
+    unsupported = [m for m in methods if m not in PAIR_METHODS]
+    if unsupported:
+        raise _usage_error(f"method {unsupported[0]} does not explain image-text pairs; shapes-clip takes {', '.join(PAIR_METHODS)}")
+    if args.model != "shapes" and not Path(args.model).is_file():
+        raise _usage_error(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
+    model, tokenizer = load_clip(None if args.model == "shapes" else args.model)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    results = evaluate_grounding(model, tokenizer, methods, n, seed=args.seed, batch_size=args.batch_size, progress=not args.quiet)
+    results["model"] = "shapes-clip (shipped)" if args.model == "shapes" else args.model
+    out = Path(args.out)
+    written = [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"),
+               write_atomic(out / "report.md", grounding_report(results))]
     if args.json:
         from .common import print_json
 
