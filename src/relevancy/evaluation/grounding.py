@@ -109,6 +109,7 @@ def evaluate_grounding(
     variants = [v for m in methods for v in VARIANTS.get(m, ((m, m, {}),))]
     sums: dict[str, dict[str, float]] = {label: {} for label, _, _ in variants}
     seconds = {label: 0.0 for label, _, _ in variants}
+    areas = {"named": 0.0, "other": 0.0}
     batches = [range(s, min(n, s + batch_size)) for s in range(0, n, batch_size)]
     if progress:
         from tqdm import tqdm
@@ -118,6 +119,8 @@ def evaluate_grounding(
         data = grounding_scenes(indices, seed, tokenizer)
         encoded = tokenizer.encode(data.captions)
         batch = ImageTextBatch.of(data.images, encoded)
+        areas["named"] += float(data.named.flatten(1).double().mean(1).sum())
+        areas["other"] += float(data.other.flatten(1).double().mean(1).sum())
         for label, method, options in variants:
             started = time.perf_counter()
             expl = explain(model, batch, method=method, **options)
@@ -126,8 +129,12 @@ def evaluate_grounding(
             values["token_f1"] = token_f1(expl.parts["text"].scores.cpu(), expl.readout, data.naming_positions)
             for name, per_scene in values.items():
                 sums[label][name] = sums[label].get(name, 0.0) + float(per_scene.sum())
+    chance = {"named": areas["named"] / n, "other": areas["other"] / n}
     return {
         "benchmark": "shapes-clip", "n": n, "seed": seed,
+        # a uniform map: shares and pointing hits equal the objects' areas as fractions of the image
+        "chance": {"own_share": chance["named"], "other_share": chance["other"], "pointing": chance["named"],
+                   "pointing_other": chance["other"]},
         "methods": {
             label: {**{name: total / n for name, total in sums[label].items()}, "seconds_per_pair": seconds[label] / n}
             for label in sums
@@ -152,5 +159,7 @@ def grounding_report(results: dict[str, Any]) -> str:
         "",
         "| method | own share | other share | pointing | pointing other | IoU | token-F1 | ms / pair |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        *rows, "",
+        *rows,
+        "| uniform map (chance) | " + " | ".join(f"{100 * results['chance'][c]:.1f}" if c in results["chance"] else "" for c in columns) + " | |",
+        "",
     ])
