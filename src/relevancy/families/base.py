@@ -167,3 +167,18 @@ def checked_images(inputs: object, model: nn.Module, check_shape: Callable[[tupl
             "normalised pixel values"
         )
     return inputs
+
+
+def transformers_configs(model: nn.Module) -> list:
+    """Every distinct transformers config the model's modules read their attention implementation from (sub-configs
+    too), parents first: what switching the attention implementation for a call must set and restore."""
+    seen: dict[int, object] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            seen.setdefault(id(config), config)
+            for name in getattr(config, "sub_configs", {}) or {}:
+                sub = getattr(config, name, None)
+                if sub is not None and hasattr(sub, "_attn_implementation"):
+                    seen.setdefault(id(sub), sub)
+    return list(seen.values())

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...guard import exclusive
-from ..base import UnsupportedModelError
+from ..base import UnsupportedModelError, transformers_configs
 
 IMAGE, TEXT = "image", "text"
 TOWERS = (IMAGE, TEXT)
@@ -247,20 +247,6 @@ def _register_exact_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ATTENTION, eager_mask)
 
 
-def _hf_configs(model: nn.Module) -> list:
-    """Every distinct config the model's modules read their attention implementation from, parents first."""
-    seen: dict[int, object] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation"):
-            seen.setdefault(id(config), config)
-            for name in getattr(config, "sub_configs", {}) or {}:
-                sub = getattr(config, name, None)
-                if sub is not None and hasattr(sub, "_attn_implementation"):
-                    seen.setdefault(id(sub), sub)
-    return list(seen.values())
-
-
 class _TransformersTowers(ClipTowers):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -276,11 +262,11 @@ class _TransformersTowers(ClipTowers):
         self._eos = text.eos_token_id
 
     def _shared_state(self) -> list[object]:
-        return _hf_configs(self.model)
+        return transformers_configs(self.model)
 
     def _install(self, recorder: Recorder, undo: list[Callable[[], None]]) -> None:
         _register_exact_attention()
-        configs = _hf_configs(self.model)
+        configs = transformers_configs(self.model)
         saved = [(c, c._attn_implementation) for c in configs]
 
         def restore() -> None:

@@ -22,7 +22,7 @@ from torch import nn
 
 from ...explanation import TextExplanation
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, UnsupportedModelError
+from ..base import Adapter, UnsupportedModelError, transformers_configs
 from .batch import TextBatch
 
 
@@ -304,7 +304,7 @@ class HFBertAdapter(Adapter):
     @contextmanager
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:
         """Eval mode and, if asked, eager attention (the only one returning probabilities) for one call."""
-        configs = _configs(self.model)
+        configs = transformers_configs(self.model)
         implementations = [getattr(c, "_attn_implementation", None) for c in configs]
         training = {m: m.training for m in self.model.modules()}
         try:
@@ -322,7 +322,7 @@ class HFBertAdapter(Adapter):
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
-        return _configs(self.model)
+        return transformers_configs(self.model)
 
     def embed(self, inputs: TextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
         kwargs = {"input_ids": inputs.input_ids}
@@ -352,16 +352,6 @@ class HFBertAdapter(Adapter):
         for layer in self.blocks:
             hidden = _first(layer(hidden, additive))
         return self.layout.head(self.model, hidden)
-
-
-def _configs(model: nn.Module) -> list:
-    """Every distinct config object the model's modules read their attention implementation from."""
-    seen: dict[int, object] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation"):
-            seen.setdefault(id(config), config)
-    return list(seen.values())
 
 
 def _from_encoding(encoding: Mapping, pad_id: int | None) -> TextBatch:
