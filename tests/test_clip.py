@@ -161,3 +161,32 @@ def test_zero_shot_classifier_explains_classes_and_concepts(setup):
     concept = relevancy.Concept(classifier, images[1:])
     expl = relevancy.explain(classifier, images[:1], method="cdam", target=concept)
     assert torch.isfinite(expl.scores).all() and expl.scores.abs().sum() > 0
+
+
+def test_model_restored_after_an_error_and_under_threads(setup):
+    """An exception inside a call leaves nothing switched; calls from several threads give the one-thread maps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relevancy.families.base import transformers_configs
+
+    case, model = setup
+    configs = [(c, c._attn_implementation) for c in transformers_configs(model)]
+    attributes = {id(m): set(vars(m)) for m in model.modules()}
+    model.train()
+
+    def failing(logits):
+        raise RuntimeError("target failed")
+
+    with pytest.raises(RuntimeError, match="target failed"):
+        relevancy.explain(model, (case["images"][:1], case["input_ids"][:1]), method="generic_attention", target=failing)
+    assert model.training and all(m.training for m in model.modules())
+    assert all(c._attn_implementation == implementation for c, implementation in configs)
+    assert all(set(vars(m)) == attributes[id(m)] for m in model.modules())
+    model.eval()
+
+    pairs = [(case["images"][i % len(case["images"])][None], case["input_ids"][i % len(case["input_ids"])][None]) for i in range(6)]
+    alone = [relevancy.explain(model, p, method="generic_attention", start_layer=0).parts["image"].scores for p in pairs]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(lambda p: relevancy.explain(model, p, method="generic_attention", start_layer=0).parts["image"].scores, pairs))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+    assert all(c._attn_implementation == implementation for c, implementation in configs)
