@@ -19,9 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..metrics.segmentation import normalised_maps

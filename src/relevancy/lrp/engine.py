@@ -48,7 +48,11 @@ class Session:
     rule_set: RuleSet
     exact: bool = False
     mode: str = GRADIENT
+    # every attention's probabilities, in forward order (the order of the adapter's attention sites)
     attentions: list[torch.Tensor] = field(default_factory=list)
+    # per stream, the tokens entering each block, block by block: recorded by rule maps that know their streams
+    # (several towers), by hooks on `adapter.blocks` otherwise (see methods.propagation)
+    block_inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
     def apply(self, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         """`fn(*inputs)`, differentiated by autograd in gradient mode and by `rule` in relevance mode."""
@@ -117,6 +121,15 @@ def linear_rule(module: nn.Linear) -> RelevanceRule:
     return rule
 
 
+def weight_rule(weight: torch.Tensor) -> RelevanceRule:
+    """The Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it) that no nn.Linear holds."""
+
+    def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        return (rules.linear_alpha1_beta0(inputs[0], weight, relevance, session.rule_set.shared_linear_denominator),)
+
+    return rule
+
+
 def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
     def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
         return (rules.conv_zb(inputs[0], module.weight, relevance, module.stride, module.padding, exact=session.exact),)
@@ -132,6 +145,14 @@ def add(session: Session, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def matmul(session: Session, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return session.apply(matmul_rule, torch.matmul, u, v)
+
+
+def linear(
+    session: Session, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    """`fn(x)`, the product of `x` with `weight` (`(out, in)`; a bias is ignored by the rule) under the Linear rule:
+    for weights no nn.Linear holds (open_clip's fused in-projection and projection parameters)."""
+    return session.apply(weight_rule(weight), fn, x)
 
 
 def passthrough(session: Session, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -152,8 +173,10 @@ def first_token(session: Session, x: torch.Tensor) -> torch.Tensor:
 
 
 # -- patching ----------------------------------------------------------------------------------------------
-# A rule map entry turns (module, session) into replacement methods, e.g. {"forward": ...}; {} for none.
-Replacements = dict[str, Callable[..., torch.Tensor]]
+# A rule map entry turns (module, session) into replacement attributes of the module, e.g. {"forward": ...}; {} for
+# none. A key `(owner, name)` replaces an attribute of another object the module's computation goes through (CLIP:
+# the adapter's helper that computes the explained pair logit outside any module).
+Replacements = dict[str | tuple[object, str], object]
 ForwardFactory = Callable[[nn.Module, Session], Replacements]
 
 
@@ -207,18 +230,20 @@ def relevance_session(
     session = Session(rule_set, exact=exact)
     overrides = dict(overrides or {})
     plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
-    patched: list[tuple[nn.Module, str, bool, object]] = []
+    patched: list[tuple[object, str, bool, object]] = []
     try:
         for module, factory in plans:
-            for name, replacement in factory(module, session).items():
-                had_own = name in module.__dict__
-                patched.append((module, name, had_own, module.__dict__.get(name)))
-                object.__setattr__(module, name, replacement)
+            for key, replacement in factory(module, session).items():
+                owner, name = key if isinstance(key, tuple) else (module, key)
+                had_own = name in owner.__dict__
+                patched.append((owner, name, had_own, owner.__dict__.get(name)))
+                object.__setattr__(owner, name, replacement)
         yield session
     finally:
-        for module, name, had_own, previous in reversed(patched):
+        for owner, name, had_own, previous in reversed(patched):
             if had_own:
-                object.__setattr__(module, name, previous)
+                object.__setattr__(owner, name, previous)
             else:
-                object.__delattr__(module, name)
+                object.__delattr__(owner, name)
         session.attentions.clear()
+        session.block_inputs.clear()

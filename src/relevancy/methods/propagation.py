@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 from contextlib import contextmanager
 from typing import Iterator
@@ -10,10 +11,11 @@ import torch
 
 from ..families.base import Adapter, only_stream
 from ..capture import record_forward
-from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, relevance_session
+from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, Session, relevance_session
 from ..targets import Target, resolve_target, target_score
 from ..streams import Stream
 from .attention import chain, family_option, readout_row, set_class_entry, with_identity
+from .gradients import StartLayer, first_layer
 
 WEIGHTS = ("gradient", "attention")
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)
@@ -42,15 +44,53 @@ def _rule_set(adapter: Adapter, method: str, rules: str | None) -> RuleSet:
     return RULE_SETS[name]
 
 
+def stream_depths(adapter: Adapter, streams: dict[str, Stream]) -> dict[str, int]:
+    """Per stream, its number of self-attention blocks (from the adapter's attention sites)."""
+    sites = adapter.attention_sites()
+    return {name: sum(site.is_self and site.query == name for site in sites) for name in streams}
+
+
+def stream_attentions(adapter: Adapter, session: Session, streams: dict[str, Stream]) -> dict[str, list[torch.Tensor]]:
+    """Per stream, the self-attentions the rule map recorded, block by block: the session records every attention
+    in forward order, the order of `adapter.attention_sites()`."""
+    sites = adapter.attention_sites()
+    if len(sites) != len(session.attentions):
+        raise RuntimeError(
+            f"the relevance rules recorded {len(session.attentions)} attentions where the model has {len(sites)} "
+            "attention sites: the rule map and the adapter disagree"
+        )
+    found: dict[str, list[torch.Tensor]] = {name: [] for name in streams}
+    for site, attention in zip(sites, session.attentions):
+        if site.is_self:
+            found[site.query].append(attention)
+    return found
+
+
 @contextmanager
-def block_input(adapter: Adapter, index: int) -> Iterator[list[torch.Tensor]]:
-    """Records the tokens entering `adapter.blocks[index]` during the block (to measure relevance there)."""
-    seen: list[torch.Tensor] = []
-    handle = adapter.blocks[index].register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+def recording_block_inputs(adapter: Adapter, session: Session, streams: dict[str, Stream]) -> Iterator[None]:
+    """One-stream families: hooks on `adapter.blocks` fill `session.block_inputs` (the tokens entering each block,
+    where relevance is measured) during the block. The rule maps of multi-stream families record them themselves."""
+    if not adapter.blocks:
+        yield
+        return
+    (name,) = streams
+    handles = [
+        block.register_forward_pre_hook(lambda _m, args: session.block_inputs.setdefault(name, []).append(args[0]))
+        for block in adapter.blocks
+    ]
     try:
-        yield seen
+        yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+
+
+def entering(session: Session, stream: str, block: int) -> torch.Tensor:
+    """The tokens that entered block `block` of `stream` in the session's forward pass."""
+    recorded = session.block_inputs.get(stream, [])
+    if not -len(recorded) <= block < len(recorded):
+        raise RuntimeError(f"the relevance rules recorded no input of block {block} of the {stream} stream")
+    return recorded[block]
 
 
 def conservation(relevance: torch.Tensor, rule_set: RuleSet, method: str) -> dict:
@@ -77,45 +117,77 @@ def full_precision(adapter: Adapter, inputs) -> Iterator[tuple[Adapter, object]]
         yield adapter, inputs
         return
     twin = copy.deepcopy(adapter.model).float()
-    if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
-        inputs = inputs.float()
-    yield type(adapter)(twin), inputs
+    yield type(adapter)(twin), _float32(inputs)
+
+
+def _float32(inputs):
+    """A float input tensor in float32; a batch object (a dataclass, e.g. CLIP's images and texts) with its float
+    tensors in float32; anything else as it is."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.float() if inputs.is_floating_point() else inputs
+    if dataclasses.is_dataclass(inputs) and not isinstance(inputs, type):
+        values = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.init}
+        floats = {name: v.float() for name, v in values.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        return dataclasses.replace(inputs, **floats) if floats else inputs
+    return inputs
 
 
 def transformer_attribution(
-    adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: int = 0, weights: str = "gradient", blocks: str = "all",
-    row_normalize: bool | None = None, cls_entry: str | None = None, exact: bool = False,
+    adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: StartLayer = 0, weights: str = "gradient",
+    blocks: str = "all", row_normalize: bool | None = None, cls_entry: str | None = None, exact: bool = False,
 ) -> tuple:
-    """`C = prod_b (I + E_h (G_b * R_b)^+)` read at the [CLS] row; `R_b` is the paper-rule relevance at `A_b`.
+    """`C = prod_b (I + E_h (G_b * R_b)^+)` read at the readout row, per stream; `R_b` is the paper-rule relevance
+    at `A_b`.
 
     Ablations of the paper: `weights="attention"` uses `A_b` instead of its gradient; `blocks="last"` or
-    `"first"` uses a single block instead of the rollout over all blocks from `start_layer`.
-    `row_normalize` divides each `I + E_h(...)` by its row sums (the BERT reference; ViT: no), `cls_entry`:
-    see `set_class_entry` (the BERT reference sets it to the row's "min"). `exact`: the authors' arithmetic
-    (see relevancy.lrp.rules) instead of the stable default.
+    `"first"` uses a single block instead of the rollout over all blocks from `start_layer` (a block index,
+    negative from the end; a dict: one per stream). `row_normalize` divides each `I + E_h(...)` by its row sums
+    (the BERT reference; ViT: no), `cls_entry`: see `set_class_entry` (the BERT reference sets it to the row's
+    "min"). `exact`: the authors' arithmetic (see relevancy.lrp.rules) instead of the stable default.
+    Several streams (CLIP): one relevance pass serves every stream; each stream's map reads its own attentions,
+    and `relevance_total` is `(B, streams)`, the relevance reaching each stream's earliest block used (see the
+    family's rules for what each stream receives; CLIP: 1 per tower).
     """
     _one_of("weights", weights, WEIGHTS)
     _one_of("blocks", blocks, BLOCKS)
-    stream = only_stream(adapter, inputs, "transformer_attribution")
-    depth = len(adapter.blocks)
-    if not 0 <= start_layer < depth:
-        raise ValueError(f"start_layer must be in 0..{depth - 1}, got {start_layer}")
-    first = {"all": start_layer, "last": depth - 1, "first": 0}[blocks]
+    streams = adapter.streams(inputs)
+    depths = stream_depths(adapter, streams)
+    first = {}
+    for name, stream in streams.items():
+        start = first_layer(start_layer, stream, depths[name])
+        first[name] = {"all": start, "last": depths[name] - 1, "first": 0}[blocks]
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         model = adapter32.model
-        with relevance_session(model, adapter32.relevance_rule_map(), PAPER, exact=exact) as session, block_input(adapter32, first) as entering:
+        with relevance_session(model, adapter32.relevance_rule_map(), PAPER, exact=exact) as session, \
+                recording_block_inputs(adapter32, session, streams):
             fwd = record_forward(adapter32, inputs32, target, gradients=True)
-            attentions = session.attentions
-            used = {"all": attentions[start_layer:], "last": attentions[-1:], "first": attentions[:1]}[blocks]
+            recorded = stream_attentions(adapter32, session, streams)
+            used = {name: recorded[name][first[name]:] if blocks == "all" else [recorded[name][first[name]]] for name in streams}
+            flat = [attention for name in streams for attention in used[name]]
             seed = _seed(fwd.score)
-            factors = session.backward(GRADIENT, fwd.score.sum(), used, seed) if weights == "gradient" else [a.detach() for a in used]
-            matrices, arrived = combine_on_arrival(session, fwd.score.sum(), used, seed, factors, entering[0])
-    if family_option(adapter, "transformer_attribution", "row_normalize", row_normalize, False):
-        matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
-    scores = readout_row(chain(matrices, 0), stream)
+            factors = session.backward(GRADIENT, fwd.score.sum(), flat, seed) if weights == "gradient" else [a.detach() for a in flat]
+            tokens = [entering(session, name, first[name]) for name in streams]
+            matrices, arrived = combine_on_arrival(session, fwd.score.sum(), flat, seed, factors, tokens)
+    normalize = family_option(adapter, "transformer_attribution", "row_normalize", row_normalize, False)
     how = family_option(adapter, "transformer_attribution", "cls_entry", cls_entry, "keep")
-    details = conservation(masked(stream, arrived), PAPER, "transformer_attribution")
-    return set_class_entry(scores, how, stream), fwd.indices, fwd.logits, details
+    label = "transformer_attribution"
+    scores, totals, pending = {}, [], iter(matrices)
+    for (name, stream), relevance in zip(streams.items(), arrived):
+        stream_matrices = [next(pending) for _ in used[name]]
+        if normalize:
+            stream_matrices = [m / m.sum(-1, keepdim=True) for m in stream_matrices]
+        scores[name] = set_class_entry(readout_row(chain(stream_matrices, 0), stream), how, stream)
+        where = label if len(streams) == 1 else f"{label} ({name} stream)"
+        totals.append(conservation(masked(stream, relevance), PAPER, where)["relevance_total"])
+    return _per_stream_result(scores, totals, fwd)
+
+
+def _per_stream_result(scores: dict[str, torch.Tensor], totals: list[torch.Tensor], fwd) -> tuple:
+    """A one-stream family's `(scores, indices, logits, {"relevance_total": (B,)})`; several streams: the scores
+    per stream and the totals as `(B, streams)` columns, in stream order."""
+    if len(scores) == 1:
+        return next(iter(scores.values())), fwd.indices, fwd.logits, {"relevance_total": totals[0]}
+    return scores, fwd.indices, fwd.logits, {"relevance_total": torch.stack(totals, 1)}
 
 
 def masked(stream: Stream, relevance: torch.Tensor) -> torch.Tensor:
@@ -127,12 +199,12 @@ def masked(stream: Stream, relevance: torch.Tensor) -> torch.Tensor:
 
 
 def combine_on_arrival(
-    session, score: torch.Tensor, attentions: list[torch.Tensor], seed: torch.Tensor, factors: list, tokens: torch.Tensor
-) -> tuple[list[torch.Tensor], torch.Tensor]:
+    session, score: torch.Tensor, attentions: list[torch.Tensor], seed: torch.Tensor, factors: list, tokens: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Relevance pass: as each block's relevance `R_b` arrives, reduce it at once to `I + E_h (F_b * R_b)^+`.
 
     Keeps one `(B, T, T)` matrix per block instead of every `(B, heads, T, T)` relevance and factor. The pass
-    goes on to `tokens` (the input of the earliest block used), whose relevance is returned too.
+    goes on to `tokens` (per stream, the input of the earliest block used), whose relevances are returned too.
     """
     matrices: list = [None] * len(attentions)
 
@@ -145,7 +217,7 @@ def combine_on_arrival(
 
     handles = [a.register_hook(reducer(i)) for i, a in enumerate(attentions)]
     try:
-        (arrived,) = session.backward(RELEVANCE, score, [tokens], seed)  # crosses every block used
+        arrived = session.backward(RELEVANCE, score, tokens, seed)  # crosses every block used
     finally:
         for handle in handles:
             handle.remove()
@@ -155,22 +227,29 @@ def combine_on_arrival(
 def partial_lrp(
     adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None, exact: bool = False
 ) -> tuple:
-    """The paper's partial-LRP baseline: vanilla-rule relevance at the last attention, `E_h (R)^+` at [CLS].
+    """The paper's partial-LRP baseline: vanilla-rule relevance at the last attention, `E_h (R)^+` at the readout
+    row, per stream (`relevance_total` as in `transformer_attribution`, at each stream's last block input).
 
     `rules`: see `_rule_set` (BERT: "paper"); `cls_entry`: see `set_class_entry` (BERT: "zero"); `exact`: the
     authors' arithmetic.
     """
     rule_set = _rule_set(adapter, "partial_lrp", rules)
-    stream = only_stream(adapter, inputs, "partial_lrp")
+    streams = adapter.streams(inputs)
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session, \
-                block_input(adapter32, len(adapter32.blocks) - 1) as entering:
+                recording_block_inputs(adapter32, session, streams):
             fwd = record_forward(adapter32, inputs32, target, gradients=True)
-            relevance, arrived = session.backward(RELEVANCE, fwd.score.sum(), [session.attentions[-1], entering[0]], _seed(fwd.score))
-    scores = readout_row(relevance.clamp(min=0).mean(1), stream)
+            recorded = stream_attentions(adapter32, session, streams)
+            lasts = [recorded[name][-1] for name in streams]
+            tokens = [entering(session, name, -1) for name in streams]
+            found = session.backward(RELEVANCE, fwd.score.sum(), lasts + tokens, _seed(fwd.score))
     how = family_option(adapter, "partial_lrp", "cls_entry", cls_entry, "keep")
-    details = conservation(masked(stream, arrived), rule_set, "partial_lrp")
-    return set_class_entry(scores, how, stream), fwd.indices, fwd.logits, details
+    scores, totals = {}, []
+    for (name, stream), relevance, arrived in zip(streams.items(), found[:len(streams)], found[len(streams):]):
+        scores[name] = set_class_entry(readout_row(relevance.clamp(min=0).mean(1), stream), how, stream)
+        where = "partial_lrp" if len(streams) == 1 else f"partial_lrp ({name} stream)"
+        totals.append(conservation(masked(stream, arrived), rule_set, where)["relevance_total"])
+    return _per_stream_result(scores, totals, fwd)
 
 
 def lrp(

@@ -131,6 +131,12 @@ class ClipAdapter(ClipTowersAdapter):
         mask = None if batch.attention_mask is None else batch.attention_mask.to(images.device)
         return ImageTextBatch(images, ids, pairs, mask, batch.tokens)
 
+    def relevance_rule_map(self) -> dict:
+        """The relevance rules of the model's library, both towers and the pair logit (see `clip.rules`)."""
+        from .rules import rule_map
+
+        return rule_map(self.towers)
+
     def _vocab_size(self) -> int | None:
         config = getattr(getattr(self.clip, "config", None), "text_config", None)
         if config is not None:
