@@ -169,6 +169,8 @@ class PairExplanation:
     `parts["image"].scores` `(P, h, w)`: the image's [CLS] row over the patches, raw; `parts["text"].scores`
     `(P, T)`: the end-of-text token's row over every position, raw (0 after it). `pairs[p]` = (image, text)
     indices; `logits` `(P, 1)` the explained logits; `readout[p]` the end-of-text position of pair `p`'s text.
+    `relevance_total` (LRP-based methods, `(P, 2)`): per pair the relevance reaching each tower's input (image,
+    text); each tower is explained with a relevance of 1 at the logit, which the rules conserve.
     """
 
     image_scores: torch.Tensor

@@ -8,8 +8,9 @@ from typing import Any
 from ..files import check_folder, distinct_stems
 from .common import DEFAULT_OUT, UsageError, print_json, resolve_methods
 
-#: methods that explain an image-text pair (the LRP family reads one stream only unless it supports CLIP)
-PAIR_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution", "cdam", "token_ablation")
+#: methods that explain an image-text pair (full LRP to the pixels is not defined for CLIP)
+PAIR_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
+                "partial_lrp", "cdam", "token_ablation")
 
 
 def pair_numbers(explanation, index: int) -> dict[str, Any]:
