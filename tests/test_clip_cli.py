@@ -88,3 +88,51 @@ def test_bad_requests(photo, tmp_path, capsys, argv, message):
     assert code != 0
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def scene_file(tmp_path_factory):
+    from relevancy.bench import make_scenes
+
+    path = tmp_path_factory.mktemp("scenes") / "scene.png"
+    Image.fromarray(make_scenes(1, seed=5, objects=2).pixels[0]).save(path)
+    return path
+
+
+def test_shipped_clip_is_the_default(scene_file, tmp_path, capsys):
+    code = main(["explain", str(scene_file), "--text", "a red star", "--method", "generic_attention", "--json"])
+    assert code == 0
+    pair = json.loads(capsys.readouterr().out)["images"][0]["pairs"][0]["methods"]["generic_attention"]
+    assert pair["tokens"][1:-1] == ["a", "red", "star"]
+    assert np.array(pair["image_scores"]).shape == (8, 8)
+
+
+def test_unknown_word_is_a_usage_error(scene_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["explain", str(scene_file), "--text", "a purple elephant", "--out", str(out)]) != 0
+    assert "elephant" in capsys.readouterr().err and not out.exists()
+
+
+def test_evaluate_shapes_clip(tmp_path, capsys):
+    out = tmp_path / "eval"
+    code = main(["evaluate", "--benchmark", "shapes-clip", "--n", "4", "--batch-size", "2", "--methods",
+                 "generic_attention,cdam", "--out", str(out), "--json", "--quiet"])
+    assert code == 0
+    results = json.loads(capsys.readouterr().out)
+    assert set(results["methods"]) == {"generic_attention", "generic_attention_all_layers", "cdam"}
+    for values in results["methods"].values():
+        assert set(values) >= {"own_share", "other_share", "pointing", "pointing_other", "iou", "token_f1"}
+        assert all(0 <= values[k] <= 1 for k in ("own_share", "other_share", "pointing", "iou", "token_f1"))
+    assert sorted(p.name for p in out.iterdir()) == ["report.md", "results.json"]
+    assert "| `cdam` |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "x"], "--data is not used"),
+    (["--methods", "lrp"], "does not explain image-text pairs"),
+    (["--model", "nowhere.safetensors"], "shapes-CLIP .safetensors file"),
+])
+def test_evaluate_shapes_clip_bad_requests(tmp_path, capsys, argv, message):
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--benchmark", "shapes-clip", "--n", "2", "--out", str(out), *argv]) != 0
+    assert message in capsys.readouterr().err and not out.exists()

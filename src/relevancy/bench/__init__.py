@@ -1,4 +1,4 @@
-"""Synthetic shapes benchmark: scenes with pixel-exact masks and a trained ViT.
+"""Synthetic shapes benchmark: scenes with pixel-exact masks, a trained ViT and a trained CLIP (with captions).
 
 >>> from relevancy.bench import make_scenes, load_model, CLASSES
 >>> scenes = make_scenes(8, seed=0, objects=2)
@@ -26,6 +26,8 @@ from .model import (
     load_model,
     pretrained_cfg,
 )
+from .captions import Tokenizer
+from .clip_model import evaluate_clip, load_clip
 
 __all__ = [
     "CLASSES",
@@ -44,4 +46,7 @@ __all__ = [
     "evaluate_accuracy",
     "load_model",
     "pretrained_cfg",
+    "Tokenizer",
+    "evaluate_clip",
+    "load_clip",
 ]
