@@ -1,0 +1,351 @@
+"""Train (or evaluate) the shapes CLIP.
+
+    python -m relevancy.bench.clip_train [--seed S] [--minutes M | --steps N] [--out DIR] [--device cpu|cuda]
+    python -m relevancy.bench.clip_train --evaluate-only [--weights PATH] [--n 2000]
+
+Data: fresh scenes every step (infinite data).  Step ``t`` of run seed ``S``
+renders one-object scenes from seed ``S * 10**8 + 2 t`` and two-object scenes
+from ``S * 10**8 + 2 t + 1``, all below ``EVAL_SEED_BASE = 10**9``, so the
+evaluation scenes are never trained on.  Every scene gets ``--captions``
+captions drawn by :func:`relevancy.bench.captions.sample_captions` (zero-shot
+prompts, colour/size/position phrases, one object of a pair, relations).
+
+Loss: symmetric InfoNCE with CLIP's learned temperature (``logit_scale``,
+clamped at 100), with *multi-positive* targets to handle false negatives: a
+caption of one scene is often also true of other scenes of the batch ("a
+photo of a star" of every scene with a star), so the target of an image is
+uniform over all captions of the batch that are true of it, and the target
+of a caption uniform over all images it is true of
+(:func:`relevancy.bench.captions.caption_truth`).
+
+Extra terms (training only; their heads are not shipped): contrastive
+learning alone learned shapes too slowly for the CPU budget, so early on two
+linear heads on the vision tower are also trained, as the shapes ViT's token
+labelling: one on the patch tokens predicts which shape and which colour name
+(or background) covers each patch (soft targets from the exact masks), one on
+the pooled image feature predicts the scene's shapes and (shape, colour)
+pairs.  Their weight fades to zero between 55 % and 80 % of the run
+(``--aux-end``), so the last 20 % is plain (multi-positive) CLIP training.
+The clutter of the scenes
+ramps up over the first 30 % of the run and the last 30 % sees benchmark
+scenes only (as for the shapes ViT).  AdamW, linear warm-up then cosine decay,
+following wall-clock progress with ``--minutes`` or the step count with
+``--steps`` (exactly reproducible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .captions import COLORS, Tokenizer, attribute_arrays, caption_truth, sample_captions
+from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
+                         load_clip)
+from .model import EVAL_SEED_BASE, WEIGHTS_DIR
+from .scenes import CLASSES, PATCH_SIZE, make_scenes
+
+VAL_SEED = EVAL_SEED_BASE + 10_000  # quick validation during training, disjoint from the test seeds
+LOG_NAME = "shapes_clip_train.log"
+
+
+def _log(path: Path | None, msg: str) -> None:
+    line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
+    print(line, flush=True)
+    if path is not None:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def save_clip(model, tokenizer: Tokenizer, config: dict, path: Path, meta: dict) -> None:
+    """Write ``path`` (safetensors weights) and ``path.with_suffix('.json')``
+    (``CLIPConfig`` keyword arguments, vocabulary and ``meta``), atomically."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)  # safetensors writes owner-only files
+    os.replace(tmp, path)
+    info = dict(config=config, vocab=list(tokenizer.vocab),
+                context_length=CONTEXT_LENGTH, **meta)
+    jtmp = path.with_suffix(".json.tmp")
+    jtmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.replace(jtmp, path.with_suffix(".json"))
+
+
+def clip_config(vision_width: int | None = None, vision_layers: int | None = None) -> dict:
+    """:data:`CLIP_CONFIG` with another vision width (MLP 4x) or depth."""
+    cfg = json.loads(json.dumps(CLIP_CONFIG))
+    if vision_width:
+        cfg["vision_config"].update(hidden_size=vision_width, intermediate_size=4 * vision_width)
+    if vision_layers:
+        cfg["vision_config"]["num_hidden_layers"] = vision_layers
+    return cfg
+
+
+def clutter_schedule(progress: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-scene clutter: ramps up over the first 30 % of the run, full for the last 30 %."""
+    if progress >= 0.7:
+        return np.ones(n)
+    r = min(1.0, progress / 0.3)
+    return np.clip(r * (0.5 + rng.random(n)), 0.0, 1.0)
+
+
+def token_targets(scenes, attributes: dict[str, np.ndarray]) -> torch.Tensor:
+    """Per-patch soft targets (n, patches, shapes + colours + 2): the fraction of
+    each 8x8 patch covered by each object, spread on its shape (first block,
+    background last) and on its colour name (second block, background last)."""
+    S, C = len(CLASSES), len(COLORS)
+    frac = F.avg_pool2d(scenes.masks.float(), PATCH_SIZE).flatten(2)  # (n, objects, patches)
+    n, k, t = frac.shape
+    shape = torch.zeros(n, t, S + 1)
+    color = torch.zeros(n, t, C + 1)
+    for j in range(k):
+        sj = torch.from_numpy(attributes["shape"][:, j]).view(-1, 1, 1).expand(-1, t, 1)
+        cj = torch.from_numpy(attributes["color"][:, j]).view(-1, 1, 1).expand(-1, t, 1)
+        shape.scatter_add_(2, sj, frac[:, j].unsqueeze(2))
+        color.scatter_add_(2, cj, frac[:, j].unsqueeze(2))
+    shape[:, :, S] = 1.0 - shape[:, :, :S].sum(2)
+    color[:, :, C] = 1.0 - color[:, :, :C].sum(2)
+    return torch.cat([shape, color], 2)
+
+
+def scene_targets(attributes: dict[str, np.ndarray]) -> torch.Tensor:
+    """Per-scene soft targets (n, shapes + shapes * colours): the objects'
+    shapes and their (shape, colour name) pairs, each object weighted 1 / objects."""
+    S, C = len(CLASSES), len(COLORS)
+    n, k = attributes["shape"].shape
+    t = torch.zeros(n, S + S * C)
+    rows = torch.arange(n)
+    for j in range(k):
+        sj = torch.from_numpy(attributes["shape"][:, j])
+        t[rows, sj] += 1.0 / k
+        t[rows, S + sj * C + torch.from_numpy(attributes["color"][:, j])] += 1.0 / k
+    return t
+
+
+def make_batch(seed: int, step: int, n_single: int, n_pair: int, captions: int,
+               tokenizer: Tokenizer, progress: float = 1.0):
+    """One training step: images (B, 3, 64, 64), token ids and mask
+    (captions * B, L), the truth matrix (B, captions * B) float and the
+    targets of the auxiliary losses (:func:`token_targets`, :func:`scene_targets`)."""
+    base = seed * 10**8 + 2 * step
+    assert base + 1 < EVAL_SEED_BASE
+    rng = np.random.default_rng([seed, step, 11])
+    s1 = make_scenes(n_single, seed=base, objects=1, clutter=clutter_schedule(progress, n_single, rng))
+    s2 = make_scenes(n_pair, seed=base + 1, objects=2, clutter=clutter_schedule(progress, n_pair, rng))
+    a1, a2 = attribute_arrays(s1), attribute_arrays(s2)
+    caps = [c for _ in range(captions) for s in (s1, s2) for c in sample_captions(s, rng)]
+    truth = caption_truth(caps, [a1, a2])
+    enc = tokenizer([c.text for c in caps], CONTEXT_LENGTH)
+    return (torch.cat([s1.images, s2.images]), enc["input_ids"], enc["attention_mask"],
+            torch.from_numpy(truth).float(), torch.cat([token_targets(s1, a1), token_targets(s2, a2)]),
+            torch.cat([scene_targets(a1), scene_targets(a2)]))
+
+
+def aux_weight(progress: float, w0: float, end: float = 0.8) -> float:
+    """Weight of the auxiliary losses: ``w0``, fading linearly to 0 over the 25 %
+    of the run before ``end``; after ``end`` the run is plain CLIP training."""
+    return w0 * min(1.0, max(0.0, (end - progress) / 0.25))
+
+
+def multi_positive_clip_loss(image_emb: torch.Tensor, text_emb: torch.Tensor,
+                             logit_scale: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE whose targets spread uniformly over all true pairs."""
+    sim = F.normalize(image_emb, dim=-1) @ F.normalize(text_emb, dim=-1).T
+    logits = logit_scale.exp().clamp(max=100.0) * sim
+    i2t = -(truth / truth.sum(1, keepdim=True) * F.log_softmax(logits, 1)).sum(1).mean()
+    t2i = -(truth / truth.sum(0, keepdim=True) * F.log_softmax(logits, 0)).sum(0).mean()
+    return 0.5 * (i2t + t2i)
+
+
+class _Batches(torch.utils.data.IterableDataset):
+    """Batches of a fixed-step run, rendered by DataLoader workers."""
+
+    def __init__(self, args, n_single: int, n_pair: int):
+        self.args, self.n_single, self.n_pair = args, n_single, n_pair
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        torch.set_num_threads(1)
+        tok = Tokenizer()
+        for step in range(wid, self.args.steps, nw):
+            yield make_batch(self.args.seed, step, self.n_single, self.n_pair, self.args.captions, tok,
+                             step / self.args.steps)
+
+
+def train(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / LOG_NAME
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    tokenizer = Tokenizer()
+    config = clip_config(args.vision_width, args.vision_layers)
+    model = build_clip(config).to(device)
+    model.train()
+    # auxiliary patch-labelling head (training only, not shipped)
+    width = config["vision_config"]["hidden_size"]
+    n_shape = len(CLASSES) + 1
+    aux = torch.nn.Linear(width, n_shape + len(COLORS) + 1).to(device)
+    # auxiliary scene head on the pooled image features (training only, not shipped)
+    aux_scene = torch.nn.Linear(width, len(CLASSES) * (1 + len(COLORS))).to(device)
+    named = list(model.named_parameters()) + [("aux." + n, p) for n, p in aux.named_parameters()] \
+        + [("aux_scene." + n, p) for n, p in aux_scene.named_parameters()]
+    is_decay = lambda n, p: p.ndim >= 2 and "embedding" not in n  # noqa: E731
+    opt = torch.optim.AdamW(
+        [{"params": [p for n, p in named if is_decay(n, p)], "weight_decay": args.weight_decay},
+         {"params": [p for n, p in named if not is_decay(n, p)], "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    n_pair = int(round(args.batch_size * args.pair_fraction))
+    n_single = args.batch_size - n_pair
+    budget = args.minutes * 60.0 if args.steps is None else None
+    _log(log, f"start training seed={args.seed} config={json.dumps(config)} "
+              f"params={sum(p.numel() for p in model.parameters())} batch={n_single}+{n_pair} "
+              f"captions/scene={args.captions} aux_weight={args.aux_weight} aux_end={args.aux_end} "
+              f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
+              f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} device={args.device} "
+              f"threads={args.threads} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
+              f"host={platform.node()} cpu={platform.processor() or platform.machine()}")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, pair_fraction=args.pair_fraction,
+                captions_per_scene=args.captions, aux_weight=args.aux_weight, aux_end=args.aux_end,
+                lr=args.lr)
+    loader = None
+    if args.workers > 0:
+        if args.steps is None:
+            raise SystemExit("--workers needs --steps (workers cannot follow wall-clock progress)")
+        loader = iter(torch.utils.data.DataLoader(_Batches(args, n_single, n_pair), batch_size=None,
+                                                  num_workers=args.workers, prefetch_factor=4))
+    t0 = last_ckpt = time.time()
+    step, ema = 0, None
+    while True:
+        progress = (time.time() - t0) / budget if budget else step / args.steps
+        if progress >= 1.0:
+            break
+        if progress < args.warmup:
+            lr = args.lr * progress / args.warmup
+        else:
+            q = (progress - args.warmup) / (1 - args.warmup)
+            lr = args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * q))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if loader is not None:
+            batch = next(loader)
+        else:
+            batch = make_batch(args.seed, step, n_single, n_pair, args.captions, tokenizer, progress)
+        images, ids, mask, truth, tok_target, scene_target = (t.to(device, non_blocking=True) for t in batch)
+        vis = model.vision_model(pixel_values=images)
+        img = model.visual_projection(vis.pooler_output)
+        txt = model.get_text_features(input_ids=ids, attention_mask=mask).pooler_output
+        loss = multi_positive_clip_loss(img, txt, model.logit_scale, truth)
+        total = loss
+        w = aux_weight(progress, args.aux_weight, args.aux_end)
+        if w > 0:
+            ce = lambda lo, ta: torch.sum(-ta * F.log_softmax(lo, -1), -1).mean()  # noqa: E731
+            tok = aux(model.vision_model.post_layernorm(vis.last_hidden_state[:, 1:]))
+            glob = aux_scene(vis.pooler_output)
+            S = len(CLASSES)
+            total = loss + w * (ce(tok[..., :n_shape], tok_target[..., :n_shape])
+                                + ce(tok[..., n_shape:], tok_target[..., n_shape:])
+                                + ce(glob[:, :S], scene_target[:, :S]) + ce(glob[:, S:], scene_target[:, S:]))
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0.0, math.log(100.0))
+        step += 1
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if step % args.log_every == 0:
+            el = time.time() - t0
+            _log(log, f"step {step} loss {ema:.4f} scale {model.logit_scale.exp().item():.1f} lr {lr:.2e} "
+                      f"progress {progress:.3f} elapsed {el / 60:.1f} min "
+                      f"({step * args.batch_size / el:.0f} img/s)")
+        if time.time() - last_ckpt > args.ckpt_minutes * 60:
+            acc = evaluate_clip(model, tokenizer, n=args.val_n, seed=VAL_SEED)
+            model.train()
+            save_clip(model, tokenizer, config, out / CLIP_WEIGHTS_PATH.name,
+                      dict(meta, steps=step, train_seconds=round(time.time() - t0), val=acc, final=False))
+            _log(log, f"checkpoint step {step}: val zero_shot_top1 {acc['zero_shot_top1']:.4f} "
+                      f"retrieval_at1 {acc['retrieval_at1']:.4f} (n={acc['n']}, seeds {acc['seeds']})")
+            last_ckpt = time.time()
+    train_s = time.time() - t0
+    model.eval()
+    acc = evaluate_clip(model, tokenizer, n=args.val_n, seed=VAL_SEED)
+    save_clip(model, tokenizer, config, out / CLIP_WEIGHTS_PATH.name,
+              dict(meta, steps=step, train_seconds=round(train_s), val=acc, final=True))
+    _log(log, f"done: {step} steps, {step * args.batch_size} scenes, {train_s / 60:.1f} min; "
+              f"val zero_shot_top1 {acc['zero_shot_top1']:.4f} retrieval_at1 {acc['retrieval_at1']:.4f}")
+
+
+def evaluate(args) -> dict:
+    """Measure the targets of the weights on ``args.n`` test scenes and log them."""
+    torch.set_num_threads(args.threads)
+    weights = Path(args.weights) if args.weights else Path(args.out) / CLIP_WEIGHTS_PATH.name
+    model, tokenizer = load_clip(weights, device=args.device)
+    t = time.time()
+    acc = evaluate_clip(model, tokenizer, n=args.n, seed=EVAL_SEED_BASE)
+    acc["seconds"] = round(time.time() - t, 1)
+    acc["weights"] = str(weights)
+    log = Path(args.out) / LOG_NAME
+    _log(log if Path(args.out).exists() else None,
+         f"evaluate {weights.name}: zero_shot_top1 {acc['zero_shot_top1']:.4f} retrieval_at1 "
+         f"{acc['retrieval_at1']:.4f} (n={acc['n']} each, seeds {acc['seeds']})")
+    print(json.dumps(acc))
+    return acc
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=0, help="run seed, 0..9")
+    ap.add_argument("--minutes", type=float, default=85.0, help="wall-clock training budget")
+    ap.add_argument("--steps", type=int, default=None, help="fixed number of steps instead of --minutes")
+    ap.add_argument("--out", default=str(WEIGHTS_DIR))
+    ap.add_argument("--batch-size", type=int, default=64, help="scenes per step")
+    ap.add_argument("--pair-fraction", type=float, default=0.5)
+    ap.add_argument("--captions", type=int, default=2, help="captions per scene and step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--min-lr", type=float, default=1e-5)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--warmup", type=float, default=0.03, help="fraction of the run")
+    ap.add_argument("--aux-weight", type=float, default=1.0,
+                    help="weight of the auxiliary patch-labelling loss early in training")
+    ap.add_argument("--aux-end", type=float, default=0.8,
+                    help="progress at which the auxiliary losses have faded out")
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
+    ap.add_argument("--vision-width", type=int, default=None, help="override the vision width")
+    ap.add_argument("--vision-layers", type=int, default=None, help="override the vision depth")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="DataLoader processes rendering scenes (needs --steps)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads (on a CPU shared with other jobs use 1, or OMP_WAIT_POLICY=PASSIVE)")
+    ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--ckpt-minutes", type=float, default=10.0)
+    ap.add_argument("--val-n", type=int, default=300)
+    ap.add_argument("--evaluate-only", action="store_true")
+    ap.add_argument("--weights", default=None, help="weights for --evaluate-only")
+    ap.add_argument("--n", type=int, default=2000, help="test scenes per kind for --evaluate-only")
+    args = ap.parse_args(argv)
+    if not 0 <= args.seed <= 9:
+        ap.error("--seed must be in 0..9 (training seeds must stay below the evaluation seeds)")
+    if args.evaluate_only:
+        evaluate(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()
