@@ -150,10 +150,14 @@ def test_zero_shot_classifier_explains_classes_and_concepts(setup):
     with torch.no_grad():
         logits = classifier(images)
     assert close(logits, case["logits_per_image"]) < 1e-10
-    for method in ("generic_attention", "raw_attention", "rollout", "attention_gradcam", "cdam", "token_ablation"):
+    for method in ("generic_attention", "raw_attention", "rollout", "attention_gradcam", "cdam", "token_ablation",
+                   "transformer_attribution", "partial_lrp"):
         expl = relevancy.explain(classifier, images, method=method, target=1)
         assert expl.scores.shape[0] == len(images) and torch.isfinite(expl.scores).all()
         assert expl.labels()[0].startswith("c1")
+    # the zero-shot head (scale, normalisation, product with the prompts' features) conserves relevance
+    expl = relevancy.explain(classifier, images, method="transformer_attribution", target=1, exact=True)
+    assert (expl.relevance_total - 1).abs().max() < 1e-6
     # the zero-shot generic attention for class k is the pair (image, prompt k) explanation of the image part
     pair = relevancy.explain(model, (images[:1], prompts[1:2]), method="generic_attention", start_layer=0)
     zero_shot = relevancy.explain(classifier, images[:1], method="generic_attention", target=1, start_layer=0)

@@ -220,6 +220,12 @@ class ZeroShotAdapter(ClipTowersAdapter):
     def class_names(self) -> list[str] | None:
         return self.model.class_names
 
+    def relevance_rule_map(self) -> dict:
+        """The CLIP model's rules and the zero-shot head's (see `clip.rules.zero_shot_rule_map`)."""
+        from .rules import zero_shot_rule_map
+
+        return zero_shot_rule_map(self.model)
+
     def check_inputs(self, inputs: object) -> torch.Tensor:
         return self.check_images(inputs)
 

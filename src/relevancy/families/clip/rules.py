@@ -332,3 +332,21 @@ def _open_clip_map(towers: ClipTowers) -> dict[type, ForwardFactory]:
 def rule_map(towers: ClipTowers) -> dict[type, ForwardFactory]:
     """Module type -> rule for every module of the towers' CLIP model (its library's map)."""
     return _transformers_map(towers) if towers.library == "transformers" else _open_clip_map(towers)
+
+
+def zero_shot_rule_map(classifier: nn.Module) -> dict[type, ForwardFactory]:
+    """The rules of a `ZeroShotClassifier`: its CLIP's, plus the head `scale * normalise(u) @ C^T` (the class
+    prompts' features `C` are constants): scale and normalisation pass relevance, the product with `C` gets the
+    Linear rule, as a ViT's classifier head does."""
+    from .zero_shot import ZeroShotClassifier
+
+    def head(module: nn.Module, session: Session) -> Replacements:
+        def logits_from_features(image_features: torch.Tensor) -> torch.Tensor:
+            unit = passthrough(session, lambda f: F.normalize(f, dim=-1), image_features)
+            classes = module.class_features.to(unit)
+            cosines = linear(session, lambda x: x @ classes.T, unit, classes)
+            return passthrough(session, lambda c: c * module.clip.logit_scale.exp(), cosines)
+
+        return {"logits_from_features": logits_from_features}
+
+    return {ZeroShotClassifier: head, **rule_map(ClipTowers(classifier.clip))}
