@@ -287,6 +287,9 @@ def write_atomically(path: str, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private; a results file is an ordinary file
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
