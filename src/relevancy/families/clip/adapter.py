@@ -166,16 +166,23 @@ class ClipAdapter(ClipTowersAdapter):
         self, inputs: ImageTextBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
         positions: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(logits (P, 1), image features (P, E))`: the pair logits as the one "class" of each pair."""
+        """`(logits (P, 1), image features (P, E))`: the pair logits as the one "class" of each pair.
+
+        The towers meet only in the logit: a tower whose tokens are whole (not a selection) runs once per batch row
+        of `rows`, not once per sequence (token ablation of the other tower reuses it).
+        """
+        positions = positions or {}
         ids = inputs.pair_ids if rows is None else inputs.pair_ids[rows]
         text, keep = tokens[TEXT], None
-        kept = (positions or {}).get(TEXT)
+        kept = positions.get(TEXT)
         if kept is not None:  # a selection of text positions: the others are masked out as keys, positions unchanged
             full = text.new_zeros(len(text), ids.shape[1], text.shape[-1])
             text = full.scatter(1, kept[:, :, None].expand(-1, -1, text.shape[-1]), text)
             keep = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device).scatter(1, kept, True)
-        image_features = self.towers.image_features_from_tokens(tokens[IMAGE])
-        text_features = self.towers.text_features_from_tokens(text, ids, keep)
+        image_features = once_per_row(
+            rows if IMAGE not in positions else None, self.towers.image_features_from_tokens, tokens[IMAGE])
+        text_features = once_per_row(
+            rows if kept is None else None, lambda t, i: self.towers.text_features_from_tokens(t, i, keep), text, ids)
         return self.towers.pair_logits(image_features, text_features)[:, None], image_features
 
     def describe_inputs(self, inputs: ImageTextBatch) -> dict:
@@ -193,6 +200,17 @@ class ClipAdapter(ClipTowersAdapter):
             **self.describe_inputs(inputs),
             **fields,
         )
+
+
+def once_per_row(rows: torch.Tensor | None, compute, *tensors: torch.Tensor) -> torch.Tensor:
+    """`compute(*tensors)` where sequences repeat their batch row's values (`rows` given): computed on the first
+    sequence of each row and spread to the others; `rows` None: on every sequence."""
+    if rows is None:
+        return compute(*tensors)
+    unique, inverse = torch.unique(rows, return_inverse=True)
+    order = torch.arange(len(rows), device=rows.device)
+    first = torch.full((len(unique),), len(rows), device=rows.device).scatter_reduce(0, inverse, order, reduce="amin")
+    return compute(*(t[first] for t in tensors))[inverse]
 
 
 def _placeholder_tokens(ids: torch.Tensor, readout: torch.Tensor) -> list[list[str]]:
