@@ -35,7 +35,6 @@ following wall-clock progress with ``--minutes`` or the step count with
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -50,7 +49,8 @@ import torch.nn.functional as F
 from .captions import COLORS, Tokenizer, attribute_arrays, caption_truth, sample_captions
 from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
                          load_clip)
-from .model import EVAL_SEED_BASE, WEIGHTS_DIR
+from .model import EVAL_SEED_BASE
+from .train import run_training_command, training_parser
 from .scenes import CLASSES, PATCH_SIZE, make_scenes
 
 VAL_SEED = EVAL_SEED_BASE + 10_000  # quick validation during training, disjoint from the test seeds
@@ -308,43 +308,18 @@ def evaluate(args) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, default=0, help="run seed, 0..9")
-    ap.add_argument("--minutes", type=float, default=85.0, help="wall-clock training budget")
-    ap.add_argument("--steps", type=int, default=None, help="fixed number of steps instead of --minutes")
-    ap.add_argument("--out", default=str(WEIGHTS_DIR))
-    ap.add_argument("--batch-size", type=int, default=64, help="scenes per step")
-    ap.add_argument("--pair-fraction", type=float, default=0.5)
+    ap = training_parser(__doc__, minutes=85.0, pair_fraction=0.5, lr=1e-3, weight_decay=0.1)
     ap.add_argument("--captions", type=int, default=2, help="captions per scene and step")
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--min-lr", type=float, default=1e-5)
-    ap.add_argument("--weight-decay", type=float, default=0.1)
-    ap.add_argument("--warmup", type=float, default=0.03, help="fraction of the run")
     ap.add_argument("--aux-weight", type=float, default=1.0,
                     help="weight of the auxiliary patch-labelling loss early in training")
     ap.add_argument("--aux-end", type=float, default=0.8,
                     help="progress at which the auxiliary losses have faded out")
-    ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
     ap.add_argument("--vision-width", type=int, default=None, help="override the vision width")
     ap.add_argument("--vision-layers", type=int, default=None, help="override the vision depth")
-    ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--workers", type=int, default=0,
-                    help="DataLoader processes rendering scenes (needs --steps)")
-    ap.add_argument("--threads", type=int, default=2,
-                    help="torch threads (on a CPU shared with other jobs use 1, or OMP_WAIT_POLICY=PASSIVE)")
-    ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--ckpt-minutes", type=float, default=10.0)
-    ap.add_argument("--val-n", type=int, default=300)
-    ap.add_argument("--evaluate-only", action="store_true")
-    ap.add_argument("--weights", default=None, help="weights for --evaluate-only")
-    ap.add_argument("--n", type=int, default=2000, help="test scenes per kind for --evaluate-only")
-    args = ap.parse_args(argv)
-    if not 0 <= args.seed <= 9:
-        ap.error("--seed must be in 0..9 (training seeds must stay below the evaluation seeds)")
-    if args.evaluate_only:
-        evaluate(args)
-    else:
-        train(args)
+    run_training_command(
+        ap, argv, train, evaluate, ckpt_minutes=10.0, n_help="test scenes per kind for --evaluate-only",
+        threads_help="torch threads (on a CPU shared with other jobs use 1, or OMP_WAIT_POLICY=PASSIVE)",
+    )
 
 
 if __name__ == "__main__":

@@ -225,40 +225,52 @@ def evaluate(args) -> dict:
     return acc
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_parser(doc: str, minutes: float, pair_fraction: float, lr: float, weight_decay: float) -> argparse.ArgumentParser:
+    """The options every shipped-model training script shares (seed, budget, batch, schedule); each adds its own."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="run seed, 0..9")
-    ap.add_argument("--minutes", type=float, default=88.0, help="wall-clock training budget")
+    ap.add_argument("--minutes", type=float, default=minutes, help="wall-clock training budget")
     ap.add_argument("--steps", type=int, default=None, help="fixed number of steps instead of --minutes")
     ap.add_argument("--out", default=str(WEIGHTS_DIR))
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--pair-fraction", type=float, default=0.4)
-    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--batch-size", type=int, default=64, help="scenes per step")
+    ap.add_argument("--pair-fraction", type=float, default=pair_fraction)
+    ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--min-lr", type=float, default=1e-5)
-    ap.add_argument("--weight-decay", type=float, default=0.05)
+    ap.add_argument("--weight-decay", type=float, default=weight_decay)
     ap.add_argument("--warmup", type=float, default=0.03, help="fraction of the run")
-    ap.add_argument("--smoothing", type=float, default=0.05)
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--aux-weight", type=float, default=1.0,
-                    help="weight of the auxiliary per-patch (token labelling) loss early in training")
-    ap.add_argument("--device", default="cpu", help="e.g. cuda; the shipped run used cpu")
-    ap.add_argument("--workers", type=int, default=0,
-                    help="DataLoader processes generating scenes (needs --steps)")
-    ap.add_argument("--threads", type=int, default=2,
-                    help="torch threads (the shipped run: 2, alone on a 2-core CPU)")
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
+    return ap
+
+
+def run_training_command(ap: argparse.ArgumentParser, argv, train_fn, evaluate_fn, threads_help: str,
+                         ckpt_minutes: float, n_help: str) -> None:
+    """Adds the run options (device, workers, threads, logging, evaluation), parses, checks the seed and trains
+    or, with --evaluate-only, evaluates."""
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader processes rendering scenes (needs --steps)")
+    ap.add_argument("--threads", type=int, default=2, help=threads_help)
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--ckpt-minutes", type=float, default=5.0)
+    ap.add_argument("--ckpt-minutes", type=float, default=ckpt_minutes)
     ap.add_argument("--val-n", type=int, default=300)
     ap.add_argument("--evaluate-only", action="store_true")
     ap.add_argument("--weights", default=None, help="weights for --evaluate-only")
-    ap.add_argument("--n", type=int, default=2000, help="scenes per test set for --evaluate-only")
+    ap.add_argument("--n", type=int, default=2000, help=n_help)
     args = ap.parse_args(argv)
     if not 0 <= args.seed <= 9:
         ap.error("--seed must be in 0..9 (training seeds must stay below the evaluation seeds)")
     if args.evaluate_only:
-        evaluate(args)
+        evaluate_fn(args)
     else:
-        train(args)
+        train_fn(args)
+
+
+def main(argv=None) -> None:
+    ap = training_parser(__doc__, minutes=88.0, pair_fraction=0.4, lr=1.5e-3, weight_decay=0.05)
+    ap.add_argument("--smoothing", type=float, default=0.05)
+    ap.add_argument("--aux-weight", type=float, default=1.0,
+                    help="weight of the auxiliary per-patch (token labelling) loss early in training")
+    run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped run: 2, alone on a 2-core CPU)",
+                         ckpt_minutes=5.0, n_help="scenes per test set for --evaluate-only")
 
 
 if __name__ == "__main__":
