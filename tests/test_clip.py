@@ -5,12 +5,11 @@ and every pair of a case in one batched call; the other methods run on both towe
 """
 from __future__ import annotations
 
+import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-
-open_clip = pytest.importorskip("open_clip")
-transformers = pytest.importorskip("transformers")
+import transformers
 
 import relevancy  # noqa: E402
 from golden import GOLDEN  # noqa: E402

@@ -7,10 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
+import transformers
 from PIL import Image
-
-open_clip = pytest.importorskip("open_clip")
-transformers = pytest.importorskip("transformers")
 
 from golden import GOLDEN  # noqa: E402
 from relevancy.cli import main  # noqa: E402

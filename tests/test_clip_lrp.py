@@ -11,9 +11,6 @@ import copy
 import pytest
 import torch
 
-open_clip = pytest.importorskip("open_clip")
-transformers = pytest.importorskip("transformers")
-
 import relevancy  # noqa: E402
 from relevancy.families.base import UnsupportedModelError  # noqa: E402
 from relevancy.families.clip.batch import ImageTextBatch  # noqa: E402

@@ -6,10 +6,9 @@ the authors' maps for open_clip and transformers, the towers give the right atte
 from __future__ import annotations
 
 import pytest
+import open_clip
 import torch
-
-open_clip = pytest.importorskip("open_clip")
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from golden import GOLDEN  # noqa: E402
 from relevancy.families.base import UnsupportedModelError  # noqa: E402

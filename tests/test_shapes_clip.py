@@ -127,11 +127,9 @@ def test_training_batch_deterministic(tok):
 
 @pytest.fixture(scope="module")
 def clip():
-    from relevancy.bench.clip_model import CLIP_WEIGHTS_PATH, load_clip
+    from relevancy.bench.clip_model import load_clip
 
-    if not CLIP_WEIGHTS_PATH.exists():
-        pytest.skip("shapes_clip weights not shipped")
-    return load_clip()
+    return load_clip()  # the weights ship in the package: a missing file is a failure
 
 
 def test_hf_pools_at_the_end_token(clip):
@@ -154,3 +152,17 @@ def test_shipped_clip_targets(clip):
     # the shipped model: 0.925 / 0.655 on these 200 scenes (0.9345 / 0.6825 on 2,000)
     assert acc["zero_shot_top1"] >= 0.9
     assert acc["retrieval_at1"] >= 0.6
+
+
+def test_pair_explanation_shows_the_caption_words(clip):
+    """The shipped tokenizer's start and end tokens are special: words and captions show the caption alone."""
+    import relevancy
+    from relevancy.bench import make_scenes
+    from relevancy.families.clip.batch import ImageTextBatch
+
+    model, tok = clip
+    ids = tok(["a red star"])
+    batch = ImageTextBatch.of(make_scenes(1, seed=3, objects=2).images, ids, tokens=[tok.tokens(ids["input_ids"])[0][:5]])
+    expl = relevancy.explain(model, batch, method="generic_attention")
+    assert [word for word, _ in expl.parts["text"].words(0)] == ["a", "red", "star"]
+    assert '"a red star"' in expl.captions()[0]

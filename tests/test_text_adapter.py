@@ -7,7 +7,6 @@ import torch
 import relevancy
 from golden import assert_map_close, pad_ids
 from relevancy.families import adapter_for
-from relevancy.families.base import UnsupportedModelError
 from relevancy.families.hf_bert.adapter import HFBertAdapter, TextBatch
 from relevancy.capture import record_forward
 from relevancy.lrp import PAPER, RELEVANCE, relevance_session

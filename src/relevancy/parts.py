@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-SPECIAL_TOKEN = re.compile(r"^(\[[A-Z]+\]|<s>|</s>|<pad>|<unk>|<mask>|<cls>|<sep>|<start_of_text>|<end_of_text>|<\|startoftext\|>|<\|endoftext\|>)$")
+SPECIAL_TOKEN = re.compile(r"^(\[[A-Z]+\]|<s>|</s>|<pad>|<unk>|<mask>|<cls>|<sep>|<start_of_text>|<end_of_text>|<start>|<end>|<\|startoftext\|>|<\|endoftext\|>)$")
 SIGNED_PALETTE = "RdBu_r"  # negative blue, positive red, white at zero (the image side's colormap)
 UNSIGNED_PALETTE = "Reds"  # white to red: the text stays readable
 
