@@ -83,13 +83,16 @@ def save_clip(model, tokenizer: Tokenizer, config: dict, path: Path, meta: dict)
     os.replace(jtmp, path.with_suffix(".json"))
 
 
-def clip_config(vision_width: int | None = None, vision_layers: int | None = None) -> dict:
-    """:data:`CLIP_CONFIG` with another vision width (MLP 4x) or depth."""
+def clip_config(vision_width: int | None = None, vision_layers: int | None = None,
+                text_width: int | None = None, text_layers: int | None = None) -> dict:
+    """:data:`CLIP_CONFIG` with another width (MLP 4x) or depth of either tower."""
     cfg = json.loads(json.dumps(CLIP_CONFIG))
-    if vision_width:
-        cfg["vision_config"].update(hidden_size=vision_width, intermediate_size=4 * vision_width)
-    if vision_layers:
-        cfg["vision_config"]["num_hidden_layers"] = vision_layers
+    for tower, width, layers in (("vision_config", vision_width, vision_layers),
+                                 ("text_config", text_width, text_layers)):
+        if width:
+            cfg[tower].update(hidden_size=width, intermediate_size=4 * width)
+        if layers:
+            cfg[tower]["num_hidden_layers"] = layers
     return cfg
 
 
@@ -193,7 +196,7 @@ def train(args) -> None:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     tokenizer = Tokenizer()
-    config = clip_config(args.vision_width, args.vision_layers)
+    config = clip_config(args.vision_width, args.vision_layers, args.text_width, args.text_layers)
     model = build_clip(config).to(device)
     model.train()
     # auxiliary patch-labelling head (training only, not shipped)
@@ -316,6 +319,8 @@ def main(argv=None) -> None:
                     help="progress at which the auxiliary losses have faded out")
     ap.add_argument("--vision-width", type=int, default=None, help="override the vision width")
     ap.add_argument("--vision-layers", type=int, default=None, help="override the vision depth")
+    ap.add_argument("--text-width", type=int, default=None, help="override the text width")
+    ap.add_argument("--text-layers", type=int, default=None, help="override the text depth")
     run_training_command(
         ap, argv, train, evaluate, ckpt_minutes=10.0, n_help="test scenes per kind for --evaluate-only",
         threads_help="torch threads (on a CPU shared with other jobs use 1, or OMP_WAIT_POLICY=PASSIVE)",
