@@ -50,11 +50,17 @@ class Stream:
 @dataclass(frozen=True)
 class AttentionSite:
     """Where one attention's probabilities are: `probabilities` outputs `(B, heads, T_query, T_key)`, the tensor
-    that multiplies the values, with queries from stream `query` and keys from stream `key`."""
+    that multiplies the values, with queries from stream `query` and keys from stream `key`.
+
+    `group`: sites of one adapter that share a group number are one co-attention step (LXMERT's two cross
+    attentions of a layer): the relevance rules apply them all from the relevance matrices as they stood before
+    the step. None: the site is a step of its own.
+    """
 
     query: str
     key: str
     probabilities: Hookable
+    group: int | None = None
 
     @property
     def is_self(self) -> bool:
