@@ -82,13 +82,20 @@ def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str 
     return scores, fwd.indices, fwd.logits
 
 
-def rollout(adapter: Adapter, inputs: Any, target: Target, start_layer: int = 0, cls_entry: str | None = None) -> tuple:
-    """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero")."""
+def rollout(
+    adapter: Adapter, inputs: Any, target: Target, start_layer: int = 0, cls_entry: str | None = None,
+    row_normalize: bool | None = None,
+) -> tuple:
+    """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
+    `row_normalize`: divide each `I + A` by its row sums (Abnar & Zuidema; the default), or chain the raw
+    `I + A` (the authors' VisualBERT code)."""
+    row_normalize = family_option(adapter, "rollout", "row_normalize", row_normalize, True)
     fwd = record_forward(adapter, inputs, target, attentions=True)
 
     def compute(stream: Stream) -> torch.Tensor:
         matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]
-        matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
+        if row_normalize:
+            matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
         return readout_row(chain(matrices, start_layer), stream)
 
     return per_stream(adapter, inputs, "rollout", cls_entry, compute), fwd.indices, fwd.logits
