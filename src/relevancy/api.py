@@ -12,6 +12,7 @@ from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
+from .methods.coattention import has_cross_attention
 from .targets import Concept, Target
 
 
@@ -38,9 +39,10 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
     # one call at a time per model (threads), with autograd on whatever no_grad / inference_mode the caller is in
     with exclusive(model, *adapter.shared_state()), gradients_enabled():
-        inputs = ordinary(adapter.check_inputs(inputs))
+        inputs, target = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), target)
         streams = adapter.streams(inputs)
-        pooled = [name for name, stream in streams.items() if stream.readout is None]
+        # a cross-attention model reads every stream from its one readout stream's row
+        pooled = [] if has_cross_attention(adapter) else [name for name, s in streams.items() if s.readout is None]
         if spec.reads_class_token and pooled:
             raise UnsupportedModelError(
                 f"method '{method}' reads the [CLS] row of attention, but this model has no class token "

@@ -5,10 +5,11 @@ from torch import nn
 
 from .base import Adapter, UnsupportedModelError
 from .clip.adapter import ClipAdapter, ZeroShotAdapter
+from .detr.adapter import DetrAdapter
 from .hf_bert.adapter import HFBertAdapter
 from .timm_vit.adapter import TimmViTAdapter
 
-ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter, ClipAdapter, ZeroShotAdapter)
+ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter)
 
 
 def register_adapter(adapter: type[Adapter]) -> None:
@@ -29,4 +30,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "ClipAdapter", "ZeroShotAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter"]

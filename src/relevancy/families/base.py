@@ -65,6 +65,11 @@ class Adapter:
         """
         raise NotImplementedError
 
+    def bind_target(self, inputs: Any, target: Any) -> tuple[Any, Any]:
+        """The checked batch and target as the methods take them. Families whose target picks a token (DETR: a
+        query per explained object) make one row per explained object here; the others change nothing."""
+        return inputs, target
+
     def batches(self, inputs: Any, size: int) -> Iterator[Any]:
         """Checked inputs in consecutive batches of at most `size`."""
         raise NotImplementedError
@@ -117,6 +122,23 @@ class Adapter:
         holds the tokens at `positions[stream][r]` of that stream (a stream missing from `positions`: all).
         """
         raise NotImplementedError
+
+
+class OutputPart:
+    """One part of a module's forward output (e.g. the attention probabilities in `(context, probabilities)`),
+    hookable like a module: `register_forward_hook(hook)` calls `hook(module, args, part)`."""
+
+    def __init__(self, module: nn.Module, pick: Callable[[object], torch.Tensor]) -> None:
+        self.module, self.pick = module, pick
+
+    def register_forward_hook(self, hook: Callable) -> torch.utils.hooks.RemovableHandle:
+        def observe(module: nn.Module, args: tuple, output: object) -> None:
+            hook(module, args, self.pick(output))  # never replaces the module's output
+
+        return self.module.register_forward_hook(observe)
+
+    def __repr__(self) -> str:
+        return f"OutputPart({type(self.module).__name__}, {getattr(self.pick, '__name__', 'part')})"
 
 
 def only_stream(adapter: Adapter, inputs: Any, method: str) -> Stream:

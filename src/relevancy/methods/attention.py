@@ -13,6 +13,7 @@ from ..capture import record_forward
 from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
+from . import coattention
 
 CLASS_ENTRIES = ("keep", "zero", "min")
 
@@ -72,9 +73,27 @@ def with_identity(matrix: torch.Tensor) -> torch.Tensor:
     return matrix + torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
 
 
+def read_cross(adapter: Adapter, inputs: Any, method: str, cls_entry: str | None, matrices: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Cross-attention models: the readout row of each stream's matrix, the readout token's own entry set as the
+    family's reference does."""
+    streams = adapter.streams(inputs)
+    reader = coattention.readout_stream(streams)
+    scores = coattention.row_of(matrices, reader, streams)
+    how = family_option(adapter, method, "cls_entry", cls_entry, "keep")
+    scores[reader.name] = set_class_entry(scores[reader.name], how, reader)
+    return scores
+
+
 def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None = None) -> tuple:
-    """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero")."""
+    """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
+    Cross-attention models: the readout stream's last self-attention, and its last cross-attention into each
+    other stream."""
     fwd = record_forward(adapter, inputs, target, attentions=True)
+    if coattention.has_cross_attention(adapter):
+        reader = coattention.readout_stream(adapter.streams(inputs)).name
+        last = coattention.last_sites(fwd.sites, reader, adapter.streams(inputs))
+        matrices = {x: fwd.attentions[k].mean(1) for x, k in last.items()}
+        return read_cross(adapter, inputs, "raw_attention", cls_entry, matrices), fwd.indices, fwd.logits
     scores = per_stream(
         adapter, inputs, "raw_attention", cls_entry,
         lambda stream: readout_row(fwd.self_attentions(stream.name)[-1].mean(1), stream),
@@ -91,6 +110,13 @@ def rollout(
     `I + A` (the authors' VisualBERT code)."""
     row_normalize = family_option(adapter, "rollout", "row_normalize", row_normalize, True)
     fwd = record_forward(adapter, inputs, target, attentions=True)
+    if coattention.has_cross_attention(adapter):
+        if start_layer != 0:
+            raise ValueError("start_layer applies to self-attention models; rollout across streams uses every layer")
+        streams = adapter.streams(inputs)
+        reader = coattention.readout_stream(streams).name
+        matrices = coattention.rollout_matrices(fwd.sites, fwd.attentions, streams, reader, row_normalize)
+        return read_cross(adapter, inputs, "rollout", cls_entry, matrices), fwd.indices, fwd.logits
 
     def compute(stream: Stream) -> torch.Tensor:
         matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]

@@ -9,7 +9,8 @@ from ..capture import record_forward
 from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
-from .attention import family_option, per_stream, readout_row
+from . import coattention
+from .attention import family_option, per_stream, read_cross, readout_row, set_class_entry
 
 StartLayer = int | dict[str, int] | None
 
@@ -42,6 +43,9 @@ def attention_gradcam(
     if region not in ("class_row", "matrix"):
         raise ValueError(f"region must be 'class_row' or 'matrix', got {region!r}")
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
+    if coattention.has_cross_attention(adapter):
+        normalize = family_option(adapter, "attention_gradcam", "normalize", normalize, False)
+        return _cross_gradcam(adapter, inputs, fwd, normalize, cls_entry), fwd.indices, fwd.logits
     streams = adapter.streams(inputs)
     lasts = [fwd.self_attentions(name)[-1] for name in streams]
     grads = dict(zip(streams, fwd.gradients(lasts)))
@@ -73,14 +77,24 @@ def attention_gradcam(
 
 
 def generic_attention(
-    adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None
+    adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None,
+    residual_normalization: bool | None = None, bimodal_self_terms: bool | None = None, aggregate: bool | None = None,
 ) -> tuple:
-    """Chefer et al. ICCV'21 self-attention rule, per stream: `R = I; R += E_h (G * A)^+ @ R` from `start_layer` on.
+    """Chefer et al. ICCV'21 self-attention rule, per stream: `R = I; R += E_h (G * A)^+ @ R` from `start_layer` on;
+    on models whose streams attend to each other (LXMERT, DETR), the co-attention rules of `methods.coattention`.
 
     `start_layer`: the first block used (negative: from the end, -1 = the last block only; a dict: one per stream);
     the family's default when None (ViT, BERT: 0, every block; CLIP: -1, the authors' notebook).
     `cls_entry`: see `set_class_entry` (text models: "zero", as the BERT rollout reference; its value holds the identity).
+    `residual_normalization`, `bimodal_self_terms`, `aggregate` (cross-attention models, default True): the paper's
+    ablations, see `coattention.propagate`.
     """
+    cross = dict(residual_normalization=residual_normalization, bimodal_self_terms=bimodal_self_terms, aggregate=aggregate)
+    if coattention.has_cross_attention(adapter):
+        if start_layer is not None:
+            raise ValueError("start_layer applies to self-attention models; the co-attention rules use every layer")
+        return _co_attention(adapter, inputs, target, cls_entry, **{k: v is not False for k, v in cross.items()})
+    coattention.cross_options_error(cross)
     start_layer = family_option(adapter, "generic_attention", "start_layer", start_layer, 0)
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
     streams = adapter.streams(inputs)
@@ -113,3 +127,49 @@ def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
         for (name, stream), x, g in zip(streams.items(), tokens, grads)
     }
     return scores, fwd.indices, fwd.logits
+
+
+def _co_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None, **rules: bool) -> tuple:
+    """generic_attention on a model with cross-attention: every site's rule, read at the readout row."""
+    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
+    streams = adapter.streams(inputs)
+    reader = coattention.readout_stream(streams)
+    cams = coattention.gradient_weighted(fwd, fwd.attentions)
+    sizes = coattention.sizes_of(fwd.sites, fwd.attentions)
+    relevance = coattention.propagate(fwd.sites, cams, streams, sizes, **rules)
+    scores = coattention.read_rows(relevance, reader, streams)
+    how = family_option(adapter, "generic_attention", "cls_entry", cls_entry, "keep")
+    scores[reader.name] = set_class_entry(scores[reader.name], how, reader)
+    return scores, fwd.indices, fwd.logits
+
+
+def _cross_gradcam(adapter: Adapter, inputs: Any, fwd, normalize: bool, cls_entry: str | None) -> dict[str, torch.Tensor]:
+    """Grad-CAM on a cross-attention model: on the readout stream's last self-attention and its last
+    cross-attention into each other stream, heads weighted by their mean gradient over the real (query, key)
+    pairs, head mean, then ReLU; `normalize`: min-max over each whole matrix."""
+    streams = adapter.streams(inputs)
+    reader = coattention.readout_stream(streams)
+    last = coattention.last_sites(fwd.sites, reader.name, streams)
+    grads = dict(zip(last, fwd.gradients([fwd.attentions[k] for k in last.values()])))
+    matrices = {}
+    for x, k in last.items():
+        attention = fwd.attentions[k].detach()
+        rows = _valid_or_all(reader, attention.shape[-2], attention)
+        columns = _valid_or_all(streams[x], attention.shape[-1], attention)
+        pairs = (rows[:, :, None] & columns[:, None, :])[:, None]  # (B, 1, Tq, Tk)
+        weights = (grads[x] * pairs).sum((-2, -1), keepdim=True) / pairs.sum((-2, -1), keepdim=True)
+        cam = (attention * weights).mean(1).clamp(min=0)
+        if normalize:
+            low = cam.masked_fill(~pairs[:, 0], float("inf")).amin((-2, -1), keepdim=True)
+            high = cam.masked_fill(~pairs[:, 0], float("-inf")).amax((-2, -1), keepdim=True)
+            span = high - low
+            cam = (cam - low) / torch.where(span > 0, span, torch.ones_like(span))
+        matrices[x] = cam
+    return read_cross(adapter, inputs, "attention_gradcam", cls_entry, matrices)
+
+
+def _valid_or_all(stream: Stream, tokens: int, like: torch.Tensor) -> torch.Tensor:
+    """`(B, T)` bool of the stream's real tokens (all True without padding)."""
+    if stream.valid is not None:
+        return stream.valid.to(like.device)
+    return torch.ones(len(like), tokens, dtype=torch.bool, device=like.device)

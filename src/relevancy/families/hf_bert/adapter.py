@@ -22,7 +22,7 @@ from torch import nn
 
 from ...explanation import TextExplanation
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, UnsupportedModelError, transformers_configs
+from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
 from .batch import TextBatch
 
 
@@ -113,23 +113,6 @@ def _probabilities(output: object) -> torch.Tensor:
             "(relevancy switches it on for the call; a custom attention implementation may ignore the switch)"
         )
     return probabilities
-
-
-class OutputPart:
-    """One part of a module's forward output (e.g. the attention probabilities in `(context, probabilities)`),
-    hookable like a module: `register_forward_hook(hook)` calls `hook(module, args, part)`."""
-
-    def __init__(self, module: nn.Module, pick: Callable[[object], torch.Tensor]) -> None:
-        self.module, self.pick = module, pick
-
-    def register_forward_hook(self, hook: Callable) -> torch.utils.hooks.RemovableHandle:
-        def observe(module: nn.Module, args: tuple, output: object) -> None:
-            hook(module, args, self.pick(output))  # never replaces the module's output
-
-        return self.module.register_forward_hook(observe)
-
-    def __repr__(self) -> str:
-        return f"OutputPart({type(self.module).__name__}, {getattr(self.pick, '__name__', 'part')})"
 
 
 class HFBertAdapter(Adapter):

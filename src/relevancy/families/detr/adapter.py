@@ -1,0 +1,228 @@
+"""DETR as relevancy sees it: an `image` stream (the backbone's feature grid, encoded by self-attention) and a
+`queries` stream (the object queries: self-attention, then cross-attention into the image), read at the row of
+the explained query.
+
+Supported: transformers `DetrForObjectDetection` (ResNet backbone from transformers or timm), unmodified. The
+attention implementation is switched to eager for the call (sdpa returns no probabilities; eager's softmax runs in
+the model's dtype, so float64 models are exact) and restored after, also after an exception.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...streams import AttentionSite, Hookable, Stream
+from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from .batch import DetectionBatch
+from .explanation import DetectionExplanation
+
+# DETR's image processor normalises with ImageNet's statistics
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# the authors' mask_generator.py keeps the queries whose best class (not "no object") has probability > 0.5
+DETECTION_THRESHOLD = 0.5
+
+TARGETS = (
+    "None (every query whose best class, not 'no object', has probability > 0.5, with that class), a pair "
+    "(query, class) for every image, or a list with one entry per image: a pair or a list of pairs"
+)
+
+
+def _probabilities(output: tuple) -> torch.Tensor:
+    probabilities = output[1]
+    if probabilities is None:
+        raise RuntimeError("the attention returned no probabilities: the model does not run eager attention")
+    return probabilities
+
+
+def _last_hidden(output: object) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+
+class DetrAdapter(Adapter):
+    family = "DETR"
+    examples = "transformers.DetrForObjectDetection"
+    method_defaults = {"attention_gradcam": {"normalize": False}}
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        detr = model.model
+        self.encoder_layers = list(detr.encoder.layers)
+        self.decoder_layers = list(detr.decoder.layers)
+        self.stride = 16 if getattr(model.config, "dilation", False) else 32
+        self.num_queries = model.config.num_queries
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        detr = sys.modules.get("transformers.models.detr.modeling_detr")
+        return detr is not None and isinstance(model, detr.DetrForObjectDetection)
+
+    def class_names(self) -> list[str] | None:
+        labels = getattr(self.model.config, "id2label", None) or {}
+        return [labels.get(k, f"class {k}") for k in range(self.model.config.num_labels)] + ["no object"]
+
+    # -- what the model is made of -------------------------------------------------------------------------
+    def feature_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The backbone's last feature map (h, w) for an input of `height` x `width` (each stride-2 stage rounds up)."""
+        return math.ceil(height / self.stride), math.ceil(width / self.stride)
+
+    def streams(self, inputs: DetectionBatch) -> dict[str, Stream]:
+        if inputs.query is None:
+            raise ValueError("no explained objects: bind a target first (relevancy.explain does)")
+        grid = self.feature_grid(*inputs.pixel_values.shape[-2:])
+        _, masks = inputs.row_images()
+        valid = None
+        if not bool(masks.all()):
+            valid = F.interpolate(masks[:, None].to(inputs.pixel_values.dtype), size=grid).to(torch.bool).flatten(1)
+        return {
+            "image": Stream("image", "image", prefix_tokens=0, readout=None, valid=valid, grid=grid),
+            "queries": Stream("queries", "queries", prefix_tokens=0, readout=inputs.query),
+        }
+
+    def attention_sites(self) -> list[AttentionSite]:
+        sites = [AttentionSite("image", "image", OutputPart(layer.self_attn, _probabilities)) for layer in self.encoder_layers]
+        for layer in self.decoder_layers:
+            sites.append(AttentionSite("queries", "queries", OutputPart(layer.self_attn, _probabilities)))
+            sites.append(AttentionSite("queries", "image", OutputPart(layer.encoder_attn, _probabilities)))
+        return sites
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        """CDAM's tokens: the encoder's output (the memory every cross-attention reads) and the queries entering
+        the last cross-attention."""
+        return {
+            "image": OutputPart(self.model.model.encoder, _last_hidden),
+            "queries": self.decoder_layers[-1].self_attn_layer_norm,
+        }
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> DetectionBatch:
+        if isinstance(inputs, torch.Tensor):
+            inputs = {"pixel_values": inputs}
+        if not isinstance(inputs, Mapping) or "pixel_values" not in inputs:
+            raise TypeError(
+                "DETR inputs must be a dict with 'pixel_values' (B, 3, H, W) and optionally 'pixel_mask' (B, H, W), "
+                f"as its image processor returns, or a tensor of images; got {type(inputs).__name__}"
+            )
+        unknown = sorted(set(inputs) - {"pixel_values", "pixel_mask", "labels"})
+        if unknown:
+            raise ValueError(f"unknown DETR inputs {unknown}; valid: pixel_values, pixel_mask")
+        pixels = inputs["pixel_values"]
+        if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4 or pixels.shape[1] != 3 or not pixels.is_floating_point():
+            got = f"{pixels.dtype} {tuple(pixels.shape)}" if isinstance(pixels, torch.Tensor) else type(pixels).__name__
+            raise ValueError(f"pixel_values must be a float tensor (B, 3, H, W), got {got}")
+        if len(pixels) == 0:
+            raise ValueError("pixel_values holds no images: (B, 3, H, W) with B >= 1")
+        param = next(self.model.parameters())
+        pixels = pixels.to(param.device, param.dtype)
+        if not torch.isfinite(pixels).all():
+            raise ValueError("pixel_values holds NaN or infinite values")
+        mask = inputs.get("pixel_mask")
+        if mask is None:
+            mask = torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.long, device=pixels.device)
+        elif not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (pixels.shape[0], *pixels.shape[2:]):
+            got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"pixel_mask must be (B, H, W) = {(pixels.shape[0], *pixels.shape[2:])}, got {got}")
+        return DetectionBatch(pixels, mask.to(pixels.device).long())
+
+    def bind_target(self, inputs: DetectionBatch, target: Any) -> tuple[DetectionBatch, torch.Tensor]:
+        """One row per explained object, and the class explained in each row."""
+        images = len(inputs.pixel_values)
+        if target is None:
+            pairs = self.detections(inputs)
+        elif _is_pair(target):
+            pairs = [[tuple(target)] for _ in range(images)]
+        elif isinstance(target, (list, tuple)) and len(target) == images:
+            pairs = [[tuple(t)] if _is_pair(t) else [tuple(p) for p in t] for t in target]
+            if not all(all(_is_pair(p) for p in per_image) for per_image in pairs):
+                raise TypeError(f"DETR targets must be {TARGETS}; got {target!r}")
+        else:
+            raise TypeError(f"DETR targets must be {TARGETS}; got {target!r}")
+        classes = self.model.config.num_labels + 1
+        for per_image in pairs:
+            for query, label in per_image:
+                if not 0 <= query < self.num_queries or not 0 <= label < classes:
+                    raise ValueError(
+                        f"target ({query}, {label}) is out of range: queries 0..{self.num_queries - 1}, classes "
+                        f"0..{classes - 1} (the last is 'no object')"
+                    )
+        if not any(pairs):
+            raise ValueError(
+                f"no object detected above probability {DETECTION_THRESHOLD} in any image: give target=(query, class)"
+            )
+        image = torch.tensor([i for i, per_image in enumerate(pairs) for _ in per_image], dtype=torch.long)
+        query = torch.tensor([q for per_image in pairs for q, _ in per_image], dtype=torch.long)
+        label = torch.tensor([c for per_image in pairs for _, c in per_image], dtype=torch.long)
+        return inputs.rows(image, query), label
+
+    def detections(self, inputs: DetectionBatch) -> list[list[tuple[int, int]]]:
+        """Per image, (query, class) of every query kept by the authors' rule (best class probability > 0.5)."""
+        with torch.no_grad():
+            logits = self.model(pixel_values=inputs.pixel_values, pixel_mask=inputs.pixel_mask).logits
+        probabilities, classes = logits.softmax(-1)[..., :-1].max(-1)
+        return [
+            [(q, int(classes[i, q])) for q in (probabilities[i] > DETECTION_THRESHOLD).nonzero()[:, 0].tolist()]
+            for i in range(len(logits))
+        ]
+
+    def batches(self, inputs: DetectionBatch, size: int) -> Iterator[DetectionBatch]:
+        for start in range(0, len(inputs.pixel_values), size):
+            yield DetectionBatch(inputs.pixel_values[start:start + size], inputs.pixel_mask[start:start + size])
+
+    def describe_inputs(self, inputs: DetectionBatch) -> dict:
+        return {"input_size": tuple(inputs.pixel_values.shape[-2:]), "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: DetectionBatch, **fields: Any) -> DetectionExplanation:
+        return DetectionExplanation(
+            scores=scores["image"], image=inputs.image, query=inputs.query, class_names=self.class_names(),
+            **self.describe_inputs(inputs), **fields,
+        )
+
+    # -- running --------------------------------------------------------------------------------------------
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        configs = transformers_configs(self.model)
+        implementations = [getattr(c, "_attn_implementation", None) for c in configs]
+        training = {m: m.training for m in self.model.modules()}
+        # frozen weights leave the attention off the graph: make the projected features a leaf that is on it
+        handle = self.model.model.input_projection.register_forward_hook(
+            lambda _m, _i, out: out.detach().requires_grad_(True) if torch.is_grad_enabled() and not out.requires_grad else out
+        )
+        try:
+            self.model.eval()
+            if attention_probabilities:
+                for c in configs:
+                    c._attn_implementation = "eager"
+            yield
+        finally:
+            handle.remove()
+            for c, implementation in zip(configs, implementations):
+                if getattr(c, "_attn_implementation", None) != implementation:
+                    c._attn_implementation = implementation
+            for m, flag in training.items():
+                m.training = flag
+
+    def shared_state(self) -> list[object]:
+        return transformers_configs(self.model)
+
+    def forward(self, inputs: DetectionBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the explained query's class logits (R, C + 1) and its decoder output (R, D)."""
+        pixels, masks = inputs.row_images()
+        out = self.model(pixel_values=pixels, pixel_mask=masks)
+        rows = torch.arange(len(pixels), device=pixels.device)
+        return out.logits[rows, inputs.query], out.last_hidden_state[rows, inputs.query]
+
+    def embed(self, inputs: DetectionBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        raise UnsupportedModelError("token_ablation is not available for DETR yet (it needs the encoder run on a subset of tokens)")
+
+
+def _is_pair(value: object) -> bool:
+    return (
+        isinstance(value, (tuple, list)) and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
