@@ -12,7 +12,8 @@ import transformers
 
 from golden import GOLDEN  # noqa: E402
 from relevancy.families.base import UnsupportedModelError  # noqa: E402
-from relevancy.families.clip.towers import EXACT_ATTENTION, ClipTowers, clip_library  # noqa: E402
+from relevancy.families.clip.towers import ClipTowers, clip_library  # noqa: E402
+from relevancy.families.hf_attention import EXACT_ATTENTION  # noqa: E402
 
 CASES = torch.load(GOLDEN / "clip_reference.pt", weights_only=True)
 LIBRARIES = ("open_clip", "transformers")

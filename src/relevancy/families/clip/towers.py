@@ -28,11 +28,10 @@ from torch import nn
 
 from ...guard import exclusive
 from ..base import UnsupportedModelError, transformers_configs
+from ..hf_attention import EXACT_ATTENTION, register_exact_attention, softmax_on_graph
 
 IMAGE, TEXT = "image", "text"
 TOWERS = (IMAGE, TEXT)
-# the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
-EXACT_ATTENTION = "relevancy_exact_eager"
 
 
 def clip_library(model: nn.Module) -> str | None:
@@ -99,15 +98,6 @@ class Listening:
     def remove(self) -> None:
         if self.hook in self.hooks:
             self.hooks.remove(self.hook)
-
-
-def _softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys in the scores' dtype (float32 for half precision), on the graph even if nothing upstream
-    needs a gradient (frozen weights), so that the probabilities can always be differentiated."""
-    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
-    if torch.is_grad_enabled() and not probs.requires_grad:
-        probs.requires_grad_(True)
-    return probs
 
 
 class ClipTowers:
@@ -223,30 +213,6 @@ def _keep_mask(keep: torch.Tensor, causal: bool, tokens: torch.Tensor) -> torch.
 
 
 # ------------------------------------------------------------------------------------------------ transformers
-def _exact_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """transformers' eager attention with the softmax in the model's dtype; returns (output, probabilities)."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[-2]]
-    elif kwargs.get("is_causal") and query.shape[-2] > 1:  # no mask made for us: keep the model causal anyway
-        blocked = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
-    probs = _softmax(scores)
-    if dropout > 0.0 and module.training:
-        probs = F.dropout(probs, p=dropout, training=True)
-    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
-    return output, probs
-
-
-def _register_exact_attention() -> None:
-    """Register the exact eager attention and its mask function (transformers' eager mask) under EXACT_ATTENTION."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
-
-    AttentionInterface.register(EXACT_ATTENTION, _exact_eager_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ATTENTION, eager_mask)
-
-
 class _TransformersTowers(ClipTowers):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -265,7 +231,7 @@ class _TransformersTowers(ClipTowers):
         return transformers_configs(self.model)
 
     def _install(self, recorder: Recorder, undo: list[Callable[[], None]]) -> None:
-        _register_exact_attention()
+        register_exact_attention()
         configs = transformers_configs(self.model)
         saved = [(c, c._attn_implementation) for c in configs]
 
@@ -459,7 +425,7 @@ def _recomputed_attention(
     if attn_mask is not None:
         mask = attn_mask.to(scores.dtype)  # as open_clip's block casts it before nn.MultiheadAttention adds it
         scores = scores + (mask.reshape(batch, heads, n, n) if mask.ndim == 3 else mask)
-    probs = _softmax(scores)
+    probs = softmax_on_graph(scores)
     if attn.dropout > 0.0 and attn.training:
         probs = F.dropout(probs, p=attn.dropout, training=True)
     recorder._attention(tower, index, probs)

@@ -3,8 +3,8 @@
 the explained query.
 
 Supported: transformers `DetrForObjectDetection` (ResNet backbone from transformers or timm), unmodified. The
-attention implementation is switched to eager for the call (sdpa returns no probabilities; eager's softmax runs in
-the model's dtype, so float64 models are exact) and restored after, also after an exception.
+attention implementation is switched to relevancy's exact eager attention for the call (`families.hf_attention`:
+sdpa returns no probabilities) and restored after, also after an exception.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from ..hf_attention import EXACT_ATTENTION, register_exact_attention
 from .batch import DetectionBatch
 from .explanation import DetectionExplanation
 
@@ -189,18 +190,14 @@ class DetrAdapter(Adapter):
         configs = transformers_configs(self.model)
         implementations = [getattr(c, "_attn_implementation", None) for c in configs]
         training = {m: m.training for m in self.model.modules()}
-        # frozen weights leave the attention off the graph: make the projected features a leaf that is on it
-        handle = self.model.model.input_projection.register_forward_hook(
-            lambda _m, _i, out: out.detach().requires_grad_(True) if torch.is_grad_enabled() and not out.requires_grad else out
-        )
         try:
             self.model.eval()
             if attention_probabilities:
+                register_exact_attention()
                 for c in configs:
-                    c._attn_implementation = "eager"
+                    c._attn_implementation = EXACT_ATTENTION
             yield
         finally:
-            handle.remove()
             for c, implementation in zip(configs, implementations):
                 if getattr(c, "_attn_implementation", None) != implementation:
                     c._attn_implementation = implementation

@@ -1,0 +1,48 @@
+"""An eager attention for transformers models that relevancy registers under `EXACT_ATTENTION`.
+
+transformers' own eager attention computes the softmax in float32 even for float64 models (about 1e-8 off the
+authors' float64 code) and sdpa returns no probabilities. This one keeps the softmax in the model's dtype
+(float32 for half precision) and keeps the probabilities on the autograd graph even when no weight needs a
+gradient, so that the explained score can always be differentiated with respect to them. Families switch a
+model's configs to it for a call and restore them after.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
+EXACT_ATTENTION = "relevancy_exact_eager"
+
+
+def softmax_on_graph(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys in the scores' dtype (float32 for half precision), on the graph even if nothing upstream
+    needs a gradient (frozen weights), so that the probabilities can always be differentiated."""
+    probs = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
+    if torch.is_grad_enabled() and not probs.requires_grad:
+        probs.requires_grad_(True)
+    return probs
+
+
+def exact_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' eager attention with the softmax in the model's dtype; returns (output, probabilities)."""
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    elif kwargs.get("is_causal") and query.shape[-2] > 1:  # no mask made for us: keep the model causal anyway
+        blocked = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)
+    probs = softmax_on_graph(scores)
+    if dropout > 0.0 and module.training:
+        probs = F.dropout(probs, p=dropout, training=True)
+    output = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return output, probs
+
+
+def register_exact_attention() -> None:
+    """Register the exact eager attention and its mask function (transformers' eager mask) under EXACT_ATTENTION."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    AttentionInterface.register(EXACT_ATTENTION, exact_eager_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ATTENTION, eager_mask)

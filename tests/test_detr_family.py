@@ -1,0 +1,146 @@
+"""DETR (transformers DetrForObjectDetection): the authors' encoder-decoder rules, exact, batched, model unchanged."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import relevancy
+from golden import GOLDEN, assert_map_close
+from test_model_unchanged import assert_same, snapshot
+
+# reference key -> (method, options), as the authors' mask_generator.py names them
+DETR_KEYS = {
+    "ours_no_lrp": ("generic_attention", {}),
+    "ours_no_lrp_no_norm": ("generic_attention", {"residual_normalization": False}),
+    "ablation_no_self_in_10": ("generic_attention", {"bimodal_self_terms": False}),
+    "ablation_no_aggregation": ("generic_attention", {"aggregate": False, "residual_normalization": False}),
+    "raw_attn": ("raw_attention", {}),
+    "rollout": ("rollout", {}),
+    "attn_gradcam": ("attention_gradcam", {}),
+}
+# 1e-8 of each map's largest magnitude: eager attention's softmax runs in float64 for a float64 DETR
+RTOL = 1e-8
+
+
+@pytest.fixture(scope="module")
+def case() -> dict:
+    return torch.load(GOLDEN / "detr_reference.pt", weights_only=True)[0]
+
+
+def build(case: dict) -> torch.nn.Module:
+    from transformers import DetrConfig, DetrForObjectDetection
+
+    model = DetrForObjectDetection(DetrConfig(**case["config"])).double()
+    model.load_state_dict(case["state_dict"], strict=True)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model(case) -> torch.nn.Module:
+    return build(case)
+
+
+def images(case: dict, index: slice | int = slice(None)) -> dict:
+    index = slice(index, index + 1) if isinstance(index, int) else index
+    return {"pixel_values": case["images"][index], "pixel_mask": case["pixel_mask"][index]}
+
+
+@pytest.mark.parametrize("key", DETR_KEYS)
+def test_every_record_one_object_at_a_time(case, model, key):
+    method, options = DETR_KEYS[key]
+    for record in case["records"]:
+        expl = relevancy.explain(model, images(case, record["image"]), method=method,
+                                 target=(record["query"], record["target_class"]), **options)
+        assert expl.parts["image"].scores.shape == (1, *case["feature_grid"])
+        assert_map_close(expl.parts["image"].scores[0].flatten(), record[key], RTOL)
+
+
+@pytest.mark.parametrize("key", DETR_KEYS)
+def test_every_record_in_one_batched_call(case, model, key):
+    """Both images and both objects of each in one call: four rows, each its own record."""
+    method, options = DETR_KEYS[key]
+    records = case["records"]
+    targets = [[(r["query"], r["target_class"]) for r in records if r["image"] == i] for i in range(len(case["images"]))]
+    expl = relevancy.explain(model, images(case), method=method, target=targets, **options)
+    assert expl.image.tolist() == [r["image"] for r in sorted(records, key=lambda r: r["image"])]
+    rows = {(i, q): row for row, (i, q) in enumerate(zip(expl.image.tolist(), expl.query.tolist()))}
+    for record in records:
+        row = rows[record["image"], record["query"]]
+        assert expl.target[row] == record["target_class"]
+        assert_map_close(expl.parts["image"].scores[row].flatten(), record[key], RTOL)
+
+
+def test_the_nan_rule_fires_where_the_authors_drop_a_layer(case):
+    """Records whose first decoder layer's rule-10 term is NaN in the authors' code (a zero row of R_qq - I)
+    are reproduced: the term is dropped, not computed with a "safe" division."""
+    flagged = [r for r in case["records"] if any(r["nan_zeroed_per_decoder_layer"]["ours_no_lrp"])]
+    assert flagged, "the reference holds records where the NaN rule fires"
+
+
+def test_default_target_explains_every_detected_object(case, model):
+    """target=None: the queries whose best class has probability > 0.5 (the authors' keep rule), per image."""
+    expl = relevancy.explain(model, images(case), method="generic_attention")
+    for entry in case["segmentation"]:
+        kept = [q for i, q in zip(expl.image.tolist(), expl.query.tolist()) if i == entry["image"]]
+        assert kept == list(entry["kept_queries"])
+        for q in kept:
+            row = [r for r, (i, qq) in enumerate(zip(expl.image.tolist(), expl.query.tolist())) if (i, qq) == (entry["image"], q)][0]
+            assert expl.target[row] == entry["labels"][q]
+    assert len(expl.labels()) == len(expl.image)
+
+
+def test_frozen_weights_are_explained(case):
+    model = build(case)
+    model.requires_grad_(False)
+    record = case["records"][0]
+    expl = relevancy.explain(model, images(case, record["image"]), method="generic_attention",
+                             target=(record["query"], record["target_class"]))
+    assert_map_close(expl.parts["image"].scores[0].flatten(), record["ours_no_lrp"], RTOL)
+
+
+@pytest.mark.parametrize("method", ["generic_attention", "raw_attention", "rollout", "attention_gradcam", "cdam"])
+def test_model_unchanged_after_success_and_failure(case, method, monkeypatch):
+    model = build(case)
+    implementation = model.config._attn_implementation
+    before = snapshot(model)
+    relevancy.explain(model, images(case), method=method, target=(2, 1))
+    assert_same(before, snapshot(model))
+    assert model.config._attn_implementation == implementation
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr("relevancy.capture.target_score", fail)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        relevancy.explain(model, images(case), method=method, target=(2, 1))
+    assert_same(before, snapshot(model))
+    assert model.config._attn_implementation == implementation
+
+
+def test_cdam_is_signed_per_image_token(case, model):
+    expl = relevancy.explain(model, images(case, 0), method="cdam", target=(2, 1))
+    scores = expl.parts["image"].scores
+    assert scores.shape == (1, *case["feature_grid"]) and (scores < 0).any() and (scores > 0).any()
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ((99, 0), "out of range"),
+        ((0, 99), "out of range"),
+        ("car", "DETR targets must be"),
+        ([(0, 1)], "DETR targets must be"),  # one entry for two images
+    ],
+)
+def test_bad_targets_are_named(case, model, target, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        relevancy.explain(model, images(case), method="generic_attention", target=target)
+
+
+def test_bad_inputs_are_named(case, model):
+    with pytest.raises(ValueError, match="unknown DETR inputs"):
+        relevancy.explain(model, {**images(case), "boxes": 1}, method="raw_attention", target=(0, 0))
+    with pytest.raises(ValueError, match="pixel_mask must be"):
+        relevancy.explain(model, {"pixel_values": case["images"], "pixel_mask": case["pixel_mask"][:1]}, target=(0, 0))
+    with pytest.raises(ValueError, match="self-attention models"):
+        relevancy.explain(model, images(case), method="generic_attention", target=(0, 0), start_layer=1)
