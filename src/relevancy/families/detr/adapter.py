@@ -210,9 +210,25 @@ class DetrAdapter(Adapter):
     def forward(self, inputs: DetectionBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row, the explained query's class logits (R, C + 1) and its decoder output (R, D)."""
         pixels, masks = inputs.row_images()
-        out = self.model(pixel_values=pixels, pixel_mask=masks)
+        with self.backbone_once(inputs):
+            out = self.model(pixel_values=pixels, pixel_mask=masks)
         rows = torch.arange(len(pixels), device=pixels.device)
         return out.logits[rows, inputs.query], out.last_hidden_state[rows, inputs.query]
+
+    @contextmanager
+    def backbone_once(self, inputs: DetectionBatch) -> Iterator[None]:
+        """The backbone runs once per image, not once per row: its input is swapped for the distinct images and
+        its feature maps are repeated for the rows (the transformer runs per row: each row explains its own score)."""
+        backbone = self.model.model.backbone
+        pre = backbone.register_forward_pre_hook(lambda _m, _args: (inputs.pixel_values, inputs.pixel_mask))
+        post = backbone.register_forward_hook(
+            lambda _m, _args, out: [(feature[inputs.image], mask[inputs.image]) for feature, mask in out]
+        )
+        try:
+            yield
+        finally:
+            pre.remove()
+            post.remove()
 
     def embed(self, inputs: DetectionBatch, graph: bool = False) -> dict[str, torch.Tensor]:
         raise UnsupportedModelError("token_ablation is not available for DETR yet (it needs the encoder run on a subset of tokens)")
