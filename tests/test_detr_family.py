@@ -144,3 +144,20 @@ def test_bad_inputs_are_named(case, model):
         relevancy.explain(model, {"pixel_values": case["images"], "pixel_mask": case["pixel_mask"][:1]}, target=(0, 0))
     with pytest.raises(ValueError, match="self-attention models"):
         relevancy.explain(model, images(case), method="generic_attention", target=(0, 0), start_layer=1)
+
+
+def test_detect_then_explain_then_save(case, model, tmp_path):
+    """The Python path end to end: detections (boxes in pixels), their maps, one panel per object with its box."""
+    detections = relevancy.detect(model, images(case))
+    assert [[d.query for d in per_image] for per_image in detections] == [list(e["kept_queries"]) for e in case["segmentation"]]
+    height, width = case["images"].shape[-2:]
+    for per_image, entry in zip(detections, case["segmentation"]):
+        for d in per_image:
+            assert d.label == entry["labels"][d.query] and abs(d.score - float(entry["scores"][d.query])) < 1e-9
+            assert 0 <= d.box[0] < d.box[2] and 0 <= d.box[1] < d.box[3]
+    targets = [[(d.query, d.label) for d in per_image] for per_image in detections]
+    expl = relevancy.explain(model, images(case), method="generic_attention", target=targets)
+    boxes = torch.tensor([d.box for per_image in detections for d in per_image])
+    path = expl.save(tmp_path / "objects.png", case["images"], boxes)
+    assert path.stat().st_size > 0 and path.read_bytes()[:4] == b"\x89PNG"
+    assert not model.training

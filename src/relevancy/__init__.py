@@ -12,11 +12,12 @@ if TYPE_CHECKING:
     from .explanation import Explanation, PairExplanation
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
+    from .families.detr import DetectionExplanation, detect
     from .targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "PairExplanation", "Concept", "ImageTextBatch", "ZeroShotClassifier", "METHODS"]
+__all__ = ["explain", "Explanation", "PairExplanation", "Concept", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "METHODS"]
 __version__ = "0.1.0"
 
 
@@ -32,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from .families.clip.batch import ImageTextBatch as value
     elif name == "ZeroShotClassifier":
         from .families.clip.zero_shot import ZeroShotClassifier as value
+    elif name == "detect":
+        from .families.detr import detect as value
+    elif name == "DetectionExplanation":
+        from .families.detr import DetectionExplanation as value
     elif name == "Concept":
         from .targets import Concept as value
     elif name == "METHODS":

@@ -59,13 +59,20 @@ def draw_map(axis: plt.Axes, scores: torch.Tensor, signed: bool, picture: torch.
     axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
 
 
-def overlay_figure(maps: torch.Tensor, pictures: torch.Tensor | None, signed: bool, titles: Sequence[str]) -> plt.Figure:
-    """A row of panels: each map upsampled to its picture, drawn over it."""
+def overlay_figure(
+    maps: torch.Tensor, pictures: torch.Tensor | None, signed: bool, titles: Sequence[str],
+    boxes: Sequence[Sequence[float]] | None = None,
+) -> plt.Figure:
+    """A row of panels: each map upsampled to its picture, drawn over it; `boxes`: a rectangle (x0, y0, x1, y1) in
+    pixels per panel (a detected object)."""
     count = len(maps)
     figure, axes = plt.subplots(1, count, figsize=(3.4 * count, 3.2), squeeze=False)
     for i, axis in enumerate(axes[0]):
         draw_map(axis, maps[i], signed, pictures[i] if pictures is not None else None)
         axis.set_title(titles[i], fontsize=9)
+        if boxes is not None:
+            x0, y0, x1, y1 = (float(v) for v in boxes[i])
+            axis.add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="lime", linewidth=1.5))
     figure.tight_layout()
     return figure
 

@@ -12,12 +12,14 @@ import math
 import sys
 from collections.abc import Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...guard import exclusive
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, register_exact_attention
@@ -135,7 +137,7 @@ class DetrAdapter(Adapter):
         """One row per explained object, and the class explained in each row."""
         images = len(inputs.pixel_values)
         if target is None:
-            pairs = self.detections(inputs)
+            pairs = [[(d.query, d.label) for d in per_image] for per_image in self.detections(inputs)]
         elif _is_pair(target):
             pairs = [[tuple(target)] for _ in range(images)]
         elif isinstance(target, (list, tuple)) and len(target) == images:
@@ -161,14 +163,18 @@ class DetrAdapter(Adapter):
         label = torch.tensor([c for per_image in pairs for _, c in per_image], dtype=torch.long)
         return inputs.rows(image, query), label
 
-    def detections(self, inputs: DetectionBatch) -> list[list[tuple[int, int]]]:
-        """Per image, (query, class) of every query kept by the authors' rule (best class probability > 0.5)."""
+    def detections(self, inputs: DetectionBatch, threshold: float = DETECTION_THRESHOLD) -> list[list[Detection]]:
+        """Per image, every query kept by the authors' rule (best class probability > `threshold`)."""
         with torch.no_grad():
-            logits = self.model(pixel_values=inputs.pixel_values, pixel_mask=inputs.pixel_mask).logits
-        probabilities, classes = logits.softmax(-1)[..., :-1].max(-1)
+            out = self.model(pixel_values=inputs.pixel_values, pixel_mask=inputs.pixel_mask)
+        probabilities, classes = out.logits.softmax(-1)[..., :-1].max(-1)
+        height, width = inputs.pixel_values.shape[-2:]
+        cx, cy, w, h = out.pred_boxes.unbind(-1)
+        corners = torch.stack([(cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height], -1)
         return [
-            [(q, int(classes[i, q])) for q in (probabilities[i] > DETECTION_THRESHOLD).nonzero()[:, 0].tolist()]
-            for i in range(len(logits))
+            [Detection(q, int(classes[i, q]), float(probabilities[i, q]), tuple(corners[i, q].tolist()))
+             for q in (probabilities[i] > threshold).nonzero()[:, 0].tolist()]
+            for i in range(len(out.logits))
         ]
 
     def batches(self, inputs: DetectionBatch, size: int) -> Iterator[DetectionBatch]:
@@ -232,6 +238,30 @@ class DetrAdapter(Adapter):
 
     def embed(self, inputs: DetectionBatch, graph: bool = False) -> dict[str, torch.Tensor]:
         raise UnsupportedModelError("token_ablation is not available for DETR yet (it needs the encoder run on a subset of tokens)")
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A detected object: its query, class, probability and box (x0, y0, x1, y1) in input pixels."""
+
+    query: int
+    label: int
+    score: float
+    box: tuple[float, float, float, float]
+
+
+def detect(model: nn.Module, inputs: object, threshold: float = DETECTION_THRESHOLD) -> list[list[Detection]]:
+    """The objects DETR detects in each image (best class probability > `threshold`, the authors' rule); their
+    (query, label) pairs are `explain`'s targets, their boxes what `DetectionExplanation.save` draws."""
+    adapter = DetrAdapter(model)
+    with exclusive(model, *adapter.shared_state()):
+        training = {m: m.training for m in model.modules()}
+        try:
+            model.eval()
+            return adapter.detections(adapter.check_inputs(inputs), threshold)
+        finally:
+            for m, flag in training.items():
+                m.training = flag
 
 
 def _is_pair(value: object) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -20,6 +21,16 @@ class DetectionExplanation(Explanation):
         """A caption per object: image, query, class name and its logit."""
         names = self.class_names or []
         return [
-            f"image {i} query {q}: {names[k] if k < len(names) else f'class {k}'} ({self.logits[r, k]:.2f})"
+            f"image {i}, query {q}: {names[k] if k < len(names) else f'class {k}'} ({self.logits[r, k]:.2f})"
             for r, (i, q, k) in enumerate(zip(self.image.tolist(), self.query.tolist(), self.target.tolist()))
         ]
+
+    def save(self, path: str | Path, images: torch.Tensor | None = None, boxes: torch.Tensor | None = None) -> Path:
+        """An overlay PNG, one panel per object: `images` the explained images (B, 3, H, W) as given to explain
+        (each row is drawn over its own image), `boxes` (R, 4) x0, y0, x1, y1 in pixels (e.g. `detect`'s)."""
+        from ...viz import overlay_figure, save_figure
+
+        part = self.parts["image"]
+        pictures = part.pixels(images[self.image]) if images is not None else None
+        titles = [f"{self.method}\n{label}" for label in self.labels()]
+        return save_figure(overlay_figure(part.heatmap().cpu(), pictures, part.signed, titles, boxes), path)
