@@ -106,3 +106,18 @@ def test_the_command_line_names_what_coco_detr_needs(tmp_path, capsys):
 
     assert main(["evaluate", "--benchmark", "coco-detr", "--out", str(tmp_path / "out")]) == 2
     assert "needs --data" in capsys.readouterr().err
+
+
+def test_explain_detections_command_writes_a_panel_per_object(case, tmp_path, capsys):
+    from relevancy.cli import main
+
+    build(case).save_pretrained(tmp_path / "detr")
+    coco_folder(case, tmp_path)
+    assert main(["explain-detections", str(tmp_path / "0.png"), "--model", str(tmp_path / "detr"),
+                 "--threshold", "0.0", "--out", str(tmp_path / "out"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    objects = report[0]["objects"]
+    assert objects and all(len(o["box_xyxy"]) == 4 and o["scores"] for o in objects)
+    assert (tmp_path / "out" / "0_detections.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["explain-detections", str(tmp_path / "0.png"), "--model", str(tmp_path / "detr"), "--method", "nope",
+                 "--out", str(tmp_path / "out2")]) == 2

@@ -1,4 +1,4 @@
-"""Command line: `relevancy explain | explain-text | demo | evaluate`.
+"""Command line: `relevancy explain | explain-text | explain-detections | demo | evaluate | serve`.
 
 Every command's options are defined here, in a module that imports neither torch nor the model libraries, so
 `relevancy --help` answers at once; each handler imports what it needs when it runs. Handlers check the request
@@ -70,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "its class name and logit, the tokens and their scores")
     p.set_defaults(handler=_lazy("relevancy.cli.text", "run_explain_text"))
 
+    p = commands.add_parser("explain-detections", help="explain every object a DETR model detects in each image",
+                            description="Explain each object a transformers DetrForObjectDetection detects (best class "
+                                        "probability above --threshold): per image a PNG with one panel per object (map, "
+                                        "box, class) and, with --json, the boxes and score grids on stdout.")
+    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("--model", required=True, help="local folder of a transformers DetrForObjectDetection (save_pretrained)")
+    p.add_argument("--method", default="generic_attention", help=f"{methods} (default generic_attention)")
+    p.add_argument("--threshold", type=float, default=0.5, help="detection probability threshold (default 0.5, the authors')")
+    p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT})")
+    p.add_argument("--json", action="store_true", help="print per image the objects, boxes and score grids as JSON")
+    p.set_defaults(handler=_lazy("relevancy.cli.detections", "run_explain_detections"))
+
     p = commands.add_parser("demo", help="explain generated scenes with the shipped model (offline) and write an HTML page")
     p.add_argument("--out", default="demo", help="output folder (default: demo)")
     p.add_argument("--singles", type=int, default=3, help="single-object scenes (default 3)")
@@ -89,8 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "
                         "ImageFolder validation set), imagenet-seg (segmentation on gtsegs_ijcv.mat) or eraser "
                         "(token-F1 of a text classifier against ERASER rationales, e.g. Movie Reviews) or shapes-clip (grounding of "
-                        "captions naming one object of two-object scenes by the shipped shapes CLIP: image and text side)")
-    p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat")
+                        "captions naming one object of two-object scenes by the shipped shapes CLIP: image and text side) or coco-detr "
+                        "(the DETR segmentation test: Otsu masks of each detected object's map, COCO APs from IoU 0.2)")
+    p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat; "
+                                  "coco-detr: a COCO instances annotation file")
+    p.add_argument("--images", help="coco-detr: the folder the annotations' file names are relative to (default: the "
+                                    "annotation file's folder)")
     p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default; for shapes-clip the shipped shapes CLIP), a timm model name, "
                         "or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file)")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
@@ -112,6 +128,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="also print the summary metrics as JSON on stdout (results.json "
                                                        "without its lists: curves, per-class IoU)")
     p.set_defaults(handler=_lazy("relevancy.cli.evaluate", "evaluate"))
+
+    p = commands.add_parser("serve", help="serve a web page (and its JSON API) that explains images, texts and image-text pairs",
+                            description="Serve the web page: upload an image or pick a sample, choose methods and a target, "
+                                        "see the maps; a text tab and an image-text (CLIP) tab; the JSON API under it is "
+                                        "documented at /docs. Needs the 'serve' extra. Models load once, at start.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed at start)")
+    p.add_argument("--model", action="append", default=None, metavar="NAME",
+                   help="an image model to offer (repeat for several): 'shapes' (the shipped ViT), 'photo' (DINOv2 small, "
+                        "when installed), or a timm model name (hub weights, loaded at start). Default: shapes, and photo where it loads")
+    p.add_argument("--text-model", default=None, help="the text tab's model: hub name or folder of a BERT-family classifier, "
+                                                      "or 'none' (default: the shipped sentiment model, with the 'text' extra)")
+    p.add_argument("--clip-model", default=None, help="the image-text tab's model: as `explain --text --model`, or 'none' "
+                                                      "(default: the shipped shapes CLIP, with the 'text' extra)")
+    p.add_argument("--max-running", type=int, default=2, help="explanations computed at once (default 2)")
+    p.add_argument("--max-waiting", type=int, default=4, help="explanation requests that may wait for a slot; more are "
+                                                              "answered 503 at once (default 4)")
+    p.add_argument("--time-limit", type=float, default=30.0, help="seconds per explanation request, waiting included (default 30)")
+    p.add_argument("--max-image-mb", type=float, default=8.0, help="largest image file, MiB (default 8)")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request, MiB; images travel as base64 (default 16)")
+    p.add_argument("--max-pixels", type=int, default=16_000_000, help="largest image, pixels, read before decoding (default 16,000,000)")
+    p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text or caption, characters (default 2,000)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(handler=_lazy("relevancy.cli.serve", "run_serve"))
     return parser
 
 
