@@ -28,8 +28,10 @@ class Forward:
         return [a for site, a in zip(self.sites, self.attentions) if site.is_self and site.query == stream]
 
     def gradients(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """d score / d tensor for each tensor; inputs of a batch do not mix, so one backward serves all."""
-        return list(torch.autograd.grad(self.score.sum(), tensors))
+        """d score / d tensor for each tensor; inputs of a batch do not mix, so one backward serves all. A tensor
+        the score does not depend on (LXMERT's last image-to-text attention) gets zeros."""
+        grads = torch.autograd.grad(self.score.sum(), tensors, allow_unused=True)
+        return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads)]
 
 
 def record_forward(

@@ -190,9 +190,13 @@ def rollout_matrices(
 
     last = last_sites(sites, reader, streams)
     out = {reader: chained(reader, len(sites))}
+    valid = streams[reader].valid
     for x, k in last.items():
         if x != reader:
-            out[x] = chained(reader, k).transpose(-1, -2) @ (attentions[k].mean(1) @ chained(x, k))
+            left = chained(reader, k)
+            if valid is not None:  # padding queries attend too: keep their rows out of the sum over queries
+                left = left * valid[:, :, None].to(left.dtype)
+            out[x] = left.transpose(-1, -2) @ (attentions[k].mean(1) @ chained(x, k))
     return out
 
 

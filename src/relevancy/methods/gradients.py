@@ -28,7 +28,7 @@ def first_layer(start_layer: StartLayer, stream: Stream, depth: int) -> int:
 
 
 def attention_gradcam(
-    adapter: Adapter, inputs: Any, target: Target, normalize: bool = False, region: str | None = None,
+    adapter: Adapter, inputs: Any, target: Target, normalize: bool | None = None, region: str | None = None,
     cls_entry: str | None = None,
 ) -> tuple:
     """Grad-CAM on the last attention: heads weighted by their mean gradient, then ReLU.
@@ -39,12 +39,12 @@ def attention_gradcam(
     columns, the ViT reference) or "matrix" (the whole attention matrix over the real tokens, the BERT reference).
     `cls_entry`: see `set_class_entry`, applied after the normalisation (the BERT reference: "zero").
     """
+    normalize = family_option(adapter, "attention_gradcam", "normalize", normalize, False)
     region = family_option(adapter, "attention_gradcam", "region", region, "class_row")
     if region not in ("class_row", "matrix"):
         raise ValueError(f"region must be 'class_row' or 'matrix', got {region!r}")
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
     if coattention.has_cross_attention(adapter):
-        normalize = family_option(adapter, "attention_gradcam", "normalize", normalize, False)
         return _cross_gradcam(adapter, inputs, fwd, normalize, cls_entry), fwd.indices, fwd.logits
     streams = adapter.streams(inputs)
     lasts = [fwd.self_attentions(name)[-1] for name in streams]

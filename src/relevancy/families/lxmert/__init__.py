@@ -1,0 +1,1 @@
+"""Hugging Face LXMERT: adapter (question and regions streams, co-attention sites) and typed batch."""

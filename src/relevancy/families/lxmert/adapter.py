@@ -1,0 +1,249 @@
+"""Hugging Face LXMERT: a question stream (`text`) and a regions stream (`image`) that attend to each other.
+
+Supported, used unmodified: `transformers.LxmertForQuestionAnswering`, `LxmertForPreTraining` (with its QA head,
+`task_qa`; its `question_answering_score` is explained) and any module holding one `LxmertModel` whose forward takes
+LXMERT's keyword inputs and returns answer logits `(B, K)` (a tensor, or an output with `question_answering_score`
+or `logits`). The maps are read at the question's [CLS] row, the token LXMERT's pooler reads.
+
+Attention sites, in forward order: the language layers (text self), the relation layers `r_layers` (image self),
+then per cross layer `g`: its `visual_attention` run twice, text queries over image keys first, image queries over
+text keys second (one module, two calls; both in group `g`, one co-attention step), then `lang_self_att` (text
+self) and `visn_self_att` (image self). Each site's probabilities are the output of the attention's dropout
+module: the softmax output itself in eval mode (LXMERT computes its softmax in the model's dtype, so float64
+models are exact, and switches no attention implementation).
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from ...streams import AttentionSite, Hookable, Stream
+from ..base import Adapter, UnsupportedModelError
+from ..regions import (
+    METHODS, RegionTextExplanation, answer_logits, check_question, check_region_mask, check_regions, class_names,
+    feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
+)
+from .batch import LxmertBatch
+
+TEXT, IMAGE = "text", "image"
+REQUIRED = ("input_ids", "visual_feats", "visual_pos")
+OPTIONAL = ("attention_mask", "token_type_ids", "visual_attention_mask")
+
+
+def _modeling() -> Any:
+    """transformers' LXMERT module if it is loaded (a model of it exists only then), else None."""
+    return sys.modules.get("transformers.models.lxmert.modeling_lxmert")
+
+
+def lxmert_model(model: nn.Module) -> nn.Module | None:
+    """The one `LxmertModel` inside `model` (itself included); None when there is none; an error for several."""
+    modeling = _modeling()
+    if modeling is None:
+        return None
+    found = [m for m in model.modules() if isinstance(m, modeling.LxmertModel)]
+    if len(found) > 1:
+        raise UnsupportedModelError(f"{type(model).__name__} holds {len(found)} LxmertModels; relevancy explains models with one")
+    return found[0] if found else None
+
+
+@dataclass
+class _Handles:
+    """Several hook handles removed as one (what `register_forward_hook` of a `ModuleCall` returns)."""
+
+    handles: list
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class ModuleCall:
+    """The `call`-th run (0-based) of `module` within each forward of `owner`, hookable like a module.
+
+    LXMERT's cross layer runs its one `visual_attention` twice (text queries, then image queries): a hook on the
+    module alone would see both. Each registration counts the runs itself (reset when `owner` starts), so nothing
+    is kept on the adapter; a run beyond `calls` means the model is not the one this adapter knows, and is an error.
+    """
+
+    def __init__(self, module: nn.Module, owner: nn.Module, call: int, calls: int) -> None:
+        self.module, self.owner, self.call, self.calls = module, owner, call, calls
+
+    def register_forward_hook(self, hook: Callable) -> _Handles:
+        count = [0]
+
+        def reset(_module: nn.Module, _args: tuple) -> None:
+            count[0] = 0
+
+        def observe(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            index = count[0]
+            count[0] += 1
+            if index >= self.calls:
+                raise RuntimeError(
+                    f"{type(self.module).__name__} ran {index + 1} times in one {type(self.owner).__name__}; relevancy "
+                    f"expects {self.calls} (the model differs from transformers' LXMERT)"
+                )
+            if index == self.call:
+                hook(module, args, output)
+
+        return _Handles([self.owner.register_forward_pre_hook(reset), self.module.register_forward_hook(observe)])
+
+    def __repr__(self) -> str:
+        return f"ModuleCall({type(self.module).__name__}, call {self.call} of {self.calls} per {type(self.owner).__name__})"
+
+
+class LxmertAdapter(Adapter):
+    """LXMERT question answering over image regions (see the module docstring).
+
+    `method_defaults`, where the authors' LXMERT code differs from their ViT code (every entry is also a keyword
+    option): the [CLS] entry of the text map is set to 0 for every method ("disregard the [CLS] token itself");
+    `attention_gradcam` averages the gradient over the whole attention matrix (`region="matrix"`) and is not
+    normalised.
+    """
+
+    family = "Hugging Face LXMERT (question answering over image regions)"
+    examples = "LxmertForQuestionAnswering, LxmertForPreTraining, a module holding one LxmertModel"
+    method_defaults: ClassVar[dict[str, dict]] = {
+        "raw_attention": {"cls_entry": "zero"},
+        "rollout": {"cls_entry": "zero"},
+        "attention_gradcam": {"cls_entry": "zero", "normalize": False, "region": "matrix"},
+        "generic_attention": {"cls_entry": "zero"},
+    }
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        try:
+            return lxmert_model(model) is not None
+        except UnsupportedModelError:
+            return True  # the constructor names the problem
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        lxmert = lxmert_model(model)
+        if lxmert is None:
+            raise UnsupportedModelError(f"{type(model).__name__} holds no transformers LxmertModel")
+        if lxmert is model:
+            raise UnsupportedModelError(
+                "a bare LxmertModel returns no answer scores to explain: explain LxmertForQuestionAnswering, "
+                "LxmertForPreTraining or your module that puts a head on it and returns the logits"
+            )
+        if not getattr(model, "task_qa", True):
+            raise UnsupportedModelError("this LxmertForPreTraining has no question answering head (config.task_qa is False): nothing to explain")
+        self.lxmert = lxmert
+        self.config = lxmert.config
+
+    # -- what the model is made of -------------------------------------------------------------------------
+    def streams(self, inputs: LxmertBatch) -> dict[str, Stream]:
+        readout = torch.zeros(len(inputs), dtype=torch.long, device=inputs.input_ids.device)
+        regions = None if inputs.visual_attention_mask is None else inputs.visual_attention_mask.bool()
+        return {
+            TEXT: Stream(TEXT, "text", 0, readout, valid=inputs.attention_mask.bool()),
+            IMAGE: Stream(IMAGE, "image", 0, None, valid=regions),
+        }
+
+    def attention_sites(self) -> list[AttentionSite]:
+        encoder = self.lxmert.encoder
+        sites = [AttentionSite(TEXT, TEXT, layer.attention.self.dropout) for layer in encoder.layer]
+        sites += [AttentionSite(IMAGE, IMAGE, layer.attention.self.dropout) for layer in encoder.r_layers]
+        for group, layer in enumerate(encoder.x_layers):
+            cross = layer.visual_attention.att.dropout
+            sites += [
+                AttentionSite(TEXT, IMAGE, ModuleCall(cross, layer, 0, 2), group=group),
+                AttentionSite(IMAGE, TEXT, ModuleCall(cross, layer, 1, 2), group=group),
+                AttentionSite(TEXT, TEXT, layer.lang_self_att.self.dropout),
+                AttentionSite(IMAGE, IMAGE, layer.visn_self_att.self.dropout),
+            ]
+        return sites
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        raise UnsupportedModelError(f"cdam is not available for {self.family}; its methods: {', '.join(METHODS)}")
+
+    def embed(self, inputs: LxmertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        raise UnsupportedModelError(f"token_ablation is not available for {self.family}; its methods: {', '.join(METHODS)}")
+
+    def class_names(self) -> list[str] | None:
+        return class_names(self.config, getattr(self.config, "num_qa_labels", None))
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> LxmertBatch:
+        """An `LxmertBatch` from the model's keyword inputs (the tokenizer's output plus `visual_feats`,
+        `visual_pos` and optionally `visual_attention_mask`; one question without the batch dimension accepted)."""
+        if isinstance(inputs, LxmertBatch):
+            fields, tokens = inputs.model_inputs(), inputs.tokens
+        else:
+            fields, tokens = input_fields(inputs, REQUIRED, OPTIONAL, "LXMERT"), None
+        ids = lift(integer_tensor(fields["input_ids"], "input_ids"), 2)
+        mask = lift(mask_tensor(fields["attention_mask"], "attention_mask"), 2) if "attention_mask" in fields else torch.ones_like(ids)
+        types = lift(integer_tensor(fields["token_type_ids"], "token_type_ids"), 2) if "token_type_ids" in fields else None
+        check_question(ids, mask, types, self.config, 1, "LXMERT")
+        like = next(self.model.parameters())
+        feats = lift(feature_tensor(fields["visual_feats"], "visual_feats", like), 3)
+        boxes = lift(feature_tensor(fields["visual_pos"], "visual_pos", like), 3)
+        check_regions(feats, "visual_feats", len(ids), self.config.visual_feat_dim)
+        check_regions(boxes, "visual_pos", len(ids), self.config.visual_pos_dim)
+        if boxes.shape[1] != feats.shape[1]:
+            raise ValueError(f"visual_pos must give one box per region of visual_feats ({feats.shape[1]}), got {boxes.shape[1]}")
+        regions = None
+        if "visual_attention_mask" in fields:
+            regions = lift(mask_tensor(fields["visual_attention_mask"], "visual_attention_mask"), 2).to(like.device)
+            check_region_mask(regions, tuple(feats.shape[:2]), "visual_attention_mask")
+        if tokens is None:
+            tokens = token_strings(inputs, ids, mask)
+        device = like.device
+        return LxmertBatch(
+            ids.to(device), mask.to(device), feats, boxes, None if types is None else types.to(device), regions, tokens,
+        )
+
+    def batches(self, inputs: LxmertBatch, size: int) -> Iterator[LxmertBatch]:
+        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
+
+    # -- running --------------------------------------------------------------------------------------------
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode for the call (dropout off: the dropout modules hand the softmax output on), restored after."""
+        training = {m: m.training for m in self.model.modules()}
+        try:
+            self.model.eval()
+            yield
+        finally:
+            for module, flag in training.items():
+                module.training = flag
+
+    def forward(self, inputs: LxmertBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(answer logits (B, K), pooled output (B, D))`: the model's own forward; the pooled [CLS] state is what
+        its answer head reads. `graph`: the embeddings are on the graph even when every weight is frozen."""
+        pooled: list[torch.Tensor] = []
+        handles = [self.lxmert.pooler.register_forward_hook(lambda _m, _a, out: pooled.append(out))]
+        kwargs = inputs.model_inputs()
+        if graph and torch.is_grad_enabled():
+            handles.append(self.lxmert.embeddings.word_embeddings.register_forward_hook(on_graph))
+            if not kwargs["visual_feats"].requires_grad:
+                kwargs["visual_feats"] = kwargs["visual_feats"].detach().requires_grad_(True)
+        try:
+            logits = answer_logits(self.model(**kwargs))
+        finally:
+            for handle in handles:
+                handle.remove()
+        if logits.ndim != 2 or len(logits) != len(inputs):
+            raise UnsupportedModelError(
+                f"the model's answer logits must be (B, K) = ({len(inputs)}, K), got shape {tuple(logits.shape)}"
+            )
+        return logits, pooled[-1]
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: LxmertBatch, **fields: Any) -> RegionTextExplanation:
+        fields.pop("concept", None)
+        regions = None if inputs.visual_attention_mask is None else inputs.visual_attention_mask.bool().cpu()
+        return RegionTextExplanation(
+            text_scores=scores[TEXT],
+            region_scores=scores[IMAGE],
+            tokens=inputs.tokens,
+            attention_mask=inputs.attention_mask.cpu(),
+            region_mask=regions,
+            boxes=inputs.visual_pos.detach().cpu(),
+            class_names=self.class_names(),
+            **fields,
+        )

@@ -1,0 +1,251 @@
+"""What the question-and-regions families (LXMERT, VisualBERT) share: their Explanation, a part over image regions,
+reading answer logits off the model's own output, and the checks of the inputs their Hugging Face models take (a
+tokenised question and detector region features).
+
+An explanation of such a model has a text part (the question's tokens, `(B, T)`) and an image part over the regions
+(`(B, N)`, one score per detector box, no grid): the maps the ICCV'21 paper reads (LXMERT: `R_t_t[CLS]` and
+`R_t_i[CLS]`; VisualBERT: the pooled token's row split into its text and region columns).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..explanation import show_texts, texts_html
+from ..parts import TextPart
+from .base import UnsupportedModelError
+
+
+@dataclass
+class RegionPart:
+    """Scores over the image regions (detector boxes) of each input, `(B, N)` raw, 0 at padded regions.
+
+    `valid` `(B, N)` marks the real regions (None: all); `boxes` `(B, N, 4)` are the boxes as the model read them,
+    when it reads any (LXMERT's `visual_pos`), to draw the scores on the image.
+    """
+
+    scores: torch.Tensor
+    signed: bool
+    valid: torch.Tensor | None = None
+    boxes: torch.Tensor | None = field(default=None, repr=False)
+
+    def region_scores(self, index: int = 0) -> list[tuple[int, float]]:
+        """`(region, score)` for the real regions of input `index`, in the model's order."""
+        row = self.scores[index]
+        keep = range(len(row)) if self.valid is None else self.valid[index].nonzero().flatten().tolist()
+        return [(int(k), float(row[k])) for k in keep]
+
+
+@dataclass
+class RegionTextExplanation:
+    """Relevance of a question's tokens and an image's regions for `target` (LXMERT, VisualBERT).
+
+    `parts["text"].scores` `(B, T)`: per token of the question, raw, 0 at padding; `parts["image"].scores` `(B, N)`:
+    per region, raw, 0 at padded regions. `target` holds the explained answer per input (-1 for a callable target),
+    `logits` `(B, K)` the model's answer scores.
+    """
+
+    text_scores: torch.Tensor
+    region_scores: torch.Tensor
+    target: torch.Tensor
+    logits: torch.Tensor
+    method: str
+    signed: bool
+    tokens: list[list[str]] | None = None
+    attention_mask: torch.Tensor | None = field(default=None, repr=False)
+    region_mask: torch.Tensor | None = field(default=None, repr=False)
+    boxes: torch.Tensor | None = field(default=None, repr=False)
+    class_names: list[str] | None = None
+
+    @property
+    def parts(self) -> dict[str, TextPart | RegionPart]:
+        return {
+            "text": TextPart(self.text_scores, self.signed, self.tokens, None, self.attention_mask),
+            "image": RegionPart(self.region_scores, self.signed, self.region_mask, self.boxes),
+        }
+
+    def labels(self) -> list[str]:
+        """A caption per input: the explained answer's name (or index) with its score."""
+        captions = []
+        for i, k in enumerate(self.target.tolist()):
+            if k < 0:
+                captions.append("custom target")
+                continue
+            name = self.class_names[k] if self.class_names and k < len(self.class_names) else f"answer {k}"
+            captions.append(f"{name} ({self.logits[i, k]:.2f})")
+        return captions
+
+    def captions(self) -> list[str]:
+        return [f"{self.method}: {caption}" for caption in self.labels()]
+
+    def show(self, by_word: bool = True, special: bool = False) -> None:
+        """Print each question as coloured words (a terminal through rich; HTML in a notebook)."""
+        show_texts(self.parts["text"], self.captions(), by_word, special)
+
+    def to_html(self, by_word: bool = True, special: bool = False) -> str:
+        """An HTML fragment: one paragraph per question, each word on its colour, its score in the tooltip."""
+        return texts_html(self.parts["text"], self.captions(), by_word, special)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+# -- running --------------------------------------------------------------------------------------------------
+# the methods these families run; the others need token embeddings, rule maps or last-attention inputs they do not give
+METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention")
+
+
+def on_graph(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Frozen weights leave the embeddings off the graph: make them a leaf that is on it."""
+    return output if output.requires_grad else output.detach().requires_grad_(True)
+
+
+def answer_logits(output: object) -> torch.Tensor:
+    """The answer logits in a model's output: the tensor itself, or its `question_answering_score` / `logits`."""
+    if isinstance(output, torch.Tensor):
+        return output
+    for name in ("question_answering_score", "logits"):
+        value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    raise UnsupportedModelError(
+        f"the model returned a {type(output).__name__} without answer logits: its forward must return a tensor "
+        "(B, K) or an output with question_answering_score or logits"
+    )
+
+
+# -- inputs -------------------------------------------------------------------------------------------------------
+def input_fields(inputs: object, required: Sequence[str], optional: Sequence[str], family: str) -> dict[str, object]:
+    """The given keyword inputs (None values left out) of a dict such as the tokenizer's output plus the region
+    features; a one-line error for anything but a dict, for unknown keys and for missing ones."""
+    valid = ", ".join([*required, *(f"{name} (optional)" for name in optional)])
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"inputs of a {family} model must be a dict of its keyword inputs ({valid}), got {type(inputs).__name__}")
+    unknown = sorted(str(k) for k in inputs if k not in required and k not in optional)
+    if unknown:
+        raise ValueError(f"{family} inputs take the keys {valid}; unknown: {', '.join(unknown)}")
+    missing = [name for name in required if inputs.get(name) is None]
+    if missing:
+        raise ValueError(f"{family} inputs need {', '.join(missing)} (keys: {valid})")
+    return {name: value for name, value in inputs.items() if value is not None}
+
+
+def _tensor(value: object, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a tensor (or an array or nested list of numbers), got {type(value).__name__}") from None
+
+
+def integer_tensor(value: object, name: str) -> torch.Tensor:
+    """Token ids or token types as a long tensor; a one-line error for floats, booleans and anything else."""
+    tensor = _tensor(value, name)
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers (as the tokenizer returns them), got {tensor.dtype}")
+    return tensor.long()
+
+
+def mask_tensor(value: object, name: str) -> torch.Tensor:
+    """An attention mask as a long tensor of 0/1 (integers, booleans or floats holding only 0 and 1 accepted)."""
+    tensor = _tensor(value, name)
+    if tensor.is_complex() or ((tensor != 0) & (tensor != 1)).any():
+        raise ValueError(f"{name} must hold 1 at real tokens and 0 at padding, nothing else")
+    return tensor.long()
+
+
+def feature_tensor(value: object, name: str, like: torch.Tensor) -> torch.Tensor:
+    """Region features or boxes as a finite float tensor in the model's dtype and on its device (`like`)."""
+    tensor = _tensor(value, name)
+    if not tensor.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor, got {tensor.dtype}")
+    tensor = tensor.to(like.device, like.dtype)
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name} holds NaN or infinite values (in {tensor.dtype}): region features must be finite")
+    return tensor
+
+
+def lift(tensor: torch.Tensor, rank: int) -> torch.Tensor:
+    """One input's tensor (one dimension short of `rank`) with the batch dimension added; a batch unchanged."""
+    return tensor[None] if tensor.ndim == rank - 1 else tensor
+
+
+def check_question(
+    ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None, config: object, minimum: int, family: str
+) -> None:
+    """Shapes and values of a tokenised, right-padded question batch against the model's config: `(B, T)` ids in the
+    vocabulary, a mask of the same shape with at least `minimum` real tokens per text, token types in range."""
+    if ids.ndim != 2:
+        raise ValueError(f"input_ids must be (B, T) (or one text, (T,)), got shape {tuple(ids.shape)}")
+    if len(ids) == 0:
+        raise ValueError(f"the batch holds no questions (input_ids of shape {tuple(ids.shape)}): give at least one")
+    for name, tensor in (("attention_mask", mask), ("token_type_ids", types)):
+        if tensor is not None and tensor.shape != ids.shape:
+            raise ValueError(f"{name} must have the shape of input_ids {tuple(ids.shape)}, got {tuple(tensor.shape)}")
+    lengths = mask.sum(1)
+    short = (lengths < minimum).nonzero().flatten()
+    if len(short):
+        row = int(short[0])
+        raise ValueError(f"text {row} of the batch has {int(lengths[row])} real tokens; {family} needs at least {minimum}")
+    right = torch.arange(ids.shape[1], device=mask.device) < lengths[:, None]
+    if not torch.equal(mask.bool(), right):
+        row = int((mask.bool() != right).any(1).nonzero()[0])
+        raise ValueError(
+            f"text {row} of the batch is not right-padded: {family} reads its tokens from position 0 on, so the "
+            "attention_mask must be 1s then 0s (tokenize with padding_side='right')"
+        )
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and ids.shape[1] > limit:
+        raise ValueError(f"the questions have {ids.shape[1]} positions but the model reads at most {limit}: tokenise with truncation")
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
+        bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+        raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}, got {bad}: tokenised with this model's tokenizer?")
+    kinds = getattr(config, "type_vocab_size", None)
+    if types is not None and kinds is not None and (types.min() < 0 or types.max() >= kinds):
+        bad = int(types[(types < 0) | (types >= kinds)][0])
+        raise ValueError(f"token_type_ids must be in 0..{kinds - 1} (the model's type_vocab_size is {kinds}), got {bad}")
+
+
+def check_regions(features: torch.Tensor, name: str, batch: int, width: int | None) -> None:
+    """Region features `(B, N, width)` with N >= 1 for a batch of `batch` questions."""
+    if features.ndim != 3 or len(features) != batch or features.shape[1] == 0:
+        raise ValueError(
+            f"{name} must be (B, N, F) with one row per question (B = {batch}) and N >= 1 regions, got shape "
+            f"{tuple(features.shape)}"
+        )
+    if width is not None and features.shape[2] != width:
+        raise ValueError(f"{name} must have {width} features per region (the model's config), got {features.shape[2]}")
+
+
+def check_region_mask(mask: torch.Tensor | None, shape: tuple[int, int], name: str) -> None:
+    """A region mask `(B, N)` with at least one real region per input."""
+    if mask is None:
+        return
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"{name} must be (B, N) = {shape}, got {tuple(mask.shape)}")
+    empty = (mask.sum(1) == 0).nonzero().flatten()
+    if len(empty):
+        raise ValueError(f"input {int(empty[0])} of the batch has no real region ({name} all 0): there is nothing to explain")
+
+
+def token_strings(inputs: object, ids: torch.Tensor, mask: torch.Tensor) -> list[list[str]]:
+    """The real tokens' strings of each question: a fast tokenizer's own (a `BatchEncoding` of a batch), else `[id]`."""
+    valid = mask.bool().tolist()
+    encodings = getattr(inputs, "encodings", None) if isinstance(inputs, Mapping) else None
+    if encodings and len(encodings) == len(ids):
+        return [[t for t, v in zip(inputs.tokens(i), row) if v] for i, row in enumerate(valid)]
+    return [[f"[{t}]" for t, v in zip(row, keep) if v] for row, keep in zip(ids.tolist(), valid)]
+
+
+def class_names(config: object, count: int | None) -> list[str] | None:
+    """The answer names of the config's `id2label` when it names exactly `count` answers, else None."""
+    id2label = getattr(config, "id2label", None) or {}
+    if count is None or len(id2label) != count:
+        return None
+    return [str(id2label.get(i, id2label.get(str(i), f"answer {i}"))) for i in range(count)]

@@ -1,0 +1,1 @@
+"""Hugging Face VisualBERT: adapter (one stream of question tokens then regions) and typed batch."""

@@ -1,0 +1,222 @@
+"""Hugging Face VisualBERT: one stream (`tokens`) over the question's tokens followed by the image regions.
+
+Supported, used unmodified: `transformers.VisualBertForQuestionAnswering`, `VisualBertForVisualReasoning`, and any
+module holding one `VisualBertModel` whose forward takes VisualBERT's keyword inputs and returns answer logits
+`(B, K)` (a tensor, or an output with `logits`). The readout token is the one the model's head reads:
+`VisualBertForQuestionAnswering` (also inside a user's module) gathers position `attention_mask.sum(1) - 2` of the
+sequence (the token before the question's last [SEP]), every other head the [CLS] token (0) that
+`VisualBertModel`'s pooler reads. `bypass_transformer` models (text-only encoder layers) are not supported.
+
+The maps are the readout row over the whole sequence, split into the question's positions (`T`, padding
+included) and the regions (`N`) by `explanation`. Each layer's probabilities are the output of its self-attention's
+dropout module: the softmax output itself in eval mode, computed in the model's dtype (float64 models are exact).
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from ...streams import AttentionSite, Hookable, Stream
+from ..base import Adapter, UnsupportedModelError, transformers_configs
+from ..regions import (
+    METHODS, RegionTextExplanation, answer_logits, check_question, check_region_mask, check_regions, class_names,
+    feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
+)
+from .batch import VisualBertBatch
+
+TOKENS = "tokens"
+REQUIRED = ("input_ids", "visual_embeds")
+OPTIONAL = ("attention_mask", "token_type_ids", "visual_attention_mask", "visual_token_type_ids")
+# transformers' VisualBERT heads whose output is not one row of answer logits per input
+OTHER_HEADS = ("VisualBertForPreTraining", "VisualBertForMultipleChoice", "VisualBertForRegionToPhraseAlignment")
+# the attention implementation whose mask VisualBERT's hand-written attention adds to its scores
+EAGER = "eager"
+
+
+def _modeling() -> Any:
+    """transformers' VisualBERT module if it is loaded (a model of it exists only then), else None."""
+    return sys.modules.get("transformers.models.visual_bert.modeling_visual_bert")
+
+
+def visual_bert_model(model: nn.Module) -> nn.Module | None:
+    """The one `VisualBertModel` inside `model` (itself included); None when there is none; an error for several."""
+    modeling = _modeling()
+    if modeling is None:
+        return None
+    found = [m for m in model.modules() if isinstance(m, modeling.VisualBertModel)]
+    if len(found) > 1:
+        raise UnsupportedModelError(f"{type(model).__name__} holds {len(found)} VisualBertModels; relevancy explains models with one")
+    return found[0] if found else None
+
+
+class VisualBertAdapter(Adapter):
+    """VisualBERT over a question and image regions (see the module docstring).
+
+    `method_defaults`, where the authors' VisualBERT code differs from their ViT code (every entry is also a
+    keyword option): the readout token's own entry is set to 0 for every method; `rollout` chains the raw
+    `I + A` (no row normalisation); `attention_gradcam` averages the gradient over the whole attention matrix and
+    min-max normalises over it (`normalize=True, region="matrix"`), before the readout entry is zeroed.
+    """
+
+    family = "Hugging Face VisualBERT (question answering over image regions)"
+    examples = "VisualBertForQuestionAnswering, VisualBertForVisualReasoning, a module holding one VisualBertModel"
+    method_defaults: ClassVar[dict[str, dict]] = {
+        "raw_attention": {"cls_entry": "zero"},
+        "rollout": {"cls_entry": "zero", "row_normalize": False},
+        "attention_gradcam": {"cls_entry": "zero", "normalize": True, "region": "matrix"},
+        "generic_attention": {"cls_entry": "zero"},
+    }
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        try:
+            return visual_bert_model(model) is not None
+        except UnsupportedModelError:
+            return True  # the constructor names the problem
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        visual_bert = visual_bert_model(model)
+        if visual_bert is None:
+            raise UnsupportedModelError(f"{type(model).__name__} holds no transformers VisualBertModel")
+        if visual_bert is model or type(model).__name__ in OTHER_HEADS:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} returns no answer logits (B, K) to explain: explain "
+                "VisualBertForQuestionAnswering, VisualBertForVisualReasoning or your module that puts a head on a "
+                "VisualBertModel and returns the logits"
+            )
+        if visual_bert.config.bypass_transformer:
+            raise UnsupportedModelError(
+                "VisualBERT models with bypass_transformer=True run their encoder on the text alone: relevancy "
+                "explains the usual one-sequence VisualBERT only"
+            )
+        self.visual_bert = visual_bert
+        self.config = visual_bert.config
+        # the head gathers the token before the last [SEP] (VisualBertForQuestionAnswering) or pools [CLS]
+        self.gathers = any(isinstance(m, _modeling().VisualBertForQuestionAnswering) for m in model.modules())
+
+    # -- what the model is made of -------------------------------------------------------------------------
+    def readout(self, inputs: VisualBertBatch) -> torch.Tensor:
+        """`(B,)` the position of the sequence whose output the model's head reads."""
+        if self.gathers:
+            return inputs.attention_mask.sum(1) - 2  # what VisualBertForQuestionAnswering gathers
+        return torch.zeros(len(inputs), dtype=torch.long, device=inputs.input_ids.device)
+
+    def streams(self, inputs: VisualBertBatch) -> dict[str, Stream]:
+        return {TOKENS: Stream(TOKENS, "text", 0, self.readout(inputs), valid=inputs.valid)}
+
+    def attention_sites(self) -> list[AttentionSite]:
+        return [AttentionSite(TOKENS, TOKENS, layer.attention.self.dropout) for layer in self.visual_bert.encoder.layer]
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        raise UnsupportedModelError(f"cdam is not available for {self.family}; its methods: {', '.join(METHODS)}")
+
+    def embed(self, inputs: VisualBertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        raise UnsupportedModelError(f"token_ablation is not available for {self.family}; its methods: {', '.join(METHODS)}")
+
+    def class_names(self) -> list[str] | None:
+        return class_names(self.config, getattr(self.config, "num_labels", None))
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> VisualBertBatch:
+        """A `VisualBertBatch` from the model's keyword inputs (the tokenizer's output plus `visual_embeds` and
+        optionally `visual_attention_mask`, `visual_token_type_ids`; one question without the batch dimension
+        accepted)."""
+        if isinstance(inputs, VisualBertBatch):
+            fields, tokens = inputs.model_inputs(), inputs.tokens
+        else:
+            fields, tokens = input_fields(inputs, REQUIRED, OPTIONAL, "VisualBERT"), None
+        ids = lift(integer_tensor(fields["input_ids"], "input_ids"), 2)
+        mask = lift(mask_tensor(fields["attention_mask"], "attention_mask"), 2) if "attention_mask" in fields else torch.ones_like(ids)
+        types = lift(integer_tensor(fields["token_type_ids"], "token_type_ids"), 2) if "token_type_ids" in fields else None
+        # the question-answering head reads position attention_mask.sum(1) - 2: a [CLS] ... [SEP] question of 2+ tokens
+        check_question(ids, mask, types, self.config, 2 if self.gathers else 1, "VisualBERT")
+        like = next(self.model.parameters())
+        embeds = lift(feature_tensor(fields["visual_embeds"], "visual_embeds", like), 3)
+        check_regions(embeds, "visual_embeds", len(ids), self.config.visual_embedding_dim)
+        shape = tuple(embeds.shape[:2])
+        regions = visual_types = None
+        if "visual_attention_mask" in fields:
+            regions = lift(mask_tensor(fields["visual_attention_mask"], "visual_attention_mask"), 2).to(like.device)
+            check_region_mask(regions, shape, "visual_attention_mask")
+        if "visual_token_type_ids" in fields:
+            visual_types = lift(integer_tensor(fields["visual_token_type_ids"], "visual_token_type_ids"), 2).to(like.device)
+            kinds = self.config.type_vocab_size
+            if tuple(visual_types.shape) != shape:
+                raise ValueError(f"visual_token_type_ids must be (B, N) = {shape}, got {tuple(visual_types.shape)}")
+            if visual_types.min() < 0 or visual_types.max() >= kinds:
+                raise ValueError(f"visual_token_type_ids must be in 0..{kinds - 1} (the model's type_vocab_size is {kinds})")
+        if tokens is None:
+            tokens = token_strings(inputs, ids, mask)
+        device = like.device
+        return VisualBertBatch(
+            ids.to(device), mask.to(device), embeds, None if types is None else types.to(device), regions, visual_types,
+            tokens,
+        )
+
+    def batches(self, inputs: VisualBertBatch, size: int) -> Iterator[VisualBertBatch]:
+        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
+
+    # -- running --------------------------------------------------------------------------------------------
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode (dropout off: the dropout modules hand the softmax output on) and the eager attention mask (an
+        additive float mask, what VisualBERT's attention adds to its scores) for the call; both restored after."""
+        configs = transformers_configs(self.model)
+        implementations = [getattr(c, "_attn_implementation", None) for c in configs]
+        training = {m: m.training for m in self.model.modules()}
+        try:
+            self.model.eval()
+            for config, implementation in zip(configs, implementations):
+                if implementation != EAGER:
+                    config._attn_implementation = EAGER
+            yield
+        finally:
+            for config, implementation in zip(configs, implementations):
+                if getattr(config, "_attn_implementation", None) != implementation:
+                    config._attn_implementation = implementation
+            for module, flag in training.items():
+                module.training = flag
+
+    def shared_state(self) -> list[object]:
+        """The configs whose attention implementation `explaining` switches: models built from one config share it."""
+        return transformers_configs(self.model)
+
+    def forward(self, inputs: VisualBertBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(answer logits (B, K), the readout token's last hidden state (B, D))`: the model's own forward.
+        `graph`: the embeddings are on the graph even when every weight is frozen."""
+        hidden: list[torch.Tensor] = []
+        handles = [self.visual_bert.encoder.register_forward_hook(lambda _m, _a, out: hidden.append(out[0]))]
+        if graph and torch.is_grad_enabled():
+            handles.append(self.visual_bert.embeddings.register_forward_hook(on_graph))
+        try:
+            logits = answer_logits(self.model(**inputs.model_inputs()))
+        finally:
+            for handle in handles:
+                handle.remove()
+        if logits.ndim != 2 or len(logits) != len(inputs):
+            raise UnsupportedModelError(
+                f"the model's answer logits must be (B, K) = ({len(inputs)}, K), got shape {tuple(logits.shape)}"
+            )
+        rows = torch.arange(len(inputs), device=logits.device)
+        return logits, hidden[-1][rows, self.readout(inputs).to(logits.device)]
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: VisualBertBatch, **fields: Any) -> RegionTextExplanation:
+        """The one stream's row split into the question's positions and the regions."""
+        fields.pop("concept", None)
+        (row,) = scores.values()
+        length = inputs.text_length
+        valid = inputs.valid.cpu()
+        return RegionTextExplanation(
+            text_scores=row[:, :length],
+            region_scores=row[:, length:],
+            tokens=inputs.tokens,
+            attention_mask=inputs.attention_mask.cpu(),
+            region_mask=None if inputs.visual_attention_mask is None else valid[:, length:],
+            class_names=self.class_names(),
+            **fields,
+        )
