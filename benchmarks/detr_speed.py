@@ -39,17 +39,14 @@ def build(device: str) -> torch.nn.Module:
     return DetrForObjectDetection(DetrConfig(use_pretrained_backbone=False)).to(device).float().eval()
 
 
-def measure(model, images: torch.Tensor, objects: int, methods: tuple[str, ...], repeats: int) -> dict[str, float]:
-    """Median seconds of a no-grad forward and of each method explaining `objects` objects per image."""
-    targets = [[(q, 1) for q in range(objects)] for _ in range(len(images))]
-    inputs = {"pixel_values": images}
-
+def measure(model, inputs: dict, target, methods: tuple[str, ...], repeats: int) -> dict[str, float]:
+    """Median seconds of a no-grad forward of `inputs` and of each method explaining `target` on them."""
     def forward() -> None:
         with torch.no_grad():
-            model(pixel_values=images)
+            model(**inputs)
 
     runs = {"forward_no_grad": forward}
-    runs.update({m: (lambda m=m: relevancy.explain(model, inputs, method=m, target=targets)) for m in methods})
+    runs.update({m: (lambda m=m: relevancy.explain(model, inputs, method=m, target=target)) for m in methods})
     for run in runs.values():  # warm-up
         run()
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -85,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     for batch in args.batch:
         images = torch.randn(batch, 3, *args.size, generator=torch.Generator().manual_seed(0)).to(args.device)
         for objects in args.objects:
-            medians = measure(model, images, objects, METHODS, args.repeats)
+            targets = [[(q, 1) for q in range(objects)] for _ in range(batch)]
+            medians = measure(model, {"pixel_values": images}, targets, METHODS, args.repeats)
             base = medians["forward_no_grad"]
             lines.append(f"| {batch} | - | forward_no_grad | {base:.3f} | 1.00 |")
             for method in METHODS:

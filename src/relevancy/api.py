@@ -78,6 +78,9 @@ Inputs, by model family:
       or relevancy.ImageTextBatch.grid(images, texts) for every pair. Returns a PairExplanation: parts["image"]
       (P, h, w) and parts["text"] (P, T). generic_attention's start_layer defaults to -1 (the last block).
   relevancy.ZeroShotClassifier(clip, prompts, class_names): images (B, 3, H, W), explained like a ViT classifier.
+  transformers LxmertForQuestionAnswering / VisualBertForQuestionAnswering: the dict the model's forward takes (the
+      tokenizer's output plus visual_feats and visual_pos, or visual_embeds and its masks). Returns a
+      RegionTextExplanation: parts["text"] (B, T) over the question's tokens, parts["image"] (B, N) over the regions.
   transformers DetrForObjectDetection: {"pixel_values": (B, 3, H, W), "pixel_mask": (B, H, W) optional}; target
       (query, class) for every image, a list with a pair or a list of pairs per image, or None (every query whose
       best class has probability > 0.5: relevancy.detect). Returns a DetectionExplanation, one row per object:
