@@ -216,3 +216,14 @@ def test_unsupported_models_and_methods_are_refused():
         relevancy.explain(MODEL, INPUTS[0], method="cdam")
     with pytest.raises(UnsupportedModelError, match="no relevance rules"):
         relevancy.explain(MODEL, INPUTS[0], method="transformer_attribution")
+
+
+def test_save_draws_the_regions_and_writes_the_coloured_question(tmp_path):
+    case = CASE
+    model = build(case)
+    expl = relevancy.explain(model, case["inputs"][0], method="generic_attention")
+    picture = torch.rand(48, 64, 3).numpy()
+    path = expl.save(tmp_path / "question.png", [picture])
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    page = (tmp_path / "question.html").read_text()
+    assert "generic_attention" in page and "<span" in page

@@ -140,3 +140,41 @@ def save_png(pixels: np.ndarray, path: str | Path) -> Path:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return write_atomic(path, buffer.getvalue())
+
+
+def region_figure(
+    scores: torch.Tensor, boxes: torch.Tensor | None, pictures: Sequence | None, signed: bool, titles: Sequence[str],
+) -> plt.Figure:
+    """A row of panels, one per input: each region's box (x0, y0, x1, y1, normalised to 0..1) over its picture,
+    filled with its score's colour (the strongest opaque); without boxes, a bar per region."""
+    count = len(scores)
+    figure, axes = plt.subplots(1, count, figsize=(3.6 * count, 3.3), squeeze=False)
+    cmap = plt.get_cmap(colormap_name(signed))
+    for i, axis in enumerate(axes[0]):
+        row = scores[i].float()
+        low, high = color_limits(row, signed)
+        span = high - low if high > low else 1.0
+        axis.set_title(titles[i], fontsize=9)
+        if boxes is None:
+            axis.bar(range(len(row)), row.numpy(), color=[cmap((float(v) - low) / span) for v in row])
+            axis.set_xlabel("region")
+            continue
+        height, width = (1, 1)
+        if pictures is not None:
+            picture = pictures[i]
+            axis.imshow(picture)
+            height, width = picture.shape[:2]
+        else:
+            axis.set_xlim(0, 1)
+            axis.set_ylim(1, 0)
+        axis.set_axis_off()
+        strength = (row - low).abs() / span
+        for k in strength.argsort().tolist():  # the strongest drawn last, on top
+            x0, y0, x1, y1 = (float(v) for v in boxes[i, k])
+            colour = cmap((float(row[k]) - low) / span)
+            axis.add_patch(plt.Rectangle((x0 * width, y0 * height), (x1 - x0) * width, (y1 - y0) * height,
+                                         facecolor=colour, alpha=0.15 + 0.6 * float(strength[k]), edgecolor=colour))
+        mappable = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(low, high))
+        figure.colorbar(mappable, ax=axis, fraction=0.046, pad=0.02)
+    figure.tight_layout()
+    return figure

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -92,6 +93,20 @@ class RegionTextExplanation:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+    def save(self, path: str | Path, images: Sequence | None = None) -> Path:
+        """A PNG of the regions (each box filled by its score over `images`, one picture per input as an
+        (H, W, 3) array; without boxes, a bar per region) and the coloured questions as HTML beside it (same name,
+        `.html`); each file appears whole or not at all."""
+        from ..explanation import html_page
+        from ..files import write_atomic
+        from ..viz import region_figure, save_figure
+
+        path = Path(path)
+        part = self.parts["image"]
+        written = save_figure(region_figure(part.scores.cpu(), part.boxes, images, self.signed, self.captions()), path)
+        write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
+        return written
 
 
 # -- running --------------------------------------------------------------------------------------------------
