@@ -57,21 +57,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--regions", type=int, default=36)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_model()
     lines = [
-        f"# base-sized LXMERT and VisualBERT (random init), {args.tokens} tokens, {args.regions} regions, {cpu_model()}, "
+        f"# base-sized LXMERT and VisualBERT (random init), {args.tokens} tokens, {args.regions} regions, {device}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_implementation()} "
         f"{platform.python_version()}; median of {args.repeats}; cost in no-grad forwards of the same inputs",
         "| model | batch | method | seconds | x forward |",
         "|---|---|---|---|---|",
     ]
     for family in ("lxmert", "visualbert"):
-        model = build(family)
+        model = build(family).to(args.device)
         for batch in args.batch:
-            medians = measure(model, make_inputs(family, batch, args.tokens, args.regions), None, METHODS, args.repeats)
+            inputs = {k: v.to(args.device) for k, v in make_inputs(family, batch, args.tokens, args.regions).items()}
+            medians = measure(model, inputs, None, METHODS, args.repeats)
             base = medians["forward_no_grad"]
             lines.append(f"| {family} | {batch} | forward_no_grad | {base:.3f} | 1.00 |")
             for method in METHODS:
