@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import relevancy
-from relevancy.explanation import Explanation
 from relevancy.methods import REGISTRY
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -31,11 +30,13 @@ def test_readme_python_block_runs_as_written(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__readme__"}
     exec(compile(block, f"README.md python block {index + 1}", "exec"), namespace)
-    explanations = [value for value in namespace.values() if isinstance(value, Explanation)]
+    # every kind of explanation (image, text, pairs, questions, detections) has parts and one target per row
+    explanations = [value for value in namespace.values() if hasattr(value, "parts") and hasattr(value, "target")]
     assert explanations, "every README example explains something"
     for explanation in explanations:
-        assert torch.isfinite(explanation.scores).all()
-        assert len(explanation.target) == len(explanation.scores)
+        for part in explanation.parts.values():
+            assert torch.isfinite(part.scores).all()
+            assert len(explanation.target) == len(part.scores)
     saved = SAVED_FILE.findall(block)
     assert saved, "every README example writes its picture"
     for name in saved:

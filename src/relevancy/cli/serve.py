@@ -1,0 +1,80 @@
+"""`relevancy serve [--host 127.0.0.1] [--port 8000] [--model ...]`: the web page and its API (needs the `serve` extra).
+
+The listening socket is opened before the models load, so a port in use is a one-line error at once; the
+startup line (on stdout, flushed) gives the URL, with the real port when `--port 0` asks for a free one.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+from pathlib import Path
+
+from ..extras import require
+from .common import UsageError, warn
+
+MIB = 2**20
+
+
+def open_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host:port` (IPv6 when the host is an IPv6 address); a UsageError otherwise."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as error:
+        raise UsageError(f"cannot listen on {host}:{port} ({error.strerror or error}); pick another --port or --host") from None
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run_serve(args: argparse.Namespace) -> list[Path]:
+    """Serve until interrupted (Ctrl+C); writes no files."""
+    require("fastapi", extra="serve")
+    uvicorn = require("uvicorn", extra="serve")
+    require("fastapi_offline", extra="serve")
+    from ..serve import Limits, create_app, load_catalog, make_samples
+
+    try:
+        limits = Limits(max_body_bytes=int(args.max_body_mb * MIB), max_image_bytes=int(args.max_image_mb * MIB),
+                        max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_running=args.max_running,
+                        max_waiting=args.max_waiting, time_limit_s=args.time_limit)
+    except ValueError as error:
+        raise UsageError(str(error).replace("max_", "--max-").replace("time_limit_s", "--time-limit")) from None
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    sock = open_socket(args.host, args.port)
+    try:
+        catalog = load_catalog(args.model, args.text_model, args.clip_model)
+        app = create_app(catalog, make_samples(), limits)
+        for note in catalog.notes:
+            warn("serve", note)
+        if not is_loopback(args.host):
+            warn("serve", f"listening on {args.host}: anyone who can reach this machine can use its models")
+        tabs = [f"image: {', '.join(catalog.images)}"]
+        tabs += [f"text: {catalog.text.name}"] if catalog.text else []
+        tabs += [f"image-text: {catalog.pairs.name}"] if catalog.pairs else []
+        print(f"relevancy serve: {url_of(sock)} ({'; '.join(tabs)}); Ctrl+C stops", flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    app.state.gate.close()
+    return []

@@ -1,0 +1,15 @@
+"""`relevancy serve`: explanations in a browser, and a JSON API under the page.
+
+`create_app(catalog, samples, limits)` makes the FastAPI application (`app.py`); `load_catalog` loads the models it
+explains (`catalog.py`, at start only); `make_samples` the sample pictures (`samples.py`); `Limits` holds what a
+request may carry (`limits.py`); the bounded queue in front of the models is `queue.py`. Needs the `serve` extra
+(FastAPI, uvicorn).
+"""
+from __future__ import annotations
+
+from .app import create_app
+from .catalog import Catalog, load_catalog
+from .limits import Limits
+from .samples import make_samples
+
+__all__ = ["Catalog", "Limits", "create_app", "load_catalog", "make_samples"]

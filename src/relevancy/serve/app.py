@@ -1,0 +1,160 @@
+"""The FastAPI application: the page (one HTML file, its CSS and JavaScript, served from memory), the API it
+uses (`/api/...`, JSON in and out) and the OpenAPI documentation (`/docs`, its assets served from memory too).
+
+Requests never name a file: the page's files, the samples and the documentation's assets are read into memory
+when the app is made and looked up by fixed names. Uploads travel inside the JSON body and are decoded in
+memory. Errors of every kind are answered as one line of JSON, `{"error": "..."}`, with their status.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from importlib import resources
+from typing import Any, Callable
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.requests import Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from .. import __version__
+from ..files import strict_json
+from .catalog import Catalog
+from .jobs import Job, check_image, check_pairs, check_text, pair_methods, registry
+from .limits import BodyLimit, Limits, RequestError
+from .queue import Admission, Gate
+from .samples import Sample
+from .schemas import ImageRequest, ImageResponse, PairRequest, PairResponse, TextRequest, TextResponse
+
+log = logging.getLogger("relevancy.serve")
+
+EXPLAIN_PATHS = frozenset({"/api/explain", "/api/explain-text", "/api/explain-pairs"})
+PAGE_FILES = {"app.js": "text/javascript", "style.css": "text/css"}
+#: the page may load its own files only; inline styles are allowed for the coloured words of the text maps
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
+                               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"description": text, "content": {"application/json": {"example": {"error": "one line saying what is wrong"}}}}
+    for code, text in {400: "a bad request (unknown method or model, target out of range, empty text, ...)",
+                       413: "too large (body, image bytes or pixels, text)", 415: "not an accepted image format",
+                       422: "the JSON does not match the schema", 503: "busy: try again (Retry-After)",
+                       504: "the explanation took longer than the time limit"}.items()
+}
+
+
+def _documentation_assets() -> dict[str, tuple[bytes, str]]:
+    """Swagger UI's script and style from the fastapi-offline package (so /docs works without internet)."""
+    folder = resources.files("fastapi_offline") / "static"
+    return {name: ((folder / name).read_bytes(), kind) for name, kind in
+            (("swagger-ui-bundle.js", "text/javascript"), ("swagger-ui.css", "text/css"))}
+
+
+def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Limits()) -> FastAPI:
+    """The application for these models, samples and limits."""
+    gate = Gate(limits.max_running, limits.max_waiting, limits.time_limit_s)
+    app = FastAPI(title="relevancy", version=__version__, docs_url=None, redoc_url=None,
+                  description="Relevance maps of transformers: explain an image, a text or an image-text pair. "
+                              "Images travel as base64 inside the JSON. Every error is one line of JSON: `{\"error\": \"...\"}`.")
+    app.state.gate = gate
+    static = resources.files("relevancy.serve") / "static"
+    page = (static / "index.html").read_bytes()
+    files = {name: ((static / name).read_bytes(), kind) for name, kind in PAGE_FILES.items()}
+    files.update(_documentation_assets())
+
+    async def answer(check: Callable[[], Job]) -> dict[str, Any]:
+        return strict_json(await gate.run(check()))
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError) -> JSONResponse:
+        return JSONResponse({"error": error.message}, error.status, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = []
+        for item in error.errors():
+            where = ".".join(str(part) for part in item.get("loc", ())[1:]) or "body"
+            problems.append(f"{where}: {item.get('msg', 'invalid')}")
+        return JSONResponse({"error": " ".join("; ".join(problems).split())}, 422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        message = f"no such page: {request.url.path}" if error.status_code == 404 else str(error.detail)
+        return JSONResponse({"error": message}, error.status_code, headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception) -> JSONResponse:
+        log.exception("error while answering %s", request.url.path)
+        return JSONResponse({"error": f"internal error ({type(error).__name__}); the server's log has the details"}, 500)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return Response(page, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def page_file(name: str) -> Response:
+        if name not in files:
+            raise HTTPException(404)
+        content, kind = files[name]
+        return Response(content, media_type=kind, headers=PAGE_HEADERS)
+
+    @app.get("/docs", include_in_schema=False)
+    async def documentation() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="relevancy API",
+                                   swagger_js_url="/static/swagger-ui-bundle.js", swagger_css_url="/static/swagger-ui.css",
+                                   swagger_favicon_url="data:,")
+
+    @app.get("/api/info", summary="The models, methods, samples and limits of this server")
+    async def info() -> dict[str, Any]:
+        methods = registry()
+        return {
+            "version": __version__,
+            "image_models": [{"name": m.name, "title": m.title, "has_classes": m.has_classes,
+                              "classes": m.class_names if m.has_classes else [], "methods": list(m.methods),
+                              "input_size": list(m.input_size)} for m in catalog.images.values()],
+            "text_model": None if catalog.text is None else
+            {"name": catalog.text.name, "title": catalog.text.title, "classes": catalog.text.class_names},
+            "pair_model": None if catalog.pairs is None else {"name": catalog.pairs.name, "title": catalog.pairs.title},
+            "methods": [{"name": n, "signed": m.signed, "summary": m.summary, "concept": m.accepts_concept,
+                         "pairs": n in pair_methods()} for n, m in methods.items()],
+            "samples": [{"id": key, "title": sample.title} for key, sample in samples.items()],
+            "limits": asdict(limits),
+        }
+
+    @app.get("/api/health", summary="Whether the server answers, and how many explanation requests it holds")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "admitted": gate.admitted, "capacity": gate.capacity}
+
+    @app.get("/api/samples/{sample_id}", summary="A sample picture (PNG)", response_class=Response,
+             responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[400] | {"description": "no such sample"}})
+    async def sample(sample_id: str) -> Response:
+        if sample_id not in samples:
+            raise RequestError(404, f"unknown sample '{sample_id}'; the samples are {', '.join(samples)}")
+        return Response(samples[sample_id].png, media_type="image/png")
+
+    @app.post("/api/explain", response_model=ImageResponse, responses=ERROR_RESPONSES,
+              summary="Explain an image: one map per method, the top classes, the time taken")
+    async def explain_image(request: ImageRequest) -> dict[str, Any]:
+        return await answer(lambda: check_image(request, catalog, samples, limits))
+
+    @app.post("/api/explain-text", response_model=TextResponse, responses=ERROR_RESPONSES,
+              summary="Explain a text: coloured tokens per method, the classes' probabilities")
+    async def explain_text(request: TextRequest) -> dict[str, Any]:
+        return await answer(lambda: check_text(request, catalog, limits))
+
+    @app.post("/api/explain-pairs", response_model=PairResponse, responses=ERROR_RESPONSES,
+              summary="Explain an image against captions (CLIP): per method and caption the image map and the coloured caption")
+    async def explain_pairs(request: PairRequest) -> dict[str, Any]:
+        return await answer(lambda: check_pairs(request, catalog, samples, limits))
+
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS)  # outermost: a turned-away body is never read
+    return app
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,226 @@
+"""The work behind each endpoint, split in two: `check_*` refuses a bad request at once (no model runs), and
+the job it returns runs in a worker thread of the gate (decoding, tokenising, explaining), checking its
+deadline between methods."""
+from __future__ import annotations
+
+import difflib
+import time
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .catalog import Catalog, ImageModel
+from .limits import Limits, RequestError, image_bytes, open_image
+from .queue import Deadline
+from .render import image_map, picture_url
+from .samples import Sample
+from .schemas import ImageInput, ImageRequest, PairRequest, TextRequest
+
+TOP_CLASSES = 5
+Job = Callable[[Deadline], dict[str, Any]]
+
+
+def method_names(requested: Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
+    """The requested methods in order without repeats; a 400 naming the closest valid one otherwise."""
+    for name in requested:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise RequestError(400, f"unknown method '{name}'{hint} for {what}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(requested))
+
+
+def registry() -> dict:
+    from ..methods import REGISTRY
+
+    return REGISTRY
+
+
+def pair_methods() -> tuple[str, ...]:
+    from ..cli.pairs import PAIR_METHODS
+
+    return PAIR_METHODS
+
+
+def check_target(target: int | None, names: Sequence[str], model: str, unit: str = "classes") -> None:
+    if target is not None and not 0 <= target < len(names):
+        raise RequestError(400, f"target {target} is out of range: the {model} model has {len(names)} {unit} (0 to {len(names) - 1})")
+
+
+def top_classes(logits: torch.Tensor, names: Sequence[str]) -> list[dict[str, Any]]:
+    probabilities = logits.detach().float().softmax(-1)
+    values, indices = probabilities.topk(min(TOP_CLASSES, len(probabilities)))
+    return [{"index": k, "name": names[k], "probability": p} for p, k in zip(values.tolist(), indices.tolist())]
+
+
+def sample_or_upload(source: ImageInput, samples: dict[str, Sample], limits: Limits, what: str) -> bytes:
+    """The file bytes of an image input: a sample by id (looked up, never a path) or decoded base64."""
+    if source.sample is not None:
+        if source.sample not in samples:
+            raise RequestError(400, f"unknown sample '{source.sample}'; the samples are {', '.join(samples)}")
+        return samples[source.sample].png
+    return image_bytes(source.data or "", limits, what)
+
+
+def explained(model: torch.nn.Module, inputs: Any, method: str, **options: Any) -> tuple[Any, float]:
+    """`relevancy.explain` and the seconds it took; its errors about the input become 400s."""
+    from ..api import explain
+
+    started = time.perf_counter()
+    try:
+        result = explain(model, inputs, method=method, **options)
+    except (ValueError, TypeError) as error:
+        raise RequestError(400, f"{method}: {error}") from error
+    return result, time.perf_counter() - started
+
+
+def check_image(request: ImageRequest, catalog: Catalog, samples: dict[str, Sample], limits: Limits) -> Job:
+    name = request.model or next(iter(catalog.images))
+    if name not in catalog.images:
+        raise RequestError(400, f"unknown model '{name}'; this server explains {', '.join(catalog.images)}")
+    entry = catalog.images[name]
+    methods = method_names(request.methods, entry.methods, f"the {name} model")
+    check_target(request.target, entry.class_names, name, "classes" if entry.has_classes else "features")
+    concept = request.concept
+    targetless = {"raw_attention", "rollout"}  # the same map whatever the target
+    if not entry.has_classes and concept is None and request.target is None and set(methods) - targetless:
+        raise RequestError(400, f"the {name} model has no classes: give a concept (example images) or a feature index as "
+                                f"target; {' and '.join(sorted(targetless))} need neither")
+    if concept is not None:
+        if request.target is not None:
+            raise RequestError(400, "give either a target class or a concept, not both")
+        if not concept:
+            raise RequestError(400, "a concept needs at least one example image")
+        if len(concept) > limits.max_concept_images:
+            raise RequestError(400, f"a concept takes at most {limits.max_concept_images} example images, got {len(concept)}")
+        refused = [m for m in methods if not registry()[m].accepts_concept]
+        if refused:
+            valid = ", ".join(n for n, m in registry().items() if m.accepts_concept)
+            verb = "explains" if len(refused) == 1 else "explain"
+            raise RequestError(400, f"{', '.join(refused)} {verb} classes, not a concept; the concept methods are {valid}")
+
+    def job(deadline: Deadline) -> dict[str, Any]:
+        from ..targets import Concept
+
+        started = time.perf_counter()
+        batch = entry.prepare([_picture(request.image, entry, samples, limits, "image")])
+        target: Any = request.target
+        if concept is not None:
+            examples = torch.cat([entry.prepare([_picture(c, entry, samples, limits, f"concept image {k + 1}")])
+                                  for k, c in enumerate(concept)])
+            deadline.check()
+            target = Concept(entry.model, examples)
+        results, first = [], None
+        for method in methods:
+            deadline.check()
+            explanation, seconds = explained(entry.model, batch, method, target=target)
+            first = first or explanation
+            picture = explanation.pixels(batch)[0]
+            results.append({"method": method, "signed": explanation.signed, "summary": registry()[method].summary,
+                            "seconds": seconds, **image_map(explanation.scores[0], explanation.heatmap()[0], explanation.signed, picture)})
+        index: int | None = int(first.target[0])
+        if concept is not None:
+            index, explained_target = None, f"concept ({len(concept)} example{'s' * (len(concept) != 1)})"
+        elif not entry.has_classes and request.target is None:  # only target-free methods were asked for
+            index, explained_target = None, "nothing in particular (these methods use no target)"
+        else:
+            explained_target = entry.class_names[index]
+        return {
+            "model": name, "input": picture_url(first.pixels(batch)[0]),
+            "top": top_classes(first.logits[0], entry.class_names) if entry.has_classes else [],
+            "target": explained_target, "target_index": index,
+            "results": results, "seconds": time.perf_counter() - started,
+        }
+
+    return job
+
+
+def _picture(source: ImageInput, entry: ImageModel | None, samples: dict[str, Sample], limits: Limits, what: str):
+    draft = 2 * max(entry.input_size) if entry is not None else None
+    return open_image(sample_or_upload(source, samples, limits, what), limits, what, draft)
+
+
+def check_text_length(text: str, limits: Limits, what: str) -> None:
+    if not text.strip():
+        raise RequestError(400, f"{what} is empty: there is nothing to explain")
+    if len(text) > limits.max_text_chars:
+        raise RequestError(413, f"{what} has {len(text):,} characters; the limit is {limits.max_text_chars:,}")
+
+
+def check_text(request: TextRequest, catalog: Catalog, limits: Limits) -> Job:
+    if catalog.text is None:
+        raise RequestError(404, "this server has no text model (it was started without one)")
+    entry = catalog.text
+    methods = method_names(request.methods, list(registry()), "texts")
+    check_text_length(request.text, limits, "the text")
+    check_target(request.target, entry.class_names, entry.name)
+
+    def job(deadline: Deadline) -> dict[str, Any]:
+        from ..text.model import encode
+
+        started = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batch = encode(entry.tokenizer, [request.text], model=entry.model)
+        results, first = [], None
+        for method in methods:
+            deadline.check()
+            explanation, seconds = explained(entry.model, batch, method, target=request.target)
+            first = first or explanation
+            pairs = explanation.token_scores(0)
+            results.append({"method": method, "signed": explanation.signed, "summary": registry()[method].summary,
+                            "html": explanation.to_html(), "tokens": [t for t, _ in pairs], "scores": [s for _, s in pairs],
+                            "words": explanation.words(0), "seconds": seconds})
+        index = int(first.target[0])
+        return {"model": entry.name, "top": top_classes(first.logits[0], entry.class_names),
+                "target": entry.class_names[index], "target_index": index,
+                "warnings": [str(w.message) for w in caught], "results": results, "seconds": time.perf_counter() - started}
+
+    return job
+
+
+def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sample], limits: Limits) -> Job:
+    if catalog.pairs is None:
+        raise RequestError(404, "this server has no image-text model (it was started without one)")
+    entry = catalog.pairs
+    methods = method_names(request.methods, pair_methods(), "image-text pairs")
+    if len(request.captions) > limits.max_captions:
+        raise RequestError(400, f"at most {limits.max_captions} captions per request, got {len(request.captions)}")
+    for k, caption in enumerate(request.captions):
+        check_text_length(caption, limits, f"caption {k + 1}")
+
+    def job(deadline: Deadline) -> dict[str, Any]:
+        from ..families.clip.batch import ImageTextBatch
+        from ..families.clip.towers import ClipTowers
+
+        started = time.perf_counter()
+        bundle = entry.bundle
+        try:
+            encoded = bundle.encode(list(request.captions))
+        except ValueError as error:  # the shipped tokenizer names the words it does not know
+            raise RequestError(400, str(error)) from error
+        images = entry.prepare([_picture(request.image, None, samples, limits, "image")])
+        ends = ClipTowers(bundle.model).readout_index(encoded["input_ids"]).tolist()
+        tokens = [row[: end + 1] for row, end in zip(bundle.token_strings(encoded["input_ids"]), ends)]
+        batch = ImageTextBatch.grid(images, encoded, tokens=tokens)
+        results, first = [], None
+        for method in methods:
+            deadline.check()
+            explanation, seconds = explained(bundle.model, batch, method)
+            first = first or explanation
+            image, text = explanation.parts["image"], explanation.parts["text"]
+            heatmaps = explanation.heatmap()
+            picture = image.pixels(images)[0]
+            pairs = []
+            for p, caption in enumerate(request.captions):
+                scored = text.token_scores(p)
+                pairs.append({"caption": caption, "logit": float(explanation.logits[p, 0]), "html": text.html_line(p),
+                              "tokens": [t for t, _ in scored], "text_scores": [s for _, s in scored],
+                              **image_map(image.scores[p], heatmaps[p], explanation.signed, picture)})
+            results.append({"method": method, "signed": explanation.signed, "summary": registry()[method].summary,
+                            "legend": text.legend(), "pairs": pairs, "seconds": seconds})
+        return {"model": entry.name, "input": picture_url(first.parts["image"].pixels(images)[0]),
+                "results": results, "seconds": time.perf_counter() - started}
+
+    return job

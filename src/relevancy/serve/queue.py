@@ -1,0 +1,117 @@
+"""A bounded queue in front of the models: at most K explanations run at once, a few more may wait, the rest
+are turned away at once with 503 (before their body is read), and every request has a time limit.
+
+The count of admitted requests lives on the event loop (one thread), so it needs no lock. The work itself runs
+in a pool of K threads; a request whose time is up is answered (503 while it waited for a slot, 504 once
+running) but its thread runs to the end of the current step and only then frees its slot, so no more than K
+computations ever run, whatever the clients do.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+from .limits import ASGIApp, Receive, RequestError, Scope, Send, respond
+
+T = TypeVar("T")
+
+#: seconds a client turned away with 503 is asked to wait (the Retry-After header)
+RETRY_AFTER_S = 1
+
+
+class Deadline:
+    """The time left to one request; long jobs call `check()` between steps so a late request stops early."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def check(self) -> None:
+        if self.left() <= 0:
+            raise TimeUp
+
+
+class TimeUp(Exception):
+    """A job found its request's time used up between two steps."""
+
+
+class Gate:
+    """Admission (`admit` / `leave`, called by `Admission` for every explanation request) and the K slots
+    (`run`). `admitted` counts requests between admission and their answer."""
+
+    def __init__(self, max_running: int, max_waiting: int, time_limit_s: float) -> None:
+        self.max_running = max_running
+        self.capacity = max_running + max_waiting
+        self.time_limit_s = time_limit_s
+        self.admitted = 0
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None  # of the serving loop
+        self._pool = ThreadPoolExecutor(max_workers=max_running, thread_name_prefix="relevancy-explain")
+
+    def admit(self) -> bool:
+        if self.admitted >= self.capacity:
+            return False
+        self.admitted += 1
+        return True
+
+    def leave(self) -> None:
+        self.admitted -= 1
+
+    async def run(self, job: Callable[[Deadline], T]) -> T:
+        """`job(deadline)` in a worker thread once a slot is free; 503 when none frees in time, 504 when the job
+        itself outlasts the limit."""
+        deadline = Deadline(self.time_limit_s)
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:  # a semaphore belongs to one loop (tests start several)
+            self._slots = (loop, asyncio.Semaphore(self.max_running))
+        slots = self._slots[1]
+        try:
+            await asyncio.wait_for(slots.acquire(), max(deadline.left(), 0))
+        except asyncio.TimeoutError:
+            raise RequestError(503, f"the server is busy: no explanation slot freed within the time limit of {self.time_limit_s:g} s; try again",
+                               {"Retry-After": str(RETRY_AFTER_S)}) from None
+        future = loop.run_in_executor(self._pool, job, deadline)
+        future.add_done_callback(lambda _: slots.release())  # the slot is free when the thread is, not before
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), max(deadline.left(), 0))
+        except (asyncio.TimeoutError, TimeUp):
+            future.add_done_callback(_consume)
+            raise RequestError(504, f"the explanation took longer than the time limit of {self.time_limit_s:g} s; "
+                                    "ask for fewer methods, a faster method or fewer captions") from None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _consume(future: asyncio.Future) -> None:
+    """Retrieve a late job's outcome, so that its exception is not reported as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+class Admission:
+    """ASGI middleware: a request to one of `paths` is let in only while the gate has room, else answered 503
+    before its body is read, so excess requests cost no memory."""
+
+    def __init__(self, app: ASGIApp, gate: Gate, paths: frozenset[str]) -> None:
+        self.app = app
+        self.gate = gate
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        if not self.gate.admit():
+            await respond(send, 503, f"the server is busy: {self.gate.max_running} explanations are running and "
+                                     f"{self.gate.capacity - self.gate.max_running} waiting; try again",
+                          {"Retry-After": str(RETRY_AFTER_S)})
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.gate.leave()

@@ -1,0 +1,65 @@
+"""Maps as the page shows them and as a script downloads them: overlay and map PNGs (data URLs), the raw
+numbers (a list and a base64 `.npy` file) and a colour bar the page draws (colormap stops and limits)."""
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .. import viz
+
+COLOUR_STOPS = 11  # colours sampled along the colormap for the page's colour bar (a CSS gradient)
+
+
+def data_url(pixels: np.ndarray) -> str:
+    """An `(H, W, 3)` uint8 picture as a PNG data URL."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def npy_base64(scores: torch.Tensor) -> str:
+    """The raw scores as a `.npy` file (float32), base64-encoded."""
+    buffer = io.BytesIO()
+    np.save(buffer, scores.detach().float().cpu().numpy())
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def picture_url(picture: torch.Tensor) -> str:
+    """The input as the model saw it (`(H, W, 3)` in [0, 1]) as a PNG data URL."""
+    return data_url((picture.float().numpy() * 255).round().astype(np.uint8))
+
+
+def colour_bar(signed: bool, low: float, high: float) -> dict[str, Any]:
+    """What the page needs to draw a colour bar: the colormap's colours from `low` to `high`, and a legend."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    palette = colormaps[viz.colormap_name(signed)]
+    stops = [to_hex(palette(k / (COLOUR_STOPS - 1))) for k in range(COLOUR_STOPS)]
+    legend = "red: evidence for, blue: against, white: 0" if signed else "brighter: more relevant"
+    return {"colormap": viz.colormap_name(signed), "low": low, "high": high, "stops": stops, "legend": legend}
+
+
+def image_map(scores: torch.Tensor, heatmap: torch.Tensor, signed: bool, picture: torch.Tensor) -> dict[str, Any]:
+    """One map of one image: `scores` the raw grid `(h, w)` (or pixels for `lrp`), `heatmap` the map upsampled to
+    the picture `(H, W)`, `picture` `(H, W, 3)` in [0, 1]."""
+    from matplotlib import colormaps
+
+    heatmap = heatmap.detach().float().cpu()
+    empty = viz.is_all_zero(heatmap)
+    low, high = viz.color_limits(heatmap, signed)
+    colours = colormaps[viz.colormap_name(signed)](((heatmap.numpy() - low) / (high - low)).clip(0, 1))[..., :3]
+    return {
+        "overlay": data_url(viz.overlay_pixels(heatmap, signed, picture)),
+        "map_png": data_url((colours * 255).round().astype(np.uint8)),
+        "scores": scores.detach().float().cpu().tolist(),
+        "npy": npy_base64(scores),
+        "shape": list(scores.shape),
+        "colour_bar": None if empty else colour_bar(signed, low, high),
+        "note": viz.ALL_ZERO_NOTE if empty else None,
+    }

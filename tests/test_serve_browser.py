@@ -1,0 +1,102 @@
+"""The page in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, driven by selenium)
+opens the page served on loopback, uploads a scene, picks a method, and sees the map appear.
+
+CI installs the browser (`.ci/run`); where it is missing this test fails and says what to install.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+
+import pytest
+from PIL import Image
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from relevancy.serve import create_app, load_catalog, make_samples
+from test_serve import live_server, scene_png
+
+CHROMIUM = ("chromium", "chromium-browser")
+#: Chromium as the machine's closed network wants it: no background connections, no first-run work
+FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,1000")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binary = next((path for path in map(shutil.which, CHROMIUM) if path), None)
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        pytest.fail("the browser test needs Debian's Chromium and its driver: apt-get install -y chromium chromium-driver "
+                    f"(found chromium: {binary}, chromedriver: {driver_path}); .ci/run installs them")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in FLAGS:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def url():
+    app = create_app(load_catalog(["shapes"], text="none", pairs="none"), make_samples(scenes=2, pairs=1))
+    with live_server(app) as address:
+        yield address
+
+
+def shown_png(driver, element) -> Image.Image:
+    source = element.get_attribute("src")
+    assert source.startswith("data:image/png;base64,")
+    return Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1])))
+
+
+def test_upload_a_scene_pick_a_method_and_see_its_map(browser, url, tmp_path):
+    scene = tmp_path / "scene.png"
+    scene.write_bytes(scene_png(seed=3))
+    wait = WebDriverWait(browser, 60)
+    browser.get(url)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    assert browser.find_element(By.ID, "tab-text").get_attribute("disabled") is not None  # no text model on this server
+
+    browser.find_element(By.ID, "image-file").send_keys(str(scene))
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image-chosen figcaption").text == "scene.png")
+    browser.find_element(By.CSS_SELECTOR, "input[name=image-method][value=generic_attention]").click()  # off (the default)
+    browser.find_element(By.CSS_SELECTOR, "input[name=image-method][value=cdam]").click()  # on
+    browser.find_element(By.ID, "image-run").click()
+    wait.until(lambda d: "Explained" in d.find_element(By.ID, "image-status").text)
+
+    cards = browser.find_elements(By.CSS_SELECTOR, "#image-results .card")
+    assert [c.find_element(By.TAG_NAME, "h3").get_attribute("title") for c in cards][1].startswith("class-discriminative")
+    assert [c.find_element(By.TAG_NAME, "h3").text for c in cards] == ["input", "cdamsigned"]  # the name and its tag
+    overlay = cards[1].find_element(By.CSS_SELECTOR, "img.overlay")
+    assert overlay.is_displayed() and overlay.size["width"] > 150
+    assert shown_png(browser, overlay).size == (64, 64)
+    assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", overlay) == 64
+    assert "blue: against" in cards[1].find_element(By.CLASS_NAME, "legend").text
+    links = {a.text: a.get_attribute("download") for a in cards[1].find_elements(By.CSS_SELECTOR, ".downloads a")}
+    assert set(links) == {"PNG", "JSON", ".npy"} and all(name.startswith("cdam_") for name in links.values())
+
+    chips = browser.find_elements(By.CSS_SELECTOR, "#image-classes .chip")
+    assert len(chips) == 5 and "active" in chips[0].get_attribute("class")
+    second = chips[1].text.rsplit(" ", 2)[0]
+    chips[1].click()  # explain the second class instead
+    wait.until(lambda d: f"Explained {second}" in d.find_element(By.ID, "image-status").text)
+    assert "active" in browser.find_elements(By.CSS_SELECTOR, "#image-classes .chip")[1].get_attribute("class")
+
+
+def test_a_file_that_is_not_an_image_shows_the_servers_error(browser, url, tmp_path):
+    fake = tmp_path / "photo.png"
+    fake.write_bytes(b"this is text, whatever its name says")
+    wait = WebDriverWait(browser, 60)
+    browser.get(url)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    browser.find_element(By.ID, "image-file").send_keys(str(fake))
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image-chosen figcaption").text == "photo.png")
+    browser.find_element(By.ID, "image-run").click()
+    wait.until(lambda d: "error" in d.find_element(By.ID, "image-status").get_attribute("class"))
+    assert "not an image in an accepted format" in browser.find_element(By.ID, "image-status").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#image-results .card") == []
