@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from ..capture import Forward
 from ..families.base import Adapter, UnsupportedModelError
 from ..streams import AttentionSite, Stream
 
@@ -147,12 +146,29 @@ def read_rows(relevance: Matrices, reader: Stream, streams: dict[str, Stream]) -
     }
 
 
-def gradient_weighted(forward: Forward, attentions: list[torch.Tensor], weights: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """`mean_h (G * A)^+` per attention (rule 5); `weights`: what multiplies the gradient in place of `A` (the LRP
-    relevance of `A` for the `weights="relevance"` variant)."""
-    grads = forward.gradients(attentions)
-    multiplied = weights if weights is not None else [a.detach() for a in attentions]
-    return [(g * a).clamp(min=0).mean(1) for g, a in zip(grads, multiplied)]
+def gradient_weighted(gradients: list[torch.Tensor], multipliers: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`mean_h (G * W)^+` per attention (rule 5): `W` the attention `A` itself, or its LRP relevance (generic
+    attention's `weights="relevance"`, the authors' `use_lrp=True`; transformer attribution)."""
+    return [(g * w).clamp(min=0).mean(1) for g, w in zip(gradients, multipliers)]
+
+
+def real_pairs(reader: Stream, key: Stream, like: torch.Tensor) -> torch.Tensor:
+    """`(B, T_query, T_key)` bool of the (query, key) pairs of two real tokens, for `like` `(B, ..., T_query, T_key)`."""
+    rows, columns = (
+        stream.valid.to(like.device) if stream.valid is not None
+        else torch.ones(len(like), tokens, dtype=torch.bool, device=like.device)
+        for stream, tokens in ((reader, like.shape[-2]), (key, like.shape[-1]))
+    )
+    return rows[:, :, None] & columns[:, None, :]
+
+
+def min_max(matrix: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """`(M - min) / (max - min)` over each `(B, T_query, T_key)` matrix's real pairs; a constant matrix gives zeros
+    (where the references divide 0 by 0)."""
+    low = matrix.masked_fill(~pairs, float("inf")).amin((-2, -1), keepdim=True)
+    high = matrix.masked_fill(~pairs, float("-inf")).amax((-2, -1), keepdim=True)
+    span = high - low
+    return (matrix - low) / torch.where(span > 0, span, torch.ones_like(span))
 
 
 def last_sites(sites: list[AttentionSite], reader: str, streams: dict[str, Stream]) -> dict[str, int]:

@@ -76,9 +76,13 @@ def attention_gradcam(
     return per_stream(adapter, inputs, "attention_gradcam", cls_entry, compute), fwd.indices, fwd.logits
 
 
+GENERIC_WEIGHTS = ("attention", "relevance")
+
+
 def generic_attention(
     adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None,
     residual_normalization: bool | None = None, bimodal_self_terms: bool | None = None, aggregate: bool | None = None,
+    weights: str = "attention", exact: bool = False,
 ) -> tuple:
     """Chefer et al. ICCV'21 self-attention rule, per stream: `R = I; R += E_h (G * A)^+ @ R` from `start_layer` on;
     on models whose streams attend to each other (LXMERT, DETR), the co-attention rules of `methods.coattention`.
@@ -88,12 +92,25 @@ def generic_attention(
     `cls_entry`: see `set_class_entry` (text models: "zero", as the BERT rollout reference; its value holds the identity).
     `residual_normalization`, `bimodal_self_terms`, `aggregate` (cross-attention models, default True): the paper's
     ablations, see `coattention.propagate`.
+    `weights` (cross-attention models with relevance rules: DETR): what multiplies the gradient, the attention
+    "attention" (the paper's method) or its LRP relevance "relevance" (`E_h (G * R_A)^+`, the authors' DETR
+    `use_lrp=True`; `R_A` as in `partial_lrp`, paper rules); `exact`: the authors' LRP arithmetic (see
+    relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
     """
+    if weights not in GENERIC_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(GENERIC_WEIGHTS)}; got '{weights}'")
+    if exact and weights != "relevance":
+        raise ValueError("exact applies to weights='relevance' only (the LRP arithmetic); weights='attention' computes no relevance")
     cross = dict(residual_normalization=residual_normalization, bimodal_self_terms=bimodal_self_terms, aggregate=aggregate)
     if coattention.has_cross_attention(adapter):
         if start_layer is not None:
             raise ValueError("start_layer applies to self-attention models; the co-attention rules use every layer")
-        return _co_attention(adapter, inputs, target, cls_entry, **{k: v is not False for k, v in cross.items()})
+        return _co_attention(adapter, inputs, target, cls_entry, weights, exact, **{k: v is not False for k, v in cross.items()})
+    if weights != "attention":
+        raise ValueError(
+            "weights='relevance' applies to models whose streams attend to each other (DETR); on self-attention models "
+            "the LRP-weighted rule is method='transformer_attribution'"
+        )
     coattention.cross_options_error(cross)
     start_layer = family_option(adapter, "generic_attention", "start_layer", start_layer, 0)
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
@@ -129,18 +146,31 @@ def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
     return scores, fwd.indices, fwd.logits
 
 
-def _co_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None, **rules: bool) -> tuple:
+def _co_attention(
+    adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None, weights: str, exact: bool, **rules: bool
+) -> tuple:
     """generic_attention on a model with cross-attention: every site's rule, read at the readout row."""
-    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
     streams = adapter.streams(inputs)
     reader = coattention.readout_stream(streams)
-    cams = coattention.gradient_weighted(fwd, fwd.attentions)
-    sizes = coattention.sizes_of(fwd.sites, fwd.attentions)
-    relevance = coattention.propagate(fwd.sites, cams, streams, sizes, **rules)
+    sites = adapter.attention_sites()
+    details = ()
+    if weights == "relevance":
+        from .propagation import PAPER, site_relevance  # propagation imports this module
+
+        found = site_relevance(adapter, inputs, target, PAPER, exact, list(range(len(sites))), "generic_attention")
+        fwd, attentions = found.forward, found.attentions
+        cams = coattention.gradient_weighted(found.gradients, found.relevances)
+        details = ({"relevance_total": found.totals},)
+    else:
+        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
+        attentions = fwd.attentions
+        cams = coattention.gradient_weighted(fwd.gradients(attentions), [a.detach() for a in attentions])
+    sizes = coattention.sizes_of(sites, attentions)
+    relevance = coattention.propagate(sites, cams, streams, sizes, **rules)
     scores = coattention.read_rows(relevance, reader, streams)
     how = family_option(adapter, "generic_attention", "cls_entry", cls_entry, "keep")
     scores[reader.name] = set_class_entry(scores[reader.name], how, reader)
-    return scores, fwd.indices, fwd.logits
+    return (scores, fwd.indices, fwd.logits, *details)
 
 
 def _cross_gradcam(adapter: Adapter, inputs: Any, fwd, normalize: bool, cls_entry: str | None) -> dict[str, torch.Tensor]:
@@ -154,22 +184,8 @@ def _cross_gradcam(adapter: Adapter, inputs: Any, fwd, normalize: bool, cls_entr
     matrices = {}
     for x, k in last.items():
         attention = fwd.attentions[k].detach()
-        rows = _valid_or_all(reader, attention.shape[-2], attention)
-        columns = _valid_or_all(streams[x], attention.shape[-1], attention)
-        pairs = (rows[:, :, None] & columns[:, None, :])[:, None]  # (B, 1, Tq, Tk)
-        weights = (grads[x] * pairs).sum((-2, -1), keepdim=True) / pairs.sum((-2, -1), keepdim=True)
+        pairs = coattention.real_pairs(reader, streams[x], attention)
+        weights = (grads[x] * pairs[:, None]).sum((-2, -1), keepdim=True) / pairs[:, None].sum((-2, -1), keepdim=True)
         cam = (attention * weights).mean(1).clamp(min=0)
-        if normalize:
-            low = cam.masked_fill(~pairs[:, 0], float("inf")).amin((-2, -1), keepdim=True)
-            high = cam.masked_fill(~pairs[:, 0], float("-inf")).amax((-2, -1), keepdim=True)
-            span = high - low
-            cam = (cam - low) / torch.where(span > 0, span, torch.ones_like(span))
-        matrices[x] = cam
+        matrices[x] = coattention.min_max(cam, pairs) if normalize else cam
     return read_cross(adapter, inputs, "attention_gradcam", cls_entry, matrices)
-
-
-def _valid_or_all(stream: Stream, tokens: int, like: torch.Tensor) -> torch.Tensor:
-    """`(B, T)` bool of the stream's real tokens (all True without padding)."""
-    if stream.valid is not None:
-        return stream.valid.to(like.device)
-    return torch.ones(len(like), tokens, dtype=torch.bool, device=like.device)

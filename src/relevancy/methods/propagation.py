@@ -10,11 +10,12 @@ from typing import Iterator
 import torch
 
 from ..families.base import Adapter, only_stream
-from ..capture import record_forward
+from ..capture import Forward, record_forward
 from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, Session, relevance_session
 from ..targets import Target, resolve_target, target_score
 from ..streams import Stream
-from .attention import chain, family_option, readout_row, set_class_entry, with_identity
+from . import coattention
+from .attention import chain, family_option, read_cross, readout_row, set_class_entry, with_identity
 from .gradients import StartLayer, first_layer
 
 WEIGHTS = ("gradient", "attention")
@@ -147,9 +148,20 @@ def transformer_attribution(
     Several streams (CLIP): one relevance pass serves every stream; each stream's map reads its own attentions,
     and `relevance_total` is `(B, streams)`, the relevance reaching each stream's earliest block used (see the
     family's rules for what each stream receives; CLIP: 1 per tower).
+    Models whose streams attend to each other (DETR): the authors' `generate_transformer_att`, `E_h (G * R)^+` of the
+    readout stream's last attention into each stream, read at the readout row (no rollout: `start_layer`, `blocks`
+    and `row_normalize` do not apply); `relevance_total` `(B, streams)`: the relevance reaching each stream's input.
     """
     _one_of("weights", weights, WEIGHTS)
     _one_of("blocks", blocks, BLOCKS)
+    if coattention.has_cross_attention(adapter):
+        given = {"start_layer": start_layer != 0, "blocks": blocks != "all", "row_normalize": row_normalize is not None}
+        if any(given.values()):
+            raise ValueError(
+                f"{', '.join(n for n, g in given.items() if g)} apply to self-attention models; on models whose streams "
+                "attend to each other transformer_attribution reads the last attention into each stream"
+            )
+        return _cross_transformer_attribution(adapter, inputs, target, weights, cls_entry, exact)
     streams = adapter.streams(inputs)
     depths = stream_depths(adapter, streams)
     first = {}
@@ -230,10 +242,16 @@ def partial_lrp(
     """The paper's partial-LRP baseline: vanilla-rule relevance at the last attention, `E_h (R)^+` at the readout
     row, per stream (`relevance_total` as in `transformer_attribution`, at each stream's last block input).
 
-    `rules`: see `_rule_set` (BERT: "paper"); `cls_entry`: see `set_class_entry` (BERT: "zero"); `exact`: the
+    `rules`: see `_rule_set` (BERT, DETR: "paper"); `cls_entry`: see `set_class_entry` (BERT: "zero"); `exact`: the
     authors' arithmetic.
+    Models whose streams attend to each other (the authors' DETR `generate_partial_lrp`): the head mean of the
+    relevance at the readout stream's last attention into each stream, unclamped, min-max normalised over the
+    whole matrix (every query, real tokens), read at the readout row; `relevance_total` as in
+    `transformer_attribution`.
     """
     rule_set = _rule_set(adapter, "partial_lrp", rules)
+    if coattention.has_cross_attention(adapter):
+        return _cross_partial_lrp(adapter, inputs, target, rule_set, cls_entry, exact)
     streams = adapter.streams(inputs)
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session, \
@@ -281,3 +299,74 @@ def lrp(
     details = conservation(scores, rule_set, "lrp")
     how = family_option(adapter, "lrp", "cls_entry", cls_entry, "keep")
     return set_class_entry(scores, how, stream), indices, logits.detach(), details
+
+
+# -- models whose streams attend to each other ------------------------------------------------------------
+@dataclasses.dataclass
+class SiteRelevance:
+    """What one forward under a family's relevance rules gives at some attention sites: the forward, the sites'
+    probabilities (detached), the score's gradient (None unless asked) and relevance at them, and per stream the
+    relevance reaching its input tokens `(B, streams)`."""
+
+    forward: Forward
+    attentions: list[torch.Tensor]
+    gradients: list[torch.Tensor] | None
+    relevances: list[torch.Tensor]
+    totals: torch.Tensor
+
+
+def site_relevance(
+    adapter: Adapter, inputs, target: Target, rule_set: RuleSet, exact: bool, picked: list[int], method: str,
+    gradients: bool = True,
+) -> SiteRelevance:
+    """Gradient and relevance at the attention sites `picked` (indices into `adapter.attention_sites()`), from one
+    forward under the family's rule map (which records every attention and each stream's input tokens)."""
+    streams = adapter.streams(inputs)
+    sites = adapter.attention_sites()
+    with full_precision(adapter, inputs) as (adapter32, inputs32):
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session:
+            fwd = record_forward(adapter32, inputs32, target, gradients=True)
+            if len(session.attentions) != len(sites):
+                raise RuntimeError(
+                    f"the relevance rules recorded {len(session.attentions)} attentions where the model has {len(sites)} "
+                    "attention sites: the rule map and the adapter disagree"
+                )
+            attentions = [session.attentions[k] for k in picked]
+            seed = _seed(fwd.score)
+            grads = session.backward(GRADIENT, fwd.score.sum(), attentions, seed) if gradients else None
+            tokens = [entering(session, name, 0) for name in streams]
+            found = session.backward(RELEVANCE, fwd.score.sum(), attentions + tokens, seed)
+    relevances, arrived = found[:len(attentions)], found[len(attentions):]
+    totals = torch.stack([masked(stream, r).flatten(1).sum(1) for stream, r in zip(streams.values(), arrived)], 1)
+    if not torch.isfinite(totals).all():
+        warnings.warn(f"{method}: the relevance total is not finite for some inputs; their maps are degenerate", stacklevel=3)
+    return SiteRelevance(fwd, [a.detach() for a in attentions], grads, relevances, totals)
+
+
+def _last_sites(adapter: Adapter, inputs) -> dict[str, int]:
+    """Per stream, the readout stream's last attention into it."""
+    streams = adapter.streams(inputs)
+    return coattention.last_sites(adapter.attention_sites(), coattention.readout_stream(streams).name, streams)
+
+
+def _cross_transformer_attribution(adapter: Adapter, inputs, target: Target, weights: str, cls_entry: str | None, exact: bool) -> tuple:
+    last = _last_sites(adapter, inputs)
+    found = site_relevance(adapter, inputs, target, PAPER, exact, list(last.values()), "transformer_attribution",
+                           gradients=weights == "gradient")
+    factors = found.gradients if weights == "gradient" else found.attentions
+    matrices = dict(zip(last, coattention.gradient_weighted(factors, found.relevances)))
+    scores = read_cross(adapter, inputs, "transformer_attribution", cls_entry, matrices)
+    return scores, found.forward.indices, found.forward.logits, {"relevance_total": found.totals}
+
+
+def _cross_partial_lrp(adapter: Adapter, inputs, target: Target, rule_set: RuleSet, cls_entry: str | None, exact: bool) -> tuple:
+    streams = adapter.streams(inputs)
+    reader = coattention.readout_stream(streams)
+    last = _last_sites(adapter, inputs)
+    found = site_relevance(adapter, inputs, target, rule_set, exact, list(last.values()), "partial_lrp", gradients=False)
+    matrices = {
+        x: coattention.min_max(relevance.mean(1), coattention.real_pairs(reader, streams[x], relevance))
+        for x, relevance in zip(last, found.relevances)
+    }
+    scores = read_cross(adapter, inputs, "partial_lrp", cls_entry, matrices)
+    return scores, found.forward.indices, found.forward.logits, {"relevance_total": found.totals}

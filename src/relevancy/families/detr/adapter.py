@@ -51,7 +51,8 @@ def _last_hidden(output: object) -> torch.Tensor:
 class DetrAdapter(Adapter):
     family = "DETR"
     examples = "transformers.DetrForObjectDetection"
-    method_defaults = {"attention_gradcam": {"normalize": False}}
+    # the authors' DETR code has one set of LRP rules, the conserving ones
+    method_defaults = {"attention_gradcam": {"normalize": False}, "partial_lrp": {"rules": "paper"}}
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -102,6 +103,12 @@ class DetrAdapter(Adapter):
             "image": OutputPart(self.model.model.encoder, _last_hidden),
             "queries": self.decoder_layers[-1].self_attn_layer_norm,
         }
+
+    def relevance_rule_map(self) -> dict:
+        """The authors' DETR relevance rules on the transformer (see `detr.rules`)."""
+        from .rules import rule_map
+
+        return rule_map(self.model)
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> DetectionBatch:

@@ -12,7 +12,9 @@ from ...explanation import Explanation
 @dataclass
 class DetectionExplanation(Explanation):
     """`scores` (R, h, w): the relevance of every image token for row r's object, query `query[r]` of image
-    `image[r]`, class `target[r]`; `logits` (R, C + 1) are that query's class logits (the last: "no object")."""
+    `image[r]`, class `target[r]`; `logits` (R, C + 1) are that query's class logits (the last: "no object").
+    `relevance_total` (LRP-based methods, `(R, 2)`): the relevance reaching the encoder's input tokens and the
+    decoder's zero queries; image + 2 x queries = 1 (see `families.detr.rules`)."""
 
     image: torch.Tensor = field(default=None, repr=False)
     query: torch.Tensor = field(default=None, repr=False)
