@@ -8,8 +8,14 @@ model's configs to it for a call and restore them after.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from .base import transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
 EXACT_ATTENTION = "relevancy_exact_eager"
@@ -46,3 +52,38 @@ def register_exact_attention() -> None:
 
     AttentionInterface.register(EXACT_ATTENTION, exact_eager_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ATTENTION, eager_mask)
+
+
+def attention_probabilities(output: object) -> torch.Tensor:
+    """The probabilities in a transformers attention module's output `(context, probabilities)`; a clear error
+    where the model's attention implementation returned none."""
+    probabilities = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
+    if probabilities is None:
+        raise RuntimeError(
+            "the attention returned no probabilities: the model does not use eager attention (relevancy switches it "
+            "on for the call; a custom attention implementation may ignore the switch)"
+        )
+    return probabilities
+
+
+@contextmanager
+def explaining_call(model: nn.Module, implementation: str | None) -> Iterator[None]:
+    """Eval mode and, with `implementation` (EXACT_ATTENTION, or "eager"), that attention in every config of the
+    model for one call; modes and implementations restored after, also after an exception."""
+    configs = transformers_configs(model)
+    before = [getattr(c, "_attn_implementation", None) for c in configs]
+    training = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        if implementation is not None:
+            if implementation == EXACT_ATTENTION:
+                register_exact_attention()
+            for config in configs:
+                config._attn_implementation = implementation
+        yield
+    finally:
+        for config, value in zip(configs, before):  # parents first: a parent's setter also sets its sub-configs
+            if getattr(config, "_attn_implementation", None) != value:
+                config._attn_implementation = value
+        for module, flag in training.items():
+            module.training = flag

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -22,7 +22,7 @@ from torch import nn
 from ...guard import exclusive
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
-from ..hf_attention import EXACT_ATTENTION, register_exact_attention
+from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
 from .explanation import DetectionExplanation
 
@@ -35,13 +35,6 @@ TARGETS = (
     "None (every query whose best class, not 'no object', has probability > 0.5, with that class), a pair "
     "(query, class) for every image, or a list with one entry per image: a pair or a list of pairs"
 )
-
-
-def _probabilities(output: tuple) -> torch.Tensor:
-    probabilities = output[1]
-    if probabilities is None:
-        raise RuntimeError("the attention returned no probabilities: the model does not run eager attention")
-    return probabilities
 
 
 def _last_hidden(output: object) -> torch.Tensor:
@@ -90,10 +83,10 @@ class DetrAdapter(Adapter):
         }
 
     def attention_sites(self) -> list[AttentionSite]:
-        sites = [AttentionSite("image", "image", OutputPart(layer.self_attn, _probabilities)) for layer in self.encoder_layers]
+        sites = [AttentionSite("image", "image", OutputPart(layer.self_attn, attention_probabilities)) for layer in self.encoder_layers]
         for layer in self.decoder_layers:
-            sites.append(AttentionSite("queries", "queries", OutputPart(layer.self_attn, _probabilities)))
-            sites.append(AttentionSite("queries", "image", OutputPart(layer.encoder_attn, _probabilities)))
+            sites.append(AttentionSite("queries", "queries", OutputPart(layer.self_attn, attention_probabilities)))
+            sites.append(AttentionSite("queries", "image", OutputPart(layer.encoder_attn, attention_probabilities)))
         return sites
 
     def attention_inputs(self) -> dict[str, Hookable]:
@@ -198,24 +191,8 @@ class DetrAdapter(Adapter):
         )
 
     # -- running --------------------------------------------------------------------------------------------
-    @contextmanager
-    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
-        configs = transformers_configs(self.model)
-        implementations = [getattr(c, "_attn_implementation", None) for c in configs]
-        training = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            if attention_probabilities:
-                register_exact_attention()
-                for c in configs:
-                    c._attn_implementation = EXACT_ATTENTION
-            yield
-        finally:
-            for c, implementation in zip(configs, implementations):
-                if getattr(c, "_attn_implementation", None) != implementation:
-                    c._attn_implementation = implementation
-            for m, flag in training.items():
-                m.training = flag
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
+        return explaining_call(self.model, EXACT_ATTENTION if attention_probabilities else None)
 
     def shared_state(self) -> list[object]:
         return transformers_configs(self.model)

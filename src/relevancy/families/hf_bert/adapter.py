@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Iterator
 
@@ -23,6 +23,7 @@ from torch import nn
 from ...explanation import TextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from ..hf_attention import attention_probabilities, explaining_call
 from .batch import TextBatch
 
 
@@ -105,16 +106,6 @@ def _first(output: object) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _probabilities(output: object) -> torch.Tensor:
-    probabilities = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-    if probabilities is None:
-        raise RuntimeError(
-            "the self-attention returned no attention probabilities: the model does not use eager attention "
-            "(relevancy switches it on for the call; a custom attention implementation may ignore the switch)"
-        )
-    return probabilities
-
-
 class HFBertAdapter(Adapter):
     """BERT-family classifiers from Hugging Face transformers (see `LAYOUTS`).
 
@@ -183,7 +174,7 @@ class HFBertAdapter(Adapter):
     def attention_sites(self) -> list[AttentionSite]:
         # transformers applies dropout to the probabilities functionally (no module): the self-attention's
         # second output is the probabilities tensor that multiplies the values, so gradients reach it.
-        return [AttentionSite("text", "text", OutputPart(attention, _probabilities)) for attention in self.self_attentions]
+        return [AttentionSite("text", "text", OutputPart(attention, attention_probabilities)) for attention in self.self_attentions]
 
     def attention_inputs(self) -> dict[str, Hookable]:
         # post-LN: the last layer's attention reads the previous layer's (normalised) output directly
@@ -284,24 +275,9 @@ class HFBertAdapter(Adapter):
         )
 
     # -- running ------------------------------------------------------------------------------------------
-    @contextmanager
-    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
-        """Eval mode and, if asked, eager attention (the only one returning probabilities) for one call."""
-        configs = transformers_configs(self.model)
-        implementations = [getattr(c, "_attn_implementation", None) for c in configs]
-        training = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            if attention_probabilities:
-                for c in configs:
-                    c._attn_implementation = "eager"
-            yield
-        finally:
-            for c, implementation in zip(configs, implementations):
-                if getattr(c, "_attn_implementation", None) != implementation:
-                    c._attn_implementation = implementation
-            for m, flag in training.items():
-                m.training = flag
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
+        """Eval mode and, if asked, transformers' eager attention (it returns the probabilities) for one call."""
+        return explaining_call(self.model, "eager" if attention_probabilities else None)
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
