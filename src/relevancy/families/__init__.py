@@ -7,9 +7,14 @@ from .base import Adapter, UnsupportedModelError
 from .clip.adapter import ClipAdapter, ZeroShotAdapter
 from .detr.adapter import DetrAdapter
 from .hf_bert.adapter import HFBertAdapter
+from .hf_vit.adapter import HFViTAdapter
+from .lxmert.adapter import LxmertAdapter
 from .timm_vit.adapter import TimmViTAdapter
+from .visual_bert.adapter import VisualBertAdapter
 
-ADAPTERS: tuple[type[Adapter], ...] = (TimmViTAdapter, HFBertAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter)
+ADAPTERS: tuple[type[Adapter], ...] = (
+    TimmViTAdapter, HFBertAdapter, HFViTAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
+)
 
 
 def register_adapter(adapter: type[Adapter]) -> None:
@@ -30,4 +35,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter"]
