@@ -214,8 +214,8 @@ def test_unsupported_models_and_methods_are_refused():
         relevancy.explain(MODEL.lxmert, INPUTS[0], method="raw_attention")
     with pytest.raises(UnsupportedModelError, match="cdam is not available"):
         relevancy.explain(MODEL, INPUTS[0], method="cdam")
-    with pytest.raises(UnsupportedModelError, match="no relevance rules"):
-        relevancy.explain(MODEL, INPUTS[0], method="transformer_attribution")
+    with pytest.raises(UnsupportedModelError, match="method 'lrp' explains one-stream models"):
+        relevancy.explain(MODEL, INPUTS[0], method="lrp")
 
 
 def test_save_draws_the_regions_and_writes_the_coloured_question(tmp_path):

@@ -47,7 +47,8 @@ class RegionTextExplanation:
 
     `parts["text"].scores` `(B, T)`: per token of the question, raw, 0 at padding; `parts["image"].scores` `(B, N)`:
     per region, raw, 0 at padded regions. `target` holds the explained answer per input (-1 for a callable target),
-    `logits` `(B, K)` the model's answer scores.
+    `logits` `(B, K)` the model's answer scores. `relevance_total` (LRP-based methods, `(B, 2)`): the relevance
+    reaching the question's and the regions' input tokens.
     """
 
     text_scores: torch.Tensor
@@ -61,6 +62,7 @@ class RegionTextExplanation:
     region_mask: torch.Tensor | None = field(default=None, repr=False)
     boxes: torch.Tensor | None = field(default=None, repr=False)
     class_names: list[str] | None = None
+    relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def parts(self) -> dict[str, TextPart | RegionPart]:

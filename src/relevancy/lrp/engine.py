@@ -59,9 +59,11 @@ class Session:
         return RuleFunction.apply(self, rule, fn, *inputs)
 
     def backward(self, mode: str, outputs: torch.Tensor, inputs: list[torch.Tensor], seed: torch.Tensor) -> list[torch.Tensor]:
-        """One backward pass from `outputs` (seeded with `seed`) to `inputs` in the given mode."""
+        """One backward pass from `outputs` (seeded with `seed`) to `inputs` in the given mode. An input the outputs
+        do not depend on (LXMERT's last image-to-text attention) gets zeros."""
         self.mode = mode
-        return list(torch.autograd.grad(outputs, inputs, seed, retain_graph=True))
+        found = torch.autograd.grad(outputs, inputs, seed, retain_graph=True, allow_unused=True)
+        return [torch.zeros_like(x) if r is None else r for x, r in zip(inputs, found)]
 
 
 class RuleFunction(torch.autograd.Function):

@@ -92,9 +92,9 @@ def generic_attention(
     `cls_entry`: see `set_class_entry` (text models: "zero", as the BERT rollout reference; its value holds the identity).
     `residual_normalization`, `bimodal_self_terms`, `aggregate` (cross-attention models, default True): the paper's
     ablations, see `coattention.propagate`.
-    `weights` (cross-attention models with relevance rules: DETR): what multiplies the gradient, the attention
-    "attention" (the paper's method) or its LRP relevance "relevance" (`E_h (G * R_A)^+`, the authors' DETR
-    `use_lrp=True`; `R_A` as in `partial_lrp`, paper rules); `exact`: the authors' LRP arithmetic (see
+    `weights` (cross-attention models with relevance rules: DETR, LXMERT): what multiplies the gradient, the attention
+    "attention" (the paper's method) or its LRP relevance "relevance" (`E_h (G * R_A)^+`, the authors' DETR and
+    LXMERT `use_lrp=True`; `R_A` as in `partial_lrp`, paper rules); `exact`: the authors' LRP arithmetic (see
     relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
     """
     if weights not in GENERIC_WEIGHTS:
@@ -108,7 +108,7 @@ def generic_attention(
         return _co_attention(adapter, inputs, target, cls_entry, weights, exact, **{k: v is not False for k, v in cross.items()})
     if weights != "attention":
         raise ValueError(
-            "weights='relevance' applies to models whose streams attend to each other (DETR); on self-attention models "
+            "weights='relevance' applies to models whose streams attend to each other (DETR, LXMERT); on self-attention models "
             "the LRP-weighted rule is method='transformer_attribution'"
         )
     coattention.cross_options_error(cross)

@@ -148,9 +148,11 @@ def transformer_attribution(
     Several streams (CLIP): one relevance pass serves every stream; each stream's map reads its own attentions,
     and `relevance_total` is `(B, streams)`, the relevance reaching each stream's earliest block used (see the
     family's rules for what each stream receives; CLIP: 1 per tower).
-    Models whose streams attend to each other (DETR): the authors' `generate_transformer_att`, `E_h (G * R)^+` of the
-    readout stream's last attention into each stream, read at the readout row (no rollout: `start_layer`, `blocks`
-    and `row_normalize` do not apply); `relevance_total` `(B, streams)`: the relevance reaching each stream's input.
+    Models whose streams attend to each other (DETR, LXMERT): the authors' `generate_transformer_att`, `E_h (G * R)^+`
+    of the readout stream's last attention into each stream, read at the readout row (`start_layer`, `blocks` and
+    `row_normalize` do not apply); where the family's convention `readout_rollout` is set (LXMERT), the readout
+    stream's own map is instead the rollout `prod (I + E_h (G * R)^+)` over all of its self-attentions;
+    `relevance_total` `(B, streams)`: the relevance reaching each stream's input.
     """
     _one_of("weights", weights, WEIGHTS)
     _one_of("blocks", blocks, BLOCKS)
@@ -350,11 +352,17 @@ def _last_sites(adapter: Adapter, inputs) -> dict[str, int]:
 
 
 def _cross_transformer_attribution(adapter: Adapter, inputs, target: Target, weights: str, cls_entry: str | None, exact: bool) -> tuple:
+    reader = coattention.readout_stream(adapter.streams(inputs)).name
     last = _last_sites(adapter, inputs)
-    found = site_relevance(adapter, inputs, target, PAPER, exact, list(last.values()), "transformer_attribution",
+    rollout = family_option(adapter, "transformer_attribution", "readout_rollout", None, False)
+    own = [k for k, site in enumerate(adapter.attention_sites()) if site.is_self and site.query == reader] if rollout else [last[reader]]
+    others = [x for x in last if x != reader]
+    found = site_relevance(adapter, inputs, target, PAPER, exact, own + [last[x] for x in others], "transformer_attribution",
                            gradients=weights == "gradient")
     factors = found.gradients if weights == "gradient" else found.attentions
-    matrices = dict(zip(last, coattention.gradient_weighted(factors, found.relevances)))
+    cams = coattention.gradient_weighted(factors, found.relevances)
+    matrices = dict(zip(others, cams[len(own):]))
+    matrices[reader] = chain([with_identity(cam) for cam in cams[:len(own)]], 0) if rollout else cams[0]
     scores = read_cross(adapter, inputs, "transformer_attribution", cls_entry, matrices)
     return scores, found.forward.indices, found.forward.logits, {"relevance_total": found.totals}
 

@@ -3,7 +3,9 @@
 Supported, used unmodified: `transformers.LxmertForQuestionAnswering`, `LxmertForPreTraining` (with its QA head,
 `task_qa`; its `question_answering_score` is explained) and any module holding one `LxmertModel` whose forward takes
 LXMERT's keyword inputs and returns answer logits `(B, K)` (a tensor, or an output with `question_answering_score`
-or `logits`). The maps are read at the question's [CLS] row, the token LXMERT's pooler reads.
+or `logits`). The maps are read at the question's [CLS] row, the token LXMERT's pooler reads. The LRP-based methods
+(`generic_attention(weights="relevance")`, `transformer_attribution`, `partial_lrp`) run the authors' LXMERT rules
+(`lxmert.rules`) and so explain the first two only, whose every module has a rule.
 
 Attention sites, in forward order: the language layers (text self), the relation layers `r_layers` (image self),
 then per cross layer `g`: its `visual_attention` run twice, text queries over image keys first, image queries over
@@ -31,6 +33,8 @@ from ..regions import (
 from .batch import LxmertBatch
 
 TEXT, IMAGE = "text", "image"
+# the region families' methods, and the LRP-based ones LXMERT's relevance rules add
+LXMERT_METHODS = (*METHODS, "transformer_attribution", "partial_lrp")
 REQUIRED = ("input_ids", "visual_feats", "visual_pos")
 OPTIONAL = ("attention_mask", "token_type_ids", "visual_attention_mask")
 
@@ -99,10 +103,12 @@ class ModuleCall:
 class LxmertAdapter(Adapter):
     """LXMERT question answering over image regions (see the module docstring).
 
-    `method_defaults`, where the authors' LXMERT code differs from their ViT code (every entry is also a keyword
-    option): the [CLS] entry of the text map is set to 0 for every method ("disregard the [CLS] token itself");
-    `attention_gradcam` averages the gradient over the whole attention matrix (`region="matrix"`) and is not
-    normalised.
+    `method_defaults`, where the authors' LXMERT code differs from their ViT code (every entry but `readout_rollout`
+    is also a keyword option): the [CLS] entry of the text map is set to 0 for every method ("disregard the [CLS]
+    token itself"); `attention_gradcam` averages the gradient over the whole attention matrix (`region="matrix"`)
+    and is not normalised; the LRP-based methods use the conserving ("paper") rules of `lxmert.rules`, and
+    `transformer_attribution`'s text map rolls out every text self-attention (`readout_rollout`, their
+    `generate_transformer_attr`).
     """
 
     family = "Hugging Face LXMERT (question answering over image regions)"
@@ -112,6 +118,8 @@ class LxmertAdapter(Adapter):
         "rollout": {"cls_entry": "zero"},
         "attention_gradcam": {"cls_entry": "zero", "normalize": False, "region": "matrix"},
         "generic_attention": {"cls_entry": "zero"},
+        "transformer_attribution": {"cls_entry": "zero", "readout_rollout": True},
+        "partial_lrp": {"cls_entry": "zero", "rules": "paper"},
     }
 
     @classmethod
@@ -159,11 +167,17 @@ class LxmertAdapter(Adapter):
             ]
         return sites
 
+    def relevance_rule_map(self) -> dict:
+        """The authors' LXMERT relevance rules (see `lxmert.rules`)."""
+        from .rules import rule_map
+
+        return rule_map(self.model)
+
     def attention_inputs(self) -> dict[str, Hookable]:
-        raise UnsupportedModelError(f"cdam is not available for {self.family}; its methods: {', '.join(METHODS)}")
+        raise UnsupportedModelError(f"cdam is not available for {self.family}; its methods: {', '.join(LXMERT_METHODS)}")
 
     def embed(self, inputs: LxmertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
-        raise UnsupportedModelError(f"token_ablation is not available for {self.family}; its methods: {', '.join(METHODS)}")
+        raise UnsupportedModelError(f"token_ablation is not available for {self.family}; its methods: {', '.join(LXMERT_METHODS)}")
 
     def class_names(self) -> list[str] | None:
         return class_names(self.config, getattr(self.config, "num_qa_labels", None))
