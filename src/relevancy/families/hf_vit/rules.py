@@ -1,0 +1,156 @@
+"""The rule map of the Hugging Face vision transformers (ViT, DeiT, DINOv2, DINOv2 with registers).
+
+The same rules as timm's VisionTransformer (`families/timm_vit/rules.py`), on transformers' modules, so that one
+set of weights gives the same maps in both libraries:
+- attention: `(q k^T) * scale` and `A v` get the halved two-operand rule; scale and softmax (in the model's dtype)
+  pass relevance; the probabilities are recorded for the methods;
+- each layer's two residual adds get the add rule (residual first, as timm), the input of each feeds two branches;
+- the position-embedding add gets the add rule (DINOv2 with registers inserts its registers after it, as the
+  model does); the patch embedding's convolution gets z^B (full LRP to the pixels);
+- LayerNorm, layer scale and the activations pass relevance; Linear layers get the Linear rule;
+- the head: [CLS] readout (the reference's `IndexSelect` factor when exact), DeiT-with-teacher's average of its
+  two heads under the add rule (each half passes), DINOv2 classifiers' mean patch token shares its relevance over
+  the patch tokens in proportion to their values (the add rule over N terms, stably divided).
+SwiGLU feed-forwards (DINOv2 giant) have no rule yet: the LRP methods refuse them, naming the module.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ...lrp import engine, rules
+from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from .adapter import HeadOps, supported_class
+
+if TYPE_CHECKING:
+    from .adapter import HFViTAdapter
+
+
+def _attention(attention: nn.Module, session: Session) -> Replacements:
+    """`ViTAttention`, `DeiTAttention`, `Dinov2Attention`: explicit products; returns `(output, probabilities)`."""
+
+    def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_kwargs) -> tuple:
+        if attention_mask is not None:
+            raise engine.MissingRuleError("relevance propagation does not support attention masks on vision transformers")
+        batch, tokens, _ = hidden_states.shape
+        shape = (batch, tokens, -1, attention.head_dim)
+        q = attention.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = attention.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = attention.v_proj(hidden_states).view(shape).transpose(1, 2)
+        products = matmul(session, q, k.transpose(-2, -1))
+        probabilities = passthrough(session, lambda t: (t * attention.scaling).softmax(dim=-1), products)
+        session.attentions.append(probabilities)
+        context = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
+        return attention.o_proj(context), probabilities
+
+    return {"forward": forward}
+
+
+def _layer(layer: nn.Module, session: Session) -> Replacements:
+    """`ViTLayer`, `DeiTLayer` (pre-LN, dropout) and `Dinov2Layer` (pre-LN, layer scale, drop path)."""
+    if hasattr(layer, "layer_scale1"):
+        norms = (layer.norm1, layer.norm2)
+        after = (lambda x: layer.drop_path(layer.layer_scale1(x)), lambda x: layer.drop_path(layer.layer_scale2(x)))
+    else:
+        norms = (layer.layernorm_before, layer.layernorm_after)
+        after = (layer.dropout, layer.dropout)
+
+    def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        x = branch(session, hidden_states)
+        x = add(session, x, after[0](layer.attention(norms[0](x), attention_mask, **kwargs)[0]))
+        x = branch(session, x)
+        return add(session, x, after[1](layer.mlp(norms[1](x))))
+
+    return {"forward": forward}
+
+
+def _embeddings(embeddings: nn.Module, session: Session) -> Replacements:
+    """`*Embeddings`: [CLS] (and DeiT's distillation token) before the patches, the model's own (interpolated)
+    position embedding added under the add rule, DINOv2's registers inserted after [CLS]."""
+    prefix = [t for t in (embeddings.cls_token, getattr(embeddings, "distillation_token", None)) if t is not None]
+    registers = getattr(embeddings, "register_tokens", None)
+
+    def forward(pixel_values: torch.Tensor, bool_masked_pos: torch.Tensor | None = None, interpolate_pos_encoding: bool = True) -> torch.Tensor:
+        if bool_masked_pos is not None:
+            raise engine.MissingRuleError("relevance propagation does not support masked image modelling (bool_masked_pos)")
+        height, width = pixel_values.shape[-2:]
+        patches = embeddings.patch_embeddings(pixel_values)
+        tokens = torch.cat([t.expand(len(patches), -1, -1) for t in prefix] + [patches], dim=1)
+        position = embeddings.interpolate_pos_encoding(tokens, height, width) if interpolate_pos_encoding else embeddings.position_embeddings
+        tokens = add(session, tokens, position)
+        if registers is not None:
+            tokens = torch.cat([tokens[:, :1], registers.expand(len(tokens), -1, -1), tokens[:, 1:]], dim=1)
+        return embeddings.dropout(tokens)
+
+    return {"forward": forward}
+
+
+def _mean_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+    """`mean_i x_i` over dim 1: token i gets `x_i / sum_j x_j` of the relevance (the add rule over N terms)."""
+    (tokens,) = inputs
+    total = tokens.sum(1, keepdim=True)
+    arriving = relevance[:, None]
+    if session.exact:
+        return (tokens * rules.safe_divide(arriving, total),)
+    signed, unsigned = rules.stable_quotients(arriving, total, tokens.abs().sum(1, keepdim=True))
+    return (torch.addcmul(tokens * signed, tokens.abs(), unsigned),)
+
+
+def head_ops(session: Session) -> HeadOps:
+    """The head's operations under the rules: [CLS] readout, mean of tokens, average of two heads."""
+
+    def average(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        half = lambda t: t / 2  # noqa: E731
+        return add(session, passthrough(session, half, a), passthrough(session, half, b))
+
+    return HeadOps(
+        class_token=lambda hidden: first_token(session, hidden),
+        mean_tokens=lambda tokens: session.apply(_mean_rule, lambda t: t.mean(1), tokens),
+        average=average,
+    )
+
+
+def _activations() -> dict[type, ForwardFactory]:
+    """Every activation module transformers builds (`ACT2CLS`): element-wise, relevance passes."""
+    from transformers.activations import ACT2CLS
+
+    classes = [entry[0] if isinstance(entry, tuple) else entry for entry in ACT2CLS.values()]
+    return {cls: PASSTHROUGH for cls in classes if isinstance(cls, type)}
+
+
+def rule_map(adapter: HFViTAdapter) -> dict[type, ForwardFactory]:
+    """Module type -> rule for every module of the adapter's model; the model's own class also swaps the adapter's
+    head operations for the rule-aware ones."""
+    top = supported_class(adapter.model)
+    backbone = type(adapter.backbone)
+    namespace = sys.modules[backbone.__module__]
+    prefix = backbone.__name__.removesuffix("Model")
+    parts = {
+        "Model": unchanged, "Embeddings": _embeddings, "PatchEmbeddings": unchanged, "Encoder": unchanged,
+        "Layer": _layer, "Attention": _attention, "MLP": unchanged, "LayerScale": PASSTHROUGH, "DropPath": unchanged,
+        "Pooler": unchanged,  # the bare models' pooler is not part of what is explained
+        "ForImageClassification": unchanged, "ForImageClassificationWithTeacher": unchanged,
+    }
+    table: dict[type, ForwardFactory] = {
+        getattr(namespace, prefix + name): rule for name, rule in parts.items() if hasattr(namespace, prefix + name)
+    }
+    table.update({
+        nn.ModuleList: unchanged,
+        nn.Identity: unchanged,
+        nn.Dropout: unchanged,
+        nn.Linear: LINEAR,
+        nn.LayerNorm: PASSTHROUGH,
+        nn.GELU: PASSTHROUGH,
+        nn.Conv2d: engine.PIXEL_CONV,
+        **_activations(),
+    })
+    own_rule = table.get(top, unchanged)
+
+    def model(module: nn.Module, session: Session) -> Replacements:
+        return {**own_rule(module, session), (adapter, "ops"): head_ops(session)}
+
+    table[top] = model
+    return table
