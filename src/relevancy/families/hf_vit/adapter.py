@@ -23,7 +23,7 @@ and DeiT computes it in float32) and restored after, with every module's train/e
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -31,9 +31,8 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, UnsupportedModelError, checked_images, transformers_configs
-from ..hf_attention import EXACT_ATTENTION, register_exact_attention
-from ..hf_bert.adapter import OutputPart
+from ..base import Adapter, OutputPart, UnsupportedModelError, checked_images, transformers_configs
+from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 
 #: transformers class name -> how its head reads the final hidden states (see `HFViTAdapter.head`)
 HEADS = {
@@ -71,16 +70,6 @@ PLAIN_OPS = HeadOps(class_token=lambda h: h[:, 0], mean_tokens=lambda t: t.mean(
 
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-
-
-def _probabilities(output: object) -> torch.Tensor:
-    probabilities = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-    if probabilities is None:
-        raise RuntimeError(
-            "the attention returned no probabilities: the model does not use eager attention (relevancy switches it "
-            "on for the call; a custom attention implementation may ignore the switch)"
-        )
-    return probabilities
 
 
 class HFViTAdapter(Adapter):
@@ -132,7 +121,7 @@ class HFViTAdapter(Adapter):
 
     def attention_sites(self) -> list[AttentionSite]:
         # the attention returns (output, probabilities): the probabilities are the tensor that multiplies the values
-        return [AttentionSite("image", "image", OutputPart(attention, _probabilities)) for attention in self.attentions]
+        return [AttentionSite("image", "image", OutputPart(attention, attention_probabilities)) for attention in self.attentions]
 
     def attention_inputs(self) -> dict[str, Hookable]:
         last = self.blocks[-1]
@@ -182,25 +171,9 @@ class HFViTAdapter(Adapter):
         return fields
 
     # -- running --------------------------------------------------------------------------------------------
-    @contextmanager
-    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
         """Eval mode and, if asked, the exact eager attention for one call; both restored after."""
-        configs = transformers_configs(self.model)
-        implementations = [c._attn_implementation for c in configs]
-        training = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            if attention_probabilities:
-                register_exact_attention()
-                for c in configs:
-                    c._attn_implementation = EXACT_ATTENTION
-            yield
-        finally:
-            for c, implementation in zip(configs, implementations):  # parents first, as collected
-                if c._attn_implementation != implementation:
-                    c._attn_implementation = implementation
-            for m, flag in training.items():
-                m.training = flag
+        return explaining_call(self.model, EXACT_ATTENTION if attention_probabilities else None)
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
