@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pixels", type=int, default=16_000_000, help="largest image, pixels, read before decoding (default 16,000,000)")
     p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text or caption, characters (default 2,000)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.set_defaults(handler=_lazy("relevancy.cli.serve", "run_serve"))
+    p.set_defaults(handler=_lazy("relevancy.serve.command", "run_serve"))
     return parser
 
 

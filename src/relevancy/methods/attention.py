@@ -18,6 +18,21 @@ from . import coattention
 CLASS_ENTRIES = ("keep", "zero", "min")
 
 
+StartLayer = int | dict[str, int] | None
+
+
+def first_layer(start_layer: StartLayer, stream: Stream, depth: int) -> int:
+    """The first block a rule uses in `stream` (of `depth` blocks): an index, negative ones from the end (-1: the
+    last block only); a dict gives one per stream name."""
+    value = start_layer.get(stream.name, 0) if isinstance(start_layer, dict) else start_layer
+    if not isinstance(value, int) or isinstance(value, bool) or not -depth <= value < depth:
+        raise ValueError(
+            f"start_layer must be a block index in {-depth}..{depth - 1} for the {stream.name} stream ({depth} blocks; "
+            f"-1: the last block only), got {value!r}"
+        )
+    return value % depth
+
+
 def family_option(adapter: Adapter, method: str, option: str, value, fallback):
     """`value` when the caller gave one, else the model family's default for `method` (`adapter.method_defaults`,
     where a family's reference code differs from the ViT one), else `fallback` (the ViT reference's choice)."""

@@ -10,22 +10,8 @@ from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
-from .attention import family_option, per_stream, read_cross, readout_row, set_class_entry
-
-StartLayer = int | dict[str, int] | None
-
-
-def first_layer(start_layer: StartLayer, stream: Stream, depth: int) -> int:
-    """The first block a rule uses in `stream` (of `depth` blocks): an index, negative ones from the end (-1: the
-    last block only); a dict gives one per stream name."""
-    value = start_layer.get(stream.name, 0) if isinstance(start_layer, dict) else start_layer
-    if not isinstance(value, int) or isinstance(value, bool) or not -depth <= value < depth:
-        raise ValueError(
-            f"start_layer must be a block index in {-depth}..{depth - 1} for the {stream.name} stream ({depth} blocks; "
-            f"-1: the last block only), got {value!r}"
-        )
-    return value % depth
-
+from .attention import StartLayer, family_option, first_layer, per_stream, read_cross, readout_row, set_class_entry
+from .propagation import PAPER, site_relevance
 
 def attention_gradcam(
     adapter: Adapter, inputs: Any, target: Target, normalize: bool | None = None, region: str | None = None,
@@ -155,7 +141,6 @@ def _co_attention(
     sites = adapter.attention_sites()
     details = ()
     if weights == "relevance":
-        from .propagation import PAPER, site_relevance  # propagation imports this module
 
         found = site_relevance(adapter, inputs, target, PAPER, exact, list(range(len(sites))), "generic_attention")
         fwd, attentions = found.forward, found.attentions

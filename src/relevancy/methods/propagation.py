@@ -15,8 +15,7 @@ from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, Session, relevan
 from ..targets import Target, resolve_target, target_score
 from ..streams import Stream
 from . import coattention
-from .attention import chain, family_option, read_cross, readout_row, set_class_entry, with_identity
-from .gradients import StartLayer, first_layer
+from .attention import StartLayer, chain, family_option, first_layer, read_cross, readout_row, set_class_entry, with_identity
 
 WEIGHTS = ("gradient", "attention")
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)

@@ -16,17 +16,14 @@ SwiGLU feed-forwards (DINOv2 giant) have no rule yet: the LRP methods refuse the
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ...lrp import engine, rules
 from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
-from .adapter import HeadOps, supported_class
-
-if TYPE_CHECKING:
-    from .adapter import HFViTAdapter
+from ..base import Adapter
+from .heads import HeadOps, supported_class
 
 
 def _attention(attention: nn.Module, session: Session) -> Replacements:
@@ -121,7 +118,7 @@ def _activations() -> dict[type, ForwardFactory]:
     return {cls: PASSTHROUGH for cls in classes if isinstance(cls, type)}
 
 
-def rule_map(adapter: HFViTAdapter) -> dict[type, ForwardFactory]:
+def rule_map(adapter: Adapter) -> dict[type, ForwardFactory]:
     """Module type -> rule for every module of the adapter's model; the model's own class also swaps the adapter's
     head operations for the rule-aware ones."""
     top = supported_class(adapter.model)

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 from ..extras import require
-from .common import UsageError, warn
+from ..cli.common import UsageError, warn
 
 MIB = 2**20
 
@@ -46,7 +46,7 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
     require("fastapi", extra="serve")
     uvicorn = require("uvicorn", extra="serve")
     require("fastapi_offline", extra="serve")
-    from ..serve import Limits, create_app, load_catalog, make_samples
+    from . import Limits, create_app, load_catalog, make_samples
 
     try:
         limits = Limits(max_body_bytes=int(args.max_body_mb * MIB), max_image_bytes=int(args.max_image_mb * MIB),
