@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -20,7 +21,7 @@ import torch
 
 import relevancy
 from relevancy.photos import dinov2_small
-from speed import plain_forward, seconds, time_methods
+from speed import plain_forward, seconds
 
 SIZE = 224
 PATCH_METHODS = [m for m in relevancy.METHODS if m != "token_ablation"]
@@ -33,6 +34,23 @@ def cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+def time_methods(model: torch.nn.Module, batch: int, repeats: int, methods: list[str]) -> dict:
+    """As `speed.time_methods` (which reads timm's attributes): each method's median time over `repeats` as a
+    multiple of the median plain forward, the two interleaved, after one warm-up run of each."""
+    images = torch.randn(batch, 3, SIZE, SIZE)
+    runs = {m: (lambda m=m: relevancy.explain(model, images, method=m)) for m in methods}
+    plain_forward(model, images)
+    for run in runs.values():
+        run()
+    forward, timings = [], {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            forward.append(seconds(lambda: plain_forward(model, images)))
+            timings[name].append(seconds(run))
+    base = statistics.median(forward)
+    return {"forward_seconds": base, **{name: statistics.median(values) / base for name, values in timings.items()}}
 
 
 def token_ablation_cost(model: torch.nn.Module, chunk: int = 256) -> dict:

@@ -70,6 +70,8 @@ EXPLAIN_INPUTS = """\
 Inputs, by model family:
   timm VisionTransformer (ViT, DeiT, DINO/DINOv2, ...): a float tensor (B, 3, H, W), or one image (3, H, W),
       normalised as the model expects (its pretrained_cfg mean and std).
+  Hugging Face vision transformers (ViT, DeiT incl. WithTeacher, DINOv2, DINOv2 with registers; classifiers and
+      bare *Model, explained through their features): a float tensor (B, 3, H, W), sides multiples of the patch.
   Hugging Face BERT-family sequence classifier (BERT, RoBERTa, XLM-R, CamemBERT, DistilBERT): the tokenizer's
       output, a dict or BatchEncoding with input_ids and attention_mask (e.g. relevancy.text.encode(tokenizer,
       texts)), or a LongTensor of token ids (B, T).
