@@ -197,11 +197,11 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
         results = run(model, settings, rank=rank, world=world, progress=not args.quiet)
         results = {"benchmark": results.pop("benchmark"), "model": args.model, "n": results.pop("n"),
                    "methods": results.pop("methods"), "arch": args.arch, "model_info": info, **results}
-        if rank != 0:
-            return []
-        written = write_outputs(results, args.out)
-        if args.json:
+        written = write_outputs(results, args.out) if rank == 0 else []
+        if rank == 0 and args.json:
             print_json(summary(results))
+        if created:  # every rank leaves together: a rank tearing gloo down while another still runs can abort it
+            dist.barrier()
         return written
     finally:
         if created:
