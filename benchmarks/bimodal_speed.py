@@ -19,11 +19,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from clip_speed import cpu_model, write_atomically  # noqa: E402
-from detr_speed import measure  # noqa: E402
+from clip_speed import cpu_model  # noqa: E402
+from detr_speed import finish, measure, ratio_rows  # noqa: E402
 
 METHODS = ("generic_attention", "raw_attention", "rollout", "attention_gradcam")
-TARGET = 3.0  # the target: generic_attention costs at most 3 no-grad forwards, at batch 1 and 8
 
 
 def build(family: str) -> torch.nn.Module:
@@ -75,17 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         for batch in args.batch:
             inputs = {k: v.to(args.device) for k, v in make_inputs(family, batch, args.tokens, args.regions).items()}
             medians = measure(model, inputs, None, METHODS, args.repeats)
-            base = medians["forward_no_grad"]
-            lines.append(f"| {family} | {batch} | forward_no_grad | {base:.3f} | 1.00 |")
-            for method in METHODS:
-                ratio = medians[method] / base
-                flag = " (over target)" if method == "generic_attention" and ratio > TARGET else ""
-                lines.append(f"| {family} | {batch} | {method} | {medians[method]:.3f} | {ratio:.2f}{flag} |")
-            print("\n".join(lines[-len(METHODS) - 1:]), flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        write_atomically(args.out, text)
+            lines += ratio_rows(f"{family} | {batch}", f"{family} | {batch}", medians, METHODS)
+    finish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,12 @@ def images(case: dict, index: slice | int = slice(None)) -> dict:
     return {"pixel_values": case["images"][index], "pixel_mask": case["pixel_mask"][index]}
 
 
-@pytest.mark.parametrize("key", DETR_KEYS)
-def test_every_record_one_object_at_a_time(case, model, key):
-    method, options = DETR_KEYS[key]
+def targets_per_image(case: dict) -> list[list[tuple[int, int]]]:
+    """Every record's (query, class), grouped by image."""
+    return [[(r["query"], r["target_class"]) for r in case["records"] if r["image"] == i] for i in range(len(case["images"]))]
+
+
+def check_records_one_at_a_time(case: dict, model: torch.nn.Module, key: str, method: str, options: dict) -> None:
     for record in case["records"]:
         expl = relevancy.explain(model, images(case, record["image"]), method=method,
                                  target=(record["query"], record["target_class"]), **options)
@@ -55,19 +58,42 @@ def test_every_record_one_object_at_a_time(case, model, key):
         assert_map_close(expl.parts["image"].scores[0].flatten(), record[key], RTOL)
 
 
-@pytest.mark.parametrize("key", DETR_KEYS)
-def test_every_record_in_one_batched_call(case, model, key):
+def check_records_batched(case: dict, model: torch.nn.Module, key: str, method: str, options: dict) -> None:
     """Both images and both objects of each in one call: four rows, each its own record."""
-    method, options = DETR_KEYS[key]
     records = case["records"]
-    targets = [[(r["query"], r["target_class"]) for r in records if r["image"] == i] for i in range(len(case["images"]))]
-    expl = relevancy.explain(model, images(case), method=method, target=targets, **options)
+    expl = relevancy.explain(model, images(case), method=method, target=targets_per_image(case), **options)
     assert expl.image.tolist() == [r["image"] for r in sorted(records, key=lambda r: r["image"])]
     rows = {(i, q): row for row, (i, q) in enumerate(zip(expl.image.tolist(), expl.query.tolist()))}
+    assert len(rows) == len(records)
     for record in records:
         row = rows[record["image"], record["query"]]
         assert expl.target[row] == record["target_class"]
         assert_map_close(expl.parts["image"].scores[row].flatten(), record[key], RTOL)
+
+
+@pytest.mark.parametrize("key", DETR_KEYS)
+def test_every_record_one_object_at_a_time(case, model, key):
+    check_records_one_at_a_time(case, model, key, *DETR_KEYS[key])
+
+
+@pytest.mark.parametrize("key", DETR_KEYS)
+def test_every_record_in_one_batched_call(case, model, key):
+    check_records_batched(case, model, key, *DETR_KEYS[key])
+
+
+def test_the_backbone_runs_once_per_image(case, model):
+    """Two objects of each of two images: one backbone pass on the two images, the encoder-decoder on four rows."""
+    seen: list[int] = []
+    # the convolutional network inside DETR's backbone wrapper: what actually runs on the pixels
+    backbone = model.model.backbone.model.register_forward_pre_hook(lambda _m, args: seen.append(len(args[0])))
+    encoder_rows: list[int] = []
+    encoder = model.model.encoder.register_forward_hook(lambda _m, _a, out: encoder_rows.append(len(out[0])))
+    try:
+        relevancy.explain(model, images(case), method="generic_attention", target=targets_per_image(case))
+    finally:
+        backbone.remove()
+        encoder.remove()
+    assert seen == [2] and encoder_rows == [4]
 
 
 def test_the_nan_rule_fires_where_the_authors_drop_a_layer(case):

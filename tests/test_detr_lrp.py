@@ -6,9 +6,11 @@ import pytest
 import torch
 
 import relevancy
-from golden import GOLDEN, assert_map_close
+from golden import assert_map_close
 from models import tiny_vit
-from test_detr_family import RTOL, build, images
+from test_detr_family import (  # noqa: F401 (case, model: the reference's fixtures)
+    RTOL, build, case, check_records_batched, check_records_one_at_a_time, images, model, targets_per_image,
+)
 from test_model_unchanged import assert_same, snapshot
 
 # reference key -> (method, options); exact=True: the authors' 1e-9 stabilisers and Clone / IndexSelect factors
@@ -19,41 +21,14 @@ DETR_LRP_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
-def case() -> dict:
-    return torch.load(GOLDEN / "detr_reference.pt", weights_only=True)[0]
-
-
-@pytest.fixture(scope="module")
-def model(case) -> torch.nn.Module:
-    return build(case)
-
-
-def targets_per_image(case: dict) -> list[list[tuple[int, int]]]:
-    return [[(r["query"], r["target_class"]) for r in case["records"] if r["image"] == i] for i in range(len(case["images"]))]
-
-
 @pytest.mark.parametrize("key", DETR_LRP_KEYS)
 def test_every_record_one_object_at_a_time(case, model, key):
-    method, options = DETR_LRP_KEYS[key]
-    for record in case["records"]:
-        expl = relevancy.explain(model, images(case, record["image"]), method=method,
-                                 target=(record["query"], record["target_class"]), **options)
-        assert expl.parts["image"].scores.shape == (1, *case["feature_grid"])
-        assert_map_close(expl.parts["image"].scores[0].flatten(), record[key], RTOL)
+    check_records_one_at_a_time(case, model, key, *DETR_LRP_KEYS[key])
 
 
 @pytest.mark.parametrize("key", DETR_LRP_KEYS)
 def test_every_record_in_one_batched_call(case, model, key):
-    """Both images and both objects of each in one call: four rows, each its own record."""
-    method, options = DETR_LRP_KEYS[key]
-    expl = relevancy.explain(model, images(case), method=method, target=targets_per_image(case), **options)
-    rows = {(i, q): row for row, (i, q) in enumerate(zip(expl.image.tolist(), expl.query.tolist()))}
-    assert len(rows) == len(case["records"])
-    for record in case["records"]:
-        row = rows[record["image"], record["query"]]
-        assert expl.target[row] == record["target_class"]
-        assert_map_close(expl.parts["image"].scores[row].flatten(), record[key], RTOL)
+    check_records_batched(case, model, key, *DETR_LRP_KEYS[key])
 
 
 @pytest.mark.parametrize("exact", [True, False])

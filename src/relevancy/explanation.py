@@ -112,8 +112,27 @@ def show_texts(part: TextPart, captions: list[str], by_word: bool = True, specia
         console.print(part.rich_line(i, caption, by_word, special))
 
 
+class ColouredTexts:
+    """The coloured-text views of an explanation with a text part: each text under its caption (the method and
+    `labels()`), in a terminal or notebook (`show`) or as HTML (`to_html`)."""
+
+    def captions(self) -> list[str]:
+        return [f"{self.method}: {caption}" for caption in self.labels()]
+
+    def show(self, by_word: bool = True, special: bool = False) -> None:
+        """Print each text as coloured words (a terminal through rich; HTML in a notebook)."""
+        show_texts(self.parts["text"], self.captions(), by_word, special)
+
+    def to_html(self, by_word: bool = True, special: bool = False) -> str:
+        """An HTML fragment: one paragraph per text, each word on its colour, its score in the tooltip."""
+        return texts_html(self.parts["text"], self.captions(), by_word, special)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
 @dataclass
-class TextExplanation(Explanation):
+class TextExplanation(ColouredTexts, Explanation):
     """Relevance of each token (`scores`, `(B, T)`, 0 at padding) for `target`.
 
     `tokens[i]` are the token strings of text `i` (its real tokens, [CLS] and [SEP] included), in the order of
@@ -140,20 +159,6 @@ class TextExplanation(Explanation):
     def words(self, index: int = 0, special: bool = False) -> list[tuple[str, float]]:
         """`(word, score)` of text `index`, word pieces merged (see `TextPart.words`)."""
         return self.parts["text"].words(index, special)
-
-    def captions(self) -> list[str]:
-        return [f"{self.method}: {caption}" for caption in self.labels()]
-
-    def show(self, by_word: bool = True, special: bool = False) -> None:
-        """Print each text as coloured words (a terminal through rich; HTML in a notebook)."""
-        show_texts(self.parts["text"], self.captions(), by_word, special)
-
-    def to_html(self, by_word: bool = True, special: bool = False) -> str:
-        """An HTML fragment: one paragraph per text, each word on its colour, its score in the tooltip."""
-        return texts_html(self.parts["text"], self.captions(), by_word, special)
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
 
     def save(self, path: str | Path, images: object = None, by_word: bool = True, special: bool = False) -> Path:
         """Write an HTML page of the coloured texts; the file appears whole or not at all."""

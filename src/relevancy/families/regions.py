@@ -8,6 +8,7 @@ An explanation of such a model has a text part (the question's tokens, `(B, T)`)
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..explanation import show_texts, texts_html
+from ..explanation import ColouredTexts
 from ..parts import TextPart
 from .base import UnsupportedModelError
 
@@ -42,7 +43,7 @@ class RegionPart:
 
 
 @dataclass
-class RegionTextExplanation:
+class RegionTextExplanation(ColouredTexts):
     """Relevance of a question's tokens and an image's regions for `target` (LXMERT, VisualBERT).
 
     `parts["text"].scores` `(B, T)`: per token of the question, raw, 0 at padding; `parts["image"].scores` `(B, N)`:
@@ -82,20 +83,6 @@ class RegionTextExplanation:
             captions.append(f"{name} ({self.logits[i, k]:.2f})")
         return captions
 
-    def captions(self) -> list[str]:
-        return [f"{self.method}: {caption}" for caption in self.labels()]
-
-    def show(self, by_word: bool = True, special: bool = False) -> None:
-        """Print each question as coloured words (a terminal through rich; HTML in a notebook)."""
-        show_texts(self.parts["text"], self.captions(), by_word, special)
-
-    def to_html(self, by_word: bool = True, special: bool = False) -> str:
-        """An HTML fragment: one paragraph per question, each word on its colour, its score in the tooltip."""
-        return texts_html(self.parts["text"], self.captions(), by_word, special)
-
-    def _repr_html_(self) -> str:
-        return self.to_html()
-
     def save(self, path: str | Path, images: Sequence | None = None) -> Path:
         """A PNG of the regions (each box filled by its score over `images`, one picture per input as an
         (H, W, 3) array; without boxes, a bar per region) and the coloured questions as HTML beside it (same name,
@@ -121,18 +108,34 @@ def on_graph(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Te
     return output if output.requires_grad else output.detach().requires_grad_(True)
 
 
-def answer_logits(output: object) -> torch.Tensor:
-    """The answer logits in a model's output: the tensor itself, or its `question_answering_score` / `logits`."""
-    if isinstance(output, torch.Tensor):
-        return output
+def inner_model(model: nn.Module, module: str, name: str) -> nn.Module | None:
+    """The one `name` model (a class of transformers' module `module`) inside `model`, itself included; None when
+    there is none (or transformers never loaded that module, so no such model exists); an error for several."""
+    modeling = sys.modules.get(module)
+    if modeling is None:
+        return None
+    found = [m for m in model.modules() if isinstance(m, getattr(modeling, name))]
+    if len(found) > 1:
+        raise UnsupportedModelError(f"{type(model).__name__} holds {len(found)} {name}s; relevancy explains models with one")
+    return found[0] if found else None
+
+
+def answer_logits(output: object, batch: int | None = None) -> torch.Tensor:
+    """The answer logits in a model's output: the tensor itself, or its `question_answering_score` / `logits`;
+    with `batch`, checked to be `(batch, K)`."""
+    logits = output if isinstance(output, torch.Tensor) else None
     for name in ("question_answering_score", "logits"):
-        value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
-        if isinstance(value, torch.Tensor):
-            return value
-    raise UnsupportedModelError(
-        f"the model returned a {type(output).__name__} without answer logits: its forward must return a tensor "
-        "(B, K) or an output with question_answering_score or logits"
-    )
+        if logits is None:
+            value = output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+            logits = value if isinstance(value, torch.Tensor) else None
+    if logits is None:
+        raise UnsupportedModelError(
+            f"the model returned a {type(output).__name__} without answer logits: its forward must return a tensor "
+            "(B, K) or an output with question_answering_score or logits"
+        )
+    if batch is not None and (logits.ndim != 2 or len(logits) != batch):
+        raise UnsupportedModelError(f"the model's answer logits must be (B, K) = ({batch}, K), got shape {tuple(logits.shape)}")
+    return logits
 
 
 # -- inputs -------------------------------------------------------------------------------------------------------

@@ -137,15 +137,6 @@ def propagate(
     return relevance
 
 
-def read_rows(relevance: Matrices, reader: Stream, streams: dict[str, Stream]) -> dict[str, torch.Tensor]:
-    """The readout row of `R[reader, x]` over each stream's content tokens: `{x: (B, N_x)}`."""
-    rows = torch.arange(len(reader.readout), device=reader.readout.device)
-    return {
-        name: relevance[reader.name, name][rows, reader.readout][:, stream.prefix_tokens:]
-        for name, stream in streams.items()
-    }
-
-
 def gradient_weighted(gradients: list[torch.Tensor], multipliers: list[torch.Tensor]) -> list[torch.Tensor]:
     """`mean_h (G * W)^+` per attention (rule 5): `W` the attention `A` itself, or its LRP relevance (generic
     attention's `weights="relevance"`, the authors' `use_lrp=True`; transformer attribution)."""

@@ -10,7 +10,7 @@ from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
-from .attention import StartLayer, family_option, first_layer, per_stream, read_cross, readout_row, set_class_entry
+from .attention import StartLayer, family_option, first_layer, per_stream, read_cross, readout_row
 from .propagation import PAPER, site_relevance
 
 def attention_gradcam(
@@ -137,11 +137,10 @@ def _co_attention(
 ) -> tuple:
     """generic_attention on a model with cross-attention: every site's rule, read at the readout row."""
     streams = adapter.streams(inputs)
-    reader = coattention.readout_stream(streams)
+    reader = coattention.readout_stream(streams).name
     sites = adapter.attention_sites()
     details = ()
     if weights == "relevance":
-
         found = site_relevance(adapter, inputs, target, PAPER, exact, list(range(len(sites))), "generic_attention")
         fwd, attentions = found.forward, found.attentions
         cams = coattention.gradient_weighted(found.gradients, found.relevances)
@@ -152,9 +151,7 @@ def _co_attention(
         cams = coattention.gradient_weighted(fwd.gradients(attentions), [a.detach() for a in attentions])
     sizes = coattention.sizes_of(sites, attentions)
     relevance = coattention.propagate(sites, cams, streams, sizes, **rules)
-    scores = coattention.read_rows(relevance, reader, streams)
-    how = family_option(adapter, "generic_attention", "cls_entry", cls_entry, "keep")
-    scores[reader.name] = set_class_entry(scores[reader.name], how, reader)
+    scores = read_cross(adapter, inputs, "generic_attention", cls_entry, {x: relevance[reader, x] for x in streams})
     return (scores, fwd.indices, fwd.logits, *details)
 
 

@@ -16,8 +16,7 @@ models are exact, and switches no attention implementation).
 """
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -26,8 +25,9 @@ from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError
+from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, RegionTextExplanation, answer_logits, check_question, check_region_mask, check_regions, class_names,
+    METHODS, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions, class_names,
     feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import LxmertBatch
@@ -39,20 +39,9 @@ REQUIRED = ("input_ids", "visual_feats", "visual_pos")
 OPTIONAL = ("attention_mask", "token_type_ids", "visual_attention_mask")
 
 
-def _modeling() -> Any:
-    """transformers' LXMERT module if it is loaded (a model of it exists only then), else None."""
-    return sys.modules.get("transformers.models.lxmert.modeling_lxmert")
-
-
 def lxmert_model(model: nn.Module) -> nn.Module | None:
     """The one `LxmertModel` inside `model` (itself included); None when there is none; an error for several."""
-    modeling = _modeling()
-    if modeling is None:
-        return None
-    found = [m for m in model.modules() if isinstance(m, modeling.LxmertModel)]
-    if len(found) > 1:
-        raise UnsupportedModelError(f"{type(model).__name__} holds {len(found)} LxmertModels; relevancy explains models with one")
-    return found[0] if found else None
+    return inner_model(model, "transformers.models.lxmert.modeling_lxmert", "LxmertModel")
 
 
 @dataclass
@@ -216,16 +205,10 @@ class LxmertAdapter(Adapter):
         return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
 
     # -- running --------------------------------------------------------------------------------------------
-    @contextmanager
-    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
-        """Eval mode for the call (dropout off: the dropout modules hand the softmax output on), restored after."""
-        training = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            yield
-        finally:
-            for module, flag in training.items():
-                module.training = flag
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
+        """Eval mode for the call (dropout off: the dropout modules hand the softmax output on), restored after;
+        LXMERT's own attention computes its softmax in the model's dtype, so nothing else is switched."""
+        return explaining_call(self.model, None)
 
     def forward(self, inputs: LxmertBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`(answer logits (B, K), pooled output (B, D))`: the model's own forward; the pooled [CLS] state is what
@@ -238,14 +221,10 @@ class LxmertAdapter(Adapter):
             if not kwargs["visual_feats"].requires_grad:
                 kwargs["visual_feats"] = kwargs["visual_feats"].detach().requires_grad_(True)
         try:
-            logits = answer_logits(self.model(**kwargs))
+            logits = answer_logits(self.model(**kwargs), len(inputs))
         finally:
             for handle in handles:
                 handle.remove()
-        if logits.ndim != 2 or len(logits) != len(inputs):
-            raise UnsupportedModelError(
-                f"the model's answer logits must be (B, K) = ({len(inputs)}, K), got shape {tuple(logits.shape)}"
-            )
         return logits, pooled[-1]
 
     def explanation(self, scores: dict[str, torch.Tensor], inputs: LxmertBatch, **fields: Any) -> RegionTextExplanation:

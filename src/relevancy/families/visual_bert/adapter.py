@@ -14,7 +14,7 @@ dropout module: the softmax output itself in eval mode, computed in the model's 
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Iterator
 
 import torch
@@ -22,8 +22,9 @@ from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError, transformers_configs
+from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, RegionTextExplanation, answer_logits, check_question, check_region_mask, check_regions, class_names,
+    METHODS, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions, class_names,
     feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import VisualBertBatch
@@ -44,13 +45,7 @@ def _modeling() -> Any:
 
 def visual_bert_model(model: nn.Module) -> nn.Module | None:
     """The one `VisualBertModel` inside `model` (itself included); None when there is none; an error for several."""
-    modeling = _modeling()
-    if modeling is None:
-        return None
-    found = [m for m in model.modules() if isinstance(m, modeling.VisualBertModel)]
-    if len(found) > 1:
-        raise UnsupportedModelError(f"{type(model).__name__} holds {len(found)} VisualBertModels; relevancy explains models with one")
-    return found[0] if found else None
+    return inner_model(model, "transformers.models.visual_bert.modeling_visual_bert", "VisualBertModel")
 
 
 class VisualBertAdapter(Adapter):
@@ -162,25 +157,10 @@ class VisualBertAdapter(Adapter):
         return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
 
     # -- running --------------------------------------------------------------------------------------------
-    @contextmanager
-    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
         """Eval mode (dropout off: the dropout modules hand the softmax output on) and the eager attention mask (an
         additive float mask, what VisualBERT's attention adds to its scores) for the call; both restored after."""
-        configs = transformers_configs(self.model)
-        implementations = [getattr(c, "_attn_implementation", None) for c in configs]
-        training = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            for config, implementation in zip(configs, implementations):
-                if implementation != EAGER:
-                    config._attn_implementation = EAGER
-            yield
-        finally:
-            for config, implementation in zip(configs, implementations):
-                if getattr(config, "_attn_implementation", None) != implementation:
-                    config._attn_implementation = implementation
-            for module, flag in training.items():
-                module.training = flag
+        return explaining_call(self.model, EAGER)
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
@@ -194,14 +174,10 @@ class VisualBertAdapter(Adapter):
         if graph and torch.is_grad_enabled():
             handles.append(self.visual_bert.embeddings.register_forward_hook(on_graph))
         try:
-            logits = answer_logits(self.model(**inputs.model_inputs()))
+            logits = answer_logits(self.model(**inputs.model_inputs()), len(inputs))
         finally:
             for handle in handles:
                 handle.remove()
-        if logits.ndim != 2 or len(logits) != len(inputs):
-            raise UnsupportedModelError(
-                f"the model's answer logits must be (B, K) = ({len(inputs)}, K), got shape {tuple(logits.shape)}"
-            )
         rows = torch.arange(len(inputs), device=logits.device)
         return logits, hidden[-1][rows, self.readout(inputs).to(logits.device)]
 
