@@ -1,6 +1,6 @@
 """Synthetic "shapes" world with pixel-exact ground-truth masks.
 
-Every scene is a 64x64 RGB image holding one or two objects drawn from
+Every scene is a 64x64 RGB image holding one, two or three objects drawn from
 :data:`CLASSES`.  Classes differ by *shape only*: colour, size, rotation,
 aspect jitter, texture and position are drawn at random inside every class.
 Backgrounds are cluttered (two-colour gradients, pixel noise) and carry
@@ -9,8 +9,8 @@ and use the same colour and texture distribution as objects.
 
 Objects are painted last, flat (no noise), so ``masks`` are exactly the set
 of pixels painted for each object; distractors are kept 2 px away from every
-object so that object outlines stay unambiguous.  In two-object scenes the
-objects are placed with disjoint bounding discs and a gap of at least
+object so that object outlines stay unambiguous.  In scenes of several
+objects (of distinct classes) the objects are placed with disjoint bounding discs and a gap of at least
 :data:`MIN_GAP` pixels.
 
 Everything is vectorised numpy (inside tests on a rotated coordinate grid),
@@ -70,6 +70,7 @@ HALO = 2
 MAX_ROTATION = np.deg2rad(25.0)
 SINGLE_SCALE = (9.0, 15.0)
 PAIR_SCALE = (8.5, 12.0)
+TRIPLE_SCALE = (7.0, 10.0)
 #: joint redraws of both object positions before the corner fallback
 PLACEMENT_ROUNDS = 256
 N_DISTRACTOR_SLOTS = 7
@@ -312,9 +313,14 @@ def _sample_params(rng, n, objects, size):
     C = len(CLASSES)
     cls = np.empty((n, objects), np.int64)
     cls[:, 0] = rng.integers(0, C, n)
-    if objects == 2:
+    if objects >= 2:
         cls[:, 1] = (cls[:, 0] + rng.integers(1, C, n)) % C
-    lo, hi = SINGLE_SCALE if objects == 1 else PAIR_SCALE
+    if objects == 3:  # a third class, uniform over the C - 2 unused ones
+        third = rng.integers(0, C - 2, n)
+        low, high = np.minimum(cls[:, 0], cls[:, 1]), np.maximum(cls[:, 0], cls[:, 1])
+        third = third + (third >= low)
+        cls[:, 2] = third + (third >= high)
+    lo, hi = {1: SINGLE_SCALE, 2: PAIR_SCALE, 3: TRIPLE_SCALE}[objects]
     scale = rng.uniform(lo, hi, (n, objects))
     ax = rng.uniform(0.9, 1.1, (n, objects))
     ay = rng.uniform(0.9, 1.1, (n, objects))
@@ -330,25 +336,28 @@ def _sample_params(rng, n, objects, size):
             span = size - 2 * rad[idx, j]
             cx[idx, j] = rad[idx, j] + u[:, 2 * j] * span
             cy[idx, j] = rad[idx, j] + u[:, 2 * j + 1] * span
-        if objects == 1:
-            todo[:] = False
-        else:
-            apart = np.hypot(cx[:, 1] - cx[:, 0], cy[:, 1] - cy[:, 0]) >= rad.sum(1) + MIN_GAP
-            todo &= ~apart
+        apart = np.ones(n, bool)
+        for a in range(objects):
+            for b in range(a + 1, objects):
+                apart &= (np.hypot(cx[:, b] - cx[:, a], cy[:, b] - cy[:, a])
+                          >= rad[:, a] + rad[:, b] + MIN_GAP)
+        todo &= ~apart
         if not todo.any():
             break
-    if todo.any():  # rare fallback: opposite corners at minimum size
+    if todo.any():  # rare fallback: fixed far-apart places at minimum size
         scale[todo] = lo
         rad = BOUND * scale
         r0 = rad[todo, 0]
-        cx[todo, 0], cy[todo, 0] = r0, r0
-        cx[todo, 1], cy[todo, 1] = size - r0, size - r0
+        corners = [(r0, r0), (size - r0, size - r0)] if objects == 2 else \
+            [(r0, r0), (size - r0, r0), (np.full_like(r0, size / 2), size - r0)]
+        for j, (x0, y0) in enumerate(corners):
+            cx[todo, j], cy[todo, j] = x0, y0
     return dict(cls=cls, cx=cx, cy=cy, scale=scale, angle=angle, ax=ax, ay=ay)
 
 
 def make_scenes(n: int, seed: int = 0, objects: int = 1, size: int = IMAGE_SIZE,
                 chunk: int = 512, clutter=1.0) -> Scenes:
-    """Render ``n`` scenes with ``objects`` (1 or 2) objects each.
+    """Render ``n`` scenes with ``objects`` (1, 2 or 3) objects each, of distinct classes.
 
     Deterministic for ``(n, seed, objects, size, clutter)``.  ``clutter`` (a
     float or an (n,) array in [0, 1], default 1 = the benchmark setting) scales
@@ -356,8 +365,8 @@ def make_scenes(n: int, seed: int = 0, objects: int = 1, size: int = IMAGE_SIZE,
     values are only used for a training curriculum.
     """
     clutter = np.broadcast_to(np.clip(np.asarray(clutter, np.float64), 0.0, 1.0), (n,))
-    if objects not in (1, 2):
-        raise ValueError("objects must be 1 or 2")
+    if objects not in (1, 2, 3):
+        raise ValueError(f"objects must be 1, 2 or 3, got {objects!r}")
     rng = np.random.default_rng(seed)
     p = _sample_params(rng, n, objects, size)
 
