@@ -187,3 +187,54 @@ def test_detect_then_explain_then_save(case, model, tmp_path):
     path = expl.save(tmp_path / "objects.png", case["images"], boxes)
     assert path.stat().st_size > 0 and path.read_bytes()[:4] == b"\x89PNG"
     assert not model.training
+
+
+def _score_without(model: torch.nn.Module, inputs: dict, image: int, query: int, label: int, dropped: int | None) -> float:
+    """The (query, label) logit with the encoder and decoder run on every image token but `dropped`, by hand."""
+    detr = model.model
+    with torch.no_grad():
+        pixels, mask = inputs["pixel_values"][image:image + 1], inputs["pixel_mask"][image:image + 1]
+        feature_map, small_mask = detr.backbone(pixels, mask)[-1]
+        features = detr.input_projection(feature_map).flatten(2).transpose(1, 2)
+        spatial = detr.position_embedding(shape=feature_map.shape, device=pixels.device, dtype=pixels.dtype,
+                                          mask=small_mask).flatten(2).transpose(1, 2)
+        valid = small_mask.flatten(1)
+        keep = [i for i in range(features.shape[1]) if i != dropped]
+        encoded = detr.encoder(inputs_embeds=features[:, keep], attention_mask=valid[:, keep],
+                               spatial_position_embeddings=spatial[:, keep])
+        queries = detr.query_position_embeddings.weight[None]
+        decoded = detr.decoder(inputs_embeds=torch.zeros_like(queries), spatial_position_embeddings=spatial[:, keep],
+                               object_queries_position_embeddings=queries,
+                               encoder_hidden_states=encoded.last_hidden_state, encoder_attention_mask=valid[:, keep])
+        return float(model.class_labels_classifier(decoded.last_hidden_state)[0, query, label])
+
+
+def test_token_ablation_drops_one_image_token_at_a_time(case, model):
+    inputs = images(case)
+    targets = targets_per_image(case)
+    expl = relevancy.explain(model, inputs, method="token_ablation", target=targets)
+    scores = expl.parts["image"].scores
+    assert set(expl.parts) == {"image"} and scores.shape == (sum(map(len, targets)), *case["feature_grid"])
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    rows = [(i, q, c) for i, per_image in enumerate(targets) for q, c in per_image]
+    for row, (image, query, label) in enumerate(rows):
+        assert _score_without(model, inputs, image, query, label, None) == pytest.approx(float(logits[image, query, label]), abs=1e-12)
+        for token in (0, 5, scores[row].numel() - 1):
+            expected = float(logits[image, query, label]) - _score_without(model, inputs, image, query, label, token)
+            assert float(scores[row].flatten()[token]) == pytest.approx(expected, abs=1e-10)
+
+
+def test_token_ablation_leaves_the_model_unchanged(case, monkeypatch):
+    model = build(case)
+    before = snapshot(model)
+    relevancy.explain(model, images(case), method="token_ablation", target=(2, 1))
+    assert_same(before, snapshot(model))
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr("relevancy.methods.ablation.target_score", fail)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        relevancy.explain(model, images(case), method="token_ablation", target=(2, 1))
+    assert_same(before, snapshot(model))

@@ -10,8 +10,8 @@ from ..targets import Target, resolve_target, target_score
 
 
 def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: int = 256) -> tuple:
-    """`f(all tokens) - f(all but token i)`, per stream: each content token (patch, word) dropped before the first
-    block, the other streams left whole.
+    """`f(all tokens) - f(all but token i)`, per stream the adapter embeds: each content token (patch, word, image
+    token) dropped before the first block, the other streams left whole.
 
     The N ablated sequences of every input run as batches of `chunk_size` sequences. A padding token's entry is 0.
     """
@@ -23,8 +23,10 @@ def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: in
         logits, pre_logits = adapter.forward_tokens(inputs, tokens)
         indices = resolve_target(target, logits)
         full = target_score(target, indices, logits, pre_logits)
-        for name, stream in adapter.streams(inputs).items():
-            batch, length, _ = tokens[name].shape
+        streams = adapter.streams(inputs)
+        for name, values in tokens.items():
+            stream = streams[name]
+            batch, length, _ = values.shape
             p = stream.prefix_tokens
             content = length - p
             # keep[i] lists the token positions that remain when content token i is dropped

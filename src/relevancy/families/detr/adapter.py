@@ -2,14 +2,14 @@
 `queries` stream (the object queries: self-attention, then cross-attention into the image), read at the row of
 the explained query.
 
-Supported: transformers `DetrForObjectDetection` (ResNet backbone from transformers or timm), unmodified. The
+Supported: transformers `DetrForObjectDetection` (any backbone from transformers or timm), unmodified. The
 attention implementation is switched to relevancy's exact eager attention for the call (`families.hf_attention`:
 sdpa returns no probabilities) and restored after, also after an exception.
 """
 from __future__ import annotations
 
-import math
 import sys
+import weakref
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from torch import nn
 
 from ...guard import exclusive
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from ..base import Adapter, OutputPart, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
 from .explanation import DetectionExplanation
@@ -35,6 +35,10 @@ TARGETS = (
     "None (every query whose best class, not 'no object', has probability > 0.5, with that class), a pair "
     "(query, class) for every image, or a list with one entry per image: a pair or a list of pairs"
 )
+
+
+# per backbone module: input (height, width) -> its last feature map's (h, w)
+_FEATURE_GRIDS: "weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, int], tuple[int, int]]]" = weakref.WeakKeyDictionary()
 
 
 def _last_hidden(output: object) -> torch.Tensor:
@@ -52,7 +56,6 @@ class DetrAdapter(Adapter):
         detr = model.model
         self.encoder_layers = list(detr.encoder.layers)
         self.decoder_layers = list(detr.decoder.layers)
-        self.stride = 16 if getattr(model.config, "dilation", False) else 32
         self.num_queries = model.config.num_queries
 
     @classmethod
@@ -66,8 +69,17 @@ class DetrAdapter(Adapter):
 
     # -- what the model is made of -------------------------------------------------------------------------
     def feature_grid(self, height: int, width: int) -> tuple[int, int]:
-        """The backbone's last feature map (h, w) for an input of `height` x `width` (each stride-2 stage rounds up)."""
-        return math.ceil(height / self.stride), math.ceil(width / self.stride)
+        """The backbone's last feature map (h, w) for an input of `height` x `width`: measured once per backbone
+        and input size on a blank image, so any backbone (ResNet, ConvNeXt, dilated or not, any stage) is right."""
+        backbone = self.model.model.backbone
+        sizes = _FEATURE_GRIDS.setdefault(backbone, {})
+        if (height, width) not in sizes:
+            parameter = next(backbone.parameters())
+            blank = torch.zeros(1, 3, height, width, dtype=parameter.dtype, device=parameter.device)
+            with torch.no_grad():
+                features = backbone(blank, torch.ones(1, height, width, dtype=torch.long, device=parameter.device))
+            sizes[(height, width)] = tuple(features[-1][0].shape[-2:])
+        return sizes[(height, width)]
 
     def streams(self, inputs: DetectionBatch) -> dict[str, Stream]:
         if inputs.query is None:
@@ -221,7 +233,44 @@ class DetrAdapter(Adapter):
             post.remove()
 
     def embed(self, inputs: DetectionBatch, graph: bool = False) -> dict[str, torch.Tensor]:
-        raise UnsupportedModelError("token_ablation is not available for DETR yet (it needs the encoder run on a subset of tokens)")
+        """The image tokens entering the encoder, per row: the projected backbone features `(R, N, D)` (the
+        object queries are the model's own, not content, so they are not a stream to ablate)."""
+        return {"image": self._encoder_inputs(inputs)[0]}
+
+    def _encoder_inputs(self, inputs: DetectionBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: projected features `(R, N, D)`, sine position embeddings `(R, N, D)`, valid mask `(R, N)`."""
+        detr = self.model.model
+        pixels, masks = inputs.row_images()
+        with self.backbone_once(inputs):
+            feature_map, mask = detr.backbone(pixels, masks)[-1]
+        features = detr.input_projection(feature_map).flatten(2).transpose(1, 2)
+        positions = detr.position_embedding(shape=feature_map.shape, device=pixels.device, dtype=pixels.dtype, mask=mask)
+        return features, positions.flatten(2).transpose(1, 2), mask.flatten(1)
+
+    def forward_tokens(
+        self, inputs: DetectionBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder and decoder on the given image tokens (a selection: `positions["image"]` per sequence, each
+        keeping its own sine position embedding and mask entry), read at each row's explained query."""
+        detr = self.model.model
+        _, spatial, valid = self._encoder_inputs(inputs)
+        rows = torch.arange(len(inputs), device=spatial.device) if rows is None else rows
+        kept = (positions or {}).get("image")
+        spatial, valid = spatial[rows], valid[rows]
+        if kept is not None:
+            spatial = spatial.gather(1, kept[..., None].expand(-1, -1, spatial.shape[-1]))
+            valid = valid.gather(1, kept)
+        encoded = detr.encoder(inputs_embeds=tokens["image"], attention_mask=valid, spatial_position_embeddings=spatial)
+        query_positions = detr.query_position_embeddings.weight.unsqueeze(0).expand(len(rows), -1, -1)
+        decoded = detr.decoder(
+            inputs_embeds=torch.zeros_like(query_positions), spatial_position_embeddings=spatial,
+            object_queries_position_embeddings=query_positions, encoder_hidden_states=_last_hidden(encoded),
+            encoder_attention_mask=valid,
+        )
+        hidden = _last_hidden(decoded)
+        picked = hidden[torch.arange(len(rows), device=hidden.device), inputs.query[rows]]
+        return self.model.class_labels_classifier(picked), picked
 
 
 @dataclass(frozen=True)

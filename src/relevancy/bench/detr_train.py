@@ -1,0 +1,173 @@
+"""Train (or evaluate) the shapes detector, a small `DetrForObjectDetection`.
+
+    python -m relevancy.bench.detr_train [--seed S] [--minutes M | --steps N] [--threads T] [--device cpu|cuda]
+    python -m relevancy.bench.detr_train --evaluate-only [--weights PATH] [--n 1000]
+
+Data: fresh scenes every step (infinite data), one to three objects each (:func:`make_detection_scenes`); step
+``t`` of run seed ``S`` draws from seed ``S * 10**8 + t``, below ``EVAL_SEED_BASE = 10**9``, so the evaluation
+scenes are never trained on. The clutter of the scenes ramps up over the first 30 % of the run and the last 30 %
+sees benchmark scenes only (as for the shapes ViT). Early on, an auxiliary linear head on the encoder's output is
+also trained to say which class (or background) covers each image token (soft targets from the exact masks): DETR
+alone learned to tell the shapes apart too slowly for the CPU budget. Its weight fades to zero between 55 % and
+80 % of the run (``--aux-end``) and it is not shipped.
+
+Loss: DETR's own (transformers): Hungarian matching, cross-entropy with the no-object class down-weighted
+(``eos_coefficient`` 0.1), L1 and generalised-IoU box losses (weights 5 and 2), on every decoder layer
+(auxiliary losses). AdamW, linear warm-up then cosine decay, following wall-clock progress with ``--minutes`` or
+the step count with ``--steps`` (exactly reproducible); gradient norm clipped at 0.1 as DETR does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .detection import (DETECTION_TEST_SEED, DETECTOR_CONFIG, build_detector, detector_inputs, evaluate_detector,
+                        load_detector, make_detection_scenes)
+from .model import EVAL_SEED_BASE
+from .scenes import CLASSES
+from .train import _log, curriculum, run_training_command, save_weights, training_parser
+
+STRIDE = 8  # the image tokens' cell size in pixels
+VAL_SEED = EVAL_SEED_BASE + 31_000  # quick validation during training, disjoint from the test scenes
+LOG_NAME = "shapes_detr_train.log"
+WEIGHTS_NAME = "shapes_detr.safetensors"
+
+
+def save_detector(model, path: Path, meta: dict) -> None:
+    """Weights (safetensors) and ``path.with_suffix('.json')`` (the `DetrConfig` arguments and ``meta``), each
+    written atomically."""
+    save_weights(model, path, {"format": "pt"})
+    os.chmod(path, 0o644)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dict(config=DETECTOR_CONFIG, **meta), indent=1))
+    os.replace(tmp, path.with_suffix(".json"))
+
+
+def _schedule(args, progress: float) -> float:
+    if progress < args.warmup:
+        return args.lr * progress / args.warmup
+    q = (progress - args.warmup) / (1 - args.warmup)
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * q))
+
+
+def token_targets(scenes, stride: int) -> torch.Tensor:
+    """Soft per-token labels for the auxiliary loss: the share of each class (and, last, of background) in every
+    ``stride`` x ``stride`` cell of the image, from the exact masks; ``(n, cells, classes + 1)``."""
+    n, size = len(scenes), scenes.images.shape[-1]
+    share = torch.zeros(n, len(CLASSES) + 1, size, size)
+    for i, (labels, masks) in enumerate(zip(scenes.labels, scenes.masks)):
+        share[i].index_add_(0, labels, masks.float())
+    share[:, -1] = 1.0 - share[:, :-1].sum(1)
+    return torch.nn.functional.avg_pool2d(share, stride).flatten(2).transpose(1, 2)
+
+
+def aux_weight(progress: float, w0: float, end: float) -> float:
+    """Full weight until ``end - 0.25`` of the run, then a linear fade to zero at ``end``."""
+    return w0 * min(1.0, max(0.0, (end - progress) / 0.25))
+
+
+def train(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / LOG_NAME
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    model = build_detector().to(device).train()
+    # auxiliary token labelling on the encoder's output (training only, not shipped)
+    aux = torch.nn.Linear(model.config.d_model, len(CLASSES) + 1).to(device)
+    named = list(model.named_parameters()) + [("aux." + n, p) for n, p in aux.named_parameters()]
+    decay = [p for n, p in named if p.ndim >= 2]
+    no_decay = [p for n, p in named if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+    budget = args.minutes * 60.0 if args.steps is None else None
+    _log(log, f"start training seed={args.seed} params={sum(p.numel() for p in model.parameters())} "
+              f"batch={args.batch_size} lr={args.lr} wd={args.weight_decay} warmup={args.warmup} clip={args.clip} "
+              f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} threads={args.threads} "
+              f"device={args.device} host={platform.node()} cpu={platform.processor() or platform.machine()}")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, lr=args.lr)
+    t0 = last_check = time.time()
+    step, ema = 0, None
+    rng = np.random.default_rng(args.seed)
+    while True:
+        progress = (time.time() - t0) / budget if budget else step / args.steps
+        if progress >= 1.0:
+            break
+        lr = _schedule(args, progress)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        clutter = float(curriculum(progress, 1, rng)[0])
+        scenes = make_detection_scenes(args.batch_size, args.seed * 10**8 + step, clutter=clutter)
+        targets = [{k: v.to(device) for k, v in t.items()} for t in scenes.hf_targets()]
+        result = model(**{k: v.to(device) for k, v in detector_inputs(scenes.images).items()}, labels=targets)
+        total = result.loss
+        weight = aux_weight(progress, args.aux_weight, args.aux_end)
+        if weight > 0:
+            tokens = aux(result.encoder_last_hidden_state).log_softmax(-1)
+            aux_loss = -(token_targets(scenes, STRIDE).to(device) * tokens).sum(-1).mean()
+            total = total + weight * aux_loss
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        step += 1
+        parts = {k: v.item() for k, v in result.loss_dict.items() if k in ("loss_ce", "loss_bbox", "loss_giou")}
+        parts["aux"] = aux_loss.item() if weight > 0 else 0.0
+        ema = parts if ema is None else {k: 0.98 * ema[k] + 0.02 * v for k, v in parts.items()}
+        if step % args.log_every == 0:
+            elapsed = time.time() - t0
+            _log(log, f"step {step} " + " ".join(f"{k} {v:.4f}" for k, v in ema.items())
+                 + f" lr {lr:.2e} clutter {clutter:.2f} progress {progress:.3f} elapsed {elapsed / 60:.1f} min "
+                   f"({step * args.batch_size / elapsed:.0f} scenes/s)")
+        if time.time() - last_check > args.ckpt_minutes * 60:
+            _checkpoint(model, out, log, meta, step, t0, args.val_n, final=False)
+            model.to(device).train()
+            last_check = time.time()
+    _checkpoint(model, out, log, meta, step, t0, args.val_n, final=True)
+
+
+def _checkpoint(model, out: Path, log: Path, meta: dict, step: int, t0: float, n: int, final: bool) -> None:
+    """Validate on the CPU, save, log (the model is left on the CPU in eval mode)."""
+    train_s = round(time.time() - t0)
+    model.cpu()
+    scores = evaluate_detector(model, n=n, seed=VAL_SEED)
+    save_detector(model, out / WEIGHTS_NAME, dict(meta, steps=step, train_seconds=train_s, val=scores, final=final))
+    _log(log, f"{'done' if final else 'checkpoint'} step {step} ({train_s / 60:.1f} min): val AP50 {scores['ap50']:.4f} "
+              f"AP {scores['ap']:.4f} recall50 {scores['recall50']:.4f} class accuracy {scores['class_accuracy']:.4f} "
+              f"(n={n}, seed {VAL_SEED})")
+
+
+def evaluate(args) -> dict:
+    torch.set_num_threads(args.threads)
+    weights = Path(args.weights) if args.weights else Path(args.out) / WEIGHTS_NAME
+    start = time.time()
+    scores = evaluate_detector(load_detector(weights), n=args.n, seed=DETECTION_TEST_SEED)
+    scores.update(seconds=round(time.time() - start, 1), weights=str(weights))
+    log = Path(args.out) / LOG_NAME
+    _log(log if log.parent.exists() else None,
+         f"evaluate {weights.name}: AP50 {scores['ap50']:.4f} AP {scores['ap']:.4f} recall50 {scores['recall50']:.4f} "
+         f"class accuracy {scores['class_accuracy']:.4f} (n={args.n}, seed {DETECTION_TEST_SEED})")
+    print(json.dumps(scores))
+    return scores
+
+
+def main(argv=None) -> None:
+    ap = training_parser(__doc__, minutes=85.0, pair_fraction=0.0, lr=3e-4, weight_decay=1e-4)
+    ap.set_defaults(batch_size=32, clip=0.1)
+    ap.add_argument("--aux-weight", type=float, default=1.0, help="weight of the auxiliary token-labelling loss")
+    ap.add_argument("--aux-end", type=float, default=0.8, help="fraction of the run where the auxiliary loss is gone")
+    run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped run: 1, beside another job)",
+                         ckpt_minutes=10.0, n_help="scenes in the test set for --evaluate-only")
+
+
+if __name__ == "__main__":
+    main()
