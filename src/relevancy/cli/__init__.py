@@ -106,22 +106,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "ImageFolder validation set), imagenet-seg (segmentation on gtsegs_ijcv.mat) or eraser "
                         "(token-F1 of a text classifier against ERASER rationales, e.g. Movie Reviews) or shapes-clip (grounding of "
                         "captions naming one object of two-object scenes by the shipped shapes CLIP: image and text side) or coco-detr "
-                        "(the DETR segmentation test: Otsu masks of each detected object's map, COCO APs from IoU 0.2)")
+                        "(the DETR segmentation test: Otsu masks of each detected object's map, COCO APs from IoU 0.2) or "
+                        "shapes-detection (every object the shipped shapes DETR detects in generated scenes of 1-3 objects, "
+                        "explained and scored against its exact mask: the DETR segmentation test, pointing game, shares of "
+                        "relevance on the object, the other objects and the background)")
     p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat; "
                                   "coco-detr: a COCO instances annotation file")
     p.add_argument("--images", help="coco-detr: the folder the annotations' file names are relative to (default: the "
                                     "annotation file's folder)")
-    p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default; for shapes-clip the shipped shapes CLIP), a timm model name, "
-                        "or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file)")
+    p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default; for shapes-clip the shipped shapes CLIP, "
+                        "for shapes-detection the shipped shapes DETR), a timm model name, or a local checkpoint (with --arch; "
+                        "for shapes-clip a shapes-CLIP .safetensors file; for shapes-detection a shapes-DETR .safetensors file "
+                        "with its .json beside it)")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
     p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,
                    help="images to evaluate (shapes: one-object scenes, default 500, plus n//2 two-object scenes; "
-                        "imagenet, imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
+                        "shapes-clip, shapes-detection: default 200; imagenet, imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
                         "reads --n as an abbreviation of its own options")
     p.add_argument("--batch-size", type=int, default=16, help="images explained together (default 16)")
     p.add_argument("--out", default="relevancy-eval", help="output folder (default relevancy-eval)")
-    p.add_argument("--seed", type=int, default=0, help="shapes: which scenes; imagenet: which images (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="shapes: which scenes; imagenet: which images; shapes-detection: "
+                                                        "0-999, the scenes of seed DETECTION_TEST_SEED + S (default 0)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="shapes-detection: the detection probability threshold (default 0.5, the authors')")
     p.add_argument("--paper-settings", action="store_true",
                    help="the authors' evaluation options: start_layer=1 for rollout and transformer_attribution, "
                         "normalised attention_gradcam, squash resize without crop for ImageNet")

@@ -1,11 +1,12 @@
 """`relevancy evaluate`: the papers' evaluation protocols in one command.
 
-    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr [--data PATH] [--images DIR] [--model NAME] [--arch A]
-                       [--methods all|a,b,c] [--n N | -n N] [--batch-size B] [--out DIR] [--seed S]
-                       [--paper-settings] [--threads T] [--workers W] [--json]
+    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection [--data PATH] [--images DIR]
+                       [--model NAME] [--arch A] [--methods all|a,b,c] [--n N | -n N] [--batch-size B] [--out DIR] [--seed S]
+                       [--threshold P] [--paper-settings] [--threads T] [--workers W] [--json]
 
 Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
-only), and with ``--json`` prints the summary metrics on stdout. The options are defined in
+only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser and
+shapes-detection write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
 :mod:`relevancy.cli`; the output folder is checked before any work. Under ``torchrun --nproc-per-node K``
 (``WORLD_SIZE`` set) each process explains every K-th batch, the metric accumulators are merged with the gloo
 backend and the numbers are exactly those of a single process.
@@ -24,7 +25,11 @@ from torch import nn
 
 __all__ = ["evaluate", "parse_methods"]
 
-DEFAULT_N = {"shapes": 500, "shapes-clip": 200}  # imagenet, imagenet-seg: the whole data set
+DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200}  # imagenet, imagenet-seg: the whole data set
+#: shapes-detection renders its scenes at once (about 70 kB each)
+MAX_DETECTION_SCENES = 10_000
+#: shapes-detection's --seed S draws the scenes from DETECTION_TEST_SEED + S, below the detector's validation seed
+MAX_DETECTION_SEED = 999
 #: the ``units`` field of the eraser benchmark's results.json
 RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as ERASER reports them; seconds_per_text: seconds"
 
@@ -77,11 +82,16 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         raise _usage_error(f"--threads must be at least 1, got {args.threads}")
     if args.workers < 0:
         raise _usage_error(f"--workers must be non-negative, got {args.workers}")
+    threshold = getattr(args, "threshold", None)
+    if threshold is not None and benchmark != "shapes-detection":
+        raise _usage_error("--threshold is used only with --benchmark shapes-detection")
     if benchmark in ("shapes", "shapes-clip"):
         if args.data is not None:
             raise _usage_error(f"the {benchmark} benchmark generates its scenes: --data is not used with it")
         if benchmark == "shapes-clip" and n > MAX_SCENES:
             raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes-clip benchmark, got {n}")
+    elif benchmark == "shapes-detection":
+        _check_shapes_detection(args, n)
     elif benchmark == "coco-detr":
         if args.data is None or not Path(args.data).is_file():
             raise _usage_error("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
@@ -103,6 +113,35 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
             raise _usage_error(f"--data {args.data} is not a file; --benchmark imagenet-seg needs {wanted}")
     check_folder(args.out, OUTPUT_FILES)
     return benchmark, n
+
+
+def _check_shapes_detection(args: argparse.Namespace, n: int) -> None:
+    """The shapes-detection request: generated scenes, a shapes-DETR checkpoint, a detection threshold."""
+    from ..bench.detection import DETECTOR_WEIGHTS_PATH
+
+    for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
+        if value is not None:
+            raise _usage_error(f"{option} is not used with --benchmark shapes-detection (it generates its scenes; "
+                               "--model is 'shapes' or a shapes-DETR .safetensors file)")
+    if args.paper_settings:
+        raise _usage_error("--paper-settings is not used with --benchmark shapes-detection: the DETR methods run "
+                           "as the authors' DETR code runs them")
+    if n > MAX_DETECTION_SCENES:
+        raise _usage_error(f"--n must be at most {MAX_DETECTION_SCENES} on the shapes-detection benchmark, got {n}")
+    if args.seed > MAX_DETECTION_SEED:
+        raise _usage_error(f"--seed must be at most {MAX_DETECTION_SEED} on the shapes-detection benchmark, got {args.seed}")
+    threshold = getattr(args, "threshold", None)
+    if threshold is not None and not 0.0 <= threshold < 1.0:
+        raise _usage_error(f"--threshold must be a probability in [0, 1), got {threshold}")
+    if args.model == "shapes":
+        if not DETECTOR_WEIGHTS_PATH.is_file():
+            raise _usage_error(f"the shipped shapes detector is missing ({DETECTOR_WEIGHTS_PATH}): train it with "
+                               "python -m relevancy.bench.detr_train, or give --model PATH.safetensors")
+        return
+    path = Path(args.model)
+    if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
+        raise _usage_error("--model for shapes-detection: 'shapes' (the shipped shapes DETR) or a shapes-DETR "
+                           f".safetensors file with its .json (as relevancy.bench.detr_train writes them) beside it, got {args.model!r}")
 
 
 def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
@@ -183,6 +222,8 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
         return evaluate_shapes_clip(args, methods, n)
     if benchmark == "coco-detr":
         return evaluate_coco_detr(args, methods, n)
+    if benchmark == "shapes-detection":
+        return evaluate_shapes_detection(args, methods, n)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -218,6 +259,51 @@ def evaluate_coco_detr(args: argparse.Namespace, methods: tuple[str, ...], n: in
     images = args.images if args.images is not None else Path(args.data).parent
     results = evaluate_detection_segmentation(model, args.data, images, methods, n)
     written = write_detection_report(results, args.out)
+    if args.json:
+        from .common import print_json
+
+        print_json(results)
+    return written
+
+
+def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...], n: int) -> list[Path]:
+    """Every object the shapes DETR detects, explained by each method and scored against its exact mask
+    (`relevancy.evaluation.shapes_detection`); writes results.json and report.md."""
+    from ..bench.detection import DETECTION_TEST_SEED, DETECTOR_WEIGHTS_PATH, load_detector
+    from ..bench.scenes import CLASSES
+    from ..evaluation.shapes_detection import DETECTION_THRESHOLD, detection_report, supported_methods
+    from ..evaluation.shapes_detection import evaluate_shapes_detection as run_benchmark
+    from ..files import strict_json, write_atomic
+
+    path = DETECTOR_WEIGHTS_PATH if args.model == "shapes" else Path(args.model)
+    try:
+        model = load_detector(path)
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise _usage_error(f"cannot load a shapes detector from {path} and its .json: {type(error).__name__}: {error}") from error
+    if model.config.num_labels != len(CLASSES):
+        raise _usage_error(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
+                           f"{path} has {model.config.num_labels}")
+    threshold = args.threshold if getattr(args, "threshold", None) is not None else DETECTION_THRESHOLD
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        supported = supported_methods(model)  # every registered method that explains this DETR
+        if args.methods.strip() == "all":
+            methods = tuple(m for m in methods if m in supported)
+        unsupported = [m for m in methods if m not in supported]
+        if unsupported:
+            raise _usage_error(f"method {unsupported[0]} does not explain DETR; shapes-detection takes {', '.join(supported)}")
+        results = run_benchmark(model, n=n, methods=methods, threshold=threshold, seed=DETECTION_TEST_SEED + args.seed,
+                                batch_size=args.batch_size, progress=not args.quiet)
+    finally:
+        torch.set_num_threads(threads)
+    results = {"benchmark": results.pop("benchmark"),
+               "model": "shapes-detr (shipped)" if args.model == "shapes" else args.model, **results}
+    text = json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"
+    report = detection_report(results)
+    out = Path(args.out)
+    written = [write_atomic(out / "results.json", text), write_atomic(out / "report.md", report)]
     if args.json:
         from .common import print_json
 

@@ -1,0 +1,177 @@
+"""Train (or evaluate) the shapes LXMERT (visual question answering on the shapes world).
+
+    python -m relevancy.bench.vqa_train [--seed S] [--minutes M | --steps N] [--out DIR] [--device cpu|cuda]
+    python -m relevancy.bench.vqa_train --evaluate-only [--weights PATH] [--n 2000]
+
+Data: fresh questions every step (infinite data, :func:`relevancy.bench.vqa.make_questions`).
+Step ``t`` of run seed ``S`` renders ``batch_size / questions_per_scene`` scenes from
+``make_questions`` seed ``S * 10**8 + 4 t`` (scene seeds ``+0``, ``+1``, ``+2``), all below
+``EVAL_SEED_BASE = 10**9``, so validation (``VQA_VAL_SEED``) and test (``VQA_TEST_SEED``) scenes
+are never trained on.  Region features come from the frozen shapes ViT (never trained here).
+
+Loss: cross-entropy on the answer (the QA head of ``LxmertForQuestionAnswering``).  AdamW, linear
+warm-up then cosine decay, following wall-clock progress with ``--minutes`` or the step count
+with ``--steps`` (exactly reproducible).  Validation accuracy, overall and per question type, is
+logged every ``--ckpt-minutes`` with a checkpoint; the log is ``shapes_vqa_train.log`` beside the
+weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from .captions import Tokenizer
+from .clip_train import _log
+from .model import EVAL_SEED_BASE
+from .train import run_training_command, training_parser
+from .vqa import ANSWERS, MAX_LENGTH, QUESTION_TYPES, make_questions, question_tokenizer
+from .vqa_model import (VQA_CONFIG, VQA_TEST_SEED, VQA_VAL_SEED, VQA_WEIGHTS_PATH, build_vqa_lxmert,
+                        evaluate_vqa, load_vqa_lxmert)
+
+LOG_NAME = "shapes_vqa_train.log"
+
+
+def save_vqa(model, tokenizer: Tokenizer, config: dict, path: Path, meta: dict) -> None:
+    """Write ``path`` (safetensors weights) and ``path.with_suffix('.json')`` (``LxmertConfig``
+    keyword arguments, vocabulary, answers and ``meta``), atomically."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)  # safetensors writes owner-only files
+    os.replace(tmp, path)
+    info = dict(config=config, vocab=list(tokenizer.vocab), answers=list(ANSWERS),
+                question_types=list(QUESTION_TYPES), max_length=MAX_LENGTH, **meta)
+    jtmp = path.with_suffix(".json.tmp")
+    jtmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.chmod(jtmp, 0o644)
+    os.replace(jtmp, path.with_suffix(".json"))
+
+
+def step_seed(seed: int, step: int) -> int:
+    s = seed * 10**8 + 4 * step
+    assert s + 2 < EVAL_SEED_BASE
+    return s
+
+
+def _fmt(acc: dict) -> str:
+    per = " ".join(f"{k} {v:.4f}" for k, v in acc["per_type"].items())
+    return f"overall {acc['overall']:.4f} ({per}; n={acc['n']}, seed {acc['seed']})"
+
+
+def train(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / LOG_NAME
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    tokenizer = question_tokenizer()
+    config = dict(VQA_CONFIG)
+    if args.hidden:
+        config.update(hidden_size=args.hidden, intermediate_size=2 * args.hidden)
+    model = build_vqa_lxmert(config).to(device)
+    model.train()
+    from .vqa import _vit
+
+    vit = _vit().to(device)
+    named = list(model.named_parameters())
+    is_decay = lambda n, p: p.ndim >= 2 and "embeddings" not in n  # noqa: E731
+    opt = torch.optim.AdamW(
+        [{"params": [p for n, p in named if is_decay(n, p)], "weight_decay": args.weight_decay},
+         {"params": [p for n, p in named if not is_decay(n, p)], "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    q = args.questions_per_scene
+    scenes = max(1, args.batch_size // q)
+    budget = args.minutes * 60.0 if args.steps is None else None
+    _log(log, f"start training seed={args.seed} config={json.dumps(config)} "
+              f"params={sum(p.numel() for p in model.parameters())} batch={scenes}x{q} questions "
+              f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
+              f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} device={args.device} "
+              f"threads={args.threads} host={platform.node()} cpu={platform.processor() or platform.machine()}")
+    meta = dict(seed=args.seed, batch_size=scenes * q, questions_per_scene=q, lr=args.lr)
+    val_batch = make_questions(args.val_n, VQA_VAL_SEED, vit=vit)
+    t0 = last_ckpt = time.time()
+    step, ema, ema_acc = 0, None, None
+    while True:
+        progress = (time.time() - t0) / budget if budget else step / args.steps
+        if progress >= 1.0:
+            break
+        if progress < args.warmup:
+            lr = args.lr * progress / args.warmup
+        else:
+            p = (progress - args.warmup) / (1 - args.warmup)
+            lr = args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * p))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        batch = make_questions(scenes, step_seed(args.seed, step), questions_per_scene=q, vit=vit,
+                               tokenizer=tokenizer)
+        labels = batch.answers.to(device)
+        res = model(**batch.model_inputs(device), labels=labels)
+        opt.zero_grad(set_to_none=True)
+        res.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        step += 1
+        acc = (res.question_answering_score.argmax(-1) == labels).float().mean().item()
+        ema = res.loss.item() if ema is None else 0.98 * ema + 0.02 * res.loss.item()
+        ema_acc = acc if ema_acc is None else 0.98 * ema_acc + 0.02 * acc
+        if step % args.log_every == 0:
+            el = time.time() - t0
+            _log(log, f"step {step} loss {ema:.4f} acc {ema_acc:.4f} lr {lr:.2e} progress {progress:.3f} "
+                      f"elapsed {el / 60:.1f} min ({step / el:.2f} steps/s)")
+        if time.time() - last_ckpt > args.ckpt_minutes * 60:
+            val = evaluate_vqa(model, seed=VQA_VAL_SEED, batch=val_batch)
+            save_vqa(model, tokenizer, config, out / VQA_WEIGHTS_PATH.name,
+                     dict(meta, steps=step, train_seconds=round(time.time() - t0), val=val, final=False))
+            _log(log, f"checkpoint step {step}: val {_fmt(val)}")
+            last_ckpt = time.time()
+    train_s = time.time() - t0
+    model.eval()
+    val = evaluate_vqa(model, seed=VQA_VAL_SEED, batch=val_batch)
+    save_vqa(model, tokenizer, config, out / VQA_WEIGHTS_PATH.name,
+             dict(meta, steps=step, train_seconds=round(train_s), val=val, final=True))
+    _log(log, f"done: {step} steps, {step * scenes * q} questions, {train_s / 60:.1f} min; val {_fmt(val)}")
+
+
+def evaluate(args) -> dict:
+    """Measure the accuracy of the weights on ``args.n`` unseen scenes (one question each) and log it."""
+    torch.set_num_threads(args.threads)
+    weights = Path(args.weights) if args.weights else Path(args.out) / VQA_WEIGHTS_PATH.name
+    model, _ = load_vqa_lxmert(weights, device=args.device)
+    from .vqa import _vit
+
+    t = time.time()
+    batch = make_questions(args.n, VQA_TEST_SEED, vit=_vit().to(args.device))
+    acc = evaluate_vqa(model, seed=VQA_TEST_SEED, batch=batch)
+    acc["seconds"] = round(time.time() - t, 1)
+    acc["weights"] = str(weights)
+    log = Path(args.out) / LOG_NAME
+    _log(log if Path(args.out).exists() else None, f"evaluate {weights.name}: {_fmt(acc)}")
+    print(json.dumps(acc))
+    return acc
+
+
+def main(argv=None) -> None:
+    ap = training_parser(__doc__, minutes=85.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
+    ap.set_defaults(batch_size=128, warmup=0.05)
+    ap.add_argument("--questions-per-scene", type=int, default=2,
+                    help="questions per rendered scene (the ViT features are shared)")
+    ap.add_argument("--hidden", type=int, default=None, help="override the hidden size (intermediate 2x)")
+    run_training_command(
+        ap, argv, train, evaluate, ckpt_minutes=10.0, n_help="test scenes for --evaluate-only",
+        threads_help="torch threads (on a CPU shared with other jobs use 1)",
+    )
+
+
+if __name__ == "__main__":
+    main()
