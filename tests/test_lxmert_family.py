@@ -212,8 +212,6 @@ def test_bad_inputs_are_refused_naming_the_problem(change, error, message):
 def test_unsupported_models_and_methods_are_refused():
     with pytest.raises(UnsupportedModelError, match="bare LxmertModel"):
         relevancy.explain(MODEL.lxmert, INPUTS[0], method="raw_attention")
-    with pytest.raises(UnsupportedModelError, match="cdam is not available"):
-        relevancy.explain(MODEL, INPUTS[0], method="cdam")
     with pytest.raises(UnsupportedModelError, match="method 'lrp' explains one-stream models"):
         relevancy.explain(MODEL, INPUTS[0], method="lrp")
 

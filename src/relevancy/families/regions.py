@@ -99,8 +99,34 @@ class RegionTextExplanation(ColouredTexts):
 
 
 # -- running --------------------------------------------------------------------------------------------------
-# the methods these families run; the others need token embeddings, rule maps or last-attention inputs they do not give
-METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention")
+# the methods these families run; the LRP-based ones need a relevance rule map (LXMERT adds its own)
+METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation")
+
+
+class InputPart:
+    """One input of a module's forward (positional `index`, or keyword `name`), hookable like a module:
+    `register_forward_hook(hook)` calls `hook(module, args, tensor)` as the module starts, with the tensor it reads
+    (CDAM's X where that is a layer's input). Never replaces the input."""
+
+    def __init__(self, module: nn.Module, index: int, name: str) -> None:
+        self.module, self.index, self.name = module, index, name
+
+    def register_forward_hook(self, hook) -> torch.utils.hooks.RemovableHandle:
+        def observe(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hook(module, args, args[self.index] if len(args) > self.index else kwargs[self.name])
+
+        return self.module.register_forward_pre_hook(observe, with_kwargs=True)
+
+    def __repr__(self) -> str:
+        return f"InputPart({type(self.module).__name__}, {self.name})"
+
+
+def gather_tokens(value: torch.Tensor | None, rows: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor | None:
+    """`value` `(B, T, ...)` at batch rows `rows` `(R,)` and, per row, token positions `index` `(R, T')` (None: all)."""
+    if value is None:
+        return None
+    rows = rows.to(value.device)
+    return value[rows] if index is None else value[rows[:, None], index.to(value.device)]
 
 
 def on_graph(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:

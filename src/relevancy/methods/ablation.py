@@ -7,16 +7,23 @@ import torch
 
 from ..families.base import Adapter
 from ..targets import Target, resolve_target, target_score
+from .attention import CLASS_ENTRIES, family_option, set_class_entry
 
 
-def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: int = 256) -> tuple:
+def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: int = 256, cls_entry: str | None = None) -> tuple:
     """`f(all tokens) - f(all but token i)`, per stream the adapter embeds: each content token (patch, word, image
     token) dropped before the first block, the other streams left whole.
 
     The N ablated sequences of every input run as batches of `chunk_size` sequences. A padding token's entry is 0.
+    `cls_entry`: the entry of a stream's readout token where it is a content token (text models): "keep" the drop
+    of removing it, or set it as `set_class_entry` does (the question-answering families: "zero", the token the
+    answer is read from is no content to remove).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of sequences, got {chunk_size}")
+    how = family_option(adapter, "token_ablation", "cls_entry", cls_entry, "keep")
+    if how not in CLASS_ENTRIES:
+        raise ValueError(f"cls_entry must be one of {', '.join(CLASS_ENTRIES)}, got {how!r}")
     scores = {}
     with torch.no_grad():
         tokens = adapter.embed(inputs)
@@ -46,5 +53,5 @@ def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: in
                 ablated[part] = target_score(target, indices[rows], chunk_logits, chunk_pre)
             drop = full[:, None] - ablated.view(batch, content)
             valid = stream.content_valid()
-            scores[name] = drop if valid is None else drop.masked_fill(~valid, 0)
+            scores[name] = set_class_entry(drop if valid is None else drop.masked_fill(~valid, 0), how, stream)
     return scores, indices, logits

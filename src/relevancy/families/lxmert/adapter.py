@@ -7,6 +7,17 @@ or `logits`). The maps are read at the question's [CLS] row, the token LXMERT's 
 (`generic_attention(weights="relevance")`, `transformer_attribution`, `partial_lrp`) run the authors' LXMERT rules
 (`lxmert.rules`) and so explain the first two only, whose every module has a rule.
 
+`cdam` reads X at the last cross-modality layer's two inputs, the language and the visual tokens its
+cross-attention reads (`x_layers[-1]`'s `lang_feats` and `visual_feats`, LayerNorm-ed outputs of the layer before:
+LXMERT is post-LN): the last place where both streams enter the [CLS] answer (the last layer's visual
+self-attention never reaches [CLS], so "the tokens entering the image stream's last attention" would score
+nothing). `token_ablation` drops one question token (its word, position and type embedding, and its attention
+mask entry; the others keep their positions, as for every family) or one region (its feature and box embedding
+and its `visual_attention_mask` entry) before the first block and re-runs the model's own forward on what
+remains; the [CLS] token's entry is 0 (`cls_entry="zero"`: the answer is read from it, it is no content to
+remove). A question of one token or an image of one region cannot lose it (transformers' LXMERT does not run on
+an empty stream): an error names it.
+
 Attention sites, in forward order: the language layers (text self), the relation layers `r_layers` (image self),
 then per cross layer `g`: its `visual_attention` run twice, text queries over image keys first, image queries over
 text keys second (one module, two calls; both in group `g`, one co-attention step), then `lang_self_att` (text
@@ -27,8 +38,8 @@ from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions, class_names,
-    feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
+    METHODS, InputPart, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions,
+    class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import LxmertBatch
 
@@ -97,7 +108,9 @@ class LxmertAdapter(Adapter):
     token itself"); `attention_gradcam` averages the gradient over the whole attention matrix (`region="matrix"`)
     and is not normalised; the LRP-based methods use the conserving ("paper") rules of `lxmert.rules`, and
     `transformer_attribution`'s text map rolls out every text self-attention (`readout_rollout`, their
-    `generate_transformer_attr`).
+    `generate_transformer_attr`). `token_ablation` (no reference) also scores the [CLS] token 0: the pooler reads the
+    answer from it, so removing it would read another token. `cdam` (no reference, no such option) keeps the [CLS]
+    entry, gradient x input like every other token's.
     """
 
     family = "Hugging Face LXMERT (question answering over image regions)"
@@ -109,6 +122,7 @@ class LxmertAdapter(Adapter):
         "generic_attention": {"cls_entry": "zero"},
         "transformer_attribution": {"cls_entry": "zero", "readout_rollout": True},
         "partial_lrp": {"cls_entry": "zero", "rules": "paper"},
+        "token_ablation": {"cls_entry": "zero"},
     }
 
     @classmethod
@@ -163,10 +177,10 @@ class LxmertAdapter(Adapter):
         return rule_map(self.model)
 
     def attention_inputs(self) -> dict[str, Hookable]:
-        raise UnsupportedModelError(f"cdam is not available for {self.family}; its methods: {', '.join(LXMERT_METHODS)}")
-
-    def embed(self, inputs: LxmertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
-        raise UnsupportedModelError(f"token_ablation is not available for {self.family}; its methods: {', '.join(LXMERT_METHODS)}")
+        """CDAM's X: the language and visual tokens entering the last cross-modality layer, what its cross-attention
+        reads (see the module docstring)."""
+        last = self.lxmert.encoder.x_layers[-1]
+        return {TEXT: InputPart(last, 0, "lang_feats"), IMAGE: InputPart(last, 2, "visual_feats")}
 
     def class_names(self) -> list[str] | None:
         return class_names(self.config, getattr(self.config, "num_qa_labels", None))
@@ -222,6 +236,47 @@ class LxmertAdapter(Adapter):
                 kwargs["visual_feats"] = kwargs["visual_feats"].detach().requires_grad_(True)
         try:
             logits = answer_logits(self.model(**kwargs), len(inputs))
+        finally:
+            for handle in handles:
+                handle.remove()
+        return logits, pooled[-1]
+
+    def embed(self, inputs: LxmertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        """The question's tokens leaving `embeddings` (word + position + type, LayerNorm) `(B, T, D)` and the regions'
+        leaving `visn_fc` (feature and box, each LayerNorm-ed, averaged) `(B, N, D)`: what the first blocks read."""
+        types = inputs.token_type_ids if inputs.token_type_ids is not None else torch.zeros_like(inputs.input_ids)
+        tokens = {
+            TEXT: self.lxmert.embeddings(inputs.input_ids, types),
+            IMAGE: self.lxmert.encoder.visn_fc(inputs.visual_feats, inputs.visual_pos),
+        }
+        if graph and torch.is_grad_enabled():
+            tokens = {name: on_graph(None, (), value) for name, value in tokens.items()}
+        return tokens
+
+    def forward_tokens(
+        self, inputs: LxmertBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own forward on the given first-block tokens: on the inputs of `rows`, each keeping the question
+        tokens and regions at `positions` (their masks and types alike), with what `embeddings` and `visn_fc` return
+        replaced by `tokens`. `(answer logits, pooled output)`, as `forward`."""
+        rows = torch.arange(len(inputs), device=inputs.input_ids.device) if rows is None else rows
+        positions = positions or {}
+        batch = inputs.select(rows, positions.get(TEXT), positions.get(IMAGE))
+        for name, count in ((TEXT, batch.input_ids.shape[1]), (IMAGE, batch.visual_feats.shape[1])):
+            if count == 0:
+                what = "a question of one token" if name == TEXT else "an image of one region"
+                raise ValueError(f"token_ablation cannot remove the only token of {what}: transformers' LXMERT does not run on an empty stream")
+            if tuple(tokens[name].shape[:2]) != (len(rows), count):
+                raise ValueError(f"the {name} tokens must be (R, {count}, D) for the selected inputs, got {tuple(tokens[name].shape)}")
+        pooled: list[torch.Tensor] = []
+        handles = [
+            self.lxmert.embeddings.register_forward_hook(lambda _m, _a, _out: tokens[TEXT]),
+            self.lxmert.encoder.visn_fc.register_forward_hook(lambda _m, _a, _out: tokens[IMAGE]),
+            self.lxmert.pooler.register_forward_hook(lambda _m, _a, out: pooled.append(out)),
+        ]
+        try:
+            logits = answer_logits(self.model(**batch.model_inputs()), len(batch))
         finally:
             for handle in handles:
                 handle.remove()

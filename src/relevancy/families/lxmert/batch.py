@@ -5,6 +5,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..regions import gather_tokens
+
 
 @dataclass(frozen=True)
 class LxmertBatch:
@@ -50,4 +52,13 @@ class LxmertBatch:
             visual_feats=self.visual_feats[part], visual_pos=self.visual_pos[part],
             token_type_ids=cut(self.token_type_ids), visual_attention_mask=cut(self.visual_attention_mask),
             tokens=cut(self.tokens),
+        )
+
+    def select(self, rows: torch.Tensor, text: torch.Tensor | None = None, regions: torch.Tensor | None = None) -> "LxmertBatch":
+        """The inputs of batch rows `rows` `(R,)`, each keeping the question tokens at `text[r]` and the regions at
+        `regions[r]` (`(R, T')`, `(R, N')`; None: all): what the model's forward takes for a token-ablated batch."""
+        return LxmertBatch(
+            gather_tokens(self.input_ids, rows, text), gather_tokens(self.attention_mask, rows, text),
+            gather_tokens(self.visual_feats, rows, regions), gather_tokens(self.visual_pos, rows, regions),
+            gather_tokens(self.token_type_ids, rows, text), gather_tokens(self.visual_attention_mask, rows, regions),
         )

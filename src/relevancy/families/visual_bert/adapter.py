@@ -10,6 +10,15 @@ sequence (the token before the question's last [SEP]), every other head the [CLS
 The maps are the readout row over the whole sequence, split into the question's positions (`T`, padding
 included) and the regions (`N`) by `explanation`. Each layer's probabilities are the output of its self-attention's
 dropout module: the softmax output itself in eval mode, computed in the model's dtype (float64 models are exact).
+
+`cdam` reads X at the last layer's input (the previous layer's LayerNorm-ed output: VisualBERT is post-LN), over
+question and regions alike. `token_ablation` drops one position of the one sequence at a time, a question token
+(its word, position and type embedding and its attention mask entry; the others keep their positions, as for every
+family) or a region (its projected embedding and its `visual_attention_mask` entry), and re-runs the model's own
+forward on what remains, so its head reads the answer as it would from that input (`VisualBertForQuestionAnswering`
+gathers `attention_mask.sum(1) - 2` of the shortened question: dropping the question's last [SEP] moves that read
+one token left, which is what the model does without it). The readout token's own entry is 0 (`cls_entry="zero"`).
+With `VisualBertForQuestionAnswering` each question needs 3 real tokens for it (2 left after one is dropped).
 """
 from __future__ import annotations
 
@@ -24,8 +33,8 @@ from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError, transformers_configs
 from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions, class_names,
-    feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
+    METHODS, InputPart, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions,
+    class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import VisualBertBatch
 
@@ -55,6 +64,7 @@ class VisualBertAdapter(Adapter):
     keyword option): the readout token's own entry is set to 0 for every method; `rollout` chains the raw
     `I + A` (no row normalisation); `attention_gradcam` averages the gradient over the whole attention matrix and
     min-max normalises over it (`normalize=True, region="matrix"`), before the readout entry is zeroed.
+    `token_ablation` (no reference) zeroes the readout entry too; `cdam` (no reference, no such option) keeps it.
     """
 
     family = "Hugging Face VisualBERT (question answering over image regions)"
@@ -64,6 +74,7 @@ class VisualBertAdapter(Adapter):
         "rollout": {"cls_entry": "zero", "row_normalize": False},
         "attention_gradcam": {"cls_entry": "zero", "normalize": True, "region": "matrix"},
         "generic_attention": {"cls_entry": "zero"},
+        "token_ablation": {"cls_entry": "zero"},
     }
 
     @classmethod
@@ -108,10 +119,11 @@ class VisualBertAdapter(Adapter):
         return [AttentionSite(TOKENS, TOKENS, layer.attention.self.dropout) for layer in self.visual_bert.encoder.layer]
 
     def attention_inputs(self) -> dict[str, Hookable]:
-        raise UnsupportedModelError(f"cdam is not available for {self.family}; its methods: {', '.join(METHODS)}")
+        """CDAM's X: the question's and regions' tokens entering the last layer."""
+        return {TOKENS: InputPart(self.visual_bert.encoder.layer[-1], 0, "hidden_states")}
 
-    def embed(self, inputs: VisualBertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
-        raise UnsupportedModelError(f"token_ablation is not available for {self.family}; its methods: {', '.join(METHODS)}")
+    def relevance_rule_map(self) -> dict:
+        raise UnsupportedModelError(f"no relevance rules for the {self.family} family yet; its methods: {', '.join(METHODS)}")
 
     def class_names(self) -> list[str] | None:
         return class_names(self.config, getattr(self.config, "num_labels", None))
@@ -180,6 +192,70 @@ class VisualBertAdapter(Adapter):
                 handle.remove()
         rows = torch.arange(len(inputs), device=logits.device)
         return logits, hidden[-1][rows, self.readout(inputs).to(logits.device)]
+
+    def embed(self, inputs: VisualBertBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        """The one sequence leaving `embeddings` `(B, T + N, D)`: the question's tokens (word + position + type), then
+        the regions (projection + visual position + visual type), each LayerNorm-ed: what the first layer reads."""
+        kwargs = inputs.model_inputs()
+        for name in ("attention_mask", "visual_attention_mask"):
+            kwargs.pop(name, None)
+        tokens = self.visual_bert.embeddings(**kwargs)
+        if graph and torch.is_grad_enabled():
+            tokens = on_graph(None, (), tokens)
+        return {TOKENS: tokens}
+
+    def forward_tokens(
+        self, inputs: VisualBertBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own forward on the given first-layer tokens: on the inputs of `rows`, each keeping the positions
+        `positions["tokens"][r]` of its question-then-regions sequence (masks and types alike), with what `embeddings`
+        returns replaced by `tokens`. Sequences keeping different numbers of question tokens run as separate batches
+        (the model takes a rectangular question). `(answer logits, the readout token's last hidden state)`."""
+        sequences = tokens[TOKENS]
+        rows = torch.arange(len(inputs), device=sequences.device) if rows is None else rows.to(sequences.device)
+        kept = (positions or {}).get(TOKENS)
+        if kept is None:
+            return self._run(inputs.select(rows), sequences)
+        kept = kept.to(sequences.device)
+        length = inputs.text_length
+        counts = (kept < length).sum(1)
+        logits = pre_logits = None
+        for count in counts.unique().tolist():
+            group = (counts == count).nonzero().flatten()
+            part = kept[group]
+            batch = inputs.select(rows[group], part[:, :count], part[:, count:] - length)
+            group_logits, group_pre = self._run(batch, sequences[group])
+            if logits is None:
+                logits = group_logits.new_empty(len(rows), group_logits.shape[1])
+                pre_logits = group_pre.new_empty(len(rows), group_pre.shape[1])
+            logits[group], pre_logits[group] = group_logits, group_pre
+        return logits, pre_logits
+
+    def _run(self, batch: VisualBertBatch, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's forward on `batch` with `tokens` as the embeddings' output."""
+        questions, regions = batch.input_ids.shape[1], batch.visual_embeds.shape[1]
+        if regions == 0 or questions == 0:
+            raise ValueError("token_ablation cannot remove the only region of an image or the only token of a question")
+        if self.gathers and (batch.attention_mask.sum(1) < 2).any():
+            raise ValueError(
+                "token_ablation on VisualBertForQuestionAnswering needs questions of at least 3 real tokens: its head "
+                "reads the token before the last [SEP] (attention_mask.sum(1) - 2), which a shorter question loses"
+            )
+        if tuple(tokens.shape[:2]) != (len(batch), questions + regions):
+            raise ValueError(f"the tokens must be (R, {questions + regions}, D) for the selected inputs, got {tuple(tokens.shape)}")
+        hidden: list[torch.Tensor] = []
+        handles = [
+            self.visual_bert.embeddings.register_forward_hook(lambda _m, _a, _out: tokens),
+            self.visual_bert.encoder.register_forward_hook(lambda _m, _a, out: hidden.append(out[0])),
+        ]
+        try:
+            logits = answer_logits(self.model(**batch.model_inputs()), len(batch))
+        finally:
+            for handle in handles:
+                handle.remove()
+        rows = torch.arange(len(batch), device=logits.device)
+        return logits, hidden[-1][rows, self.readout(batch).to(logits.device)]
 
     def explanation(self, scores: dict[str, torch.Tensor], inputs: VisualBertBatch, **fields: Any) -> RegionTextExplanation:
         """The one stream's row split into the question's positions and the regions."""

@@ -5,6 +5,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..regions import gather_tokens
+
 
 @dataclass(frozen=True)
 class VisualBertBatch:
@@ -58,4 +60,14 @@ class VisualBertBatch:
             visual_embeds=self.visual_embeds[part], token_type_ids=cut(self.token_type_ids),
             visual_attention_mask=cut(self.visual_attention_mask),
             visual_token_type_ids=cut(self.visual_token_type_ids), tokens=cut(self.tokens),
+        )
+
+    def select(self, rows: torch.Tensor, text: torch.Tensor | None = None, regions: torch.Tensor | None = None) -> "VisualBertBatch":
+        """The inputs of batch rows `rows` `(R,)`, each keeping the question tokens at `text[r]` and the regions at
+        `regions[r]` (`(R, T')`, `(R, N')`; None: all): what the model's forward takes for a token-ablated batch."""
+        return VisualBertBatch(
+            gather_tokens(self.input_ids, rows, text), gather_tokens(self.attention_mask, rows, text),
+            gather_tokens(self.visual_embeds, rows, regions), gather_tokens(self.token_type_ids, rows, text),
+            gather_tokens(self.visual_attention_mask, rows, regions),
+            gather_tokens(self.visual_token_type_ids, rows, regions),
         )
