@@ -1,4 +1,4 @@
-"""Command line: `relevancy explain | explain-text | explain-detections | demo | evaluate | serve`.
+"""Command line: `relevancy explain | explain-text | explain-detections | explain-question | demo | evaluate | serve`.
 
 Every command's options are defined here, in a module that imports neither torch nor the model libraries, so
 `relevancy --help` answers at once; each handler imports what it needs when it runs. Handlers check the request
@@ -82,6 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print per image the objects, boxes and score grids as JSON")
     p.set_defaults(handler=_lazy("relevancy.cli.detections", "run_explain_detections"))
 
+    p = commands.add_parser("explain-question", help="explain the shapes LXMERT's answers to questions about generated scenes",
+                            description="Explain the answers of the shapes visual-question LXMERT (offline): per question "
+                                        "and method a PNG (the scene's regions drawn as boxes over it, each filled by its "
+                                        "relevance) and an HTML page (the question's words coloured by theirs). Either N "
+                                        "questions of the world about unseen scenes (--n, --seed; the true answers are "
+                                        "known), or your own --question(s) about scene --scene. Each question's predicted "
+                                        "answer is explained.")
+    p.add_argument("--model", default="shapes", help="'shapes' (the shipped shapes LXMERT, default) or a shapes-LXMERT "
+                                                     ".safetensors file with its .json beside it")
+    p.add_argument("--question", action="append", default=None, metavar="TEXT",
+                   help="a question about --scene (repeat for several), in the world's words, e.g. 'what color is the star'")
+    p.add_argument("--scene", type=int, default=None, help="with --question: the scene, make_questions(1, seed=SCENE) (default 0)")
+    p.add_argument("--n", "-n", dest="n", type=int, default=None, help="without --question: how many questions of the world (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="without --question: the questions of make_questions(n, VQA_TEST_SEED + 3 SEED), "
+                                                       "0-999 (default 0; the scenes of evaluate --benchmark shapes-vqa --seed SEED with the same --n)")
+    p.add_argument("--method", default="generic_attention", help=f"{methods}, or 'all' (every method that explains LXMERT; "
+                                                                 "default generic_attention, the ICCV'21 method)")
+    p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--json", action="store_true", help="print per question the answer and, per method, the region and token scores as JSON")
+    p.set_defaults(handler=_lazy("relevancy.cli.questions", "run_explain_question"))
+
     p = commands.add_parser("demo", help="explain generated scenes with the shipped model (offline) and write an HTML page")
     p.add_argument("--out", default="demo", help="output folder (default: demo)")
     p.add_argument("--singles", type=int, default=3, help="single-object scenes (default 3)")
@@ -109,27 +130,35 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the DETR segmentation test: Otsu masks of each detected object's map, COCO APs from IoU 0.2) or "
                         "shapes-detection (every object the shipped shapes DETR detects in generated scenes of 1-3 objects, "
                         "explained and scored against its exact mask: the DETR segmentation test, pointing game, shares of "
-                        "relevance on the object, the other objects and the background)")
+                        "relevance on the object, the other objects and the background) or shapes-vqa (the shipped shapes "
+                        "LXMERT's answers to questions about generated scenes, explained on both sides and scored against "
+                        "the regions and words of the object(s) each question is about: share of image relevance, pointing "
+                        "game, token-F1, and the ICCV'21 perturbation AUCs)")
     p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat; "
                                   "coco-detr: a COCO instances annotation file")
     p.add_argument("--images", help="coco-detr: the folder the annotations' file names are relative to (default: the "
                                     "annotation file's folder)")
     p.add_argument("--model", default="shapes", help="'shapes' (the shipped model, default; for shapes-clip the shipped shapes CLIP, "
-                        "for shapes-detection the shipped shapes DETR), a timm model name, or a local checkpoint (with --arch; "
-                        "for shapes-clip a shapes-CLIP .safetensors file; for shapes-detection a shapes-DETR .safetensors file "
-                        "with its .json beside it)")
+                        "for shapes-detection the shipped shapes DETR, for shapes-vqa the shipped shapes LXMERT), a timm model "
+                        "name, or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file; for "
+                        "shapes-detection a shapes-DETR, for shapes-vqa a shapes-LXMERT .safetensors file with its .json beside it)")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
     p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,
                    help="images to evaluate (shapes: one-object scenes, default 500, plus n//2 two-object scenes; "
-                        "shapes-clip, shapes-detection: default 200; imagenet, imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
+                        "shapes-clip, shapes-detection: default 200; shapes-vqa: questions, default 300; imagenet, "
+                        "imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
                         "reads --n as an abbreviation of its own options")
     p.add_argument("--batch-size", type=int, default=16, help="images explained together (default 16)")
     p.add_argument("--out", default="relevancy-eval", help="output folder (default relevancy-eval)")
     p.add_argument("--seed", type=int, default=0, help="shapes: which scenes; imagenet: which images; shapes-detection: "
-                                                        "0-999, the scenes of seed DETECTION_TEST_SEED + S (default 0)")
+                                                        "0-999, the scenes of seed DETECTION_TEST_SEED + S; shapes-vqa: 0-999, "
+                                                        "the questions of seed VQA_TEST_SEED + 3 S (default 0)")
     p.add_argument("--threshold", type=float, default=None,
                    help="shapes-detection: the detection probability threshold (default 0.5, the authors')")
+    p.add_argument("--perturbation-n", type=int, default=None,
+                   help="shapes-vqa: the perturbation test (text and image, positive and negative) runs on the first P "
+                        "questions (default min(n, 100): it costs 15 to 60 times the maps; 0: skip it)")
     p.add_argument("--paper-settings", action="store_true",
                    help="the authors' evaluation options: start_layer=1 for rollout and transformer_attribution, "
                         "normalised attention_gradcam, squash resize without crop for ImageNet")

@@ -1,12 +1,13 @@
 """`relevancy evaluate`: the papers' evaluation protocols in one command.
 
-    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection [--data PATH] [--images DIR]
-                       [--model NAME] [--arch A] [--methods all|a,b,c] [--n N | -n N] [--batch-size B] [--out DIR] [--seed S]
-                       [--threshold P] [--paper-settings] [--threads T] [--workers W] [--json]
+    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection|shapes-vqa
+                       [--data PATH] [--images DIR] [--model NAME] [--arch A] [--methods all|a,b,c] [--n N | -n N]
+                       [--batch-size B] [--out DIR] [--seed S] [--threshold P] [--perturbation-n P] [--paper-settings]
+                       [--threads T] [--workers W] [--json]
 
 Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
-only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser and
-shapes-detection write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
+only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser, shapes-detection
+and shapes-vqa write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
 :mod:`relevancy.cli`; the output folder is checked before any work. Under ``torchrun --nproc-per-node K``
 (``WORLD_SIZE`` set) each process explains every K-th batch, the metric accumulators are merged with the gloo
 backend and the numbers are exactly those of a single process.
@@ -25,11 +26,16 @@ from torch import nn
 
 __all__ = ["evaluate", "parse_methods"]
 
-DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200}  # imagenet, imagenet-seg: the whole data set
+DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200, "shapes-vqa": 300}  # imagenet, imagenet-seg: the whole data set
 #: shapes-detection renders its scenes at once (about 70 kB each)
 MAX_DETECTION_SCENES = 10_000
 #: shapes-detection's --seed S draws the scenes from DETECTION_TEST_SEED + S, below the detector's validation seed
 MAX_DETECTION_SEED = 999
+#: shapes-vqa renders its scenes at once (about 20 kB each with their regions)
+MAX_VQA_QUESTIONS = 10_000
+#: shapes-vqa's --seed S asks about the scenes of make_questions seed VQA_TEST_SEED + 3 S (scene seeds +3S .. +3S+2),
+#: below the LXMERT's validation seed VQA_TEST_SEED + 10_000
+MAX_VQA_SEED = 999
 #: the ``units`` field of the eraser benchmark's results.json
 RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as ERASER reports them; seconds_per_text: seconds"
 
@@ -85,6 +91,8 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     threshold = getattr(args, "threshold", None)
     if threshold is not None and benchmark != "shapes-detection":
         raise _usage_error("--threshold is used only with --benchmark shapes-detection")
+    if getattr(args, "perturbation_n", None) is not None and benchmark != "shapes-vqa":
+        raise _usage_error("--perturbation-n is used only with --benchmark shapes-vqa")
     if benchmark in ("shapes", "shapes-clip"):
         if args.data is not None:
             raise _usage_error(f"the {benchmark} benchmark generates its scenes: --data is not used with it")
@@ -92,6 +100,8 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
             raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes-clip benchmark, got {n}")
     elif benchmark == "shapes-detection":
         _check_shapes_detection(args, n)
+    elif benchmark == "shapes-vqa":
+        _check_shapes_vqa(args, n)
     elif benchmark == "coco-detr":
         if args.data is None or not Path(args.data).is_file():
             raise _usage_error("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
@@ -142,6 +152,27 @@ def _check_shapes_detection(args: argparse.Namespace, n: int) -> None:
     if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
         raise _usage_error("--model for shapes-detection: 'shapes' (the shipped shapes DETR) or a shapes-DETR "
                            f".safetensors file with its .json (as relevancy.bench.detr_train writes them) beside it, got {args.model!r}")
+
+
+def _check_shapes_vqa(args: argparse.Namespace, n: int) -> None:
+    """The shapes-vqa request: generated questions, a shapes-LXMERT checkpoint, the perturbation subset."""
+    from .questions import vqa_model_path
+
+    for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
+        if value is not None:
+            raise _usage_error(f"{option} is not used with --benchmark shapes-vqa (it generates its questions; "
+                               "--model is 'shapes' or a shapes-LXMERT .safetensors file)")
+    if args.paper_settings:
+        raise _usage_error("--paper-settings is not used with --benchmark shapes-vqa: the LXMERT methods and the "
+                           "perturbation test run as the authors' LXMERT code runs them")
+    if n > MAX_VQA_QUESTIONS:
+        raise _usage_error(f"--n must be at most {MAX_VQA_QUESTIONS} on the shapes-vqa benchmark, got {n}")
+    if args.seed > MAX_VQA_SEED:
+        raise _usage_error(f"--seed must be at most {MAX_VQA_SEED} on the shapes-vqa benchmark, got {args.seed}")
+    perturbation_n = getattr(args, "perturbation_n", None)
+    if perturbation_n is not None and not 0 <= perturbation_n <= n:
+        raise _usage_error(f"--perturbation-n must be between 0 (no perturbation test) and --n ({n}), got {perturbation_n}")
+    vqa_model_path(args.model)
 
 
 def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
@@ -224,6 +255,8 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
         return evaluate_coco_detr(args, methods, n)
     if benchmark == "shapes-detection":
         return evaluate_shapes_detection(args, methods, n)
+    if benchmark == "shapes-vqa":
+        return evaluate_shapes_vqa(args, methods, n)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -302,6 +335,53 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
                "model": "shapes-detr (shipped)" if args.model == "shapes" else args.model, **results}
     text = json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"
     report = detection_report(results)
+    out = Path(args.out)
+    written = [write_atomic(out / "results.json", text), write_atomic(out / "report.md", report)]
+    if args.json:
+        from .common import print_json
+
+        print_json(results)
+    return written
+
+
+def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: int) -> list[Path]:
+    """Questions about unseen scenes answered by the shapes LXMERT, each explained by each method and scored against
+    the regions and words of the object(s) it is about, plus the perturbation test
+    (`relevancy.evaluation.shapes_vqa`); writes results.json and report.md."""
+    from ..bench.vqa import make_questions
+    from ..bench.vqa_model import VQA_TEST_SEED, load_vqa_lxmert
+    from ..evaluation.shapes_vqa import DEFAULT_PERTURBATION_N, supported_methods, vqa_report
+    from .questions import vqa_model_path
+    from ..evaluation.shapes_vqa import evaluate_shapes_vqa as run_benchmark
+    from ..files import strict_json, write_atomic
+
+    path = vqa_model_path(args.model)
+    try:
+        model, _ = load_vqa_lxmert(path)
+    except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as error:
+        raise _usage_error(f"cannot load a shapes LXMERT from {path} and its .json: {type(error).__name__}: {error}") from error
+    perturbation_n = getattr(args, "perturbation_n", None)
+    perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
+    seed = VQA_TEST_SEED + 3 * args.seed
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        batch = make_questions(n, seed)
+        supported = supported_methods(model, batch)  # every registered method that explains this LXMERT
+        if args.methods.strip() == "all":
+            methods = tuple(m for m in methods if m in supported)
+        unsupported = [m for m in methods if m not in supported]
+        if unsupported:
+            raise _usage_error(f"method {unsupported[0]} does not explain LXMERT; shapes-vqa takes {', '.join(supported)}")
+        results = run_benchmark(model, n=n, methods=methods, seed=seed, batch_size=args.batch_size,
+                                perturbation_n=perturbation_n, progress=not args.quiet, batch=batch)
+    finally:
+        torch.set_num_threads(threads)
+    results = {"benchmark": results.pop("benchmark"),
+               "model": "shapes-vqa-lxmert (shipped)" if args.model == "shapes" else args.model, **results}
+    text = json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"
+    report = vqa_report(results)
     out = Path(args.out)
     written = [write_atomic(out / "results.json", text), write_atomic(out / "report.md", report)]
     if args.json:

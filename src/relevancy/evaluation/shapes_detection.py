@@ -77,6 +77,7 @@ from ..metrics.detection_masks import coco_evaluate, encode_masks, masks_at_size
 from ..metrics.discrimination import class_discrimination
 from ..extras import require
 from ..metrics.segmentation import SegmentationTest, normalised_maps
+from .support import supported_methods as probe_methods
 
 __all__ = [
     "DETECTION_THRESHOLD", "MATCH_IOU", "UNITS", "detection_report", "evaluate_shapes_detection", "match_detections",
@@ -92,19 +93,9 @@ _EPS = float(np.spacing(1, dtype=np.float64))
 def supported_methods(model: nn.Module, methods: Sequence[str] | None = None) -> tuple[str, ...]:
     """Those of ``methods`` (default: every registered method, in order) that explain this DETR: each explains
     query 0 of a blank 64 x 64 image once; a method the model's family does not support (`lrp` explains one-stream
-    models) is left out, any other error is raised."""
-    from .. import METHODS
-    from ..families.base import UnsupportedModelError
-
+    models) is left out, any other error is raised (`relevancy.evaluation.support.supported_methods`)."""
     blank = detector_inputs(torch.zeros(1, 3, 64, 64, dtype=next(model.parameters()).dtype))
-    kept = []
-    for method in METHODS if methods is None else methods:
-        try:
-            explain(model, blank, method=method, target=(0, 0))
-        except UnsupportedModelError:
-            continue
-        kept.append(method)
-    return tuple(kept)
+    return probe_methods(model, blank, methods, target=(0, 0), explain=explain)
 
 
 def match_detections(boxes: torch.Tensor, scores: torch.Tensor, truth: torch.Tensor, min_iou: float = MATCH_IOU) -> list[int | None]:

@@ -1,0 +1,138 @@
+"""`relevancy explain-question`: the shapes LXMERT's answers explained, a PNG and an HTML page per question.
+
+    relevancy explain-question [--model shapes|PATH.safetensors] [--n N] [--seed S] [--method M|all] [--out DIR] [--json]
+    relevancy explain-question --question TEXT [--question TEXT ...] [--scene SEED] [--model ...] [--method ...] [--out DIR]
+
+The first form asks N questions of the visual-question world about unseen scenes (``make_questions(N,
+VQA_TEST_SEED + 3 S)``, the scenes of ``evaluate --benchmark shapes-vqa --seed S``; the true answers are known); the
+second asks your questions about scene SEED (``make_questions(1, seed=SEED)``'s scene and regions). Each question's
+predicted answer is explained; per question and method ``DIR/q<i>_<question>_<method>.png`` (the regions' boxes over
+the scene, each filled by its relevance) and ``.html`` (the question's words coloured by theirs). Everything is checked
+before the model loads and drawn before anything is written: a failure leaves no file behind.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..files import check_folder
+from .common import DEFAULT_OUT, UsageError, print_json, resolve_methods
+
+#: questions of the world per call, and the largest --scene seed
+MAX_QUESTIONS = 1000
+MAX_SCENE = 2**31 - 3
+MAX_SEED = 999
+DEFAULT_QUESTIONS = 4
+
+
+def vqa_model_path(model: str) -> Path:
+    """The weights file of ``--model``: 'shapes' (the shipped shapes LXMERT) or a .safetensors file with its .json
+    beside it; a UsageError otherwise."""
+    from ..bench.vqa_model import VQA_WEIGHTS_PATH
+
+    if model == "shapes":
+        if not VQA_WEIGHTS_PATH.is_file() or not VQA_WEIGHTS_PATH.with_suffix(".json").is_file():
+            raise UsageError(f"the shipped shapes LXMERT is missing ({VQA_WEIGHTS_PATH}): train it with "
+                             "python -m relevancy.bench.vqa_train, or give --model PATH.safetensors")
+        return VQA_WEIGHTS_PATH
+    path = Path(model)
+    if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
+        raise UsageError("--model: 'shapes' (the shipped shapes LXMERT) or a shapes-LXMERT .safetensors file with its "
+                         f".json (as relevancy.bench.vqa_train writes them) beside it, got {model!r}")
+    return path
+
+
+def _check(args: argparse.Namespace) -> tuple[list[str], list[str] | None, Path | None, Path]:
+    """Everything checked before the model loads: (methods, questions or None, output folder or None, weights)."""
+    methods = resolve_methods(args.method)
+    if args.question is not None:
+        if args.n is not None or args.seed != 0:
+            raise UsageError("--n and --seed pick questions of the world; with --question give the scene with --scene")
+        if args.scene is not None and not 0 <= args.scene <= MAX_SCENE:
+            raise UsageError(f"--scene must be in 0..{MAX_SCENE}, got {args.scene}")
+        from ..bench.vqa import MAX_LENGTH, question_tokenizer
+
+        questions = [" ".join(q.replace("?", " ").split()) for q in args.question]
+        if any(not q for q in questions):
+            raise UsageError("--question is empty: give a question, e.g. --question 'what color is the star'")
+        try:
+            question_tokenizer().encode(questions, MAX_LENGTH)
+        except ValueError as error:  # unknown words (the message lists the vocabulary) or too long
+            raise UsageError(str(error)) from error
+    else:
+        questions = None
+        if args.scene is not None:
+            raise UsageError("--scene is the scene of your --question(s); without --question use --n and --seed")
+        n = DEFAULT_QUESTIONS if args.n is None else args.n
+        if not 1 <= n <= MAX_QUESTIONS:
+            raise UsageError(f"--n must be in 1..{MAX_QUESTIONS}, got {n}")
+        if not 0 <= args.seed <= MAX_SEED:
+            raise UsageError(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
+    out = None if args.out is None and args.json else Path(args.out or DEFAULT_OUT)
+    if out is not None:
+        check_folder(out)
+    return methods, questions, out, vqa_model_path(args.model)
+
+
+def _numbers(explanations: dict[str, Any], batch, index: int, words: list[str]) -> dict[str, Any]:
+    """What --json prints for one question."""
+    from ..bench.vqa import ANSWERS
+
+    truth = int(batch.answers[index])
+    first = next(iter(explanations.values()))
+    entry: dict[str, Any] = {
+        "question": batch.questions[index], "answer": ANSWERS[int(first.target[index])],
+        "true_answer": ANSWERS[truth] if truth >= 0 else None, "tokens": words,
+        "region_boxes": batch.visual_pos[index].tolist(),
+        "object_regions": [int(r) for r in batch.object_region[index] if r >= 0],
+    }
+    if truth >= 0:
+        entry["target_regions"] = batch.target_regions[index].nonzero().flatten().tolist()
+        entry["target_tokens"] = batch.target_tokens[index].nonzero().flatten().tolist()
+    entry["methods"] = {
+        m: {"logit": float(e.logits[index, int(e.target[index])]), "signed": e.signed,
+            "region_scores": e.parts["image"].scores[index].detach().float().cpu().tolist(),
+            "token_scores": e.parts["text"].scores[index, : len(words)].detach().float().cpu().tolist()}
+        for m, e in explanations.items()
+    }
+    return entry
+
+
+def run_explain_question(args: argparse.Namespace) -> list[Path]:
+    methods, questions, out, weights = _check(args)
+
+    from ..bench.vqa import ANSWERS, make_questions
+    from ..bench.vqa_model import VQA_TEST_SEED, load_vqa_lxmert
+    from ..bench.vqa_show import ask, explain_questions, file_stem, question_words, save_questions
+    from ..evaluation.shapes_vqa import supported_methods
+
+    try:
+        model, tokenizer = load_vqa_lxmert(weights)
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise UsageError(f"cannot load a shapes LXMERT from {weights} and its .json: {type(error).__name__}: {error}") from error
+    if questions is None:
+        n = DEFAULT_QUESTIONS if args.n is None else args.n
+        batch = make_questions(n, VQA_TEST_SEED + 3 * args.seed)
+    else:
+        batch = ask(questions, 0 if args.scene is None else args.scene, tokenizer)
+    supported = supported_methods(model, batch)  # every registered method that explains LXMERT
+    if args.method == "all":
+        methods = list(supported)
+    elif methods[0] not in supported:
+        raise UsageError(f"method {methods[0]} does not explain LXMERT; use one of {', '.join(supported)}")
+    if out is not None:
+        check_folder(out, [f"{file_stem(i, q, m)}{suffix}" for i, q in enumerate(batch.questions) for m in methods
+                           for suffix in (".png", ".html")])
+    explanations = {m: explain_questions(model, batch, method=m, tokenizer=tokenizer) for m in methods}
+    words = question_words(batch, tokenizer)
+    written = save_questions(explanations, batch, out) if out is not None else []
+    if args.json:
+        print_json([_numbers(explanations, batch, i, words[i]) for i in range(len(batch))])
+    else:
+        first = next(iter(explanations.values()))
+        for i, question in enumerate(batch.questions):
+            truth = int(batch.answers[i])
+            known = f" (true answer: {ANSWERS[truth]})" if truth >= 0 else ""
+            print(f"q{i:03d} {question}? -> {ANSWERS[int(first.target[i])]}{known}")
+    return written
