@@ -184,7 +184,7 @@ def _detections(model, images: torch.Tensor, batch_size: int = 250):
 
 
 def evaluate_detector(model, n: int = 1000, seed: int = DETECTION_TEST_SEED, threshold: float = 0.5) -> dict:
-    """COCO box AP (pycocotools) on ``n`` unseen scenes, and the class accuracy of detections (score >=
+    """COCO box AP (pycocotools) on ``n`` unseen scenes, and the class accuracy of detections (score >
     ``threshold``) matched to a ground-truth box at IoU >= 0.5 regardless of class."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
@@ -208,7 +208,7 @@ def evaluate_detector(model, n: int = 1000, seed: int = DETECTION_TEST_SEED, thr
         for score, cls, box in zip(scores.tolist(), classes.tolist(), boxes.tolist()):
             results.append({"image_id": i, "category_id": cls, "score": score,
                             "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
-        keep = scores >= threshold
+        keep = scores > threshold
         detected += int(keep.sum())
         if keep.any():
             iou = box_iou(boxes[keep], gt)
