@@ -27,12 +27,19 @@ class DetectionExplanation(Explanation):
             for r, (i, q, k) in enumerate(zip(self.image.tolist(), self.query.tolist(), self.target.tolist()))
         ]
 
-    def save(self, path: str | Path, images: torch.Tensor | None = None, boxes: torch.Tensor | None = None) -> Path:
-        """An overlay PNG, one panel per object: `images` the explained images (B, 3, H, W) as given to explain
-        (each row is drawn over its own image), `boxes` (R, 4) x0, y0, x1, y1 in pixels (e.g. `detect`'s)."""
+    def save(self, path: str | Path, images=None, boxes: torch.Tensor | None = None) -> Path:
+        """An overlay PNG, one panel per object: `images` the explained images, normalised (B, 3, H, W) as given to
+        explain or as pictures (B, H, W, 3) uint8 (each row is drawn over its own image); `boxes` (R, 4) x0, y0, x1,
+        y1 in pixels (e.g. `detect`'s)."""
         from ...viz import overlay_figure, save_figure
 
         part = self.parts["image"]
-        pictures = part.pixels(images[self.image]) if images is not None else None
+        pictures = None
+        if images is not None:
+            images = torch.as_tensor(images)
+            if images.dtype == torch.uint8:
+                pictures = images[self.image.cpu()].float() / 255
+            else:
+                pictures = part.pixels(images[self.image])
         titles = [f"{self.method}\n{label}" for label in self.labels()]
         return save_figure(overlay_figure(part.heatmap().cpu(), pictures, part.signed, titles, boxes), path)
