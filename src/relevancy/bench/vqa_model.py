@@ -121,14 +121,16 @@ def evaluate_vqa(model, n: int = 2000, seed: int = VQA_TEST_SEED, batch=None) ->
     ``{"overall": ..., "per_type": {type: accuracy}, "count_per_type": {...}, "n": n, "seed": seed}``."""
     was_training = model.training
     model.eval()
-    batch = batch if batch is not None else make_questions(n, seed)
-    pred = predict(model, batch)
+    try:
+        batch = batch if batch is not None else make_questions(n, seed)
+        pred = predict(model, batch)
+    finally:
+        model.train(was_training)
     right = (pred == batch.answers).numpy()
     per_type, counts = {}, {}
     for t, name in enumerate(QUESTION_TYPES):
         sel = batch.qtype == t
         counts[name] = int(sel.sum())
         per_type[name] = float(right[sel].mean()) if sel.any() else float("nan")
-    model.train(was_training)
     return {"overall": float(np.mean(right)), "per_type": per_type, "count_per_type": counts,
             "n": len(batch), "seed": seed}
