@@ -50,7 +50,7 @@ from .captions import COLORS, Tokenizer, attribute_arrays, caption_truth, sample
 from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
                          load_clip)
 from .model import EVAL_SEED_BASE
-from .train import run_training_command, training_parser
+from .train import learning_rate, run_training_command, training_parser
 from .scenes import CLASSES, PATCH_SIZE, make_scenes
 
 VAL_SEED = EVAL_SEED_BASE + 10_000  # quick validation during training, disjoint from the test seeds
@@ -237,11 +237,7 @@ def train(args) -> None:
         progress = (time.time() - t0) / budget if budget else step / args.steps
         if progress >= 1.0:
             break
-        if progress < args.warmup:
-            lr = args.lr * progress / args.warmup
-        else:
-            q = (progress - args.warmup) / (1 - args.warmup)
-            lr = args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * q))
+        lr = learning_rate(args, progress)
         for g in opt.param_groups:
             g["lr"] = lr
         if loader is not None:

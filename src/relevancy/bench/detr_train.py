@@ -20,7 +20,6 @@ the step count with ``--steps`` (exactly reproducible); gradient norm clipped at
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import time
@@ -33,7 +32,7 @@ from .detection import (DETECTION_TEST_SEED, DETECTOR_CONFIG, build_detector, de
                         load_detector, make_detection_scenes)
 from .model import EVAL_SEED_BASE
 from .scenes import CLASSES
-from .train import _log, curriculum, run_training_command, save_weights, training_parser
+from .train import _log, curriculum, learning_rate, run_training_command, save_weights, training_parser
 
 STRIDE = 8  # the image tokens' cell size in pixels
 VAL_SEED = EVAL_SEED_BASE + 31_000  # quick validation during training, disjoint from the test scenes
@@ -49,13 +48,6 @@ def save_detector(model, path: Path, meta: dict) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(dict(config=DETECTOR_CONFIG, **meta), indent=1))
     os.replace(tmp, path.with_suffix(".json"))
-
-
-def _schedule(args, progress: float) -> float:
-    if progress < args.warmup:
-        return args.lr * progress / args.warmup
-    q = (progress - args.warmup) / (1 - args.warmup)
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * q))
 
 
 def token_targets(scenes, stride: int) -> torch.Tensor:
@@ -102,7 +94,7 @@ def train(args) -> None:
         progress = (time.time() - t0) / budget if budget else step / args.steps
         if progress >= 1.0:
             break
-        lr = _schedule(args, progress)
+        lr = learning_rate(args, progress)
         for group in opt.param_groups:
             group["lr"] = lr
         clutter = float(curriculum(progress, 1, rng)[0])

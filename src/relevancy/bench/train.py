@@ -159,11 +159,7 @@ def train(args) -> None:
         progress = elapsed / budget if budget else step / args.steps
         if progress >= 1.0:
             break
-        if progress < args.warmup:
-            lr = args.lr * progress / args.warmup
-        else:
-            q = (progress - args.warmup) / (1 - args.warmup)
-            lr = args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * q))
+        lr = learning_rate(args, progress)
         for g in opt.param_groups:
             g["lr"] = lr
         if loader is not None:
@@ -223,6 +219,15 @@ def evaluate(args) -> dict:
          f"{acc['pair_top2']:.4f} (n={acc['n']} each, seeds {EVAL_SEED_BASE}, {EVAL_SEED_BASE + 1})")
     print(json.dumps(acc))
     return acc
+
+
+def learning_rate(args: argparse.Namespace, progress: float) -> float:
+    """The shared schedule at `progress` (0..1) of a run: linear warm-up over `--warmup`, then cosine decay from
+    `--lr` to `--min-lr`."""
+    if progress < args.warmup:
+        return args.lr * progress / args.warmup
+    q = (progress - args.warmup) / (1 - args.warmup)
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * q))
 
 
 def training_parser(doc: str, minutes: float, pair_fraction: float, lr: float, weight_decay: float) -> argparse.ArgumentParser:

@@ -19,7 +19,6 @@ weights.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import time
@@ -30,7 +29,7 @@ import torch
 from .captions import Tokenizer
 from .clip_train import _log
 from .model import EVAL_SEED_BASE
-from .train import run_training_command, training_parser
+from .train import learning_rate, run_training_command, training_parser
 from .vqa import ANSWERS, MAX_LENGTH, QUESTION_TYPES, make_questions, question_tokenizer
 from .vqa_model import (VQA_CONFIG, VQA_TEST_SEED, VQA_VAL_SEED, VQA_WEIGHTS_PATH, build_vqa_lxmert,
                         evaluate_vqa, load_vqa_lxmert)
@@ -106,11 +105,7 @@ def train(args) -> None:
         progress = (time.time() - t0) / budget if budget else step / args.steps
         if progress >= 1.0:
             break
-        if progress < args.warmup:
-            lr = args.lr * progress / args.warmup
-        else:
-            p = (progress - args.warmup) / (1 - args.warmup)
-            lr = args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * p))
+        lr = learning_rate(args, progress)
         for g in opt.param_groups:
             g["lr"] = lr
         batch = make_questions(scenes, step_seed(args.seed, step), questions_per_scene=q, vit=vit,

@@ -125,17 +125,23 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     return benchmark, n
 
 
+def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family: str) -> None:
+    """A benchmark that generates its `data` for a shipped shapes `family` model takes no data options and no
+    --paper-settings (its methods run as the authors' code for that family runs them)."""
+    for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
+        if value is not None:
+            raise _usage_error(f"{option} is not used with --benchmark {benchmark} (it generates its {data}; "
+                               f"--model is 'shapes' or a shapes-{family} .safetensors file)")
+    if args.paper_settings:
+        raise _usage_error(f"--paper-settings is not used with --benchmark {benchmark}: the {family} methods run "
+                           f"as the authors' {family} code runs them")
+
+
 def _check_shapes_detection(args: argparse.Namespace, n: int) -> None:
     """The shapes-detection request: generated scenes, a shapes-DETR checkpoint, a detection threshold."""
     from ..bench.detection import DETECTOR_WEIGHTS_PATH
 
-    for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
-        if value is not None:
-            raise _usage_error(f"{option} is not used with --benchmark shapes-detection (it generates its scenes; "
-                               "--model is 'shapes' or a shapes-DETR .safetensors file)")
-    if args.paper_settings:
-        raise _usage_error("--paper-settings is not used with --benchmark shapes-detection: the DETR methods run "
-                           "as the authors' DETR code runs them")
+    _check_generated(args, "shapes-detection", "scenes", "DETR")
     if n > MAX_DETECTION_SCENES:
         raise _usage_error(f"--n must be at most {MAX_DETECTION_SCENES} on the shapes-detection benchmark, got {n}")
     if args.seed > MAX_DETECTION_SEED:
@@ -158,13 +164,7 @@ def _check_shapes_vqa(args: argparse.Namespace, n: int) -> None:
     """The shapes-vqa request: generated questions, a shapes-LXMERT checkpoint, the perturbation subset."""
     from .questions import vqa_model_path
 
-    for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
-        if value is not None:
-            raise _usage_error(f"{option} is not used with --benchmark shapes-vqa (it generates its questions; "
-                               "--model is 'shapes' or a shapes-LXMERT .safetensors file)")
-    if args.paper_settings:
-        raise _usage_error("--paper-settings is not used with --benchmark shapes-vqa: the LXMERT methods and the "
-                           "perturbation test run as the authors' LXMERT code runs them")
+    _check_generated(args, "shapes-vqa", "questions", "LXMERT")
     if n > MAX_VQA_QUESTIONS:
         raise _usage_error(f"--n must be at most {MAX_VQA_QUESTIONS} on the shapes-vqa benchmark, got {n}")
     if args.seed > MAX_VQA_SEED:
