@@ -1,16 +1,17 @@
 """Cost of explaining every object of an image with DETR, in no-grad forward passes of the same images.
 
     python benchmarks/detr_speed.py [--batch 1 4] [--objects 1 5] [--size 800 1066] [--repeats 3] [--threads 2]
-                                    [--device cpu|cuda] [--out FILE]
+                                    [--methods generic_attention ...] [--device cpu|cuda] [--out FILE]
 
 The model is DETR-R50-sized with random weights, built offline: `DetrForObjectDetection(DetrConfig(
 use_pretrained_backbone=False))` (timm ResNet-50 backbone, d_model 256, 6 encoder and 6 decoder layers, 8 heads,
 100 queries, 91 classes), float32, eval, attention as configured (sdpa). Inputs: random normal (normalised) images.
 Random weights detect nothing, so the explained objects are given: queries 0..K-1 of every image, class 1.
 
-relevancy runs the backbone once per image and the encoder-decoder once per explained object (each object's
-score has its own gradient), so the cost grows with the objects by the transformer's share of a forward.
-The authors' code runs the whole model once per object. Times are medians over `--repeats`, each interleaved with
+relevancy runs the model once per image (the backbone without an autograd graph) and one backward through the
+encoder-decoder per explained object (each object's score has its own gradients), so each further object adds
+about a third of a forward; on a CPU it takes the images one at a time (see `DetrAdapter.independent_groups`).
+The authors' code runs the whole model, forward and backward, once per object. Times are medians over `--repeats`, each interleaved with
 a no-grad forward so that load from other work affects both sides of a ratio.
 """
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--objects", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--size", type=int, nargs=2, default=[800, 1066], metavar=("H", "W"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None)
@@ -114,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         images = torch.randn(batch, 3, *args.size, generator=torch.Generator().manual_seed(0)).to(args.device)
         for objects in args.objects:
             targets = [[(q, 1) for q in range(objects)] for _ in range(batch)]
-            medians = measure(model, {"pixel_values": images}, targets, METHODS, args.repeats)
-            lines += ratio_rows(f"{batch} | -", f"{batch} | {objects}", medians, METHODS)
+            medians = measure(model, {"pixel_values": images}, targets, tuple(args.methods), args.repeats)
+            lines += ratio_rows(f"{batch} | -", f"{batch} | {objects}", medians, tuple(args.methods))
     finish(lines, args.out)
 
 

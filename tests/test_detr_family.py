@@ -81,19 +81,40 @@ def test_every_record_in_one_batched_call(case, model, key):
     check_records_batched(case, model, key, *DETR_KEYS[key])
 
 
-def test_the_backbone_runs_once_per_image(case, model):
-    """Two objects of each of two images: one backbone pass on the two images, the encoder-decoder on four rows."""
+@pytest.mark.parametrize("key", DETR_KEYS)
+def test_every_record_with_the_images_batched_together(case, model, key, monkeypatch):
+    """The path a GPU takes: both images in one forward, each object's gradient from its round's backward."""
+    from relevancy.families.detr.adapter import DetrAdapter
+
+    monkeypatch.setattr(DetrAdapter, "independent_groups", lambda self, inputs: None)
+    check_records_batched(case, model, key, *DETR_KEYS[key])
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("method, rows_per_image", [("generic_attention", 1), ("transformer_attribution", 2)])
+def test_each_image_runs_once_through_what_its_objects_share(case, model, method, rows_per_image, batched, monkeypatch):
+    """Two objects of each of two images: the backbone runs once per image; the encoder-decoder once per image
+    for the methods that read attentions and gradients (each object's gradient from a backward of its own), once
+    per object for LRP (each object's relevance is a backward through its own rules). On a CPU one image at a
+    time (`batched=False`); on a GPU both images in one call."""
+    from relevancy.families.detr.adapter import DetrAdapter
+
+    if batched:
+        monkeypatch.setattr(DetrAdapter, "independent_groups", lambda self, inputs: None)
     seen: list[int] = []
     # the convolutional network inside DETR's backbone wrapper: what actually runs on the pixels
     backbone = model.model.backbone.model.register_forward_pre_hook(lambda _m, args: seen.append(len(args[0])))
-    encoder_rows: list[int] = []
-    encoder = model.model.encoder.register_forward_hook(lambda _m, _a, out: encoder_rows.append(len(out[0])))
+    rows: list[int] = []
+    encoder = model.model.encoder.register_forward_hook(lambda _m, _a, out: rows.append(len(out[0])))
     try:
-        relevancy.explain(model, images(case), method="generic_attention", target=targets_per_image(case))
+        relevancy.explain(model, images(case), method=method, target=targets_per_image(case))
     finally:
         backbone.remove()
         encoder.remove()
-    assert seen == [2] and encoder_rows == [4]
+    if batched:
+        assert seen == [2] and rows == [2 * rows_per_image]
+    else:
+        assert seen == [1, 1] and rows == [rows_per_image, rows_per_image]
 
 
 def test_the_nan_rule_fires_where_the_authors_drop_a_layer(case):
@@ -141,6 +162,30 @@ def test_model_unchanged_after_success_and_failure(case, method, monkeypatch):
         relevancy.explain(model, images(case), method=method, target=(2, 1))
     assert_same(before, snapshot(model))
     assert model.config._attn_implementation == implementation
+
+
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_a_failing_backbone_leaves_grad_mode_and_hooks_as_they_were(case, grad_mode):
+    """The backbone runs without a graph (its hooks switch grad mode off and back): a failure inside it leaves the
+    caller's grad mode, the model's hooks and its weights as they were."""
+    model = build(case)
+    before = snapshot(model)
+
+    def fail(*_args):
+        raise RuntimeError("injected failure")
+
+    handle = model.model.backbone.model.register_forward_hook(fail)
+    try:
+        with torch.set_grad_enabled(grad_mode), pytest.raises(RuntimeError, match="injected failure"):
+            relevancy.explain(model, images(case), method="generic_attention", target=targets_per_image(case))
+        assert torch.is_grad_enabled()
+        with torch.set_grad_enabled(grad_mode):
+            with pytest.raises(RuntimeError, match="injected failure"):
+                relevancy.explain(model, images(case), method="transformer_attribution", target=(2, 1))
+            assert torch.is_grad_enabled() == grad_mode
+    finally:
+        handle.remove()
+    assert_same(before, snapshot(model))
 
 
 def test_cdam_is_signed_per_image_token(case, model):

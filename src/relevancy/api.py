@@ -5,6 +5,7 @@ import difflib
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 from .explanation import Explanation
@@ -49,7 +50,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
                 f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
             )
         with adapter.explaining(attention_probabilities=spec.needs_attention):
-            scores, indices, logits, *details = spec.run(adapter, inputs, target, **options)
+            scores, indices, logits, *details = run_in_groups(spec.run, adapter, inputs, target, options)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
         if not spec.pixels:
@@ -64,6 +65,26 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             concept=target if isinstance(target, Concept) else None,
             **(details[0] if details else {}),
         )
+
+
+def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict) -> tuple:
+    """`run(adapter, inputs, target, **options)`, once per group of rows the adapter says are cheaper apart
+    (`Adapter.independent_groups`), the results joined back in row order; at once where it names none."""
+    groups = adapter.independent_groups(inputs)
+    if groups is None:
+        return run(adapter, inputs, target, **options)
+    results = [run(adapter, group, target[rows] if isinstance(target, torch.Tensor) else target, **options)
+               for rows, group in groups]
+    order = torch.cat([rows for rows, _ in groups]).argsort()
+    return tuple(_joined([result[k] for result in results], order) for k in range(len(results[0])))
+
+
+def _joined(values: list, order: torch.Tensor) -> Any:
+    """Per-group results (tensors, or dicts of them) concatenated along rows and put back in row order."""
+    if isinstance(values[0], dict):
+        return {key: _joined([value[key] for value in values], order) for key in values[0]}
+    joined = torch.cat(values)
+    return joined[order.to(joined.device)]
 
 
 EXPLAIN_INPUTS = """\

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .families.base import Adapter, forward_hooks
 from .streams import AttentionSite
 from .targets import Target, resolve_target, target_score
+
+# what `Forward.gradients` applies to each gradient and its tensor before gathering the rows
+Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -22,16 +25,54 @@ class Forward:
     sites: list[AttentionSite] = field(default_factory=list)
     attentions: list[torch.Tensor] = field(default_factory=list)  # per site (B, heads, T_query, T_key)
     attention_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # per stream (B, T, D), CDAM's X
+    # with a shared forward: the batch entry each row reads (R,), and the recorded tensor behind each row view
+    sources: torch.Tensor | None = None
+    recorded: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def self_attentions(self, stream: str) -> list[torch.Tensor]:
         """The recorded self-attentions of `stream`, block by block."""
         return [a for site, a in zip(self.sites, self.attentions) if site.is_self and site.query == stream]
 
-    def gradients(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """d score / d tensor for each tensor; inputs of a batch do not mix, so one backward serves all. A tensor
-        the score does not depend on (LXMERT's last image-to-text attention) gets zeros."""
-        grads = torch.autograd.grad(self.score.sum(), tensors, allow_unused=True)
-        return [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads)]
+    def gradients(self, tensors: list[torch.Tensor], combine: Combine | None = None) -> list[torch.Tensor]:
+        """d score / d tensor for each tensor, per row; inputs of a batch do not mix, so one backward serves all
+        rows of distinct forwards. Rows sharing a forward get theirs from one backward per round (round m: the
+        m-th row of every forward; faster on the CPU than a batched backward). A tensor the score does not
+        depend on (LXMERT's last image-to-text attention) gets zeros.
+
+        `combine(gradient, tensor)` (detached; it may overwrite the gradient) is applied before the rows are
+        gathered, so that a reduction such as generic attention's positive head mean never holds every row's
+        full gradient at once."""
+        def combined(grads: tuple, originals: list[torch.Tensor]) -> list[torch.Tensor]:
+            filled = [torch.zeros_like(t) if g is None else g for t, g in zip(originals, grads)]
+            return filled if combine is None else [combine(g, t.detach()) for g, t in zip(filled, originals)]
+
+        if self.sources is None:
+            return combined(torch.autograd.grad(self.score.sum(), tensors, allow_unused=True), tensors)
+        originals = [self.recorded[id(t)] for t in tensors]
+        rounds = _rounds(self.sources)
+        count = int(rounds.max()) + 1
+        per_round = []
+        for m in range(count):
+            output = (rounds == m).to(self.score.dtype)
+            grads = torch.autograd.grad(self.score, originals, grad_outputs=output, retain_graph=m < count - 1,
+                                        allow_unused=True)
+            per_round.append(combined(grads, originals))
+        if count == len(rounds) and bool((self.sources == 0).all()):  # one forward: round r is row r
+            return [torch.cat([grads[k] for grads in per_round]) for k in range(len(tensors))]
+        return [torch.stack([grads[k] for grads in per_round])[rounds, self.sources] for k in range(len(tensors))]
+
+
+def _rounds(sources: torch.Tensor) -> torch.Tensor:
+    """For each row, how many earlier rows read the same forward."""
+    same = sources[:, None] == sources[None, :]
+    return (same.tril(-1)).sum(1)
+
+
+def _per_row(tensor: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    """The recorded tensor's entry for each row: a broadcast view when every row reads the one forward."""
+    if len(tensor) == 1:
+        return tensor.expand(len(sources), *tensor.shape[1:])
+    return tensor[sources]
 
 
 def record_forward(
@@ -42,8 +83,13 @@ def record_forward(
     attentions: bool = False,
     attention_inputs: bool = False,
     gradients: bool = False,
+    share_rows: bool = False,
 ) -> Forward:
-    """Run the model once, recording the asked-for tensors (the adapter's `explaining` context must be active)."""
+    """Run the model once, recording the asked-for tensors (the adapter's `explaining` context must be active).
+
+    `share_rows`: rows that explain scores of one forward pass (`Adapter.forward_shared`) run it once; the
+    recorded tensors are then views per row and `Forward.gradients` gives each row its own gradient. For
+    methods that read attentions and gradients only (LRP needs a backward of its own per row)."""
     sites = adapter.attention_sites() if attentions else []
     recorded: list[torch.Tensor] = [None] * len(sites)  # type: ignore[list-item]
     entering = adapter.attention_inputs() if attention_inputs else {}
@@ -59,9 +105,22 @@ def record_forward(
     with forward_hooks([s.probabilities for s in sites], keep_attention), forward_hooks(
         list(entering.values()), keep_input
     ), torch.set_grad_enabled(gradients):
-        logits, pre_logits = adapter.forward(inputs, graph=gradients)
+        shared = adapter.forward_shared(inputs, graph=gradients) if share_rows else None
+        if shared is None:
+            logits, pre_logits = adapter.forward(inputs, graph=gradients)
+            sources = None
+        else:
+            logits, pre_logits, sources = shared
         indices = resolve_target(target, logits)
         score = target_score(target, indices, logits, pre_logits)
+    behind: dict[int, torch.Tensor] = {}
+    if sources is not None:
+        for tensors in (recorded, seen):
+            keys = range(len(tensors)) if isinstance(tensors, list) else list(tensors)
+            for key in keys:
+                row_view = _per_row(tensors[key], sources)
+                behind[id(row_view)] = tensors[key]
+                tensors[key] = row_view
     return Forward(
         logits=logits.detach(),
         pre_logits=pre_logits.detach(),
@@ -70,4 +129,6 @@ def record_forward(
         sites=sites,
         attentions=recorded,
         attention_inputs=seen,
+        sources=sources,
+        recorded=behind,
     )

@@ -59,6 +59,7 @@ __all__ = [
     "object_phrase",
     "zero_shot_prompt",
     "sample_captions",
+    "confusable_captions",
     "caption_truth",
 ]
 
@@ -278,6 +279,39 @@ def sample_captions(scenes: Scenes, rng: np.random.Generator) -> list[Caption]:
             rel = int(att["relation"][i])
             rel = (rel if a == 0 else rel ^ 1) if kind == "relation" else _ANY
             out.append(_make_caption([obj(a), obj(b)], rel))
+    return out
+
+
+def confusable_captions(scenes: Scenes, rng: np.random.Generator) -> list[Caption]:
+    """One "{colour} {shape}" caption per scene that is (almost always) false of
+    it but shares its words: the hard negatives that teach a CLIP to bind a
+    colour to its shape and to tell neighbouring hues apart.
+
+    For a pair with two shapes and two colours, half of the time the colour of
+    one object goes with the shape of the other ("a red ring" for a red star and
+    a blue ring); otherwise one object keeps its shape and takes the
+    neighbouring hue bin, or keeps its colour and takes another shape.  The few
+    that happen to be true are scored as true by :func:`caption_truth`.
+    """
+    att = attribute_arrays(scenes)
+    n, k = att["shape"].shape
+    hues = len(COLOR_BINS)
+    pick = rng.integers(0, k, n)
+    mode = rng.random((n, 2))
+    step = np.where(rng.random(n) < 0.5, -1, 1)
+    other_shape = rng.integers(1, len(CLASSES), n)
+    out = []
+    for i in range(n):
+        j = int(pick[i])
+        shape, color = int(att["shape"][i, j]), int(att["color"][i, j])
+        if k == 2 and mode[i, 0] < 0.5 and att["shape"][i, 0] != att["shape"][i, 1] \
+                and att["color"][i, 0] != att["color"][i, 1]:
+            color = int(att["color"][i, 1 - j])
+        elif mode[i, 1] < 0.5 and color < hues:
+            color = (color + int(step[i])) % hues
+        else:
+            shape = (shape + int(other_shape[i])) % len(CLASSES)
+        out.append(_make_caption([(shape, color, _ANY, _ANY)]))
     return out
 
 

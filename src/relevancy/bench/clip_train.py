@@ -46,7 +46,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .captions import COLORS, Tokenizer, attribute_arrays, caption_truth, sample_captions
+from .captions import (COLORS, Tokenizer, attribute_arrays, caption_truth, confusable_captions,
+                       sample_captions)
 from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
                          load_clip)
 from .model import EVAL_SEED_BASE
@@ -138,10 +139,13 @@ def scene_targets(attributes: dict[str, np.ndarray]) -> torch.Tensor:
 
 
 def make_batch(seed: int, step: int, n_single: int, n_pair: int, captions: int,
-               tokenizer: Tokenizer, progress: float = 1.0):
+               tokenizer: Tokenizer, progress: float = 1.0, hard_negatives: int = 0):
     """One training step: images (B, 3, 64, 64), token ids and mask
-    (captions * B, L), the truth matrix (B, captions * B) float and the
-    targets of the auxiliary losses (:func:`token_targets`, :func:`scene_targets`)."""
+    ((captions + hard_negatives) * B, L), the truth matrix over all of them (float)
+    and the targets of the auxiliary losses (:func:`token_targets`,
+    :func:`scene_targets`).  The ``hard_negatives`` captions per scene come
+    from :func:`confusable_captions`, drawn after the true ones so that a run
+    without them sees the same true captions."""
     base = seed * 10**8 + 2 * step
     assert base + 1 < EVAL_SEED_BASE
     rng = np.random.default_rng([seed, step, 11])
@@ -149,6 +153,7 @@ def make_batch(seed: int, step: int, n_single: int, n_pair: int, captions: int,
     s2 = make_scenes(n_pair, seed=base + 1, objects=2, clutter=clutter_schedule(progress, n_pair, rng))
     a1, a2 = attribute_arrays(s1), attribute_arrays(s2)
     caps = [c for _ in range(captions) for s in (s1, s2) for c in sample_captions(s, rng)]
+    caps += [c for _ in range(hard_negatives) for s in (s1, s2) for c in confusable_captions(s, rng)]
     truth = caption_truth(caps, [a1, a2])
     enc = tokenizer([c.text for c in caps], CONTEXT_LENGTH)
     return (torch.cat([s1.images, s2.images]), enc["input_ids"], enc["attention_mask"],
@@ -164,11 +169,17 @@ def aux_weight(progress: float, w0: float, end: float = 0.8) -> float:
 
 def multi_positive_clip_loss(image_emb: torch.Tensor, text_emb: torch.Tensor,
                              logit_scale: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
-    """Symmetric InfoNCE whose targets spread uniformly over all true pairs."""
+    """Symmetric InfoNCE whose targets spread uniformly over all true pairs.
+
+    A caption true of no image of the batch (a hard negative) only competes in
+    the image-to-text term; the text-to-image term averages over the others."""
     sim = F.normalize(image_emb, dim=-1) @ F.normalize(text_emb, dim=-1).T
     logits = logit_scale.exp().clamp(max=100.0) * sim
     i2t = -(truth / truth.sum(1, keepdim=True) * F.log_softmax(logits, 1)).sum(1).mean()
-    t2i = -(truth / truth.sum(0, keepdim=True) * F.log_softmax(logits, 0)).sum(0).mean()
+    true_of_some = truth.sum(0) > 0
+    t2i_truth = truth[:, true_of_some]
+    t2i = -(t2i_truth / t2i_truth.sum(0, keepdim=True)
+            * F.log_softmax(logits[:, true_of_some], 0)).sum(0).mean()
     return 0.5 * (i2t + t2i)
 
 
@@ -185,7 +196,7 @@ class _Batches(torch.utils.data.IterableDataset):
         tok = Tokenizer()
         for step in range(wid, self.args.steps, nw):
             yield make_batch(self.args.seed, step, self.n_single, self.n_pair, self.args.captions, tok,
-                             step / self.args.steps)
+                             step / self.args.steps, self.args.hard_negatives)
 
 
 def train(args) -> None:
@@ -217,13 +228,14 @@ def train(args) -> None:
     budget = args.minutes * 60.0 if args.steps is None else None
     _log(log, f"start training seed={args.seed} config={json.dumps(config)} "
               f"params={sum(p.numel() for p in model.parameters())} batch={n_single}+{n_pair} "
-              f"captions/scene={args.captions} aux_weight={args.aux_weight} aux_end={args.aux_end} "
+              f"captions/scene={args.captions} hard_negatives/scene={args.hard_negatives} aux_weight={args.aux_weight} aux_end={args.aux_end} "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
               f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} device={args.device} "
               f"threads={args.threads} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
               f"host={platform.node()} cpu={platform.processor() or platform.machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, pair_fraction=args.pair_fraction,
-                captions_per_scene=args.captions, aux_weight=args.aux_weight, aux_end=args.aux_end,
+                captions_per_scene=args.captions, hard_negatives_per_scene=args.hard_negatives,
+                aux_weight=args.aux_weight, aux_end=args.aux_end,
                 lr=args.lr)
     loader = None
     if args.workers > 0:
@@ -243,7 +255,8 @@ def train(args) -> None:
         if loader is not None:
             batch = next(loader)
         else:
-            batch = make_batch(args.seed, step, n_single, n_pair, args.captions, tokenizer, progress)
+            batch = make_batch(args.seed, step, n_single, n_pair, args.captions, tokenizer, progress,
+                               args.hard_negatives)
         images, ids, mask, truth, tok_target, scene_target = (t.to(device, non_blocking=True) for t in batch)
         vis = model.vision_model(pixel_values=images)
         img = model.visual_projection(vis.pooler_output)
@@ -309,6 +322,8 @@ def evaluate(args) -> dict:
 def main(argv=None) -> None:
     ap = training_parser(__doc__, minutes=85.0, pair_fraction=0.5, lr=1e-3, weight_decay=0.1)
     ap.add_argument("--captions", type=int, default=2, help="captions per scene and step")
+    ap.add_argument("--hard-negatives", type=int, default=1,
+                    help="confusable false captions per scene and step (binding and hue hard negatives)")
     ap.add_argument("--aux-weight", type=float, default=1.0,
                     help="weight of the auxiliary patch-labelling loss early in training")
     ap.add_argument("--aux-end", type=float, default=0.8,

@@ -108,6 +108,17 @@ class Adapter:
         output is differentiable with respect to the input tokens even when every weight is frozen."""
         return self.forward_tokens(inputs, self.embed(inputs, graph))
 
+    def independent_groups(self, inputs: Any) -> list[tuple[torch.Tensor, Any]] | None:
+        """Groups of rows `(row indices, inputs of those rows)` that are cheaper to explain one group at a time
+        (DETR on a CPU: one image with its objects); None (the default): the whole batch at once."""
+        return None
+
+    def forward_shared(self, inputs: Any, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Where several rows explain scores of one forward pass (DETR: several objects of one image), that pass
+        run once: `(logits, pre_logits, sources)` per row, `sources` (R,) the batch entry of the recorded tensors
+        that row reads. None (the default): every row is its own forward."""
+        return None
+
     def embed(self, inputs: Any, graph: bool = False) -> dict[str, torch.Tensor]:
         """Per stream, the tokens `(B, T, D)` entering its first block (position embedding added)."""
         raise NotImplementedError

@@ -32,9 +32,10 @@ def softmax_on_graph(scores: torch.Tensor) -> torch.Tensor:
 
 def exact_eager_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """transformers' eager attention with the softmax in the model's dtype; returns (output, probabilities)."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    # in place: the largest tensors of a long sequence are not allocated twice (same arithmetic, same graph)
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
     if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[-2]]
+        scores = scores.add_(attention_mask[..., : key.shape[-2]])
     elif kwargs.get("is_causal") and query.shape[-2] > 1:  # no mask made for us: keep the model causal anyway
         blocked = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=scores.device).triu(1)
         scores = scores.masked_fill(blocked, torch.finfo(scores.dtype).min)

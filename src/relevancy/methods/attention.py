@@ -103,7 +103,7 @@ def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str 
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
     Cross-attention models: the readout stream's last self-attention, and its last cross-attention into each
     other stream."""
-    fwd = record_forward(adapter, inputs, target, attentions=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
     if coattention.has_cross_attention(adapter):
         reader = coattention.readout_stream(adapter.streams(inputs)).name
         last = coattention.last_sites(fwd.sites, reader, adapter.streams(inputs))
@@ -124,7 +124,7 @@ def rollout(
     `row_normalize`: divide each `I + A` by its row sums (Abnar & Zuidema; the default), or chain the raw
     `I + A` (the authors' VisualBERT code)."""
     row_normalize = family_option(adapter, "rollout", "row_normalize", row_normalize, True)
-    fwd = record_forward(adapter, inputs, target, attentions=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
     if coattention.has_cross_attention(adapter):
         if start_layer != 0:
             raise ValueError("start_layer applies to self-attention models; rollout across streams uses every layer")

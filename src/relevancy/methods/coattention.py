@@ -111,6 +111,7 @@ def propagate(
     paper's ablations).
     """
     relevance = initial_matrices(streams, sizes, cams[0])
+    untouched = set(relevance)  # still I or 0: a product with them needs no matrix multiplication
     attends = {(site.query, site.key) for site in sites}
     valid = {name: stream.valid for name, stream in streams.items()}
     for step in steps(sites):
@@ -119,7 +120,12 @@ def propagate(
             site, cam = sites[k], cams[k]
             s, key = site.query, site.key
             if site.is_self:
-                updates += [((s, x), cam @ relevance[s, x]) for x in streams]
+                for x in streams:
+                    if (s, x) not in untouched:
+                        updates.append(((s, x), cam @ relevance[s, x]))
+                    elif s == x:
+                        updates.append(((s, x), cam))  # Ā @ I
+                    # Ā @ 0 leaves the zero matrix as it is
                 continue
             if bimodal_self_terms:
                 left, right = relevance[s, s], relevance[key, key]
@@ -134,13 +140,22 @@ def propagate(
                 updates.append(((s, s), cam @ relevance[key, s]))
         for pair, value in updates:
             relevance[pair] = relevance[pair] + value if aggregate else value
+            untouched.discard(pair)
     return relevance
 
 
 def gradient_weighted(gradients: list[torch.Tensor], multipliers: list[torch.Tensor]) -> list[torch.Tensor]:
     """`mean_h (G * W)^+` per attention (rule 5): `W` the attention `A` itself, or its LRP relevance (generic
     attention's `weights="relevance"`, the authors' `use_lrp=True`; transformer attribution)."""
-    return [(g * w).clamp(min=0).mean(1) for g, w in zip(gradients, multipliers)]
+    return [(g * w).clamp_(min=0).mean(1) for g, w in zip(gradients, multipliers)]
+
+
+def weighted_in_place(gradient: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`gradient_weighted` of one fresh gradient, written into it (`Forward.gradients`' combine): no second
+    tensor of the attention's size is allocated."""
+    if gradient.is_contiguous() and gradient.shape == weights.shape:
+        return gradient.mul_(weights).clamp_(min=0).mean(1)
+    return (gradient * weights).clamp_(min=0).mean(1)
 
 
 def real_pairs(reader: Stream, key: Stream, like: torch.Tensor) -> torch.Tensor:

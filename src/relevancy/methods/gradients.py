@@ -29,7 +29,7 @@ def attention_gradcam(
     region = family_option(adapter, "attention_gradcam", "region", region, "class_row")
     if region not in ("class_row", "matrix"):
         raise ValueError(f"region must be 'class_row' or 'matrix', got {region!r}")
-    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
     if coattention.has_cross_attention(adapter):
         return _cross_gradcam(adapter, inputs, fwd, normalize, cls_entry), fwd.indices, fwd.logits
     streams = adapter.streams(inputs)
@@ -99,7 +99,7 @@ def generic_attention(
         )
     coattention.cross_options_error(cross)
     start_layer = family_option(adapter, "generic_attention", "start_layer", start_layer, 0)
-    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
     streams = adapter.streams(inputs)
     used = {}
     for name, stream in streams.items():
@@ -121,7 +121,7 @@ def generic_attention(
 
 def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
     """Brocki & Chung: `sum_d X * dF/dX` at the normalised tokens entering each stream's last attention; signed."""
-    fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True)
+    fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True, share_rows=True)
     streams = adapter.streams(inputs)
     tokens = [fwd.attention_inputs[name] for name in streams]
     grads = fwd.gradients(tokens)
@@ -146,9 +146,9 @@ def _co_attention(
         cams = coattention.gradient_weighted(found.gradients, found.relevances)
         details = ({"relevance_total": found.totals},)
     else:
-        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True)
+        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
         attentions = fwd.attentions
-        cams = coattention.gradient_weighted(fwd.gradients(attentions), [a.detach() for a in attentions])
+        cams = fwd.gradients(attentions, combine=coattention.weighted_in_place)
     sizes = coattention.sizes_of(sites, attentions)
     relevance = coattention.propagate(sites, cams, streams, sizes, **rules)
     scores = read_cross(adapter, inputs, "generic_attention", cls_entry, {x: relevance[reader, x] for x in streams})

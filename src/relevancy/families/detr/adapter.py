@@ -217,17 +217,71 @@ class DetrAdapter(Adapter):
         rows = torch.arange(len(pixels), device=pixels.device)
         return out.logits[rows, inputs.query], out.last_hidden_state[rows, inputs.query]
 
+    def independent_groups(self, inputs: DetectionBatch) -> list[tuple[torch.Tensor, DetectionBatch]] | None:
+        """On a CPU, one image with its objects at a time: batching images adds no parallelism there, and at
+        800x1066 each attention map of a batch of images (8 heads, 850 x 850 tokens) outgrows what the memory
+        allocator reuses, so every one is fresh memory the kernel must clear (measured: a batch of 4 images with
+        5 objects each, 3.9 forwards at once and 2.0 image by image). On a GPU, the whole batch at once."""
+        if inputs.image is None or inputs.pixel_values.device.type != "cpu" or len(torch.unique(inputs.image)) < 2:
+            return None
+        groups = []
+        for image in torch.unique(inputs.image).tolist():
+            rows = (inputs.image == image).nonzero()[:, 0]
+            one = slice(image, image + 1)
+            groups.append((rows, DetectionBatch(inputs.pixel_values[one], inputs.pixel_mask[one],
+                                                torch.zeros_like(rows), inputs.query[rows])))
+        return groups
+
+    def forward_shared(self, inputs: DetectionBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The model once per image that has several explained objects: per row the query's class logits and
+        decoder output, and the row's image among those run. None when every row has an image of its own."""
+        if inputs.image is None or len(torch.unique(inputs.image)) == len(inputs.image):
+            return None
+        images, sources = torch.unique(inputs.image, return_inverse=True)
+        with self.backbone_without_graph():
+            out = self.model(pixel_values=inputs.pixel_values[images], pixel_mask=inputs.pixel_mask[images])
+        return out.logits[sources, inputs.query], out.last_hidden_state[sources, inputs.query], sources
+
     @contextmanager
-    def backbone_once(self, inputs: DetectionBatch) -> Iterator[None]:
-        """The backbone runs once per image, not once per row: its input is swapped for the distinct images and
-        its feature maps are repeated for the rows (the transformer runs per row: each row explains its own score)."""
+    def backbone_without_graph(self) -> Iterator[None]:
+        """The backbone runs without recording an autograd graph: every method's relevance stops at the encoder's
+        input tokens, and a ResNet-50's graph at 800x1066 holds gigabytes per image. The grad mode it found is
+        restored after it, and after the call also when it raised."""
         backbone = self.model.model.backbone
-        pre = backbone.register_forward_pre_hook(lambda _m, _args: (inputs.pixel_values, inputs.pixel_mask))
-        post = backbone.register_forward_hook(
-            lambda _m, _args, out: [(feature[inputs.image], mask[inputs.image]) for feature, mask in out]
-        )
+        found: list[bool] = []
+
+        def enter(_module: nn.Module, _args: tuple) -> None:
+            found.append(torch.is_grad_enabled())
+            torch.set_grad_enabled(False)
+
+        def leave(_module: nn.Module, _args: tuple, _out: object) -> None:
+            torch.set_grad_enabled(found.pop())
+
+        pre, post = backbone.register_forward_pre_hook(enter), backbone.register_forward_hook(leave)
         try:
             yield
+        finally:
+            pre.remove()
+            post.remove()
+            if found:  # the backbone raised: its hook never restored the mode
+                torch.set_grad_enabled(found[0])
+
+    @contextmanager
+    def backbone_once(self, inputs: DetectionBatch) -> Iterator[None]:
+        """The backbone runs once per image, not once per row, and without a graph: its input is swapped for the
+        distinct images and its last feature map, the only one DETR's transformer reads, is repeated for the rows
+        (the transformer runs per row: each row explains its own score); the earlier stages stay one per image."""
+        backbone = self.model.model.backbone
+
+        def per_row(_module: nn.Module, _args: tuple, out: list) -> list:
+            feature, mask = out[-1]
+            return [*out[:-1], (feature[inputs.image], mask[inputs.image])]
+
+        pre = backbone.register_forward_pre_hook(lambda _m, _args: (inputs.pixel_values, inputs.pixel_mask))
+        post = backbone.register_forward_hook(per_row)
+        try:
+            with self.backbone_without_graph():
+                yield
         finally:
             pre.remove()
             post.remove()
