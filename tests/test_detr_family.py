@@ -145,12 +145,15 @@ def test_frozen_weights_are_explained(case):
     assert_map_close(expl.parts["image"].scores[0].flatten(), record["ours_no_lrp"], RTOL)
 
 
+@pytest.mark.parametrize("objects", ["one per image", "two per image"])
 @pytest.mark.parametrize("method", ["generic_attention", "raw_attention", "rollout", "attention_gradcam", "cdam"])
-def test_model_unchanged_after_success_and_failure(case, method, monkeypatch):
+def test_model_unchanged_after_success_and_failure(case, method, objects, monkeypatch):
+    """One object per image (a forward per row) and two (a forward shared by the objects of an image)."""
     model = build(case)
+    target = (2, 1) if objects == "one per image" else targets_per_image(case)
     implementation = model.config._attn_implementation
     before = snapshot(model)
-    relevancy.explain(model, images(case), method=method, target=(2, 1))
+    relevancy.explain(model, images(case), method=method, target=target)
     assert_same(before, snapshot(model))
     assert model.config._attn_implementation == implementation
 
@@ -159,7 +162,7 @@ def test_model_unchanged_after_success_and_failure(case, method, monkeypatch):
 
     monkeypatch.setattr("relevancy.capture.target_score", fail)
     with pytest.raises(RuntimeError, match="injected failure"):
-        relevancy.explain(model, images(case), method=method, target=(2, 1))
+        relevancy.explain(model, images(case), method=method, target=target)
     assert_same(before, snapshot(model))
     assert model.config._attn_implementation == implementation
 

@@ -16,7 +16,12 @@ caption of one scene is often also true of other scenes of the batch ("a
 photo of a star" of every scene with a star), so the target of an image is
 uniform over all captions of the batch that are true of it, and the target
 of a caption uniform over all images it is true of
-(:func:`relevancy.bench.captions.caption_truth`).
+(:func:`relevancy.bench.captions.caption_truth`).  Hard negatives
+(``--hard-negatives``, one per scene by default): captions that are false of
+their scene but share its words (:func:`relevancy.bench.captions.confusable_captions`:
+one object's colour on the other's shape, the neighbouring hue, another shape)
+join the image-to-text term; a caption true of no scene of the batch is left
+out of the text-to-image term.
 
 Extra terms (training only; their heads are not shipped): contrastive
 learning alone learned shapes too slowly for the CPU budget, so early on two
