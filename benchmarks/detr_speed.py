@@ -1,7 +1,7 @@
 """Cost of explaining every object of an image with DETR, in no-grad forward passes of the same images.
 
     python benchmarks/detr_speed.py [--batch 1 4] [--objects 1 5] [--size 800 1066] [--repeats 3] [--threads 2]
-                                    [--methods generic_attention ...] [--device cpu|cuda] [--out FILE]
+                                    [--methods generic_attention ...] [--whole-batch] [--device cpu|cuda] [--out FILE]
 
 The model is DETR-R50-sized with random weights, built offline: `DetrForObjectDetection(DetrConfig(
 use_pretrained_backbone=False))` (timm ResNet-50 backbone, d_model 256, 6 encoder and 6 decoder layers, 8 heads,
@@ -11,7 +11,8 @@ Random weights detect nothing, so the explained objects are given: queries 0..K-
 relevancy runs the model once per image (the backbone without an autograd graph) and one backward through the
 encoder-decoder per explained object (each object's score has its own gradients), so each further object adds
 about a third of a forward; on a CPU it takes the images one at a time (see `DetrAdapter.independent_groups`).
-The authors' code runs the whole model, forward and backward, once per object. Times are medians over `--repeats`, each interleaved with
+The authors' code runs the whole model, forward and backward, once per object. `--whole-batch` makes a CPU take
+the batch at once, as a GPU does (to measure what taking the images one at a time saves). Times are medians over `--repeats`, each interleaved with
 a no-grad forward so that load from other work affects both sides of a ratio.
 """
 from __future__ import annotations
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, nargs=2, default=[800, 1066], metavar=("H", "W"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--whole-batch", action="store_true", help="the images of a batch at once, also on a CPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=None)
@@ -104,11 +106,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build(args.device)
+    if args.whole_batch:
+        from relevancy.families.detr.adapter import DetrAdapter
+
+        DetrAdapter.independent_groups = lambda self, inputs: None
     device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_model()
     lines = [
         f"# DETR-R50 (random init) at {args.size[0]}x{args.size[1]}, {device}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}, {platform.python_implementation()} {platform.python_version()}; "
-        f"median of {args.repeats}; cost in no-grad forwards of the same images",
+        f"median of {args.repeats}; cost in no-grad forwards of the same images"
+        f"{'; the images of a batch at once (--whole-batch)' if args.whole_batch else ''}",
         "| batch | objects / image | method | seconds | x forward |",
         "|---|---|---|---|---|",
     ]

@@ -56,19 +56,11 @@ from .captions import (COLORS, Tokenizer, attribute_arrays, caption_truth, confu
 from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
                          load_clip)
 from .model import EVAL_SEED_BASE
-from .train import learning_rate, run_training_command, training_parser
+from .train import _log, aux_weight, learning_rate, run_training_command, start_run, training_parser
 from .scenes import CLASSES, PATCH_SIZE, make_scenes
 
 VAL_SEED = EVAL_SEED_BASE + 10_000  # quick validation during training, disjoint from the test seeds
 LOG_NAME = "shapes_clip_train.log"
-
-
-def _log(path: Path | None, msg: str) -> None:
-    line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}"
-    print(line, flush=True)
-    if path is not None:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 def save_clip(model, tokenizer: Tokenizer, config: dict, path: Path, meta: dict) -> None:
@@ -166,12 +158,6 @@ def make_batch(seed: int, step: int, n_single: int, n_pair: int, captions: int,
             torch.cat([scene_targets(a1), scene_targets(a2)]))
 
 
-def aux_weight(progress: float, w0: float, end: float = 0.8) -> float:
-    """Weight of the auxiliary losses: ``w0``, fading linearly to 0 over the 25 %
-    of the run before ``end``; after ``end`` the run is plain CLIP training."""
-    return w0 * min(1.0, max(0.0, (end - progress) / 0.25))
-
-
 def multi_positive_clip_loss(image_emb: torch.Tensor, text_emb: torch.Tensor,
                              logit_scale: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:
     """Symmetric InfoNCE whose targets spread uniformly over all true pairs.
@@ -205,12 +191,7 @@ class _Batches(torch.utils.data.IterableDataset):
 
 
 def train(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / LOG_NAME
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    out, log, device = start_run(args, LOG_NAME)
     tokenizer = Tokenizer()
     config = clip_config(args.vision_width, args.vision_layers, args.text_width, args.text_layers)
     model = build_clip(config).to(device)

@@ -32,7 +32,8 @@ from .detection import (DETECTION_TEST_SEED, DETECTOR_CONFIG, build_detector, de
                         load_detector, make_detection_scenes)
 from .model import EVAL_SEED_BASE
 from .scenes import CLASSES
-from .train import _log, curriculum, learning_rate, run_training_command, save_weights, training_parser
+from .train import (_log, aux_weight, curriculum, learning_rate, run_training_command, save_weights, start_run,
+                    training_parser)
 
 STRIDE = 8  # the image tokens' cell size in pixels
 VAL_SEED = EVAL_SEED_BASE + 31_000  # quick validation during training, disjoint from the test scenes
@@ -61,18 +62,8 @@ def token_targets(scenes, stride: int) -> torch.Tensor:
     return torch.nn.functional.avg_pool2d(share, stride).flatten(2).transpose(1, 2)
 
 
-def aux_weight(progress: float, w0: float, end: float) -> float:
-    """Full weight until ``end - 0.25`` of the run, then a linear fade to zero at ``end``."""
-    return w0 * min(1.0, max(0.0, (end - progress) / 0.25))
-
-
 def train(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / LOG_NAME
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    out, log, device = start_run(args, LOG_NAME)
     model = build_detector().to(device).train()
     # auxiliary token labelling on the encoder's output (training only, not shipped)
     aux = torch.nn.Linear(model.config.d_model, len(CLASSES) + 1).to(device)

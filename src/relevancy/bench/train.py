@@ -92,12 +92,20 @@ def _token_targets(scenes) -> torch.Tensor:
     return t
 
 
-def aux_weight(progress: float, w0: float) -> float:
-    """Weight of the auxiliary token loss: w0, fading out between 55 % and 80 %
-    of the run; the rest trains the plain classification objective only."""
-    if progress < 0.55:
-        return w0
-    return w0 * max(0.0, (0.8 - progress) / 0.25)
+def aux_weight(progress: float, w0: float, end: float = 0.8) -> float:
+    """Weight of an auxiliary loss: ``w0``, fading linearly to 0 over the 25 % of
+    the run before ``end``; after ``end`` the run trains its plain objective only."""
+    return w0 * min(1.0, max(0.0, (end - progress) / 0.25))
+
+
+def start_run(args: argparse.Namespace, log_name: str) -> tuple[Path, Path, torch.device]:
+    """The output folder (made), its log file and the device, with ``args.threads``
+    torch threads and the torch seed ``args.seed`` set: how every trainer starts."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    return out, out / log_name, torch.device(args.device)
 
 
 class _Batches(torch.utils.data.IterableDataset):
@@ -116,12 +124,7 @@ class _Batches(torch.utils.data.IterableDataset):
 
 
 def train(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "train.log"
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    out, log, device = start_run(args, "train.log")
     model = build_model().to(device)
     model.train()
     # auxiliary token-labelling head (training only, not shipped)

@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 
 from .captions import Tokenizer
-from .clip_train import _log
 from .model import EVAL_SEED_BASE
-from .train import learning_rate, run_training_command, training_parser
+from .train import _log, learning_rate, run_training_command, start_run, training_parser
 from .vqa import ANSWERS, MAX_LENGTH, QUESTION_TYPES, make_questions, question_tokenizer
 from .vqa_model import (VQA_CONFIG, VQA_TEST_SEED, VQA_VAL_SEED, VQA_WEIGHTS_PATH, build_vqa_lxmert,
                         evaluate_vqa, load_vqa_lxmert)
@@ -68,12 +67,7 @@ def _fmt(acc: dict) -> str:
 
 
 def train(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / LOG_NAME
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
+    out, log, device = start_run(args, LOG_NAME)
     tokenizer = question_tokenizer()
     config = dict(VQA_CONFIG)
     if args.hidden:

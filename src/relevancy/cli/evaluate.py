@@ -125,9 +125,11 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     return benchmark, n
 
 
-def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family: str) -> None:
+def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family: str, n: int, max_n: int,
+                     max_seed: int) -> None:
     """A benchmark that generates its `data` for a shipped shapes `family` model takes no data options and no
-    --paper-settings (its methods run as the authors' code for that family runs them)."""
+    --paper-settings (its methods run as the authors' code for that family runs them), at most `max_n` items
+    and a --seed up to `max_seed`."""
     for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
         if value is not None:
             raise _usage_error(f"{option} is not used with --benchmark {benchmark} (it generates its {data}; "
@@ -135,17 +137,17 @@ def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family
     if args.paper_settings:
         raise _usage_error(f"--paper-settings is not used with --benchmark {benchmark}: the {family} methods run "
                            f"as the authors' {family} code runs them")
+    if n > max_n:
+        raise _usage_error(f"--n must be at most {max_n} on the {benchmark} benchmark, got {n}")
+    if args.seed > max_seed:
+        raise _usage_error(f"--seed must be at most {max_seed} on the {benchmark} benchmark, got {args.seed}")
 
 
 def _check_shapes_detection(args: argparse.Namespace, n: int) -> None:
     """The shapes-detection request: generated scenes, a shapes-DETR checkpoint, a detection threshold."""
     from ..bench.detection import DETECTOR_WEIGHTS_PATH
 
-    _check_generated(args, "shapes-detection", "scenes", "DETR")
-    if n > MAX_DETECTION_SCENES:
-        raise _usage_error(f"--n must be at most {MAX_DETECTION_SCENES} on the shapes-detection benchmark, got {n}")
-    if args.seed > MAX_DETECTION_SEED:
-        raise _usage_error(f"--seed must be at most {MAX_DETECTION_SEED} on the shapes-detection benchmark, got {args.seed}")
+    _check_generated(args, "shapes-detection", "scenes", "DETR", n, MAX_DETECTION_SCENES, MAX_DETECTION_SEED)
     threshold = getattr(args, "threshold", None)
     if threshold is not None and not 0.0 <= threshold < 1.0:
         raise _usage_error(f"--threshold must be a probability in [0, 1), got {threshold}")
@@ -164,11 +166,7 @@ def _check_shapes_vqa(args: argparse.Namespace, n: int) -> None:
     """The shapes-vqa request: generated questions, a shapes-LXMERT checkpoint, the perturbation subset."""
     from .questions import vqa_model_path
 
-    _check_generated(args, "shapes-vqa", "questions", "LXMERT")
-    if n > MAX_VQA_QUESTIONS:
-        raise _usage_error(f"--n must be at most {MAX_VQA_QUESTIONS} on the shapes-vqa benchmark, got {n}")
-    if args.seed > MAX_VQA_SEED:
-        raise _usage_error(f"--seed must be at most {MAX_VQA_SEED} on the shapes-vqa benchmark, got {args.seed}")
+    _check_generated(args, "shapes-vqa", "questions", "LXMERT", n, MAX_VQA_QUESTIONS, MAX_VQA_SEED)
     perturbation_n = getattr(args, "perturbation_n", None)
     if perturbation_n is not None and not 0 <= perturbation_n <= n:
         raise _usage_error(f"--perturbation-n must be between 0 (no perturbation test) and --n ({n}), got {perturbation_n}")

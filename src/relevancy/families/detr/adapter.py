@@ -220,8 +220,9 @@ class DetrAdapter(Adapter):
     def independent_groups(self, inputs: DetectionBatch) -> list[tuple[torch.Tensor, DetectionBatch]] | None:
         """On a CPU, one image with its objects at a time: batching images adds no parallelism there, and at
         800x1066 each attention map of a batch of images (8 heads, 850 x 850 tokens) outgrows what the memory
-        allocator reuses, so every one is fresh memory the kernel must clear (measured: a batch of 4 images with
-        5 objects each, 3.9 forwards at once and 1.8 image by image). On a GPU, the whole batch at once."""
+        allocator reuses, so every one is fresh memory the kernel must clear (a batch of 4 images with 5 objects
+        each: 3.9 forwards at once, 1.8 image by image; `benchmarks/detr_speed.py --whole-batch`). On a GPU,
+        the whole batch at once."""
         if inputs.image is None or inputs.pixel_values.device.type != "cpu" or len(torch.unique(inputs.image)) < 2:
             return None
         groups = []
