@@ -304,7 +304,6 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
     from ..bench.scenes import CLASSES
     from ..evaluation.shapes_detection import DETECTION_THRESHOLD, detection_report, supported_methods
     from ..evaluation.shapes_detection import evaluate_shapes_detection as run_benchmark
-    from ..files import strict_json, write_atomic
 
     path = DETECTOR_WEIGHTS_PATH if args.model == "shapes" else Path(args.model)
     try:
@@ -329,12 +328,19 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
                                 batch_size=args.batch_size, progress=not args.quiet)
     finally:
         torch.set_num_threads(threads)
-    results = {"benchmark": results.pop("benchmark"),
-               "model": "shapes-detr (shipped)" if args.model == "shapes" else args.model, **results}
-    text = json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"
-    report = detection_report(results)
+    return _write_generated(args, results, "shapes-detr (shipped)", detection_report)
+
+
+def _write_generated(args: argparse.Namespace, results: dict, shipped: str, report) -> list[Path]:
+    """results.json (strict JSON, the model named first) and report.md of a generated-data benchmark, written
+    atomically to --out; printed too with --json."""
+    from ..files import strict_json, write_atomic
+
+    results = {"benchmark": results.pop("benchmark"), "model": shipped if args.model == "shapes" else args.model,
+               **results}
     out = Path(args.out)
-    written = [write_atomic(out / "results.json", text), write_atomic(out / "report.md", report)]
+    written = [write_atomic(out / "results.json", json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"),
+               write_atomic(out / "report.md", report(results))]
     if args.json:
         from .common import print_json
 
@@ -351,7 +357,6 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
     from ..evaluation.shapes_vqa import DEFAULT_PERTURBATION_N, supported_methods, vqa_report
     from .questions import vqa_model_path
     from ..evaluation.shapes_vqa import evaluate_shapes_vqa as run_benchmark
-    from ..files import strict_json, write_atomic
 
     path = vqa_model_path(args.model)
     try:
@@ -376,17 +381,7 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
                                 perturbation_n=perturbation_n, progress=not args.quiet, batch=batch)
     finally:
         torch.set_num_threads(threads)
-    results = {"benchmark": results.pop("benchmark"),
-               "model": "shapes-vqa-lxmert (shipped)" if args.model == "shapes" else args.model, **results}
-    text = json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"
-    report = vqa_report(results)
-    out = Path(args.out)
-    written = [write_atomic(out / "results.json", text), write_atomic(out / "report.md", report)]
-    if args.json:
-        from .common import print_json
-
-        print_json(results)
-    return written
+    return _write_generated(args, results, "shapes-vqa-lxmert (shipped)", vqa_report)
 
 
 def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: int | None) -> list[Path]:
