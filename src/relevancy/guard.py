@@ -6,14 +6,19 @@ would see each other's switches. `exclusive` serialises them with a re-entrant l
 from the same thread goes through); calls on different models run in parallel. The locks live in a registry
 that holds its objects weakly, keyed by identity, so models are still garbage-collected and objects without a
 hash (Hugging Face configs) can be locked too.
+
+The lock does not hold back the user's own forward passes on the model from other threads. So everything an
+explanation attaches to the model (hooks, patched forwards) acts only in the thread that attached it
+(`this_thread_only`); in any other thread the model computes as it always does and nothing is recorded.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import weakref
 from contextlib import ExitStack, contextmanager
-from typing import Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
@@ -21,6 +26,20 @@ _locks: dict[int, threading.RLock] = {}
 _registry = threading.Lock()
 
 T = TypeVar("T")
+
+
+def this_thread_only(hook: Callable[..., T], otherwise: Callable[..., T] | None = None) -> Callable[..., T | None]:
+    """`hook` as it acts in the calling thread; in any other thread `otherwise(*args)` (by default nothing, which
+    for a forward hook means "output unchanged"). For everything an explanation attaches to a user's model."""
+    owner = threading.get_ident()
+
+    @functools.wraps(hook)  # the signature too: transformers inspects it (feed_forward_chunk)
+    def gated(*args, **kwargs):
+        if threading.get_ident() == owner:
+            return hook(*args, **kwargs)
+        return None if otherwise is None else otherwise(*args, **kwargs)
+
+    return gated
 
 
 def _lock_of(owner: object) -> threading.RLock:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..explanation import Explanation
+from ..guard import this_thread_only
 from ..streams import AttentionSite, Hookable, Stream
 
 
@@ -146,7 +147,7 @@ class OutputPart:
         def observe(module: nn.Module, args: tuple, output: object) -> None:
             hook(module, args, self.pick(output))  # never replaces the module's output
 
-        return self.module.register_forward_hook(observe)
+        return self.module.register_forward_hook(this_thread_only(observe))
 
     def __repr__(self) -> str:
         return f"OutputPart({type(self.module).__name__}, {getattr(self.pick, '__name__', 'part')})"
@@ -165,8 +166,8 @@ def only_stream(adapter: Adapter, inputs: Any, method: str) -> Stream:
 
 @contextmanager
 def forward_hooks(modules: Sequence[Hookable], hook: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
-    """Call `hook(index, output)` on each module's forward output for the duration of the block."""
-    handles = [m.register_forward_hook(lambda _m, _i, out, k=k: hook(k, out)) for k, m in enumerate(modules)]
+    """Call `hook(index, output)` on each module's forward output in this thread for the duration of the block."""
+    handles = [m.register_forward_hook(this_thread_only(lambda _m, _i, out, k=k: hook(k, out))) for k, m in enumerate(modules)]
     try:
         yield
     finally:

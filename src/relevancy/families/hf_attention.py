@@ -34,7 +34,11 @@ def exact_eager_attention(module, query, key, value, attention_mask, scaling, dr
     """transformers' eager attention with the softmax in the model's dtype; returns (output, probabilities)."""
     # in place: the largest tensors of a long sequence are not allocated twice (same arithmetic, same graph)
     scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        # a mask made for sdpa (True: attend): a user's forward from another thread may build its mask just before a
+        # call switches the implementation, or just after it switches back
+        scores = scores.masked_fill_(~attention_mask[..., : key.shape[-2]], torch.finfo(scores.dtype).min)
+    elif attention_mask is not None:
         scores = scores.add_(attention_mask[..., : key.shape[-2]])
     elif kwargs.get("is_causal") and query.shape[-2] > 1:  # no mask made for us: keep the model causal anyway
         blocked = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=scores.device).triu(1)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..explanation import ColouredTexts
+from ..guard import this_thread_only
 from ..parts import TextPart
 from .base import UnsupportedModelError
 
@@ -115,7 +116,7 @@ class InputPart:
         def observe(module: nn.Module, args: tuple, kwargs: dict) -> None:
             hook(module, args, args[self.index] if len(args) > self.index else kwargs[self.name])
 
-        return self.module.register_forward_pre_hook(observe, with_kwargs=True)
+        return self.module.register_forward_pre_hook(this_thread_only(observe), with_kwargs=True)
 
     def __repr__(self) -> str:
         return f"InputPart({type(self.module).__name__}, {self.name})"

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import FunctionType, MethodType
 from typing import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from ..guard import this_thread_only
 from . import rules
 
 GRADIENT, RELEVANCE = "gradient", "relevance"
@@ -225,7 +227,8 @@ def relevance_session(
     overrides: Mapping[nn.Module, ForwardFactory] | None = None,
     exact: bool = False,
 ) -> Iterator[Session]:
-    """Apply `rule_map` to every module of `model` for the block; the model is restored on exit.
+    """Apply `rule_map` to every module of `model` for the block, in the calling thread only (other threads run the
+    model as it is); the model is restored on exit.
 
     `overrides` pick a factory for particular modules (e.g. the pixel-layer convolution); `exact`: see `Session`.
     """
@@ -239,6 +242,9 @@ def relevance_session(
                 owner, name = key if isinstance(key, tuple) else (module, key)
                 had_own = name in owner.__dict__
                 patched.append((owner, name, had_own, owner.__dict__.get(name)))
+                if isinstance(replacement, (FunctionType, MethodType)):
+                    # the user's own forwards from other threads run the model's computation, not the rules
+                    replacement = this_thread_only(replacement, otherwise=getattr(owner, name))
                 object.__setattr__(owner, name, replacement)
         yield session
     finally:

@@ -10,6 +10,7 @@ from typing import Iterator
 import torch
 
 from ..families.base import Adapter, only_stream
+from ..guard import this_thread_only
 from ..capture import Forward, record_forward
 from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, Session, relevance_session
 from ..targets import Target, resolve_target, target_score
@@ -75,7 +76,7 @@ def recording_block_inputs(adapter: Adapter, session: Session, streams: dict[str
         return
     (name,) = streams
     handles = [
-        block.register_forward_pre_hook(lambda _m, args: session.block_inputs.setdefault(name, []).append(args[0]))
+        block.register_forward_pre_hook(this_thread_only(lambda _m, args: session.block_inputs.setdefault(name, []).append(args[0])))
         for block in adapter.blocks
     ]
     try:

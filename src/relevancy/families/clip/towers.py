@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...guard import exclusive
+from ...guard import exclusive, this_thread_only
 from ..base import UnsupportedModelError, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, register_exact_attention, softmax_on_graph
 
@@ -244,13 +244,13 @@ class _TransformersTowers(ClipTowers):
             config._attn_implementation = EXACT_ATTENTION
         for tower, blocks in self._blocks.items():
             for index, layer in enumerate(blocks):
-                hook = layer.self_attn.register_forward_hook(
+                hook = layer.self_attn.register_forward_hook(this_thread_only(
                     lambda _m, _args, out, tower=tower, index=index: recorder._attention(tower, index, out[1])
-                )
+                ))
                 undo.append(hook.remove)
-            hook = blocks[-1].layer_norm1.register_forward_hook(
+            hook = blocks[-1].layer_norm1.register_forward_hook(this_thread_only(
                 lambda _m, _args, out, tower=tower: recorder._last_input(tower, out)
-            )
+            ))
             undo.append(hook.remove)
 
     def readout_index(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...guard import exclusive
+from ...guard import exclusive, this_thread_only
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
@@ -258,7 +258,8 @@ class DetrAdapter(Adapter):
         def leave(_module: nn.Module, _args: tuple, _out: object) -> None:
             torch.set_grad_enabled(found.pop())
 
-        pre, post = backbone.register_forward_pre_hook(enter), backbone.register_forward_hook(leave)
+        pre, post = (backbone.register_forward_pre_hook(this_thread_only(enter)),
+                     backbone.register_forward_hook(this_thread_only(leave)))
         try:
             yield
         finally:
@@ -278,8 +279,8 @@ class DetrAdapter(Adapter):
             feature, mask = out[-1]
             return [*out[:-1], (feature[inputs.image], mask[inputs.image])]
 
-        pre = backbone.register_forward_pre_hook(lambda _m, _args: (inputs.pixel_values, inputs.pixel_mask))
-        post = backbone.register_forward_hook(per_row)
+        pre = backbone.register_forward_pre_hook(this_thread_only(lambda _m, _args: (inputs.pixel_values, inputs.pixel_mask)))
+        post = backbone.register_forward_hook(this_thread_only(per_row))
         try:
             with self.backbone_without_graph():
                 yield

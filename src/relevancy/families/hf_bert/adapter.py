@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...guard import this_thread_only
 from ...explanation import TextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
@@ -49,7 +50,7 @@ def _roberta_head(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor,
     """The classification head's own forward (dense + tanh on `<s>`, out_proj), so that a relevance session's
     replacement of it applies; the pre-logits are what enters out_proj."""
     entering: list[torch.Tensor] = []
-    handle = model.classifier.out_proj.register_forward_pre_hook(lambda _m, args: entering.append(args[0]))
+    handle = model.classifier.out_proj.register_forward_pre_hook(this_thread_only(lambda _m, args: entering.append(args[0])))
     try:
         logits = model.classifier(hidden)
     finally:
@@ -290,9 +291,9 @@ class HFBertAdapter(Adapter):
         handle = None
         if graph and torch.is_grad_enabled():
             # frozen weights leave the embeddings off the graph: make the word embeddings a leaf that is on it
-            handle = self.embeddings.word_embeddings.register_forward_hook(
+            handle = self.embeddings.word_embeddings.register_forward_hook(this_thread_only(
                 lambda _m, _i, out: out if out.requires_grad else out.detach().requires_grad_(True)
-            )
+            ))
         try:
             return {"text": self.embeddings(**kwargs)}
         finally:

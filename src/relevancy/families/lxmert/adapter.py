@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
+from ...guard import this_thread_only
 from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (
@@ -94,7 +95,8 @@ class ModuleCall:
             if index == self.call:
                 hook(module, args, output)
 
-        return _Handles([self.owner.register_forward_pre_hook(reset), self.module.register_forward_hook(observe)])
+        return _Handles([self.owner.register_forward_pre_hook(this_thread_only(reset)),
+                         self.module.register_forward_hook(this_thread_only(observe))])
 
     def __repr__(self) -> str:
         return f"ModuleCall({type(self.module).__name__}, call {self.call} of {self.calls} per {type(self.owner).__name__})"
@@ -228,10 +230,10 @@ class LxmertAdapter(Adapter):
         """`(answer logits (B, K), pooled output (B, D))`: the model's own forward; the pooled [CLS] state is what
         its answer head reads. `graph`: the embeddings are on the graph even when every weight is frozen."""
         pooled: list[torch.Tensor] = []
-        handles = [self.lxmert.pooler.register_forward_hook(lambda _m, _a, out: pooled.append(out))]
+        handles = [self.lxmert.pooler.register_forward_hook(this_thread_only(lambda _m, _a, out: pooled.append(out)))]
         kwargs = inputs.model_inputs()
         if graph and torch.is_grad_enabled():
-            handles.append(self.lxmert.embeddings.word_embeddings.register_forward_hook(on_graph))
+            handles.append(self.lxmert.embeddings.word_embeddings.register_forward_hook(this_thread_only(on_graph)))
             if not kwargs["visual_feats"].requires_grad:
                 kwargs["visual_feats"] = kwargs["visual_feats"].detach().requires_grad_(True)
         try:
@@ -271,9 +273,9 @@ class LxmertAdapter(Adapter):
                 raise ValueError(f"the {name} tokens must be (R, {count}, D) for the selected inputs, got {tuple(tokens[name].shape)}")
         pooled: list[torch.Tensor] = []
         handles = [
-            self.lxmert.embeddings.register_forward_hook(lambda _m, _a, _out: tokens[TEXT]),
-            self.lxmert.encoder.visn_fc.register_forward_hook(lambda _m, _a, _out: tokens[IMAGE]),
-            self.lxmert.pooler.register_forward_hook(lambda _m, _a, out: pooled.append(out)),
+            self.lxmert.embeddings.register_forward_hook(this_thread_only(lambda _m, _a, _out: tokens[TEXT])),
+            self.lxmert.encoder.visn_fc.register_forward_hook(this_thread_only(lambda _m, _a, _out: tokens[IMAGE])),
+            self.lxmert.pooler.register_forward_hook(this_thread_only(lambda _m, _a, out: pooled.append(out))),
         ]
         try:
             logits = answer_logits(self.model(**batch.model_inputs()), len(batch))

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
+from ...guard import this_thread_only
 from ..base import Adapter, UnsupportedModelError, transformers_configs
 from ..hf_attention import explaining_call
 from ..regions import (
@@ -182,9 +183,9 @@ class VisualBertAdapter(Adapter):
         """`(answer logits (B, K), the readout token's last hidden state (B, D))`: the model's own forward.
         `graph`: the embeddings are on the graph even when every weight is frozen."""
         hidden: list[torch.Tensor] = []
-        handles = [self.visual_bert.encoder.register_forward_hook(lambda _m, _a, out: hidden.append(out[0]))]
+        handles = [self.visual_bert.encoder.register_forward_hook(this_thread_only(lambda _m, _a, out: hidden.append(out[0])))]
         if graph and torch.is_grad_enabled():
-            handles.append(self.visual_bert.embeddings.register_forward_hook(on_graph))
+            handles.append(self.visual_bert.embeddings.register_forward_hook(this_thread_only(on_graph)))
         try:
             logits = answer_logits(self.model(**inputs.model_inputs()), len(inputs))
         finally:
@@ -246,8 +247,8 @@ class VisualBertAdapter(Adapter):
             raise ValueError(f"the tokens must be (R, {questions + regions}, D) for the selected inputs, got {tuple(tokens.shape)}")
         hidden: list[torch.Tensor] = []
         handles = [
-            self.visual_bert.embeddings.register_forward_hook(lambda _m, _a, _out: tokens),
-            self.visual_bert.encoder.register_forward_hook(lambda _m, _a, out: hidden.append(out[0])),
+            self.visual_bert.embeddings.register_forward_hook(this_thread_only(lambda _m, _a, _out: tokens)),
+            self.visual_bert.encoder.register_forward_hook(this_thread_only(lambda _m, _a, out: hidden.append(out[0]))),
         ]
         try:
             logits = answer_logits(self.model(**batch.model_inputs()), len(batch))
