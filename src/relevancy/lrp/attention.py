@@ -30,6 +30,7 @@ class AttentionStyle:
 
 
 MULTIPLIED = AttentionStyle()
+SCALED_QUERIES = AttentionStyle(scale="queries")
 
 
 def causal_mask(queries: int, keys: int, like: torch.Tensor) -> torch.Tensor:

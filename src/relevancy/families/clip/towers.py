@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...guard import exclusive
+from ...lrp.attention import SCALED_QUERIES, attend
 from ..base import UnsupportedModelError, transformers_configs
-from ..hf_attention import EXACT_ATTENTION, register_exact_attention, softmax_on_graph
+from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention
 
 IMAGE, TEXT = "image", "text"
 TOWERS = (IMAGE, TEXT)
@@ -421,15 +422,17 @@ def _recomputed_attention(
         recorder._last_input(tower, x)
     q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
     q, k, v = (t.reshape(batch, n, heads, width // heads).transpose(1, 2) for t in (q, k, v))
-    scores = (q * (width // heads) ** -0.5) @ k.transpose(-1, -2)
+    mask = None
     if attn_mask is not None:
-        mask = attn_mask.to(scores.dtype)  # as open_clip's block casts it before nn.MultiheadAttention adds it
-        scores = scores + (mask.reshape(batch, heads, n, n) if mask.ndim == 3 else mask)
-    probs = softmax_on_graph(scores)
+        mask = attn_mask.to(x.dtype)  # as open_clip's block casts it before nn.MultiheadAttention adds it
+        mask = mask.reshape(batch, heads, n, n) if mask.ndim == 3 else mask
     if attn.dropout > 0.0 and attn.training:
-        probs = F.dropout(probs, p=attn.dropout, training=True)
+        drop = lambda p: F.dropout(on_graph(p), p=attn.dropout, training=True)  # noqa: E731
+    else:
+        drop = on_graph
+    context, probs = attend(None, q, k, v, (width // heads) ** -0.5, mask, style=SCALED_QUERIES, dropout=drop)
     recorder._attention(tower, index, probs)
-    out = (probs @ v).transpose(1, 2).reshape(batch, n, width)
+    out = context.transpose(1, 2).reshape(batch, n, width)
     out = F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
     return out if attn.batch_first else out.transpose(0, 1)
 

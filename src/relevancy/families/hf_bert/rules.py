@@ -25,10 +25,16 @@ import torch
 from torch import nn
 
 from ...lrp import engine
-from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from ...lrp.attention import AttentionStyle, attend
+from ...lrp.engine import ForwardFactory, Replacements, Session, add, branch, first_token, passthrough, unchanged
+from ..hf_attention import transformers_leaves
+
+# the authors' BERT divides the products by sqrt(d) and adds the mask under the add rule (the mask's share dropped)
+_BERT_ATTENTION = AttentionStyle(scale="divide", mask="add")
 
 def _self_attention(attention: nn.Module, session: Session) -> Replacements:
-    """`BertSelfAttention` and RoBERTa's: eager, explicit products; returns `(context, probabilities)`."""
+    """`BertSelfAttention` and RoBERTa's: projections shaped into heads for the shared attention; returns
+    `(context, probabilities)`."""
     return _attention_forward(session, attention.attention_head_size, attention.query, attention.key, attention.value)
 
 
@@ -51,15 +57,8 @@ def _attention_forward(session: Session, head: int, query: nn.Module, key: nn.Mo
         q = query(hidden_states).view(shape).transpose(1, 2)
         k = key(hidden_states).view(shape).transpose(1, 2)
         v = value(hidden_states).view(shape).transpose(1, 2)
-
-        # the reference divides by sqrt(d) (no rule), then adds the mask under the add rule (all of the relevance
-        # stays with the scores: the mask's share is dropped)
-        scores = passthrough(session, lambda t: t / scale, matmul(session, q, k.transpose(-2, -1)))
-        if attention_mask is not None:
-            scores = add(session, scores, attention_mask.to(scores.dtype))
-        probabilities = passthrough(session, lambda t: t.softmax(dim=-1), scores)
-        session.attentions.append(probabilities)
-        context = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
+        context, probabilities = attend(session, q, k, v, scale, attention_mask, style=_BERT_ATTENTION)
+        context = context.transpose(1, 2).reshape(batch, tokens, -1)
         return (context if output is None else output(context)), probabilities
 
     return {"forward": forward}
@@ -167,26 +166,6 @@ def _distilbert_block(block: nn.Module, session: Session) -> Replacements:
     return {"forward": forward}
 
 
-def _activations() -> list[type]:
-    from transformers import activations
-
-    names = ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "GELUTanh",
-             "PytorchGELUTanh", "AccurateGELUActivation", "MishActivation", "SiLUActivation", "LinearActivation")
-    return [getattr(activations, n) for n in names if isinstance(getattr(activations, n, None), type)]
-
-
-_LEAVES: dict[type, ForwardFactory] = {
-    nn.ModuleList: unchanged,
-    nn.Embedding: unchanged,
-    nn.Dropout: unchanged,
-    nn.Linear: LINEAR,
-    nn.LayerNorm: PASSTHROUGH,
-    nn.Tanh: PASSTHROUGH,
-    nn.GELU: PASSTHROUGH,
-    nn.ReLU: PASSTHROUGH,
-}
-
-
 def _encoder_table(prefix: str, namespace: object, embeddings: ForwardFactory) -> dict[type, ForwardFactory]:
     """The modules BERT and RoBERTa-style encoders share, named `{prefix}Layer`, `{prefix}SelfAttention`, ..."""
     parts = {
@@ -218,6 +197,4 @@ def rule_map(classifier: type, family: str) -> dict[type, ForwardFactory]:
         }
     else:
         raise ValueError(f"unknown BERT family {family!r}; choose from 'bert', 'roberta', 'distilbert'")
-    table.update(_LEAVES)
-    table.update({activation: PASSTHROUGH for activation in _activations()})
-    return table
+    return {**transformers_leaves(), **table}
