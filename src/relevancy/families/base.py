@@ -202,6 +202,19 @@ def checked_images(inputs: object, model: nn.Module, check_shape: Callable[[tupl
     return inputs
 
 
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode for the block; every module's own train/eval flag restored after, also after an
+    exception (a user's model is never left changed)."""
+    training = [(module, module.training) for module in model.modules()]
+    try:
+        model.eval()
+        yield
+    finally:
+        for module, flag in training:
+            module.training = flag
+
+
 def transformers_configs(model: nn.Module) -> list:
     """Every distinct transformers config the model's modules read their attention implementation from (sub-configs
     too), parents first: what switching the attention implementation for a call must set and restore."""

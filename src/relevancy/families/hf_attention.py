@@ -19,7 +19,7 @@ from torch import nn
 
 from ..lrp.attention import attend
 from ..lrp.engine import ACTIVATION, ForwardFactory, default_leaves
-from .base import transformers_configs
+from .base import eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
 EXACT_ATTENTION = "relevancy_exact_eager"
@@ -77,18 +77,15 @@ def explaining_call(model: nn.Module, implementation: str | None) -> Iterator[No
     model for one call; modes and implementations restored after, also after an exception."""
     configs = transformers_configs(model)
     before = [getattr(c, "_attn_implementation", None) for c in configs]
-    training = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        if implementation is not None:
-            if implementation == EXACT_ATTENTION:
-                register_exact_attention()
-            for config in configs:
-                config._attn_implementation = implementation
-        yield
-    finally:
-        for config, value in zip(configs, before):  # parents first: a parent's setter also sets its sub-configs
-            if getattr(config, "_attn_implementation", None) != value:
-                config._attn_implementation = value
-        for module, flag in training.items():
-            module.training = flag
+    with eval_mode(model):
+        try:
+            if implementation is not None:
+                if implementation == EXACT_ATTENTION:
+                    register_exact_attention()
+                for config in configs:
+                    config._attn_implementation = implementation
+            yield
+        finally:
+            for config, value in zip(configs, before):  # parents first: a parent's setter also sets its sub-configs
+                if getattr(config, "_attn_implementation", None) != value:
+                    config._attn_implementation = value

@@ -28,7 +28,7 @@ from torch import nn
 
 from ...guard import exclusive
 from ...lrp.attention import SCALED_QUERIES, attend
-from ..base import UnsupportedModelError, transformers_configs
+from ..base import UnsupportedModelError, eval_mode, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention
 
 IMAGE, TEXT = "image", "text"
@@ -149,17 +149,14 @@ class ClipTowers:
         """Eval mode and recording attention for the block; everything switched is restored on exit."""
         recorder = Recorder()
         with exclusive(self.model, *self._shared_state()):
-            training = [(m, m.training) for m in self.model.modules()]
             undo: list[Callable[[], None]] = []
-            try:
-                self.model.eval()
-                self._install(recorder, undo)
-                yield recorder
-            finally:
-                for step in reversed(undo):
-                    step()
-                for module, flag in training:
-                    module.training = flag
+            with eval_mode(self.model):
+                try:
+                    self._install(recorder, undo)
+                    yield recorder
+                finally:
+                    for step in reversed(undo):
+                        step()
 
     # implemented per library
     def _shared_state(self) -> list[object]:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...guard import exclusive
+from ..base import eval_mode
 from .batch import text_ids
 from .towers import ClipTowers
 
@@ -26,12 +27,8 @@ class ZeroShotClassifier(nn.Module):
         ids, mask = text_ids(prompts)
         device = next(clip.parameters()).device
         with exclusive(clip, *towers._shared_state()), torch.inference_mode(False), torch.no_grad():
-            training = clip.training
-            try:
-                clip.eval()
+            with eval_mode(clip):
                 features = towers.text_features(ids.to(device), None if mask is None else mask.to(device))
-            finally:
-                clip.train(training)
         self.register_buffer("class_features", F.normalize(features, dim=-1), persistent=False)
         if class_names is not None and len(class_names) != len(ids):
             raise ValueError(f"{len(class_names)} class names for {len(ids)} prompts: give one name per prompt")

@@ -21,7 +21,7 @@ from torch import nn
 
 from ...guard import exclusive
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, OutputPart, transformers_configs
+from ..base import Adapter, OutputPart, eval_mode, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
 from .explanation import DetectionExplanation
@@ -343,13 +343,8 @@ def detect(model: nn.Module, inputs: object, threshold: float = DETECTION_THRESH
     (query, label) pairs are `explain`'s targets, their boxes what `DetectionExplanation.save` draws."""
     adapter = DetrAdapter(model)
     with exclusive(model, *adapter.shared_state()):
-        training = {m: m.training for m in model.modules()}
-        try:
-            model.eval()
+        with eval_mode(model):
             return adapter.detections(adapter.check_inputs(inputs), threshold)
-        finally:
-            for m, flag in training.items():
-                m.training = flag
 
 
 def _is_pair(value: object) -> bool:
