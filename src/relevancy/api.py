@@ -34,6 +34,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     The inputs, targets, methods and options accepted are listed below (generated from the method registry).
     """
     spec = get_method(method)
+    spec.check_options(options)
     adapter = adapter_for(model)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
@@ -123,8 +124,8 @@ def method_reference() -> str:
     so that `help(relevancy.explain)` cannot drift from the code."""
     lines = ["method= (keyword options and their defaults; None: the model family's default, see docs/methods.md):"]
     for name, spec in REGISTRY.items():
-        parameters = list(inspect.signature(spec.run).parameters.values())[3:]  # after (adapter, inputs, target)
-        options = ", ".join(f"{p.name}={p.default!r}" for p in parameters) or "no options"
+        parameters = inspect.signature(spec.run).parameters
+        options = ", ".join(f"{name}={parameters[name].default!r}" for name in spec.option_names()) or "no options"
         traits = ", ".join(t for t, on in (("signed", spec.signed), ("concept", spec.accepts_concept), ("pixels", spec.pixels)) if on)
         lines.append(f"  {name}{f' [{traits}]' if traits else ''}: {spec.summary}")
         lines.append(f"      {options}")

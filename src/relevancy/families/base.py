@@ -7,6 +7,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..conventions import VIT_REFERENCE, Conventions
 from ..explanation import Explanation
 from ..streams import AttentionSite, Hookable, Stream
 
@@ -26,6 +27,8 @@ class Adapter:
     family: ClassVar[str] = ""
     examples: ClassVar[str] = ""
     explanation_class: ClassVar[type] = Explanation
+    # where the family's reference code makes other choices than the ViT reference, per method (see conventions)
+    conventions: ClassVar[Conventions] = VIT_REFERENCE
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

@@ -1,8 +1,10 @@
 """The registry of explanation methods: name -> how to run it and what its scores mean."""
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -27,6 +29,19 @@ class Method:
     accepts_concept: bool = False  # can explain a `Concept` instead of a class
     pixels: bool = False
     summary: str = ""
+
+    def option_names(self) -> list[str]:
+        """The keyword options `run` takes (after adapter, inputs, target)."""
+        return list(inspect.signature(self.run).parameters)[3:]
+
+    def check_options(self, options: Mapping[str, object]) -> None:
+        """An error naming the valid options (and the closest one) for an option name `run` does not take."""
+        valid = self.option_names()
+        for name in options:
+            if name not in valid:
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                raise TypeError(f"method '{self.name}' has no option '{name}'.{hint} Its options: {', '.join(valid) or 'none'}")
 
 
 from .ablation import token_ablation  # noqa: E402

@@ -11,11 +11,12 @@ import torch
 
 from ..families.base import Adapter, only_stream
 from ..capture import Forward, record_forward
+from ..conventions import ClassEntry, LrpConventions, RuleName, check_choice, given_or
 from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, Session, relevance_session
 from ..targets import Target, resolve_target, target_score
 from ..streams import Stream
 from . import coattention
-from .attention import StartLayer, chain, family_option, first_layer, read_cross, readout_row, set_class_entry, with_identity
+from .attention import StartLayer, chain, first_layer, read_cross, readout_row, set_class_entry, with_identity
 
 WEIGHTS = ("gradient", "attention")
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)
@@ -36,12 +37,10 @@ def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
 RULE_SETS = {"vanilla": VANILLA, "paper": PAPER}
 
 
-def _rule_set(adapter: Adapter, method: str, rules: str | None) -> RuleSet:
+def _rule_set(rules: str | None, conventions: LrpConventions) -> RuleSet:
     """The LRP-baseline rules: "vanilla" (`layers_lrp`, the ViT reference) or "paper" (`layers_ours`: the BERT
-    reference uses these for its baselines too); the adapter's family default when not given."""
-    name = family_option(adapter, method, "rules", rules, "vanilla")
-    _one_of("rules", name, tuple(RULE_SETS))
-    return RULE_SETS[name]
+    reference uses these for its baselines too); the family's convention when not given."""
+    return RULE_SETS[check_choice("rules", given_or(rules, conventions.rules), RuleName)]
 
 
 def stream_depths(adapter: Adapter, streams: dict[str, Stream]) -> dict[str, int]:
@@ -155,6 +154,8 @@ def transformer_attribution(
     """
     _one_of("weights", weights, WEIGHTS)
     _one_of("blocks", blocks, BLOCKS)
+    conventions = adapter.conventions.transformer_attribution
+    how = given_or(cls_entry, conventions.cls_entry)
     if coattention.has_cross_attention(adapter):
         given = {"start_layer": start_layer != 0, "blocks": blocks != "all", "row_normalize": row_normalize is not None}
         if any(given.values()):
@@ -162,7 +163,7 @@ def transformer_attribution(
                 f"{', '.join(n for n, g in given.items() if g)} apply to self-attention models; on models whose streams "
                 "attend to each other transformer_attribution reads the last attention into each stream"
             )
-        return _cross_transformer_attribution(adapter, inputs, target, weights, cls_entry, exact)
+        return _cross_transformer_attribution(adapter, inputs, target, weights, how, exact)
     streams = adapter.streams(inputs)
     depths = stream_depths(adapter, streams)
     first = {}
@@ -181,8 +182,7 @@ def transformer_attribution(
             factors = session.backward(GRADIENT, fwd.score.sum(), flat, seed) if weights == "gradient" else [a.detach() for a in flat]
             tokens = [entering(session, name, first[name]) for name in streams]
             matrices, arrived = combine_on_arrival(session, fwd.score.sum(), flat, seed, factors, tokens)
-    normalize = family_option(adapter, "transformer_attribution", "row_normalize", row_normalize, False)
-    how = family_option(adapter, "transformer_attribution", "cls_entry", cls_entry, "keep")
+    normalize = given_or(row_normalize, conventions.row_normalize)
     label = "transformer_attribution"
     scores, totals, pending = {}, [], iter(matrices)
     for (name, stream), relevance in zip(streams.items(), arrived):
@@ -250,9 +250,10 @@ def partial_lrp(
     whole matrix (every query, real tokens), read at the readout row; `relevance_total` as in
     `transformer_attribution`.
     """
-    rule_set = _rule_set(adapter, "partial_lrp", rules)
+    rule_set = _rule_set(rules, adapter.conventions.partial_lrp)
+    how = given_or(cls_entry, adapter.conventions.partial_lrp.cls_entry)
     if coattention.has_cross_attention(adapter):
-        return _cross_partial_lrp(adapter, inputs, target, rule_set, cls_entry, exact)
+        return _cross_partial_lrp(adapter, inputs, target, rule_set, how, exact)
     streams = adapter.streams(inputs)
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session, \
@@ -262,7 +263,6 @@ def partial_lrp(
             lasts = [recorded[name][-1] for name in streams]
             tokens = [entering(session, name, -1) for name in streams]
             found = session.backward(RELEVANCE, fwd.score.sum(), lasts + tokens, _seed(fwd.score))
-    how = family_option(adapter, "partial_lrp", "cls_entry", cls_entry, "keep")
     scores, totals = {}, []
     for (name, stream), relevance, arrived in zip(streams.items(), found[:len(streams)], found[len(streams):]):
         scores[name] = set_class_entry(readout_row(relevance.clamp(min=0).mean(1), stream), how, stream)
@@ -280,7 +280,7 @@ def lrp(
     reference's `generate_full_lrp`). `rules`: see `_rule_set` (BERT: "paper"); `cls_entry`: see
     `set_class_entry` (BERT: "zero"); `exact`: the authors' arithmetic.
     """
-    rule_set = _rule_set(adapter, "lrp", rules)
+    rule_set = _rule_set(rules, adapter.conventions.lrp)
     stream = only_stream(adapter, inputs, "lrp")
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session:
@@ -298,8 +298,7 @@ def lrp(
             (relevance,) = session.backward(RELEVANCE, score.sum(), [tokens], _seed(score))
     scores = masked(stream, relevance).sum(-1)
     details = conservation(scores, rule_set, "lrp")
-    how = family_option(adapter, "lrp", "cls_entry", cls_entry, "keep")
-    return set_class_entry(scores, how, stream), indices, logits.detach(), details
+    return set_class_entry(scores, given_or(cls_entry, adapter.conventions.lrp.cls_entry), stream), indices, logits.detach(), details
 
 
 # -- models whose streams attend to each other ------------------------------------------------------------
@@ -350,10 +349,10 @@ def _last_sites(adapter: Adapter, inputs) -> dict[str, int]:
     return coattention.last_sites(adapter.attention_sites(), coattention.readout_stream(streams).name, streams)
 
 
-def _cross_transformer_attribution(adapter: Adapter, inputs, target: Target, weights: str, cls_entry: str | None, exact: bool) -> tuple:
+def _cross_transformer_attribution(adapter: Adapter, inputs, target: Target, weights: str, how: ClassEntry, exact: bool) -> tuple:
     reader = coattention.readout_stream(adapter.streams(inputs)).name
     last = _last_sites(adapter, inputs)
-    rollout = family_option(adapter, "transformer_attribution", "readout_rollout", None, False)
+    rollout = adapter.conventions.transformer_attribution.readout_rollout
     own = [k for k, site in enumerate(adapter.attention_sites()) if site.is_self and site.query == reader] if rollout else [last[reader]]
     others = [x for x in last if x != reader]
     found = site_relevance(adapter, inputs, target, PAPER, exact, own + [last[x] for x in others], "transformer_attribution",
@@ -362,11 +361,11 @@ def _cross_transformer_attribution(adapter: Adapter, inputs, target: Target, wei
     cams = coattention.gradient_weighted(factors, found.relevances)
     matrices = dict(zip(others, cams[len(own):]))
     matrices[reader] = chain([with_identity(cam) for cam in cams[:len(own)]], 0) if rollout else cams[0]
-    scores = read_cross(adapter, inputs, "transformer_attribution", cls_entry, matrices)
+    scores = read_cross(adapter, inputs, how, matrices)
     return scores, found.forward.indices, found.forward.logits, {"relevance_total": found.totals}
 
 
-def _cross_partial_lrp(adapter: Adapter, inputs, target: Target, rule_set: RuleSet, cls_entry: str | None, exact: bool) -> tuple:
+def _cross_partial_lrp(adapter: Adapter, inputs, target: Target, rule_set: RuleSet, how: ClassEntry, exact: bool) -> tuple:
     streams = adapter.streams(inputs)
     reader = coattention.readout_stream(streams)
     last = _last_sites(adapter, inputs)
@@ -375,5 +374,5 @@ def _cross_partial_lrp(adapter: Adapter, inputs, target: Target, rule_set: RuleS
         x: coattention.min_max(relevance.mean(1), coattention.real_pairs(reader, streams[x], relevance))
         for x, relevance in zip(last, found.relevances)
     }
-    scores = read_cross(adapter, inputs, "partial_lrp", cls_entry, matrices)
+    scores = read_cross(adapter, inputs, how, matrices)
     return scores, found.forward.indices, found.forward.logits, {"relevance_total": found.totals}

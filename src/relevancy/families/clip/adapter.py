@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...conventions import Conventions, GenericAttentionConventions
 from ...explanation import Explanation, PairExplanation
 from ...streams import AttentionSite, Stream
 from ..base import Adapter, checked_images
@@ -40,7 +41,7 @@ class RecordedTensor:
 class ClipTowersAdapter(Adapter):
     """What the pair adapter and the zero-shot adapter share: the towers, their sites, eval mode and restoring."""
 
-    method_defaults: ClassVar[dict[str, dict]] = {"generic_attention": {"start_layer": -1}}
+    conventions = Conventions(generic_attention=GenericAttentionConventions(start_layer=-1))
     towers_used: ClassVar[tuple[str, ...]] = (IMAGE, TEXT)
 
     def __init__(self, model: nn.Module) -> None:

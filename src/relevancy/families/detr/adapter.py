@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...conventions import Conventions, LrpConventions
 from ...guard import exclusive
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, eval_mode, transformers_configs
@@ -49,7 +50,7 @@ class DetrAdapter(Adapter):
     family = "DETR"
     examples = "transformers.DetrForObjectDetection"
     # the authors' DETR code has one set of LRP rules, the conserving ones
-    method_defaults = {"attention_gradcam": {"normalize": False}, "partial_lrp": {"rules": "paper"}}
+    conventions = Conventions(partial_lrp=LrpConventions(rules="paper"))
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

@@ -14,12 +14,16 @@ import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
+from ...conventions import (
+    Conventions, GenericAttentionConventions, GradCamConventions, LrpConventions, ReadoutConventions, RolloutConventions,
+    TransformerAttributionConventions,
+)
 from ...explanation import TextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
@@ -109,7 +113,7 @@ def _first(output: object) -> torch.Tensor:
 class HFBertAdapter(Adapter):
     """BERT-family classifiers from Hugging Face transformers (see `LAYOUTS`).
 
-    `method_defaults` hold where the authors' BERT code differs from their ViT code; every entry is also a
+    `conventions` hold where the authors' BERT code differs from their ViT code; every entry is also a
     keyword option of the method, so `explain(..., cls_entry="keep")` overrides it:
 
     - `cls_entry` (`raw_attention`, `rollout`, `attention_gradcam`, `generic_attention`: "zero";
@@ -134,15 +138,16 @@ class HFBertAdapter(Adapter):
     num_prefix_tokens = 0
     has_class_token = True
     explanation_class = TextExplanation
-    method_defaults: ClassVar[dict[str, dict]] = {
-        "raw_attention": {"cls_entry": "zero"},
-        "rollout": {"cls_entry": "zero"},
-        "attention_gradcam": {"cls_entry": "zero", "region": "matrix"},
-        "generic_attention": {"cls_entry": "zero"},  # no BERT reference: as rollout, whose [CLS] entry holds the identity
-        "transformer_attribution": {"cls_entry": "min", "row_normalize": True},
-        "partial_lrp": {"cls_entry": "zero", "rules": "paper"},
-        "lrp": {"cls_entry": "zero", "rules": "paper"},
-    }
+    conventions = Conventions(
+        raw_attention=ReadoutConventions(cls_entry="zero"),
+        rollout=RolloutConventions(cls_entry="zero"),
+        attention_gradcam=GradCamConventions(cls_entry="zero", region="matrix"),
+        # no BERT reference: as rollout, whose [CLS] entry holds the identity
+        generic_attention=GenericAttentionConventions(cls_entry="zero"),
+        transformer_attribution=TransformerAttributionConventions(cls_entry="min", row_normalize=True),
+        partial_lrp=LrpConventions(cls_entry="zero", rules="paper"),
+        lrp=LrpConventions(cls_entry="zero", rules="paper"),
+    )
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:

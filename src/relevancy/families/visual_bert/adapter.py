@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from ...conventions import Conventions, GenericAttentionConventions, GradCamConventions, ReadoutConventions, RolloutConventions
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError, transformers_configs
 from ..hf_attention import explaining_call
@@ -60,7 +61,7 @@ def visual_bert_model(model: nn.Module) -> nn.Module | None:
 class VisualBertAdapter(Adapter):
     """VisualBERT over a question and image regions (see the module docstring).
 
-    `method_defaults`, where the authors' VisualBERT code differs from their ViT code (every entry is also a
+    `conventions`, where the authors' VisualBERT code differs from their ViT code (every entry is also a
     keyword option): the readout token's own entry is set to 0 for every method; `rollout` chains the raw
     `I + A` (no row normalisation); `attention_gradcam` averages the gradient over the whole attention matrix and
     min-max normalises over it (`normalize=True, region="matrix"`), before the readout entry is zeroed.
@@ -69,13 +70,13 @@ class VisualBertAdapter(Adapter):
 
     family = "Hugging Face VisualBERT (question answering over image regions)"
     examples = "VisualBertForQuestionAnswering, VisualBertForVisualReasoning, a module holding one VisualBertModel"
-    method_defaults: ClassVar[dict[str, dict]] = {
-        "raw_attention": {"cls_entry": "zero"},
-        "rollout": {"cls_entry": "zero", "row_normalize": False},
-        "attention_gradcam": {"cls_entry": "zero", "normalize": True, "region": "matrix"},
-        "generic_attention": {"cls_entry": "zero"},
-        "token_ablation": {"cls_entry": "zero"},
-    }
+    conventions = Conventions(
+        raw_attention=ReadoutConventions(cls_entry="zero"),
+        rollout=RolloutConventions(cls_entry="zero", row_normalize=False),
+        attention_gradcam=GradCamConventions(cls_entry="zero", normalize=True, region="matrix"),
+        generic_attention=GenericAttentionConventions(cls_entry="zero"),
+        token_ablation=ReadoutConventions(cls_entry="zero"),
+    )
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
