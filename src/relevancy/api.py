@@ -13,7 +13,7 @@ from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
-from .methods.coattention import has_cross_attention
+from .streams import streams_attend_to_each_other
 from .targets import Concept, Target
 
 
@@ -44,14 +44,15 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         inputs, target = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), target)
         streams = adapter.streams(inputs)
         # a cross-attention model reads every stream from its one readout stream's row
-        pooled = [] if has_cross_attention(adapter) else [name for name, s in streams.items() if s.readout is None]
+        across = streams_attend_to_each_other(adapter.attention_sites())
+        pooled = [] if across else [name for name, s in streams.items() if s.readout is None]
         if spec.reads_class_token and pooled:
             raise UnsupportedModelError(
                 f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
                 f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
             )
         with adapter.explaining(attention_probabilities=spec.needs_attention):
-            scores, indices, logits, *details = run_in_groups(spec.run, adapter, inputs, target, options)
+            scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, target, options)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
         if not spec.pixels:

@@ -88,15 +88,9 @@ def read_cross(adapter: Adapter, inputs: Any, how: ClassEntry, matrices: dict[st
 
 def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None = None) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
-    Cross-attention models: the readout stream's last self-attention, and its last cross-attention into each
-    other stream."""
+    Cross-attention models: `across.raw_attention`."""
     how = given_or(cls_entry, adapter.conventions.raw_attention.cls_entry)
     fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
-    if coattention.has_cross_attention(adapter):
-        reader = coattention.readout_stream(adapter.streams(inputs)).name
-        last = coattention.last_sites(fwd.sites, reader, adapter.streams(inputs))
-        matrices = {x: fwd.attentions[k].mean(1) for x, k in last.items()}
-        return read_cross(adapter, inputs, how, matrices), fwd.indices, fwd.logits
     scores = per_stream(
         adapter, inputs, how,
         lambda stream: readout_row(fwd.self_attentions(stream.name)[-1].mean(1), stream),
@@ -110,18 +104,11 @@ def rollout(
 ) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
     `row_normalize`: divide each `I + A` by its row sums (Abnar & Zuidema; the default), or chain the raw
-    `I + A` (the authors' VisualBERT code)."""
+    `I + A` (the authors' VisualBERT code). Cross-attention models: `across.rollout`."""
     conventions = adapter.conventions.rollout
     row_normalize = given_or(row_normalize, conventions.row_normalize)
     how = given_or(cls_entry, conventions.cls_entry)
     fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
-    if coattention.has_cross_attention(adapter):
-        if start_layer != 0:
-            raise ValueError("start_layer applies to self-attention models; rollout across streams uses every layer")
-        streams = adapter.streams(inputs)
-        reader = coattention.readout_stream(streams).name
-        matrices = coattention.rollout_matrices(fwd.sites, fwd.attentions, streams, reader, row_normalize)
-        return read_cross(adapter, inputs, how, matrices), fwd.indices, fwd.logits
 
     def compute(stream: Stream) -> torch.Tensor:
         matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]
