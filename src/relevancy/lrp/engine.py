@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -254,6 +254,12 @@ def default_leaves() -> dict[type, ForwardFactory]:
         **{norm: NORMALISATION for norm in norms},
         **{activation: ACTIVATION for activation in activations},
     }
+
+
+def by_type(modules: Iterable[nn.Module | None], rule: ForwardFactory) -> dict[type, ForwardFactory]:
+    """`rule` for the type of each module given (None skipped): a family's entries keyed by the types its model was
+    built with, found by role (attribute paths) rather than by class names."""
+    return {type(module): rule for module in modules if module is not None}
 
 
 class MissingRuleError(TypeError):

@@ -25,10 +25,12 @@ from ...conventions import (
     TransformerAttributionConventions,
 )
 from ...explanation import TextExplanation
+from ...lrp.engine import ForwardFactory
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
 from ..hf_attention import attention_probabilities, explaining_call
 from .batch import TextBatch
+from .rules import bert_rules, distilbert_rules, roberta_rules
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Layout:
     layers: str  # the layer list; `layer(hidden, additive_mask)` -> hidden (or a tuple starting with it)
     self_attention: str  # inside a layer: the module returning `(context, attention probabilities)`
     head: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (model, last hidden) -> (logits, pre-logits)
-    rules: str  # the family's relevance rule map (`rules.rule_map`)
+    rules: Callable[[nn.Module], dict[type, ForwardFactory]]  # the classifier -> its relevance rule map
     token_types: bool = True  # the embeddings take `token_type_ids`
 
 
@@ -73,7 +75,7 @@ LAYOUTS: tuple[Layout, ...] = (
         layers="bert.encoder.layer",
         self_attention="attention.self",
         head=_bert_head,
-        rules="bert",
+        rules=bert_rules,
     ),
     Layout(
         classes=("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification"),
@@ -81,7 +83,7 @@ LAYOUTS: tuple[Layout, ...] = (
         layers="roberta.encoder.layer",
         self_attention="attention.self",
         head=_roberta_head,
-        rules="roberta",
+        rules=roberta_rules,
     ),
     Layout(
         classes=("DistilBertForSequenceClassification",),
@@ -89,7 +91,7 @@ LAYOUTS: tuple[Layout, ...] = (
         layers="distilbert.transformer.layer",
         self_attention="attention",
         head=_distilbert_head,
-        rules="distilbert",
+        rules=distilbert_rules,
         token_types=False,
     ),
 )
@@ -187,10 +189,7 @@ class HFBertAdapter(Adapter):
         return {"text": OutputPart(source, _first)}
 
     def relevance_rule_map(self) -> dict:
-        from .rules import rule_map
-
-        classifier = next(cls for cls in type(self.model).__mro__ if cls.__name__ in self.layout.classes)
-        return rule_map(classifier, self.layout.rules)
+        return self.layout.rules(self.model)
 
     def class_names(self) -> list[str] | None:
         id2label = getattr(getattr(self.model, "config", None), "id2label", None)

@@ -15,17 +15,15 @@ SwiGLU feed-forwards (DINOv2 giant) have no rule yet: the LRP methods refuse the
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
 from ...lrp import engine, rules
 from ...lrp.attention import attend
-from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, passthrough, unchanged
+from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, by_type, first_token, passthrough, unchanged
 from ..base import Adapter
 from ..hf_attention import transformers_leaves
-from .heads import HeadOps, supported_class
+from .heads import HeadOps
 
 
 def _attention(attention: nn.Module, session: Session) -> Replacements:
@@ -111,26 +109,25 @@ def head_ops(session: Session) -> HeadOps:
 
 
 def rule_map(adapter: Adapter) -> dict[type, ForwardFactory]:
-    """Module type -> rule for every module of the adapter's model; the model's own class also swaps the adapter's
-    head operations for the rule-aware ones."""
-    top = supported_class(adapter.model)
-    backbone = type(adapter.backbone)
-    namespace = sys.modules[backbone.__module__]
-    prefix = backbone.__name__.removesuffix("Model")
-    parts = {
-        "Model": unchanged, "Embeddings": _embeddings, "PatchEmbeddings": unchanged, "Encoder": unchanged,
-        "Layer": _layer, "Attention": _attention, "MLP": unchanged, "LayerScale": PASSTHROUGH, "DropPath": unchanged,
-        "Pooler": unchanged,  # the bare models' pooler is not part of what is explained
-        "ForImageClassification": unchanged, "ForImageClassificationWithTeacher": unchanged,
-    }
+    """Module type -> rule for every module of the adapter's model, keyed by the types the model was built with
+    (found by role); the model itself also swaps the adapter's head operations for the rule-aware ones."""
+    backbone, layers = adapter.backbone, adapter.blocks
     table: dict[type, ForwardFactory] = {
-        getattr(namespace, prefix + name): rule for name, rule in parts.items() if hasattr(namespace, prefix + name)
+        **transformers_leaves(),
+        nn.Conv2d: engine.PIXEL_CONV,
+        # the bare models' pooler is not part of what is explained
+        **by_type([backbone, getattr(backbone, "encoder", None), getattr(backbone, "pooler", None)], unchanged),
+        **by_type([adapter.embeddings], _embeddings),
+        **by_type([adapter.embeddings.patch_embeddings], unchanged),
+        **by_type(layers, _layer),
+        **by_type([layer.attention for layer in layers], _attention),
+        **by_type([layer.mlp for layer in layers], unchanged),
+        **by_type([getattr(layer, "drop_path", None) for layer in layers], unchanged),
+        **by_type([getattr(layer, name, None) for layer in layers for name in ("layer_scale1", "layer_scale2")], PASSTHROUGH),
     }
-    table.update({**transformers_leaves(), nn.Conv2d: engine.PIXEL_CONV})
-    own_rule = table.get(top, unchanged)
 
     def model(module: nn.Module, session: Session) -> Replacements:
-        return {**own_rule(module, session), (adapter, "ops"): head_ops(session)}
+        return {(adapter, "ops"): head_ops(session)}
 
-    table[top] = model
+    table[type(adapter.model)] = model
     return table
