@@ -29,6 +29,8 @@ class Adapter:
     explanation_class: ClassVar[type] = Explanation
     # where the family's reference code makes other choices than the ViT reference, per method (see conventions)
     conventions: ClassVar[Conventions] = VIT_REFERENCE
+    # the methods the family offers (the others are refused by name); None: every registered method
+    methods: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

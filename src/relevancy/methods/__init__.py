@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from ..families.base import Adapter
+from ..families.base import Adapter, UnsupportedModelError
 from ..streams import streams_attend_to_each_other
 from ..targets import Target
 
@@ -35,7 +35,12 @@ class Method:
 
     def runner(self, adapter: Adapter) -> Callable[..., tuple]:
         """The strategy for the adapter's streams, chosen once from its attention sites: `across` where some
-        attention has queries and keys from different streams, `run` otherwise."""
+        attention has queries and keys from different streams, `run` otherwise. A method the adapter's family does
+        not offer (`Adapter.methods`) is refused by name."""
+        if adapter.methods is not None and self.name not in adapter.methods:
+            raise UnsupportedModelError(
+                f"method '{self.name}' does not apply to the {adapter.family} family; its methods: {', '.join(adapter.methods)}"
+            )
         if self.across is not None and streams_attend_to_each_other(adapter.attention_sites()):
             return self.across
         return self.run

@@ -119,6 +119,7 @@ class LxmertAdapter(Adapter):
 
     family = "Hugging Face LXMERT (question answering over image regions)"
     examples = "LxmertForQuestionAnswering, LxmertForPreTraining, a module holding one LxmertModel"
+    methods = LXMERT_METHODS
     conventions = Conventions(
         raw_attention=ReadoutConventions(cls_entry="zero"),
         rollout=RolloutConventions(cls_entry="zero"),

@@ -70,6 +70,7 @@ class VisualBertAdapter(Adapter):
 
     family = "Hugging Face VisualBERT (question answering over image regions)"
     examples = "VisualBertForQuestionAnswering, VisualBertForVisualReasoning, a module holding one VisualBertModel"
+    methods = METHODS  # no relevance rules yet
     conventions = Conventions(
         raw_attention=ReadoutConventions(cls_entry="zero"),
         rollout=RolloutConventions(cls_entry="zero", row_normalize=False),
@@ -122,9 +123,6 @@ class VisualBertAdapter(Adapter):
     def attention_inputs(self) -> dict[str, Hookable]:
         """CDAM's X: the question's and regions' tokens entering the last layer."""
         return {TOKENS: InputPart(self.visual_bert.encoder.layer[-1], 0, "hidden_states")}
-
-    def relevance_rule_map(self) -> dict:
-        raise UnsupportedModelError(f"no relevance rules for the {self.family} family yet; its methods: {', '.join(METHODS)}")
 
     def class_names(self) -> list[str] | None:
         return class_names(self.config, getattr(self.config, "num_labels", None))
