@@ -145,3 +145,19 @@ def test_concurrent_calls_agree_and_leave_the_model_unchanged(family):
         for name in expected:
             assert torch.equal(result[name], expected[name]), f"{family} {method} {name}"
     assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_result_is_an_explanation_with_one_protocol(family, tmp_path):
+    import json
+
+    explanation = explain(family, FAMILIES[family].batch(), "rollout")
+    assert isinstance(explanation, relevancy.Explanation)
+    parts = maps(explanation)
+    scores = explanation.scores
+    assert (scores if isinstance(scores, dict) else {next(iter(parts)): scores}).keys() == parts.keys()
+    rows = len(explanation.target)
+    assert all(len(part) == rows for part in parts.values())
+    content = json.loads(json.dumps(explanation.to_json()))
+    assert content["method"] == "rollout" and content["parts"].keys() == parts.keys()
+    assert all(torch.tensor(content["parts"][name], dtype=torch.float64).shape == parts[name].shape for name in parts)

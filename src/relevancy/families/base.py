@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..conventions import VIT_REFERENCE, Conventions
-from ..explanation import Explanation
+from ..explanation import Explanation, ImageExplanation
 from ..streams import AttentionSite, Hookable, Stream
 
 
@@ -26,7 +26,7 @@ class Adapter:
 
     family: ClassVar[str] = ""
     examples: ClassVar[str] = ""
-    explanation_class: ClassVar[type] = Explanation
+    explanation_class: ClassVar[type[Explanation]] = ImageExplanation
     # where the family's reference code makes other choices than the ViT reference, per method (see conventions)
     conventions: ClassVar[Conventions] = VIT_REFERENCE
     # the methods the family offers (the others are refused by name); None: every registered method

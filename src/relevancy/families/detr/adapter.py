@@ -25,7 +25,7 @@ from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, eval_mode, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
-from .explanation import DetectionExplanation
+from ...explanation import DetectionExplanation
 
 # DETR's image processor normalises with ImageNet's statistics
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

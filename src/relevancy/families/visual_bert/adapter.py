@@ -30,11 +30,12 @@ import torch
 from torch import nn
 
 from ...conventions import Conventions, GenericAttentionConventions, GradCamConventions, ReadoutConventions, RolloutConventions
+from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, UnsupportedModelError, transformers_configs
 from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, InputPart, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions,
+    METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
     class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import VisualBertBatch
