@@ -39,6 +39,10 @@ class Explanation:
     def save(self, path: str | Path, images: object = None) -> Path:
         raise NotImplementedError
 
+    def part_scores(self) -> dict[str, torch.Tensor]:
+        """Each part's scores by stream name (what `scores` is for kinds with several parts)."""
+        return {name: part.scores for name, part in self.parts.items()}
+
     def to_json(self) -> dict:
         """The explanation as plain JSON values: method, signedness, targets, logits, each part's scores (and the
         relevance totals of the LRP-based methods)."""
@@ -49,7 +53,7 @@ class Explanation:
             "signed": self.signed,
             "target": self.target.tolist(),
             "logits": self.logits.tolist(),
-            "parts": {name: part.scores.tolist() for name, part in self.parts.items()},
+            "parts": {name: scores.tolist() for name, scores in self.part_scores().items()},
             "relevance_total": None if total is None else total.tolist(),
         }
 
@@ -233,9 +237,7 @@ class PairExplanation(Explanation):
     std: Sequence[float] = (1.0, 1.0, 1.0)
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
-    @property
-    def scores(self) -> dict[str, torch.Tensor]:
-        return {"image": self.image_scores, "text": self.text_scores}
+    scores = property(lambda self: self.part_scores())
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
@@ -310,9 +312,7 @@ class RegionTextExplanation(ColouredTexts, Explanation):
     class_names: list[str] | None = None
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
-    @property
-    def scores(self) -> dict[str, torch.Tensor]:
-        return {"text": self.text_scores, "image": self.region_scores}
+    scores = property(lambda self: self.part_scores())
 
     @property
     def parts(self) -> dict[str, TextPart | RegionPart]:
