@@ -18,7 +18,7 @@ from ...explanation import Explanation, PairExplanation
 from ...streams import AttentionSite, Stream
 from ..base import Adapter, checked_images
 from .batch import ImageTextBatch
-from .towers import IMAGE, TEXT, ClipTowers, Recorder, clip_library
+from .towers import IMAGE, TEXT, Recorder, clip_library, towers_of
 
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -46,7 +46,7 @@ class ClipTowersAdapter(Adapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.towers = ClipTowers(self.clip)
+        self.towers = towers_of(self.clip)
         self.recorder: Recorder | None = None
 
     @property

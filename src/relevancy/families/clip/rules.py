@@ -43,7 +43,7 @@ from ...lrp.engine import (
     linear, passthrough, unchanged,
 )
 from ..hf_attention import transformers_leaves
-from .towers import IMAGE, TEXT, ClipTowers
+from .towers import IMAGE, TEXT, ClipTowers, towers_of
 
 
 # -- shared by both libraries ------------------------------------------------------------------------------------
@@ -313,4 +313,4 @@ def zero_shot_rule_map(classifier: nn.Module) -> dict[type, ForwardFactory]:
 
         return {"logits_from_features": logits_from_features}
 
-    return {ZeroShotClassifier: head, **rule_map(ClipTowers(classifier.clip))}
+    return {ZeroShotClassifier: head, **rule_map(towers_of(classifier.clip))}

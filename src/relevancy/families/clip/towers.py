@@ -1,7 +1,7 @@
 """A library-neutral view of a CLIP model's two towers, for explanation methods that never touch library code.
 
 Supported: `transformers.CLIPModel` and open_clip's `CLIP` / `CustomTextCLIP` with a `VisionTransformer` image
-tower and plain `ResidualAttentionBlock`s, used unmodified. `ClipTowers(model)` gives both towers' features, the
+tower and plain `ResidualAttentionBlock`s, used unmodified. `towers_of(model)` gives both towers' features, the
 scaled pair logits, the tokens that enter the blocks (for token ablation) and `explaining()`, a context in which
 every forward records each block's attention probabilities on the autograd path:
 
@@ -111,17 +111,6 @@ class ClipTowers:
     text_heads: int
     patch_size: tuple[int, int]
     context_length: int
-
-    def __new__(cls, model: nn.Module):
-        if cls is ClipTowers:
-            library = clip_library(model)
-            if library is None:
-                raise UnsupportedModelError(
-                    f"{type(model).__module__}.{type(model).__name__} is not a CLIP model relevancy knows "
-                    "(transformers.CLIPModel, open_clip.model.CLIP or CustomTextCLIP)"
-                )
-            cls = _OpenClipTowers if library == "open_clip" else _TransformersTowers
-        return super().__new__(cls)
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -445,3 +434,14 @@ def _restore_attribute(owner: object, name: str, previous: object) -> None:
         owner.__dict__.pop(name, None)
     else:
         owner.__dict__[name] = previous
+
+
+def towers_of(model: nn.Module) -> ClipTowers:
+    """The towers of a CLIP model, seen through its library's `ClipTowers`; a clear error for any other model."""
+    library = clip_library(model)
+    if library is None:
+        raise UnsupportedModelError(
+            f"{type(model).__module__}.{type(model).__name__} is not a CLIP model relevancy knows "
+            "(transformers.CLIPModel, open_clip.model.CLIP or CustomTextCLIP)"
+        )
+    return _OpenClipTowers(model) if library == "open_clip" else _TransformersTowers(model)

@@ -10,7 +10,7 @@ from torch import nn
 from ...guard import exclusive
 from ..base import eval_mode
 from .batch import text_ids
-from .towers import ClipTowers
+from .towers import towers_of
 
 
 class ZeroShotClassifier(nn.Module):
@@ -23,7 +23,7 @@ class ZeroShotClassifier(nn.Module):
     def __init__(self, clip: nn.Module, prompts: object, class_names: Sequence[str] | None = None) -> None:
         super().__init__()
         self.clip = clip
-        towers = ClipTowers(clip)
+        towers = towers_of(clip)
         ids, mask = text_ids(prompts)
         device = next(clip.parameters()).device
         with exclusive(clip, *towers._shared_state()), torch.inference_mode(False), torch.no_grad():
@@ -44,4 +44,4 @@ class ZeroShotClassifier(nn.Module):
         return scale * F.normalize(image_features, dim=-1) @ self.class_features.to(image_features).T
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.logits_from_features(ClipTowers(self.clip).image_features(images))
+        return self.logits_from_features(towers_of(self.clip).image_features(images))
