@@ -346,3 +346,26 @@ def test_showing_text_without_rich_names_the_text_extra(monkeypatch):
     hide(monkeypatch, "rich")
     with pytest.raises(MissingExtraError, match=r"rich is not installed; .*relevancy\[text\]"):
         expl.show()
+
+
+def test_a_misspelt_option_names_the_valid_ones():
+    with pytest.raises(TypeError) as error:
+        relevancy.explain(tiny_vit(), IMAGES, method="rollout", cls_entri="zero")
+    message = one_line(error)
+    assert "'cls_entri'" in message and "Did you mean 'cls_entry'?" in message and "start_layer, cls_entry, row_normalize" in message
+
+
+def test_a_misspelt_option_value_names_the_valid_ones():
+    with pytest.raises(ValueError, match="cls_entry must be one of keep, zero, min; got 'zeros'"):
+        relevancy.explain(tiny_vit(), IMAGES, method="rollout", cls_entry="zeros")
+    with pytest.raises(ValueError, match="region must be one of class_row, matrix; got 'matrx'"):
+        relevancy.explain(tiny_vit(), IMAGES, method="attention_gradcam", region="matrx")
+
+
+def test_a_family_convention_with_a_misspelt_value_is_refused_when_declared():
+    from relevancy.conventions import GenericAttentionConventions, LrpConventions
+
+    with pytest.raises(ValueError, match="rules must be one of vanilla, paper; got 'papers'"):
+        LrpConventions(rules="papers")
+    with pytest.raises(TypeError, match="start_layer must be of type int"):
+        GenericAttentionConventions(start_layer="last")

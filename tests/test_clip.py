@@ -109,9 +109,9 @@ def test_token_ablation_matches_a_rerun_without_the_token(setup):
     case, model = setup
     images, ids = case["images"][:1], case["input_ids"][:1]
     expl = relevancy.explain(model, (images, ids), method="token_ablation")
-    from relevancy.families.clip.towers import ClipTowers
+    from relevancy.families.clip.towers import towers_of
 
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     with torch.no_grad():
         full = towers.pair_logits(towers.image_features(images), towers.text_features(ids))
         tokens = towers.image_tokens(images)

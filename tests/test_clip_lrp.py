@@ -138,11 +138,11 @@ def test_model_unchanged(library):
 def test_unknown_module_is_an_error_not_a_gradient(library):
     model = copy.deepcopy(MODELS[library])
     if library == "transformers":
-        model.vision_model.encoder.layers[0].mlp.activation_fn = torch.nn.Tanh()
+        model.vision_model.encoder.layers[0].mlp.activation_fn = torch.nn.Softplus()
     else:
-        model.visual.transformer.resblocks[0].mlp.gelu = torch.nn.Tanh()
+        model.visual.transformer.resblocks[0].mlp.gelu = torch.nn.Softplus()
     attributes = _instance_state(model)
-    with pytest.raises(MissingRuleError, match="Tanh"):
+    with pytest.raises(MissingRuleError, match="Softplus"):
         relevancy.explain(model, GRID, method="transformer_attribution")
     assert _instance_state(model) == attributes
 

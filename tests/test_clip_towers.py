@@ -12,7 +12,7 @@ import transformers
 
 from golden import GOLDEN  # noqa: E402
 from relevancy.families.base import UnsupportedModelError  # noqa: E402
-from relevancy.families.clip.towers import ClipTowers, clip_library  # noqa: E402
+from relevancy.families.clip.towers import ClipTowers, clip_library, towers_of  # noqa: E402
 from relevancy.families.hf_attention import EXACT_ATTENTION  # noqa: E402
 
 CASES = torch.load(GOLDEN / "clip_reference.pt", weights_only=True)
@@ -75,18 +75,18 @@ def test_clip_library_and_refusals():
     assert clip_library(build(case, "transformers")) == "transformers"
     assert clip_library(torch.nn.Linear(2, 2)) is None
     with pytest.raises(UnsupportedModelError):
-        ClipTowers(torch.nn.Linear(2, 2))
+        towers_of(torch.nn.Linear(2, 2))
     resnet = open_clip.model.CLIP(
         embed_dim=16, vision_cfg={"layers": (1, 1, 1, 1), "width": 8, "head_width": 64, "image_size": 64},
         text_cfg={"context_length": 8, "vocab_size": 20, "width": 16, "heads": 2, "layers": 1},
     )
     with pytest.raises(UnsupportedModelError, match="ModifiedResNet"):
-        ClipTowers(resnet)
+        towers_of(resnet)
 
 
 def test_pair_logits_match_the_authors(setup):
     case, model = setup
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     images, ids, expected = case["images"], case["input_ids"], case["logits_per_image"]
     n, m = expected.shape
     assert towers.grid_size(images) == (4, 4) and towers.context_length == ids.shape[1]
@@ -107,7 +107,7 @@ def test_pair_logits_match_the_authors(setup):
 @pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
 def test_generic_attention_matches_the_authors(setup, batched):
     case, model = setup
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     images, ids = case["images"], case["input_ids"]
     n, m = len(images), len(ids)
     if batched:  # all n*m pairs in one batch, one backward of the sum of the pair logits
@@ -126,7 +126,7 @@ def test_generic_attention_matches_the_authors(setup, batched):
 
 def test_cdam_inputs_are_recorded_on_the_graph(setup):
     case, model = setup
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     images, ids = case["images"], case["input_ids"]
     with towers.explaining() as recorder:
         logits = towers.pair_logits(towers.image_features(images[:1].expand(len(ids), -1, -1, -1)),
@@ -145,7 +145,7 @@ def test_cdam_inputs_are_recorded_on_the_graph(setup):
 
 def test_token_ablation_helpers(setup):
     case, model = setup
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     images, ids = case["images"], case["input_ids"]
     with torch.no_grad():
         features = towers.image_features(images)
@@ -176,7 +176,7 @@ def test_token_ablation_agrees_between_libraries():
     keep[:, 2] = False
     out = {}
     for library in LIBRARIES:
-        towers = ClipTowers(build(case, library))
+        towers = towers_of(build(case, library))
         with torch.no_grad(), towers.explaining():
             out[library] = towers.text_features_from_tokens(towers.text_tokens(ids), ids, keep)
         assert torch.isfinite(out[library]).all()
@@ -192,7 +192,7 @@ def test_model_left_unchanged(library):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     configs = [model.config, model.config.vision_config, model.config.text_config] if library == "transformers" else []
     implementations = [c._attn_implementation for c in configs]
-    towers = ClipTowers(model)
+    towers = towers_of(model)
 
     def check() -> None:
         assert all(m.training for m in model.modules())
@@ -222,7 +222,7 @@ def test_model_left_unchanged(library):
 def test_frozen_model_still_gives_attention_gradients():
     case = CASES[0]
     model = build(case, "open_clip").requires_grad_(False)
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     with towers.explaining() as recorder:
         image, text = case["images"][:1], case["input_ids"][:1]
         logits = towers.pair_logits(towers.image_features(image), towers.text_features(text))
@@ -234,7 +234,7 @@ def test_frozen_model_still_gives_attention_gradients():
 def test_float32_transformers_model():
     case = CASES[0]
     model = build(case, "transformers", torch.float32)
-    towers = ClipTowers(model)
+    towers = towers_of(model)
     images, ids = case["images"].float(), case["input_ids"]
     n, m = len(images), len(ids)
     with towers.explaining() as recorder:

@@ -9,7 +9,7 @@ import torch
 
 import relevancy
 from relevancy.bench import load_model as load_shapes_model, make_scenes
-from relevancy.methods import propagation
+from relevancy.methods import relevance
 from models import tiny_vit
 
 LRP_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
@@ -74,7 +74,7 @@ def test_every_lrp_map_records_its_relevance_total(method):
 
 
 def test_a_total_the_paper_rules_did_not_conserve_is_warned(monkeypatch):
-    monkeypatch.setattr(propagation, "CONSERVATION_TOLERANCE", -1.0)  # every total now counts as lost
+    monkeypatch.setattr(relevance, "CONSERVATION_TOLERANCE", -1.0)  # every total now counts as lost
     with pytest.warns(UserWarning, match="relevance total"):
         relevancy.explain(tiny_vit(), torch.randn(1, 3, 32, 32), method="transformer_attribution")
     with warnings.catch_warnings():

@@ -56,3 +56,24 @@ def test_token_ablation_chunking_does_not_change_scores():
     whole = relevancy.explain(model, images, method="token_ablation", chunk_size=1000).scores
     for chunk in (1, 7, 16):
         torch.testing.assert_close(relevancy.explain(model, images, method="token_ablation", chunk_size=chunk).scores, whole)
+
+
+def test_a_registered_family_is_asked_first_and_registering_again_moves_it_to_the_front(monkeypatch):
+    from relevancy import families
+    from relevancy.families.timm_vit.adapter import TimmViTAdapter
+
+    monkeypatch.setattr(families, "_REGISTERED", [])
+
+    class First(TimmViTAdapter):
+        family = "first"
+
+    class Second(TimmViTAdapter):
+        family = "second"
+
+    families.register_adapter(First)
+    families.register_adapter(Second)
+    model = tiny_vit()
+    assert type(families.adapter_for(model)) is Second
+    families.register_adapter(First)
+    assert type(families.adapter_for(model)) is First
+    assert families.adapters()[:2] == [First, Second] and families.adapters()[2:] == list(families.BUILT_IN)

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import explain
-    from .explanation import Explanation, PairExplanation
+    from .explanation import DetectionExplanation, Explanation, ImageExplanation, PairExplanation, RegionTextExplanation
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
-    from .families.detr import DetectionExplanation, detect
+    from .families.detr import detect
     from .targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "PairExplanation", "Concept", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "METHODS"]
+__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "METHODS"]
 __version__ = "0.1.0"
 
 
@@ -27,16 +27,16 @@ def __getattr__(name: str) -> Any:
         from .api import explain as value
     elif name == "Explanation":
         from .explanation import Explanation as value
-    elif name == "PairExplanation":
-        from .explanation import PairExplanation as value
+    elif name in ("ImageExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation"):
+        from . import explanation
+
+        value = getattr(explanation, name)
     elif name == "ImageTextBatch":
         from .families.clip.batch import ImageTextBatch as value
     elif name == "ZeroShotClassifier":
         from .families.clip.zero_shot import ZeroShotClassifier as value
     elif name == "detect":
         from .families.detr import detect as value
-    elif name == "DetectionExplanation":
-        from .families.detr import DetectionExplanation as value
     elif name == "Concept":
         from .targets import Concept as value
     elif name == "METHODS":

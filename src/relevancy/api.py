@@ -13,7 +13,7 @@ from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
-from .methods.coattention import has_cross_attention
+from .streams import streams_attend_to_each_other
 from .targets import Concept, Target
 
 
@@ -34,6 +34,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     The inputs, targets, methods and options accepted are listed below (generated from the method registry).
     """
     spec = get_method(method)
+    spec.check_options(options)
     adapter = adapter_for(model)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
@@ -43,14 +44,15 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         inputs, target = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), target)
         streams = adapter.streams(inputs)
         # a cross-attention model reads every stream from its one readout stream's row
-        pooled = [] if has_cross_attention(adapter) else [name for name, s in streams.items() if s.readout is None]
+        across = streams_attend_to_each_other(adapter.attention_sites())
+        pooled = [] if across else [name for name, s in streams.items() if s.readout is None]
         if spec.reads_class_token and pooled:
             raise UnsupportedModelError(
                 f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
                 f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
             )
         with adapter.explaining(attention_probabilities=spec.needs_attention):
-            scores, indices, logits, *details = run_in_groups(spec.run, adapter, inputs, target, options)
+            scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, target, options)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
         if not spec.pixels:
@@ -123,8 +125,8 @@ def method_reference() -> str:
     so that `help(relevancy.explain)` cannot drift from the code."""
     lines = ["method= (keyword options and their defaults; None: the model family's default, see docs/methods.md):"]
     for name, spec in REGISTRY.items():
-        parameters = list(inspect.signature(spec.run).parameters.values())[3:]  # after (adapter, inputs, target)
-        options = ", ".join(f"{p.name}={p.default!r}" for p in parameters) or "no options"
+        parameters = inspect.signature(spec.run).parameters
+        options = ", ".join(f"{name}={parameters[name].default!r}" for name in spec.option_names()) or "no options"
         traits = ", ".join(t for t, on in (("signed", spec.signed), ("concept", spec.accepts_concept), ("pixels", spec.pixels)) if on)
         lines.append(f"  {name}{f' [{traits}]' if traits else ''}: {spec.summary}")
         lines.append(f"      {options}")

@@ -8,18 +8,63 @@ from typing import Sequence
 
 import torch
 
-from .parts import ImagePart, TextPart
+from .parts import ImagePart, RegionPart, TextPart
+
+
+class Explanation:
+    """What every `explain()` result is, whatever the family: one **part** per token stream (`parts`), the explained
+    targets and logits, and the same protocol (`scores`, `save`, `to_json`).
+
+    Shape conventions, for every kind: a row per explained item (an input; CLIP: an image-text pair; DETR: an
+    object), raw scores as the method defines them (`signed`: whether negative values carry meaning), 0 at padding.
+    An image part's scores are `(rows, h, w)` over the patch grid (`(rows, H, W)` over the pixels for `lrp`), a text
+    part's `(rows, T)` over the tokens, a region part's `(rows, N)` over the detector boxes. `scores` is the one
+    part's tensor where there is one part, else the parts' tensors by stream name. `target` `(rows,)`: the explained
+    class, answer or pair (-1 for a concept or a callable target); `relevance_total` (LRP-based methods): the
+    relevance reaching the level each map is read at, for 1 at the explained score, `(rows,)` or `(rows, parts)`.
+    `save(path, ...)` writes the family's picture (and HTML beside it where there is text), each file whole or not
+    at all; `to_json()` gives the same content as plain JSON values.
+    """
+
+    method: str
+    signed: bool
+    target: torch.Tensor
+    logits: torch.Tensor
+    relevance_total: torch.Tensor | None
+
+    @property
+    def parts(self) -> dict[str, ImagePart | TextPart | RegionPart]:
+        raise NotImplementedError
+
+    def save(self, path: str | Path, images: object = None) -> Path:
+        raise NotImplementedError
+
+    def part_scores(self) -> dict[str, torch.Tensor]:
+        """Each part's scores by stream name (what `scores` is for kinds with several parts)."""
+        return {name: part.scores for name, part in self.parts.items()}
+
+    def to_json(self) -> dict:
+        """The explanation as plain JSON values: method, signedness, targets, logits, each part's scores (and the
+        relevance totals of the LRP-based methods)."""
+        total = self.relevance_total
+        return {
+            "kind": type(self).__name__,
+            "method": self.method,
+            "signed": self.signed,
+            "target": self.target.tolist(),
+            "logits": self.logits.tolist(),
+            "parts": {name: scores.tolist() for name, scores in self.part_scores().items()},
+            "relevance_total": None if total is None else total.tolist(),
+        }
 
 
 @dataclass
-class Explanation:
+class ImageExplanation(Explanation):
     """Relevance of each patch (`scores`, `(B, h, w)`) or pixel (`(B, H, W)`, method `lrp`) for `target`.
 
-    Scores are raw, as the method defines them; `signed` says whether negative values carry meaning.
     `target` holds the explained class per image (-1 where a `concept` or a callable target was explained).
-    `relevance_total` (LRP-based methods only, `(B,)`): the total relevance reaching the level the map is read at,
-    for a relevance of 1 at the explained score; the paper's rules conserve it (1), see docs/methods.md.
-    `parts` maps each token stream's name to its part (here one, `"image"`).
+    `relevance_total` (LRP-based methods only, `(B,)`): see `Explanation`; the paper's rules conserve it (1),
+    see docs/methods.md. `parts` maps each token stream's name to its part (here one, `"image"`).
     """
 
     scores: torch.Tensor
@@ -132,7 +177,7 @@ class ColouredTexts:
 
 
 @dataclass
-class TextExplanation(ColouredTexts, Explanation):
+class TextExplanation(ColouredTexts, ImageExplanation):
     """Relevance of each token (`scores`, `(B, T)`, 0 at padding) for `target`.
 
     `tokens[i]` are the token strings of text `i` (its real tokens, [CLS] and [SEP] included), in the order of
@@ -168,7 +213,7 @@ class TextExplanation(ColouredTexts, Explanation):
 
 
 @dataclass
-class PairExplanation:
+class PairExplanation(Explanation):
     """Relevance for the logit of each image-text pair: an image part and a text part (`parts`).
 
     `parts["image"].scores` `(P, h, w)`: the image's [CLS] row over the patches, raw; `parts["text"].scores`
@@ -191,6 +236,8 @@ class PairExplanation:
     mean: Sequence[float] = (0.0, 0.0, 0.0)
     std: Sequence[float] = (1.0, 1.0, 1.0)
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
+
+    scores = property(lambda self: self.part_scores())
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
@@ -240,3 +287,96 @@ class PairExplanation:
         written = save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.captions()])
         write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
         return written
+
+
+@dataclass
+class RegionTextExplanation(ColouredTexts, Explanation):
+    """Relevance of a question's tokens and an image's regions for `target` (LXMERT, VisualBERT).
+
+    `parts["text"].scores` `(B, T)`: per token of the question, raw, 0 at padding; `parts["image"].scores` `(B, N)`:
+    per region, raw, 0 at padded regions. `target` holds the explained answer per input (-1 for a callable target),
+    `logits` `(B, K)` the model's answer scores. `relevance_total` (LRP-based methods, `(B, 2)`): the relevance
+    reaching the question's and the regions' input tokens.
+    """
+
+    text_scores: torch.Tensor
+    region_scores: torch.Tensor
+    target: torch.Tensor
+    logits: torch.Tensor
+    method: str
+    signed: bool
+    tokens: list[list[str]] | None = None
+    attention_mask: torch.Tensor | None = field(default=None, repr=False)
+    region_mask: torch.Tensor | None = field(default=None, repr=False)
+    boxes: torch.Tensor | None = field(default=None, repr=False)
+    class_names: list[str] | None = None
+    relevance_total: torch.Tensor | None = field(default=None, repr=False)
+
+    scores = property(lambda self: self.part_scores())
+
+    @property
+    def parts(self) -> dict[str, TextPart | RegionPart]:
+        return {
+            "text": TextPart(self.text_scores, self.signed, self.tokens, None, self.attention_mask),
+            "image": RegionPart(self.region_scores, self.signed, self.region_mask, self.boxes),
+        }
+
+    def labels(self) -> list[str]:
+        """A caption per input: the explained answer's name (or index) with its score."""
+        captions = []
+        for i, k in enumerate(self.target.tolist()):
+            if k < 0:
+                captions.append("custom target")
+                continue
+            name = self.class_names[k] if self.class_names and k < len(self.class_names) else f"answer {k}"
+            captions.append(f"{name} ({self.logits[i, k]:.2f})")
+        return captions
+
+    def save(self, path: str | Path, images: Sequence | None = None) -> Path:
+        """A PNG of the regions (each box filled by its score over `images`, one picture per input as an
+        (H, W, 3) array; without boxes, a bar per region) and the coloured questions as HTML beside it (same name,
+        `.html`); each file appears whole or not at all."""
+        from .files import write_atomic
+        from .viz import region_figure, save_figure
+
+        path = Path(path)
+        part = self.parts["image"]
+        written = save_figure(region_figure(part.scores.cpu(), part.boxes, images, self.signed, self.captions()), path)
+        write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
+        return written
+
+
+@dataclass
+class DetectionExplanation(ImageExplanation):
+    """`scores` (R, h, w): the relevance of every image token for row r's object, query `query[r]` of image
+    `image[r]`, class `target[r]`; `logits` (R, C + 1) are that query's class logits (the last: "no object").
+    `relevance_total` (LRP-based methods, `(R, 2)`): the relevance reaching the encoder's input tokens and the
+    decoder's zero queries; image + 2 x queries = 1 (see `families.detr.rules`)."""
+
+    image: torch.Tensor = field(default=None, repr=False)
+    query: torch.Tensor = field(default=None, repr=False)
+
+    def labels(self) -> list[str]:
+        """A caption per object: image, query, class name and its logit."""
+        names = self.class_names or []
+        return [
+            f"image {i}, query {q}: {names[k] if k < len(names) else f'class {k}'} ({self.logits[r, k]:.2f})"
+            for r, (i, q, k) in enumerate(zip(self.image.tolist(), self.query.tolist(), self.target.tolist()))
+        ]
+
+    def save(self, path: str | Path, images=None, boxes: torch.Tensor | None = None) -> Path:
+        """An overlay PNG, one panel per object: `images` the explained images, normalised (B, 3, H, W) as given to
+        explain or as pictures (B, H, W, 3) uint8 (each row is drawn over its own image); `boxes` (R, 4) x0, y0, x1,
+        y1 in pixels (e.g. `detect`'s)."""
+        from .viz import overlay_figure, save_figure
+
+        part = self.parts["image"]
+        pictures = None
+        if images is not None:
+            images = torch.as_tensor(images)
+            if images.dtype == torch.uint8:
+                pictures = images[self.image.cpu()].float() / 255
+            else:
+                pictures = part.pixels(images[self.image])
+        titles = [f"{self.method}\n{label}" for label in self.labels()]
+        return save_figure(overlay_figure(part.heatmap().cpu(), pictures, part.signed, titles, boxes), path)

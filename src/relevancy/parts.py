@@ -141,3 +141,23 @@ class TextPart:
 
     def legend(self) -> str:
         return "blue: against, red: for (white: 0)" if self.signed else "darker red: more relevant"
+
+
+@dataclass
+class RegionPart:
+    """Scores over the image regions (detector boxes) of each input, `(B, N)` raw, 0 at padded regions.
+
+    `valid` `(B, N)` marks the real regions (None: all); `boxes` `(B, N, 4)` are the boxes as the model read them,
+    when it reads any (LXMERT's `visual_pos`), to draw the scores on the image.
+    """
+
+    scores: torch.Tensor
+    signed: bool
+    valid: torch.Tensor | None = None
+    boxes: torch.Tensor | None = field(default=None, repr=False)
+
+    def region_scores(self, index: int = 0) -> list[tuple[int, float]]:
+        """`(region, score)` for the real regions of input `index`, in the model's order."""
+        row = self.scores[index]
+        keep = range(len(row)) if self.valid is None else self.valid[index].nonzero().flatten().tolist()
+        return [(int(k), float(row[k])) for k in keep]

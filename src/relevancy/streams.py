@@ -8,7 +8,7 @@ are written once for every family: the ICCV'21 paper's `R^ii`, `R^tt`, `R^it`, `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
@@ -65,3 +65,9 @@ class AttentionSite:
     @property
     def is_self(self) -> bool:
         return self.query == self.key
+
+
+def streams_attend_to_each_other(sites: Sequence[AttentionSite]) -> bool:
+    """Whether some attention has queries and keys from different streams (LXMERT, DETR): then every map is read
+    at one readout stream's row, and the methods take their co-attention strategy (`methods.across`)."""
+    return any(not site.is_self for site in sites)

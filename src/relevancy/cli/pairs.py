@@ -46,7 +46,7 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     from ..api import explain
     from ..explanation import html_page, texts_html
     from ..families.clip.batch import ImageTextBatch
-    from ..families.clip.towers import ClipTowers
+    from ..families.clip.towers import towers_of
     from ..files import write_atomic
     from ..viz import method_grid, save_figure
     from .pictures import normalised
@@ -57,7 +57,7 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     except ValueError as error:  # the shipped tokenizer names unknown words
         raise UsageError(str(error)) from error
     images = normalised(pictures, bundle.image_size, bundle.mean, bundle.std)
-    ends = ClipTowers(bundle.model).readout_index(encoded["input_ids"]).tolist()  # strings up to the end token
+    ends = towers_of(bundle.model).readout_index(encoded["input_ids"]).tolist()  # strings up to the end token
     tokens = [row[: end + 1] for row, end in zip(bundle.token_strings(encoded["input_ids"]), ends)]
     batch = ImageTextBatch.grid(images, encoded, tokens=tokens)
     results = {m: explain(bundle.model, batch, method=m) for m in methods}

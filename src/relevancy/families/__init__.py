@@ -12,27 +12,36 @@ from .lxmert.adapter import LxmertAdapter
 from .timm_vit.adapter import TimmViTAdapter
 from .visual_bert.adapter import VisualBertAdapter
 
-ADAPTERS: tuple[type[Adapter], ...] = (
+BUILT_IN: tuple[type[Adapter], ...] = (
     TimmViTAdapter, HFBertAdapter, HFViTAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
 )
+# families registered by users, the latest first; checked before the built-in ones
+_REGISTERED: list[type[Adapter]] = []
 
 
 def register_adapter(adapter: type[Adapter]) -> None:
-    """Make a new model family available to `relevancy.explain` (checked before the built-in ones)."""
-    global ADAPTERS
-    ADAPTERS = (adapter,) + tuple(a for a in ADAPTERS if a is not adapter)
+    """Make a new model family available to `relevancy.explain` (checked before the built-in ones; registering a
+    family again moves it to the front)."""
+    if adapter in _REGISTERED:
+        _REGISTERED.remove(adapter)
+    _REGISTERED.insert(0, adapter)
+
+
+def adapters() -> list[type[Adapter]]:
+    """Every family in the order `adapter_for` asks them: registered ones first, then the built-in ones."""
+    return [*_REGISTERED, *(a for a in BUILT_IN if a not in _REGISTERED)]
 
 
 def adapter_for(model: nn.Module) -> Adapter:
     """The adapter of the first family that recognises `model`; a clear error listing the families if none does."""
-    for adapter in ADAPTERS:
+    for adapter in adapters():
         if adapter.supports(model):
             return adapter(model)
-    families = "; ".join(f"{a.family} ({a.examples})" for a in ADAPTERS)
+    families = "; ".join(f"{a.family} ({a.examples})" for a in adapters())
     raise UnsupportedModelError(
         f"relevancy does not support models of type {type(model).__module__}.{type(model).__name__}. "
         f"Supported families: {families}."
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter"]

@@ -7,7 +7,8 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..explanation import Explanation
+from ..conventions import VIT_REFERENCE, Conventions
+from ..explanation import Explanation, ImageExplanation
 from ..guard import this_thread_only
 from ..streams import AttentionSite, Hookable, Stream
 
@@ -26,7 +27,11 @@ class Adapter:
 
     family: ClassVar[str] = ""
     examples: ClassVar[str] = ""
-    explanation_class: ClassVar[type] = Explanation
+    explanation_class: ClassVar[type[Explanation]] = ImageExplanation
+    # where the family's reference code makes other choices than the ViT reference, per method (see conventions)
+    conventions: ClassVar[Conventions] = VIT_REFERENCE
+    # the methods the family offers (the others are refused by name); None: every registered method
+    methods: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -201,6 +206,19 @@ def checked_images(inputs: object, model: nn.Module, check_shape: Callable[[tupl
             "normalised pixel values"
         )
     return inputs
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """`model` in eval mode for the block; every module's own train/eval flag restored after, also after an
+    exception (a user's model is never left changed)."""
+    training = [(module, module.training) for module in model.modules()]
+    try:
+        model.eval()
+        yield
+    finally:
+        for module, flag in training:
+            module.training = flag
 
 
 def transformers_configs(model: nn.Module) -> list:

@@ -1,6 +1,6 @@
-"""What the question-and-regions families (LXMERT, VisualBERT) share: their Explanation, a part over image regions,
-reading answer logits off the model's own output, and the checks of the inputs their Hugging Face models take (a
-tokenised question and detector region features).
+"""What the question-and-regions families (LXMERT, VisualBERT) share: reading answer logits off the model's own
+output, and the checks of the inputs their Hugging Face models take (a tokenised question and detector region
+features). Their result, `RegionTextExplanation`, lives with the other result types (`relevancy.explanation`).
 
 An explanation of such a model has a text part (the question's tokens, `(B, T)`) and an image part over the regions
 (`(B, N)`, one score per detector box, no grid): the maps the ICCV'21 paper reads (LXMERT: `R_t_t[CLS]` and
@@ -10,93 +10,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from ..explanation import ColouredTexts
 from ..guard import this_thread_only
-from ..parts import TextPart
 from .base import UnsupportedModelError
-
-
-@dataclass
-class RegionPart:
-    """Scores over the image regions (detector boxes) of each input, `(B, N)` raw, 0 at padded regions.
-
-    `valid` `(B, N)` marks the real regions (None: all); `boxes` `(B, N, 4)` are the boxes as the model read them,
-    when it reads any (LXMERT's `visual_pos`), to draw the scores on the image.
-    """
-
-    scores: torch.Tensor
-    signed: bool
-    valid: torch.Tensor | None = None
-    boxes: torch.Tensor | None = field(default=None, repr=False)
-
-    def region_scores(self, index: int = 0) -> list[tuple[int, float]]:
-        """`(region, score)` for the real regions of input `index`, in the model's order."""
-        row = self.scores[index]
-        keep = range(len(row)) if self.valid is None else self.valid[index].nonzero().flatten().tolist()
-        return [(int(k), float(row[k])) for k in keep]
-
-
-@dataclass
-class RegionTextExplanation(ColouredTexts):
-    """Relevance of a question's tokens and an image's regions for `target` (LXMERT, VisualBERT).
-
-    `parts["text"].scores` `(B, T)`: per token of the question, raw, 0 at padding; `parts["image"].scores` `(B, N)`:
-    per region, raw, 0 at padded regions. `target` holds the explained answer per input (-1 for a callable target),
-    `logits` `(B, K)` the model's answer scores. `relevance_total` (LRP-based methods, `(B, 2)`): the relevance
-    reaching the question's and the regions' input tokens.
-    """
-
-    text_scores: torch.Tensor
-    region_scores: torch.Tensor
-    target: torch.Tensor
-    logits: torch.Tensor
-    method: str
-    signed: bool
-    tokens: list[list[str]] | None = None
-    attention_mask: torch.Tensor | None = field(default=None, repr=False)
-    region_mask: torch.Tensor | None = field(default=None, repr=False)
-    boxes: torch.Tensor | None = field(default=None, repr=False)
-    class_names: list[str] | None = None
-    relevance_total: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def parts(self) -> dict[str, TextPart | RegionPart]:
-        return {
-            "text": TextPart(self.text_scores, self.signed, self.tokens, None, self.attention_mask),
-            "image": RegionPart(self.region_scores, self.signed, self.region_mask, self.boxes),
-        }
-
-    def labels(self) -> list[str]:
-        """A caption per input: the explained answer's name (or index) with its score."""
-        captions = []
-        for i, k in enumerate(self.target.tolist()):
-            if k < 0:
-                captions.append("custom target")
-                continue
-            name = self.class_names[k] if self.class_names and k < len(self.class_names) else f"answer {k}"
-            captions.append(f"{name} ({self.logits[i, k]:.2f})")
-        return captions
-
-    def save(self, path: str | Path, images: Sequence | None = None) -> Path:
-        """A PNG of the regions (each box filled by its score over `images`, one picture per input as an
-        (H, W, 3) array; without boxes, a bar per region) and the coloured questions as HTML beside it (same name,
-        `.html`); each file appears whole or not at all."""
-        from ..explanation import html_page
-        from ..files import write_atomic
-        from ..viz import region_figure, save_figure
-
-        path = Path(path)
-        part = self.parts["image"]
-        written = save_figure(region_figure(part.scores.cpu(), part.boxes, images, self.signed, self.captions()), path)
-        write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
-        return written
 
 
 # -- running --------------------------------------------------------------------------------------------------

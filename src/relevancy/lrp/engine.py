@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FunctionType, MethodType
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -23,19 +23,8 @@ GRADIENT, RELEVANCE = "gradient", "relevance"
 
 # A relevance rule: (session, detached inputs, the forward output, relevance at the output) -> relevance per input.
 RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
-
-
-@dataclass
-class RuleSet:
-    """Which variant of each rule to use: the paper's (conserving) or the vanilla LRP baselines'."""
-
-    name: str
-    shared_linear_denominator: bool
-    rescale_residuals: bool
-
-
-PAPER = RuleSet("paper", shared_linear_denominator=True, rescale_residuals=True)
-VANILLA = RuleSet("vanilla", shared_linear_denominator=False, rescale_residuals=False)
+# A linear rule: (session, input, weight `(out, in)`, relevance at the output) -> relevance at the input.
+LinearRule = Callable[["Session", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -118,18 +107,26 @@ def first_token_rule(_session: Session, inputs: tuple, _output: torch.Tensor, re
     return (shares,)
 
 
-def linear_rule(module: nn.Linear) -> RelevanceRule:
+def linear_share(session: Session, x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """alpha=1, beta=0 (bias ignored), with the rule set's denominator."""
+    return rules.linear_alpha1_beta0(x, weight, relevance, session.rule_set.shared_linear_denominator)
+
+
+def weight_rule(weight: torch.Tensor) -> RelevanceRule:
+    """The rule set's Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it)."""
+
     def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (rules.linear_alpha1_beta0(inputs[0], module.weight, relevance, session.rule_set.shared_linear_denominator),)
+        return (session.rule_set.linear(session, inputs[0], weight, relevance),)
 
     return rule
 
 
-def weight_rule(weight: torch.Tensor) -> RelevanceRule:
-    """The Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it) that no nn.Linear holds."""
+def kind_rule(kind: str) -> RelevanceRule:
+    """The rule the session's rule set gives operations of `kind` (a `RuleSet` field: "add", "matmul", "softmax",
+    "normalisation", "activation"), looked up when relevance flows, so that the rule set decides."""
 
-    def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (rules.linear_alpha1_beta0(inputs[0], weight, relevance, session.rule_set.shared_linear_denominator),)
+    def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return getattr(session.rule_set, kind)(session, inputs, output, relevance)
 
     return rule
 
@@ -141,14 +138,51 @@ def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
     return rule
 
 
+@dataclass(frozen=True)
+class RuleSet:
+    """Which rule each kind of operation gets: a value, so that a rule set is swapped without touching any family's
+    canonical forwards (which only say what operation they compute). The flags choose between the paper's
+    (conserving) rules and the vanilla LRP baselines' in the default rule functions."""
+
+    name: str
+    shared_linear_denominator: bool
+    rescale_residuals: bool
+    linear: LinearRule = linear_share
+    add: RelevanceRule = add_rule
+    matmul: RelevanceRule = matmul_rule
+    softmax: RelevanceRule = passthrough_rule
+    normalisation: RelevanceRule = passthrough_rule
+    activation: RelevanceRule = passthrough_rule
+
+
+PAPER = RuleSet("paper", shared_linear_denominator=True, rescale_residuals=True)
+VANILLA = RuleSet("vanilla", shared_linear_denominator=False, rescale_residuals=False)
+
+
 # -- operations used by canonical forwards -----------------------------------------------------------------
-def add(session: Session, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`a + b` under the residual rule; `b` may broadcast (e.g. a position embedding)."""
-    return session.apply(add_rule, torch.add, a, b.expand_as(a))
+def _apply(session: Session | None, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+    """`fn(*inputs)` under `rule` in a session; the plain operation outside one (`session=None`)."""
+    return fn(*inputs) if session is None else session.apply(rule, fn, *inputs)
 
 
-def matmul(session: Session, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return session.apply(matmul_rule, torch.matmul, u, v)
+def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a + b` under the rule set's add rule; `b` may broadcast (e.g. a position embedding)."""
+    return _apply(session, _ADD, torch.add, a, b.expand_as(a))
+
+
+def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`u @ v` of two feature maps under the rule set's matmul rule."""
+    return _apply(session, _MATMUL, torch.matmul, u, v)
+
+
+def softmax(session: Session | None, scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension (in float32 at least, back in the scores' dtype) under the rule set's
+    softmax rule."""
+    return _apply(session, _SOFTMAX, _softmax, scores)
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
 
 
 def linear(
@@ -159,8 +193,9 @@ def linear(
     return session.apply(weight_rule(weight), fn, x)
 
 
-def passthrough(session: Session, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    return session.apply(passthrough_rule, fn, x)
+def passthrough(session: Session | None, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)` for an operation that moves relevance unchanged (scaling, readouts): no rule set changes that."""
+    return _apply(session, passthrough_rule, fn, x)
 
 
 def branch(session: Session, x: torch.Tensor) -> torch.Tensor:
@@ -199,9 +234,34 @@ def unchanged(_module: nn.Module, _session: Session) -> Replacements:
     return {}
 
 
+_ADD, _MATMUL, _SOFTMAX = kind_rule("add"), kind_rule("matmul"), kind_rule("softmax")
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
-LINEAR = leaf(linear_rule)
+NORMALISATION = leaf(lambda _m: kind_rule("normalisation"))
+ACTIVATION = leaf(lambda _m: kind_rule("activation"))
+LINEAR = leaf(lambda module: weight_rule(module.weight))
 PIXEL_CONV = leaf(pixel_conv_rule)
+
+
+def default_leaves() -> dict[type, ForwardFactory]:
+    """The entries every family shares for torch's own modules: containers, dropout and embeddings unchanged, Linear
+    layers the Linear rule, norms the normalisation rule, activations the activation rule. A family's map states
+    only its differences on top (its blocks, attention, embeddings; the pixel convolution)."""
+    norms = [nn.LayerNorm] + ([nn.RMSNorm] if hasattr(nn, "RMSNorm") else [])
+    activations = [nn.GELU, nn.ReLU, nn.Tanh, nn.SiLU, nn.Mish, nn.Sigmoid]
+    return {
+        **{container: unchanged for container in (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Identity)},
+        nn.Dropout: unchanged,
+        nn.Embedding: unchanged,
+        nn.Linear: LINEAR,
+        **{norm: NORMALISATION for norm in norms},
+        **{activation: ACTIVATION for activation in activations},
+    }
+
+
+def by_type(modules: Iterable[nn.Module | None], rule: ForwardFactory) -> dict[type, ForwardFactory]:
+    """`rule` for the type of each module given (None skipped): a family's entries keyed by the types its model was
+    built with, found by role (attribute paths) rather than by class names."""
+    return {type(module): rule for module in modules if module is not None}
 
 
 class MissingRuleError(TypeError):

@@ -1,12 +1,15 @@
 """The registry of explanation methods: name -> how to run it and what its scores mean."""
 from __future__ import annotations
 
+import difflib
+import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
-from ..families.base import Adapter
+from ..families.base import Adapter, UnsupportedModelError
+from ..streams import streams_attend_to_each_other
 from ..targets import Target
 
 
@@ -27,8 +30,36 @@ class Method:
     accepts_concept: bool = False  # can explain a `Concept` instead of a class
     pixels: bool = False
     summary: str = ""
+    # the method on models whose streams attend to each other (`across`); None: `run` serves them too
+    across: Callable[..., tuple] | None = None
+
+    def runner(self, adapter: Adapter) -> Callable[..., tuple]:
+        """The strategy for the adapter's streams, chosen once from its attention sites: `across` where some
+        attention has queries and keys from different streams, `run` otherwise. A method the adapter's family does
+        not offer (`Adapter.methods`) is refused by name."""
+        if adapter.methods is not None and self.name not in adapter.methods:
+            raise UnsupportedModelError(
+                f"method '{self.name}' does not apply to the {adapter.family} family; its methods: {', '.join(adapter.methods)}"
+            )
+        if self.across is not None and streams_attend_to_each_other(adapter.attention_sites()):
+            return self.across
+        return self.run
+
+    def option_names(self) -> list[str]:
+        """The keyword options `run` takes (after adapter, inputs, target)."""
+        return list(inspect.signature(self.run).parameters)[3:]
+
+    def check_options(self, options: Mapping[str, object]) -> None:
+        """An error naming the valid options (and the closest one) for an option name `run` does not take."""
+        valid = self.option_names()
+        for name in options:
+            if name not in valid:
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                raise TypeError(f"method '{self.name}' has no option '{name}'.{hint} Its options: {', '.join(valid) or 'none'}")
 
 
+from . import across  # noqa: E402
 from .ablation import token_ablation  # noqa: E402
 from .attention import raw_attention, rollout  # noqa: E402
 from .gradients import attention_gradcam, cdam, generic_attention  # noqa: E402
@@ -37,17 +68,17 @@ from .propagation import lrp, partial_lrp, transformer_attribution  # noqa: E402
 REGISTRY: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("raw_attention", raw_attention, signed=False, reads_class_token=True,
+        Method("raw_attention", raw_attention, across=across.raw_attention, signed=False, reads_class_token=True,
                summary="last block's attention of [CLS], mean over heads"),
-        Method("rollout", rollout, signed=False, reads_class_token=True,
+        Method("rollout", rollout, across=across.rollout, signed=False, reads_class_token=True,
                summary="attention rollout (Abnar & Zuidema), residual-aware, row-normalised"),
-        Method("attention_gradcam", attention_gradcam, signed=False, reads_class_token=True,
+        Method("attention_gradcam", attention_gradcam, across=across.attention_gradcam, signed=False, reads_class_token=True,
                summary="Grad-CAM on the last block's attention"),
-        Method("generic_attention", generic_attention, signed=False, reads_class_token=True,
+        Method("generic_attention", generic_attention, across=across.generic_attention, signed=False, reads_class_token=True,
                summary="Chefer ICCV'21 gradient-weighted attention rule"),
-        Method("transformer_attribution", transformer_attribution, signed=False, reads_class_token=True,
+        Method("transformer_attribution", transformer_attribution, across=across.transformer_attribution, signed=False, reads_class_token=True,
                needs_attention=False, summary="Chefer CVPR'21: LRP relevance x attention gradient, rolled out"),
-        Method("partial_lrp", partial_lrp, signed=False, reads_class_token=True, needs_attention=False,
+        Method("partial_lrp", partial_lrp, across=across.partial_lrp, signed=False, reads_class_token=True, needs_attention=False,
                summary="LRP relevance at the last attention (Voita et al.), vanilla rules"),
         Method("lrp", lrp, signed=True, reads_class_token=False, needs_attention=False, pixels=True,
                summary="full LRP to the pixels, vanilla rules"),

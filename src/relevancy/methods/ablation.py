@@ -7,7 +7,8 @@ import torch
 
 from ..families.base import Adapter
 from ..targets import Target, resolve_target, target_score
-from .attention import CLASS_ENTRIES, family_option, set_class_entry
+from ..conventions import ClassEntry, check_choice, given_or
+from .attention import set_class_entry
 
 
 def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: int = 256, cls_entry: str | None = None) -> tuple:
@@ -21,9 +22,7 @@ def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: in
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of sequences, got {chunk_size}")
-    how = family_option(adapter, "token_ablation", "cls_entry", cls_entry, "keep")
-    if how not in CLASS_ENTRIES:
-        raise ValueError(f"cls_entry must be one of {', '.join(CLASS_ENTRIES)}, got {how!r}")
+    how = check_choice("cls_entry", given_or(cls_entry, adapter.conventions.token_ablation.cls_entry), ClassEntry)
     scores = {}
     with torch.no_grad():
         tokens = adapter.embed(inputs)

@@ -10,13 +10,11 @@ from typing import Any
 import torch
 
 from ..capture import record_forward
+from ..conventions import ClassEntry, check_choice, given_or
 from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
-
-CLASS_ENTRIES = ("keep", "zero", "min")
-
 
 StartLayer = int | dict[str, int] | None
 
@@ -33,19 +31,10 @@ def first_layer(start_layer: StartLayer, stream: Stream, depth: int) -> int:
     return value % depth
 
 
-def family_option(adapter: Adapter, method: str, option: str, value, fallback):
-    """`value` when the caller gave one, else the model family's default for `method` (`adapter.method_defaults`,
-    where a family's reference code differs from the ViT one), else `fallback` (the ViT reference's choice)."""
-    if value is not None:
-        return value
-    return getattr(adapter, "method_defaults", {}).get(method, {}).get(option, fallback)
-
-
-def set_class_entry(scores: torch.Tensor, how: str, stream: Stream) -> torch.Tensor:
+def set_class_entry(scores: torch.Tensor, how: ClassEntry, stream: Stream) -> torch.Tensor:
     """The readout token's own entry of a readout-row map read over all tokens (no prefix tokens: text models):
     "keep" it, set it to "zero", or to the row's "min" over the real tokens. Maps without that column are unchanged."""
-    if how not in CLASS_ENTRIES:
-        raise ValueError(f"cls_entry must be one of {', '.join(CLASS_ENTRIES)}, got {how!r}")
+    check_choice("cls_entry", how, ClassEntry)
     if how == "keep" or stream.prefix_tokens != 0 or stream.readout is None:
         return scores
     scores = scores.clone()
@@ -67,9 +56,8 @@ def readout_row(matrix: torch.Tensor, stream: Stream) -> torch.Tensor:
     return picked[..., stream.prefix_tokens:]
 
 
-def per_stream(adapter: Adapter, inputs: Any, method: str, cls_entry: str | None, compute) -> dict[str, torch.Tensor]:
-    """`compute(stream)` for every stream, its [CLS] entry set as the family's reference does."""
-    how = family_option(adapter, method, "cls_entry", cls_entry, "keep")
+def per_stream(adapter: Adapter, inputs: Any, how: ClassEntry, compute) -> dict[str, torch.Tensor]:
+    """`compute(stream)` for every stream, its [CLS] entry set as `how` says (see `set_class_entry`)."""
     return {name: set_class_entry(compute(stream), how, stream) for name, stream in adapter.streams(inputs).items()}
 
 
@@ -88,29 +76,23 @@ def with_identity(matrix: torch.Tensor) -> torch.Tensor:
     return matrix + torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
 
 
-def read_cross(adapter: Adapter, inputs: Any, method: str, cls_entry: str | None, matrices: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Cross-attention models: the readout row of each stream's matrix, the readout token's own entry set as the
-    family's reference does."""
+def read_cross(adapter: Adapter, inputs: Any, how: ClassEntry, matrices: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Cross-attention models: the readout row of each stream's matrix, the readout token's own entry set as `how`
+    says (see `set_class_entry`)."""
     streams = adapter.streams(inputs)
     reader = coattention.readout_stream(streams)
     scores = coattention.row_of(matrices, reader, streams)
-    how = family_option(adapter, method, "cls_entry", cls_entry, "keep")
     scores[reader.name] = set_class_entry(scores[reader.name], how, reader)
     return scores
 
 
 def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None = None) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
-    Cross-attention models: the readout stream's last self-attention, and its last cross-attention into each
-    other stream."""
+    Cross-attention models: `across.raw_attention`."""
+    how = given_or(cls_entry, adapter.conventions.raw_attention.cls_entry)
     fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
-    if coattention.has_cross_attention(adapter):
-        reader = coattention.readout_stream(adapter.streams(inputs)).name
-        last = coattention.last_sites(fwd.sites, reader, adapter.streams(inputs))
-        matrices = {x: fwd.attentions[k].mean(1) for x, k in last.items()}
-        return read_cross(adapter, inputs, "raw_attention", cls_entry, matrices), fwd.indices, fwd.logits
     scores = per_stream(
-        adapter, inputs, "raw_attention", cls_entry,
+        adapter, inputs, how,
         lambda stream: readout_row(fwd.self_attentions(stream.name)[-1].mean(1), stream),
     )
     return scores, fwd.indices, fwd.logits
@@ -122,16 +104,11 @@ def rollout(
 ) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
     `row_normalize`: divide each `I + A` by its row sums (Abnar & Zuidema; the default), or chain the raw
-    `I + A` (the authors' VisualBERT code)."""
-    row_normalize = family_option(adapter, "rollout", "row_normalize", row_normalize, True)
+    `I + A` (the authors' VisualBERT code). Cross-attention models: `across.rollout`."""
+    conventions = adapter.conventions.rollout
+    row_normalize = given_or(row_normalize, conventions.row_normalize)
+    how = given_or(cls_entry, conventions.cls_entry)
     fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
-    if coattention.has_cross_attention(adapter):
-        if start_layer != 0:
-            raise ValueError("start_layer applies to self-attention models; rollout across streams uses every layer")
-        streams = adapter.streams(inputs)
-        reader = coattention.readout_stream(streams).name
-        matrices = coattention.rollout_matrices(fwd.sites, fwd.attentions, streams, reader, row_normalize)
-        return read_cross(adapter, inputs, "rollout", cls_entry, matrices), fwd.indices, fwd.logits
 
     def compute(stream: Stream) -> torch.Tensor:
         matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]
@@ -139,4 +116,4 @@ def rollout(
             matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
         return readout_row(chain(matrices, start_layer), stream)
 
-    return per_stream(adapter, inputs, "rollout", cls_entry, compute), fwd.indices, fwd.logits
+    return per_stream(adapter, inputs, how, compute), fwd.indices, fwd.logits

@@ -26,15 +26,10 @@ from typing import Any
 
 import torch
 
-from ..families.base import Adapter, UnsupportedModelError
+from ..families.base import UnsupportedModelError
 from ..streams import AttentionSite, Stream
 
 Matrices = dict[tuple[str, str], torch.Tensor]
-
-
-def has_cross_attention(adapter: Adapter) -> bool:
-    """Whether some attention of the model has queries and keys from different streams."""
-    return any(not site.is_self for site in adapter.attention_sites())
 
 
 def readout_stream(streams: dict[str, Stream]) -> Stream:

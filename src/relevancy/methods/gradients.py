@@ -6,12 +6,12 @@ from typing import Any
 import torch
 
 from ..capture import record_forward
+from ..conventions import Region, check_choice, given_or
 from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
-from .attention import StartLayer, family_option, first_layer, per_stream, read_cross, readout_row
-from .propagation import PAPER, site_relevance
+from .attention import StartLayer, first_layer, per_stream, readout_row
 
 def attention_gradcam(
     adapter: Adapter, inputs: Any, target: Target, normalize: bool | None = None, region: str | None = None,
@@ -24,14 +24,13 @@ def attention_gradcam(
     `region`: where the gradient is averaged and the min-max taken: "class_row" (the readout row at the content
     columns, the ViT reference) or "matrix" (the whole attention matrix over the real tokens, the BERT reference).
     `cls_entry`: see `set_class_entry`, applied after the normalisation (the BERT reference: "zero").
+    Cross-attention models: `across.attention_gradcam`.
     """
-    normalize = family_option(adapter, "attention_gradcam", "normalize", normalize, False)
-    region = family_option(adapter, "attention_gradcam", "region", region, "class_row")
-    if region not in ("class_row", "matrix"):
-        raise ValueError(f"region must be 'class_row' or 'matrix', got {region!r}")
+    conventions = adapter.conventions.attention_gradcam
+    normalize = given_or(normalize, conventions.normalize)
+    region = check_choice("region", given_or(region, conventions.region), Region)
+    how = given_or(cls_entry, conventions.cls_entry)
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
-    if coattention.has_cross_attention(adapter):
-        return _cross_gradcam(adapter, inputs, fwd, normalize, cls_entry), fwd.indices, fwd.logits
     streams = adapter.streams(inputs)
     lasts = [fwd.self_attentions(name)[-1] for name in streams]
     grads = dict(zip(streams, fwd.gradients(lasts)))
@@ -59,10 +58,18 @@ def attention_gradcam(
             scores = (scores - low) / torch.where(span > 0, span, torch.ones_like(span))
         return scores
 
-    return per_stream(adapter, inputs, "attention_gradcam", cls_entry, compute), fwd.indices, fwd.logits
+    return per_stream(adapter, inputs, how, compute), fwd.indices, fwd.logits
 
 
 GENERIC_WEIGHTS = ("attention", "relevance")
+
+
+def check_generic_weights(weights: str, exact: bool) -> None:
+    """generic_attention's `weights` is one of GENERIC_WEIGHTS, and `exact` comes with relevance weights only."""
+    if weights not in GENERIC_WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(GENERIC_WEIGHTS)}; got '{weights}'")
+    if exact and weights != "relevance":
+        raise ValueError("exact applies to weights='relevance' only (the LRP arithmetic); weights='attention' computes no relevance")
 
 
 def generic_attention(
@@ -71,7 +78,7 @@ def generic_attention(
     weights: str = "attention", exact: bool = False,
 ) -> tuple:
     """Chefer et al. ICCV'21 self-attention rule, per stream: `R = I; R += E_h (G * A)^+ @ R` from `start_layer` on;
-    on models whose streams attend to each other (LXMERT, DETR), the co-attention rules of `methods.coattention`.
+    on models whose streams attend to each other (LXMERT, DETR), the co-attention rules (`across.generic_attention`).
 
     `start_layer`: the first block used (negative: from the end, -1 = the last block only; a dict: one per stream);
     the family's default when None (ViT, BERT: 0, every block; CLIP: -1, the authors' notebook).
@@ -83,22 +90,17 @@ def generic_attention(
     LXMERT `use_lrp=True`; `R_A` as in `partial_lrp`, paper rules); `exact`: the authors' LRP arithmetic (see
     relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
     """
-    if weights not in GENERIC_WEIGHTS:
-        raise ValueError(f"weights must be one of {', '.join(GENERIC_WEIGHTS)}; got '{weights}'")
-    if exact and weights != "relevance":
-        raise ValueError("exact applies to weights='relevance' only (the LRP arithmetic); weights='attention' computes no relevance")
+    check_generic_weights(weights, exact)
+    conventions = adapter.conventions.generic_attention
+    how = given_or(cls_entry, conventions.cls_entry)
     cross = dict(residual_normalization=residual_normalization, bimodal_self_terms=bimodal_self_terms, aggregate=aggregate)
-    if coattention.has_cross_attention(adapter):
-        if start_layer is not None:
-            raise ValueError("start_layer applies to self-attention models; the co-attention rules use every layer")
-        return _co_attention(adapter, inputs, target, cls_entry, weights, exact, **{k: v is not False for k, v in cross.items()})
     if weights != "attention":
         raise ValueError(
             "weights='relevance' applies to models whose streams attend to each other (DETR, LXMERT); on self-attention models "
             "the LRP-weighted rule is method='transformer_attribution'"
         )
     coattention.cross_options_error(cross)
-    start_layer = family_option(adapter, "generic_attention", "start_layer", start_layer, 0)
+    start_layer = given_or(start_layer, conventions.start_layer)
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
     streams = adapter.streams(inputs)
     used = {}
@@ -115,7 +117,7 @@ def generic_attention(
         for attention in attentions:
             matrix = matrix + (next(grads) * attention.detach()).clamp(min=0).mean(1) @ matrix
         relevance[name] = matrix
-    scores = per_stream(adapter, inputs, "generic_attention", cls_entry, lambda stream: readout_row(relevance[stream.name], stream))
+    scores = per_stream(adapter, inputs, how, lambda stream: readout_row(relevance[stream.name], stream))
     return scores, fwd.indices, fwd.logits
 
 
@@ -130,44 +132,3 @@ def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
         for (name, stream), x, g in zip(streams.items(), tokens, grads)
     }
     return scores, fwd.indices, fwd.logits
-
-
-def _co_attention(
-    adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None, weights: str, exact: bool, **rules: bool
-) -> tuple:
-    """generic_attention on a model with cross-attention: every site's rule, read at the readout row."""
-    streams = adapter.streams(inputs)
-    reader = coattention.readout_stream(streams).name
-    sites = adapter.attention_sites()
-    details = ()
-    if weights == "relevance":
-        found = site_relevance(adapter, inputs, target, PAPER, exact, list(range(len(sites))), "generic_attention")
-        fwd, attentions = found.forward, found.attentions
-        cams = coattention.gradient_weighted(found.gradients, found.relevances)
-        details = ({"relevance_total": found.totals},)
-    else:
-        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
-        attentions = fwd.attentions
-        cams = fwd.gradients(attentions, combine=coattention.weighted_in_place)
-    sizes = coattention.sizes_of(sites, attentions)
-    relevance = coattention.propagate(sites, cams, streams, sizes, **rules)
-    scores = read_cross(adapter, inputs, "generic_attention", cls_entry, {x: relevance[reader, x] for x in streams})
-    return (scores, fwd.indices, fwd.logits, *details)
-
-
-def _cross_gradcam(adapter: Adapter, inputs: Any, fwd, normalize: bool, cls_entry: str | None) -> dict[str, torch.Tensor]:
-    """Grad-CAM on a cross-attention model: on the readout stream's last self-attention and its last
-    cross-attention into each other stream, heads weighted by their mean gradient over the real (query, key)
-    pairs, head mean, then ReLU; `normalize`: min-max over each whole matrix."""
-    streams = adapter.streams(inputs)
-    reader = coattention.readout_stream(streams)
-    last = coattention.last_sites(fwd.sites, reader.name, streams)
-    grads = dict(zip(last, fwd.gradients([fwd.attentions[k] for k in last.values()])))
-    matrices = {}
-    for x, k in last.items():
-        attention = fwd.attentions[k].detach()
-        pairs = coattention.real_pairs(reader, streams[x], attention)
-        weights = (grads[x] * pairs[:, None]).sum((-2, -1), keepdim=True) / pairs[:, None].sum((-2, -1), keepdim=True)
-        cam = (attention * weights).mean(1).clamp(min=0)
-        matrices[x] = coattention.min_max(cam, pairs) if normalize else cam
-    return read_cross(adapter, inputs, "attention_gradcam", cls_entry, matrices)

@@ -192,7 +192,7 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
 
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..families.clip.batch import ImageTextBatch
-        from ..families.clip.towers import ClipTowers
+        from ..families.clip.towers import towers_of
 
         started = time.perf_counter()
         bundle = entry.bundle
@@ -201,7 +201,7 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
         except ValueError as error:  # the shipped tokenizer names the words it does not know
             raise RequestError(400, str(error)) from error
         images = entry.prepare([_picture(request.image, None, samples, limits, "image")])
-        ends = ClipTowers(bundle.model).readout_index(encoded["input_ids"]).tolist()
+        ends = towers_of(bundle.model).readout_index(encoded["input_ids"]).tolist()
         tokens = [row[: end + 1] for row, end in zip(bundle.token_strings(encoded["input_ids"]), ends)]
         batch = ImageTextBatch.grid(images, encoded, tokens=tokens)
         results, first = [], None

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...conventions import Conventions, GenericAttentionConventions
 from ...explanation import Explanation, PairExplanation
 from ...streams import AttentionSite, Stream
 from ..base import Adapter, checked_images
 from .batch import ImageTextBatch
-from .towers import IMAGE, TEXT, ClipTowers, Recorder, clip_library
+from .towers import IMAGE, TEXT, Recorder, clip_library, towers_of
 
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -40,12 +41,12 @@ class RecordedTensor:
 class ClipTowersAdapter(Adapter):
     """What the pair adapter and the zero-shot adapter share: the towers, their sites, eval mode and restoring."""
 
-    method_defaults: ClassVar[dict[str, dict]] = {"generic_attention": {"start_layer": -1}}
+    conventions = Conventions(generic_attention=GenericAttentionConventions(start_layer=-1))
     towers_used: ClassVar[tuple[str, ...]] = (IMAGE, TEXT)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.towers = ClipTowers(self.clip)
+        self.towers = towers_of(self.clip)
         self.recorder: Recorder | None = None
 
     @property

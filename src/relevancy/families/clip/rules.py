@@ -37,27 +37,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...lrp import rules
+from ...lrp.attention import attend
 from ...lrp.engine import (
-    LINEAR, PASSTHROUGH, PIXEL_CONV, ForwardFactory, MissingRuleError, Replacements, Session, add, linear, matmul,
-    passthrough, unchanged,
+    ACTIVATION, PASSTHROUGH, PIXEL_CONV, ForwardFactory, MissingRuleError, Replacements, Session, add, default_leaves,
+    linear, passthrough, unchanged,
 )
-from .towers import IMAGE, TEXT, ClipTowers
+from ..hf_attention import transformers_leaves
+from .towers import IMAGE, TEXT, ClipTowers, towers_of
 
 
 # -- shared by both libraries ------------------------------------------------------------------------------------
-def _attention_probabilities(
-    session: Session, q: torch.Tensor, k: torch.Tensor, scale: float, mask: torch.Tensor | None, dropout: float
-) -> torch.Tensor:
-    """`softmax((q k^T) * scale + mask)`, recorded: the product under the halved rule, in the order transformers
-    computes it; scale, mask and softmax form one pass-through op."""
-
-    def normalise(products: torch.Tensor) -> torch.Tensor:
-        scores = products * scale if mask is None else products * scale + mask
-        return F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=dropout > 0)
-
-    probabilities = passthrough(session, normalise, matmul(session, q, k.transpose(-2, -1)))
-    session.attentions.append(probabilities)
-    return probabilities
+def _dropout(rate: float, module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The attention's dropout on its probabilities (active in training mode only, as the module's own)."""
+    return lambda probabilities: F.dropout(probabilities, p=rate, training=module.training and rate > 0)
 
 
 def _pair_rule(
@@ -125,20 +117,6 @@ def _record_input(session: Session, tower: str, tokens: torch.Tensor) -> None:
     session.block_inputs.setdefault(tower, []).append(tokens)
 
 
-def _leaves() -> dict[type, ForwardFactory]:
-    return {
-        nn.ModuleList: unchanged,
-        nn.Sequential: unchanged,
-        nn.Identity: unchanged,
-        nn.Dropout: unchanged,
-        nn.Embedding: unchanged,
-        nn.Linear: LINEAR,
-        nn.Conv2d: PIXEL_CONV,
-        nn.LayerNorm: PASSTHROUGH,
-        nn.GELU: PASSTHROUGH,
-    }
-
-
 # -- transformers ------------------------------------------------------------------------------------------------
 def _hf_layer(layer: nn.Module, session: Session, tower: str) -> Replacements:
     """`CLIPEncoderLayer`: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`, both adds under the residual rule."""
@@ -153,8 +131,8 @@ def _hf_layer(layer: nn.Module, session: Session, tower: str) -> Replacements:
 
 
 def _hf_attention(attention: nn.Module, session: Session) -> Replacements:
-    """`CLIPAttention` with explicit products (whatever attention implementation the config names); returns
-    `(output, probabilities)` as the eager implementation does."""
+    """`CLIPAttention`: projections shaped into heads for the shared attention (whatever attention implementation
+    the config names); returns `(output, probabilities)` as the eager implementation does."""
 
     def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs) -> tuple:
         batch, tokens, _ = hidden_states.shape
@@ -163,14 +141,9 @@ def _hf_attention(attention: nn.Module, session: Session) -> Replacements:
             return x.view(batch, tokens, -1, attention.head_dim).transpose(1, 2)
 
         q, k, v = (heads(project(hidden_states)) for project in (attention.q_proj, attention.k_proj, attention.v_proj))
-        mask = None if attention_mask is None else attention_mask[..., :tokens]
-        if mask is None and kwargs.get("is_causal") and tokens > 1:
-            blocked = torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu(1)
-            mask = torch.zeros(tokens, tokens, dtype=q.dtype, device=q.device).masked_fill(blocked, torch.finfo(q.dtype).min)
-        dropout = attention.dropout if attention.training else 0.0
-        probabilities = _attention_probabilities(session, q, k, attention.scale, mask, dropout)
-        output = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
-        return attention.out_proj(output), probabilities
+        output, probabilities = attend(session, q, k, v, attention.scale, attention_mask,
+                                       causal=bool(kwargs.get("is_causal")), dropout=_dropout(attention.dropout, attention))
+        return attention.out_proj(output.transpose(1, 2).reshape(batch, tokens, -1)), probabilities
 
     return {"forward": forward}
 
@@ -209,14 +182,6 @@ def _hf_text_embeddings(embeddings: nn.Module, session: Session) -> Replacements
     return {"forward": forward}
 
 
-def _hf_activations() -> list[type]:
-    from transformers import activations
-
-    names = ("QuickGELUActivation", "GELUActivation", "NewGELUActivation", "FastGELUActivation", "GELUTanh",
-             "PytorchGELUTanh", "AccurateGELUActivation")
-    return [getattr(activations, n) for n in names if isinstance(getattr(activations, n, None), type)]
-
-
 def _transformers_map(towers: ClipTowers) -> dict[type, ForwardFactory]:
     from transformers.models.clip import modeling_clip as clip
 
@@ -232,10 +197,9 @@ def _transformers_map(towers: ClipTowers) -> dict[type, ForwardFactory]:
         clip.CLIPEncoderLayer: _blocks(blocks, _hf_layer),
         clip.CLIPAttention: _hf_attention,
         clip.CLIPMLP: unchanged,
-        **_leaves(),
+        nn.Conv2d: PIXEL_CONV,
     }
-    table.update({activation: PASSTHROUGH for activation in _hf_activations()})
-    return table
+    return {**transformers_leaves(), **table}
 
 
 # -- open_clip ---------------------------------------------------------------------------------------------------
@@ -272,9 +236,8 @@ def _open_clip_attention(
     if attn_mask is not None:
         mask = attn_mask.to(x.dtype)
         mask = mask.reshape(batch, heads, tokens, tokens) if mask.ndim == 3 else mask
-    dropout = attn.dropout if attn.training else 0.0
-    probabilities = _attention_probabilities(session, q, k, (width // heads) ** -0.5, mask, dropout)
-    return attn.out_proj(matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, width))
+    output, _ = attend(session, q, k, v, (width // heads) ** -0.5, mask, dropout=_dropout(attn.dropout, attn))
+    return attn.out_proj(output.transpose(1, 2).reshape(batch, tokens, width))
 
 
 def _refused(_module: nn.Module, _session: Session) -> Replacements:
@@ -315,6 +278,7 @@ def _open_clip_map(towers: ClipTowers) -> dict[type, ForwardFactory]:
     text = model.text if hasattr(model, "text") else model
     blocks = {IMAGE: list(model.visual.transformer.resblocks), TEXT: list(text.transformer.resblocks)}
     return {
+        **default_leaves(),
         oc_model.CLIP: _pair_logits(towers),
         oc_model.CustomTextCLIP: _pair_logits(towers),
         oc.VisionTransformer: _open_clip_visual,
@@ -323,9 +287,9 @@ def _open_clip_map(towers: ClipTowers) -> dict[type, ForwardFactory]:
         oc.ResidualAttentionBlock: _blocks(blocks, _open_clip_block),
         nn.MultiheadAttention: _refused,
         oc.LayerScale: PASSTHROUGH,
-        oc.QuickGELU: PASSTHROUGH,
+        oc.QuickGELU: ACTIVATION,
         oc.PatchDropout: unchanged,
-        **_leaves(),
+        nn.Conv2d: PIXEL_CONV,
     }
 
 
@@ -349,4 +313,4 @@ def zero_shot_rule_map(classifier: nn.Module) -> dict[type, ForwardFactory]:
 
         return {"logits_from_features": logits_from_features}
 
-    return {ZeroShotClassifier: head, **rule_map(ClipTowers(classifier.clip))}
+    return {ZeroShotClassifier: head, **rule_map(towers_of(classifier.clip))}

@@ -1,7 +1,7 @@
 """A library-neutral view of a CLIP model's two towers, for explanation methods that never touch library code.
 
 Supported: `transformers.CLIPModel` and open_clip's `CLIP` / `CustomTextCLIP` with a `VisionTransformer` image
-tower and plain `ResidualAttentionBlock`s, used unmodified. `ClipTowers(model)` gives both towers' features, the
+tower and plain `ResidualAttentionBlock`s, used unmodified. `towers_of(model)` gives both towers' features, the
 scaled pair logits, the tokens that enter the blocks (for token ablation) and `explaining()`, a context in which
 every forward records each block's attention probabilities on the autograd path:
 
@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...guard import exclusive, this_thread_only
-from ..base import UnsupportedModelError, transformers_configs
-from ..hf_attention import EXACT_ATTENTION, register_exact_attention, softmax_on_graph
+from ...lrp.attention import SCALED_QUERIES, attend
+from ..base import UnsupportedModelError, eval_mode, transformers_configs
+from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention
 
 IMAGE, TEXT = "image", "text"
 TOWERS = (IMAGE, TEXT)
@@ -111,17 +112,6 @@ class ClipTowers:
     patch_size: tuple[int, int]
     context_length: int
 
-    def __new__(cls, model: nn.Module):
-        if cls is ClipTowers:
-            library = clip_library(model)
-            if library is None:
-                raise UnsupportedModelError(
-                    f"{type(model).__module__}.{type(model).__name__} is not a CLIP model relevancy knows "
-                    "(transformers.CLIPModel, open_clip.model.CLIP or CustomTextCLIP)"
-                )
-            cls = _OpenClipTowers if library == "open_clip" else _TransformersTowers
-        return super().__new__(cls)
-
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
@@ -148,17 +138,14 @@ class ClipTowers:
         """Eval mode and recording attention for the block; everything switched is restored on exit."""
         recorder = Recorder()
         with exclusive(self.model, *self._shared_state()):
-            training = [(m, m.training) for m in self.model.modules()]
             undo: list[Callable[[], None]] = []
-            try:
-                self.model.eval()
-                self._install(recorder, undo)
-                yield recorder
-            finally:
-                for step in reversed(undo):
-                    step()
-                for module, flag in training:
-                    module.training = flag
+            with eval_mode(self.model):
+                try:
+                    self._install(recorder, undo)
+                    yield recorder
+                finally:
+                    for step in reversed(undo):
+                        step()
 
     # implemented per library
     def _shared_state(self) -> list[object]:
@@ -421,15 +408,17 @@ def _recomputed_attention(
         recorder._last_input(tower, x)
     q, k, v = F.linear(x, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
     q, k, v = (t.reshape(batch, n, heads, width // heads).transpose(1, 2) for t in (q, k, v))
-    scores = (q * (width // heads) ** -0.5) @ k.transpose(-1, -2)
+    mask = None
     if attn_mask is not None:
-        mask = attn_mask.to(scores.dtype)  # as open_clip's block casts it before nn.MultiheadAttention adds it
-        scores = scores + (mask.reshape(batch, heads, n, n) if mask.ndim == 3 else mask)
-    probs = softmax_on_graph(scores)
+        mask = attn_mask.to(x.dtype)  # as open_clip's block casts it before nn.MultiheadAttention adds it
+        mask = mask.reshape(batch, heads, n, n) if mask.ndim == 3 else mask
     if attn.dropout > 0.0 and attn.training:
-        probs = F.dropout(probs, p=attn.dropout, training=True)
+        drop = lambda p: F.dropout(on_graph(p), p=attn.dropout, training=True)  # noqa: E731
+    else:
+        drop = on_graph
+    context, probs = attend(None, q, k, v, (width // heads) ** -0.5, mask, style=SCALED_QUERIES, dropout=drop)
     recorder._attention(tower, index, probs)
-    out = (probs @ v).transpose(1, 2).reshape(batch, n, width)
+    out = context.transpose(1, 2).reshape(batch, n, width)
     out = F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
     return out if attn.batch_first else out.transpose(0, 1)
 
@@ -445,3 +434,14 @@ def _restore_attribute(owner: object, name: str, previous: object) -> None:
         owner.__dict__.pop(name, None)
     else:
         owner.__dict__[name] = previous
+
+
+def towers_of(model: nn.Module) -> ClipTowers:
+    """The towers of a CLIP model, seen through its library's `ClipTowers`; a clear error for any other model."""
+    library = clip_library(model)
+    if library is None:
+        raise UnsupportedModelError(
+            f"{type(model).__module__}.{type(model).__name__} is not a CLIP model relevancy knows "
+            "(transformers.CLIPModel, open_clip.model.CLIP or CustomTextCLIP)"
+        )
+    return _OpenClipTowers(model) if library == "open_clip" else _TransformersTowers(model)

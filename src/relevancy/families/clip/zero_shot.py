@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...guard import exclusive
+from ..base import eval_mode
 from .batch import text_ids
-from .towers import ClipTowers
+from .towers import towers_of
 
 
 class ZeroShotClassifier(nn.Module):
@@ -22,16 +23,12 @@ class ZeroShotClassifier(nn.Module):
     def __init__(self, clip: nn.Module, prompts: object, class_names: Sequence[str] | None = None) -> None:
         super().__init__()
         self.clip = clip
-        towers = ClipTowers(clip)
+        towers = towers_of(clip)
         ids, mask = text_ids(prompts)
         device = next(clip.parameters()).device
         with exclusive(clip, *towers._shared_state()), torch.inference_mode(False), torch.no_grad():
-            training = clip.training
-            try:
-                clip.eval()
+            with eval_mode(clip):
                 features = towers.text_features(ids.to(device), None if mask is None else mask.to(device))
-            finally:
-                clip.train(training)
         self.register_buffer("class_features", F.normalize(features, dim=-1), persistent=False)
         if class_names is not None and len(class_names) != len(ids):
             raise ValueError(f"{len(class_names)} class names for {len(ids)} prompts: give one name per prompt")
@@ -47,4 +44,4 @@ class ZeroShotClassifier(nn.Module):
         return scale * F.normalize(image_features, dim=-1) @ self.class_features.to(image_features).T
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.logits_from_features(ClipTowers(self.clip).image_features(images))
+        return self.logits_from_features(towers_of(self.clip).image_features(images))

@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...conventions import Conventions, LrpConventions
 from ...guard import exclusive, this_thread_only
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, OutputPart, transformers_configs
+from ..base import Adapter, OutputPart, eval_mode, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
-from .explanation import DetectionExplanation
+from ...explanation import DetectionExplanation
 
 # DETR's image processor normalises with ImageNet's statistics
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -49,7 +50,7 @@ class DetrAdapter(Adapter):
     family = "DETR"
     examples = "transformers.DetrForObjectDetection"
     # the authors' DETR code has one set of LRP rules, the conserving ones
-    method_defaults = {"attention_gradcam": {"normalize": False}, "partial_lrp": {"rules": "paper"}}
+    conventions = Conventions(partial_lrp=LrpConventions(rules="paper"))
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -344,13 +345,8 @@ def detect(model: nn.Module, inputs: object, threshold: float = DETECTION_THRESH
     (query, label) pairs are `explain`'s targets, their boxes what `DetectionExplanation.save` draws."""
     adapter = DetrAdapter(model)
     with exclusive(model, *adapter.shared_state()):
-        training = {m: m.training for m in model.modules()}
-        try:
-            model.eval()
+        with eval_mode(model):
             return adapter.detections(adapter.check_inputs(inputs), threshold)
-        finally:
-            for m, flag in training.items():
-                m.training = flag
 
 
 def _is_pair(value: object) -> bool:

@@ -34,10 +34,8 @@ import torch
 from torch import nn
 
 from ...lrp import rules
-from ...lrp.engine import (
-    PASSTHROUGH, ForwardFactory, MissingRuleError, Replacements, Session, add, branch, matmul,
-    passthrough, unchanged,
-)
+from ...lrp.attention import SCALED_QUERIES, attend
+from ...lrp.engine import ForwardFactory, MissingRuleError, Replacements, Session, add, branch, default_leaves, passthrough, unchanged
 
 IMAGE, QUERIES = "image", "queries"
 
@@ -83,18 +81,10 @@ def _attend(
     def heads(x: torch.Tensor, tokens: int) -> torch.Tensor:
         return x.view(batch, tokens, -1, dim).transpose(1, 2)
 
-    scaled = passthrough(session, lambda t: t * attention.scaling, attention.q_proj(query_input))
-    q, k, v = heads(scaled, queries), heads(attention.k_proj(key_input), keys), heads(attention.v_proj(values), keys)
-
-    def normalise(products: torch.Tensor) -> torch.Tensor:
-        if mask is not None:
-            products = products.masked_fill(~mask, torch.finfo(products.dtype).min) if mask.dtype == torch.bool else products + mask
-        return torch.softmax(products, dim=-1)
-
-    probabilities = passthrough(session, normalise, matmul(session, q, k.transpose(-2, -1)))
-    session.attentions.append(probabilities)
-    output = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, queries, -1)
-    return attention.o_proj(output), probabilities
+    q = heads(attention.q_proj(query_input), queries)
+    k, v = heads(attention.k_proj(key_input), keys), heads(attention.v_proj(values), keys)
+    output, probabilities = attend(session, q, k, v, attention.scaling, mask, style=SCALED_QUERIES)
+    return attention.o_proj(output.transpose(1, 2).reshape(batch, queries, -1)), probabilities
 
 
 def _self_attention(attention: nn.Module, session: Session) -> Replacements:
@@ -220,6 +210,7 @@ def rule_map(model: nn.Module) -> dict[type, ForwardFactory]:
         for m in part.modules()
     }
     entries: dict[type, ForwardFactory] = {
+        **default_leaves(),
         nn.Module: _outside_error,
         detr.DetrForObjectDetection: unchanged,
         detr.DetrModel: unchanged,
@@ -230,11 +221,6 @@ def rule_map(model: nn.Module) -> dict[type, ForwardFactory]:
         detr.DetrSelfAttention: _self_attention,
         detr.DetrCrossAttention: _cross_attention,
         detr.DetrMLP: unchanged,
-        nn.ModuleList: unchanged,
-        nn.Embedding: unchanged,
         nn.Linear: _linear_entry(model.class_labels_classifier),
-        nn.LayerNorm: PASSTHROUGH,
-        nn.ReLU: PASSTHROUGH,
-        nn.GELU: PASSTHROUGH,
     }
     return {cls: _inside(outside, factory) for cls, factory in entries.items()}

@@ -14,18 +14,24 @@ import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
+from ...conventions import (
+    Conventions, GenericAttentionConventions, GradCamConventions, LrpConventions, ReadoutConventions, RolloutConventions,
+    TransformerAttributionConventions,
+)
 from ...guard import this_thread_only
 from ...explanation import TextExplanation
+from ...lrp.engine import ForwardFactory
 from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
 from ..hf_attention import attention_probabilities, explaining_call
 from .batch import TextBatch
+from .rules import bert_rules, distilbert_rules, roberta_rules
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class Layout:
     layers: str  # the layer list; `layer(hidden, additive_mask)` -> hidden (or a tuple starting with it)
     self_attention: str  # inside a layer: the module returning `(context, attention probabilities)`
     head: Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # (model, last hidden) -> (logits, pre-logits)
-    rules: str  # the family's relevance rule map (`rules.rule_map`)
+    rules: Callable[[nn.Module], dict[type, ForwardFactory]]  # the classifier -> its relevance rule map
     token_types: bool = True  # the embeddings take `token_type_ids`
 
 
@@ -70,7 +76,7 @@ LAYOUTS: tuple[Layout, ...] = (
         layers="bert.encoder.layer",
         self_attention="attention.self",
         head=_bert_head,
-        rules="bert",
+        rules=bert_rules,
     ),
     Layout(
         classes=("RobertaForSequenceClassification", "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification"),
@@ -78,7 +84,7 @@ LAYOUTS: tuple[Layout, ...] = (
         layers="roberta.encoder.layer",
         self_attention="attention.self",
         head=_roberta_head,
-        rules="roberta",
+        rules=roberta_rules,
     ),
     Layout(
         classes=("DistilBertForSequenceClassification",),
@@ -86,7 +92,7 @@ LAYOUTS: tuple[Layout, ...] = (
         layers="distilbert.transformer.layer",
         self_attention="attention",
         head=_distilbert_head,
-        rules="distilbert",
+        rules=distilbert_rules,
         token_types=False,
     ),
 )
@@ -110,7 +116,7 @@ def _first(output: object) -> torch.Tensor:
 class HFBertAdapter(Adapter):
     """BERT-family classifiers from Hugging Face transformers (see `LAYOUTS`).
 
-    `method_defaults` hold where the authors' BERT code differs from their ViT code; every entry is also a
+    `conventions` hold where the authors' BERT code differs from their ViT code; every entry is also a
     keyword option of the method, so `explain(..., cls_entry="keep")` overrides it:
 
     - `cls_entry` (`raw_attention`, `rollout`, `attention_gradcam`, `generic_attention`: "zero";
@@ -135,15 +141,16 @@ class HFBertAdapter(Adapter):
     num_prefix_tokens = 0
     has_class_token = True
     explanation_class = TextExplanation
-    method_defaults: ClassVar[dict[str, dict]] = {
-        "raw_attention": {"cls_entry": "zero"},
-        "rollout": {"cls_entry": "zero"},
-        "attention_gradcam": {"cls_entry": "zero", "region": "matrix"},
-        "generic_attention": {"cls_entry": "zero"},  # no BERT reference: as rollout, whose [CLS] entry holds the identity
-        "transformer_attribution": {"cls_entry": "min", "row_normalize": True},
-        "partial_lrp": {"cls_entry": "zero", "rules": "paper"},
-        "lrp": {"cls_entry": "zero", "rules": "paper"},
-    }
+    conventions = Conventions(
+        raw_attention=ReadoutConventions(cls_entry="zero"),
+        rollout=RolloutConventions(cls_entry="zero"),
+        attention_gradcam=GradCamConventions(cls_entry="zero", region="matrix"),
+        # no BERT reference: as rollout, whose [CLS] entry holds the identity
+        generic_attention=GenericAttentionConventions(cls_entry="zero"),
+        transformer_attribution=TransformerAttributionConventions(cls_entry="min", row_normalize=True),
+        partial_lrp=LrpConventions(cls_entry="zero", rules="paper"),
+        lrp=LrpConventions(cls_entry="zero", rules="paper"),
+    )
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -183,10 +190,7 @@ class HFBertAdapter(Adapter):
         return {"text": OutputPart(source, _first)}
 
     def relevance_rule_map(self) -> dict:
-        from .rules import rule_map
-
-        classifier = next(cls for cls in type(self.model).__mro__ if cls.__name__ in self.layout.classes)
-        return rule_map(classifier, self.layout.rules)
+        return self.layout.rules(self.model)
 
     def class_names(self) -> list[str] | None:
         id2label = getattr(getattr(self.model, "config", None), "id2label", None)

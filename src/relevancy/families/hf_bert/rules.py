@@ -19,16 +19,21 @@ BERT follows the authors' BERT code (`BERT_explainability/modules/BERT/BERT.py` 
 from __future__ import annotations
 
 import math
-import sys
 
 import torch
 from torch import nn
 
 from ...lrp import engine
-from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from ...lrp.attention import AttentionStyle, attend
+from ...lrp.engine import ForwardFactory, Replacements, Session, add, branch, by_type, first_token, passthrough, unchanged
+from ..hf_attention import transformers_leaves
+
+# the authors' BERT divides the products by sqrt(d) and adds the mask under the add rule (the mask's share dropped)
+_BERT_ATTENTION = AttentionStyle(scale="divide", mask="add")
 
 def _self_attention(attention: nn.Module, session: Session) -> Replacements:
-    """`BertSelfAttention` and RoBERTa's: eager, explicit products; returns `(context, probabilities)`."""
+    """`BertSelfAttention` and RoBERTa's: projections shaped into heads for the shared attention; returns
+    `(context, probabilities)`."""
     return _attention_forward(session, attention.attention_head_size, attention.query, attention.key, attention.value)
 
 
@@ -51,15 +56,8 @@ def _attention_forward(session: Session, head: int, query: nn.Module, key: nn.Mo
         q = query(hidden_states).view(shape).transpose(1, 2)
         k = key(hidden_states).view(shape).transpose(1, 2)
         v = value(hidden_states).view(shape).transpose(1, 2)
-
-        # the reference divides by sqrt(d) (no rule), then adds the mask under the add rule (all of the relevance
-        # stays with the scores: the mask's share is dropped)
-        scores = passthrough(session, lambda t: t / scale, matmul(session, q, k.transpose(-2, -1)))
-        if attention_mask is not None:
-            scores = add(session, scores, attention_mask.to(scores.dtype))
-        probabilities = passthrough(session, lambda t: t.softmax(dim=-1), scores)
-        session.attentions.append(probabilities)
-        context = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
+        context, probabilities = attend(session, q, k, v, scale, attention_mask, style=_BERT_ATTENTION)
+        context = context.transpose(1, 2).reshape(batch, tokens, -1)
         return (context if output is None else output(context)), probabilities
 
     return {"forward": forward}
@@ -167,57 +165,40 @@ def _distilbert_block(block: nn.Module, session: Session) -> Replacements:
     return {"forward": forward}
 
 
-def _activations() -> list[type]:
-    from transformers import activations
-
-    names = ("GELUActivation", "NewGELUActivation", "FastGELUActivation", "QuickGELUActivation", "GELUTanh",
-             "PytorchGELUTanh", "AccurateGELUActivation", "MishActivation", "SiLUActivation", "LinearActivation")
-    return [getattr(activations, n) for n in names if isinstance(getattr(activations, n, None), type)]
-
-
-_LEAVES: dict[type, ForwardFactory] = {
-    nn.ModuleList: unchanged,
-    nn.Embedding: unchanged,
-    nn.Dropout: unchanged,
-    nn.Linear: LINEAR,
-    nn.LayerNorm: PASSTHROUGH,
-    nn.Tanh: PASSTHROUGH,
-    nn.GELU: PASSTHROUGH,
-    nn.ReLU: PASSTHROUGH,
-}
-
-
-def _encoder_table(prefix: str, namespace: object, embeddings: ForwardFactory) -> dict[type, ForwardFactory]:
-    """The modules BERT and RoBERTa-style encoders share, named `{prefix}Layer`, `{prefix}SelfAttention`, ..."""
-    parts = {
-        "ForSequenceClassification": unchanged, "Model": unchanged, "Embeddings": embeddings, "Encoder": unchanged,
-        "Layer": _layer, "Attention": _branched_input, "SelfAttention": _self_attention, "SelfOutput": _residual_output,
-        "Intermediate": unchanged, "Output": _residual_output, "Pooler": _pooler,
-        "ClassificationHead": _roberta_head,
+def _encoder_rules(model: nn.Module, encoder: nn.Module, embeddings: ForwardFactory) -> dict[type, ForwardFactory]:
+    """What BERT and RoBERTa-style encoders share, keyed by the types of the model's own modules (any subclass or
+    attention variant the model was built with): post-LN layers of self-attention and feed-forward."""
+    layers = list(encoder.encoder.layer)
+    return {
+        **transformers_leaves(),
+        **by_type([model], unchanged), **by_type([encoder], unchanged), **by_type([encoder.embeddings], embeddings),
+        **by_type([encoder.encoder], unchanged), **by_type(layers, _layer),
+        **by_type([layer.attention for layer in layers], _branched_input),
+        **by_type([layer.attention.self for layer in layers], _self_attention),
+        **by_type([layer.attention.output for layer in layers], _residual_output),
+        **by_type([layer.intermediate for layer in layers], unchanged),
+        **by_type([layer.output for layer in layers], _residual_output),
     }
-    return {getattr(namespace, prefix + name): rule for name, rule in parts.items() if hasattr(namespace, prefix + name)}
 
 
-def rule_map(classifier: type, family: str) -> dict[type, ForwardFactory]:
-    """Module type -> rule for every module of a `*ForSequenceClassification` model of transformers.
+def bert_rules(model: nn.Module) -> dict[type, ForwardFactory]:
+    """`BertForSequenceClassification`: the reference's embeddings, [CLS] read by the pooler."""
+    return {**_encoder_rules(model, model.bert, _bert_embeddings), **by_type([model.bert.pooler], _pooler)}
 
-    `classifier` is the transformers class (e.g. `XLMRobertaForSequenceClassification`); its own modelling
-    module supplies the family's module classes. `family`: "bert", "roberta" or "distilbert"."""
-    namespace = sys.modules[classifier.__module__]
-    prefix = classifier.__name__.removesuffix("ForSequenceClassification")
-    if family == "bert":
-        table = _encoder_table(prefix, namespace, _bert_embeddings)
-    elif family == "roberta":
-        table = _encoder_table(prefix, namespace, _roberta_embeddings)
-    elif family == "distilbert":
-        table = {
-            namespace.DistilBertForSequenceClassification: unchanged, namespace.DistilBertModel: unchanged,
-            namespace.Embeddings: _distilbert_embeddings, namespace.Transformer: unchanged,
-            namespace.TransformerBlock: _distilbert_block, namespace.DistilBertSelfAttention: _distilbert_attention,
-            namespace.FFN: unchanged,
-        }
-    else:
-        raise ValueError(f"unknown BERT family {family!r}; choose from 'bert', 'roberta', 'distilbert'")
-    table.update(_LEAVES)
-    table.update({activation: PASSTHROUGH for activation in _activations()})
-    return table
+
+def roberta_rules(model: nn.Module) -> dict[type, ForwardFactory]:
+    """RoBERTa, XLM-R, CamemBERT classifiers: their embeddings, `<s>` read by the classification head."""
+    return {**_encoder_rules(model, model.roberta, _roberta_embeddings), **by_type([model.classifier], _roberta_head)}
+
+
+def distilbert_rules(model: nn.Module) -> dict[type, ForwardFactory]:
+    """`DistilBertForSequenceClassification`: word + position embeddings, blocks with both residual adds."""
+    body = model.distilbert
+    blocks = list(body.transformer.layer)
+    return {
+        **transformers_leaves(),
+        **by_type([model], unchanged), **by_type([body], unchanged), **by_type([body.embeddings], _distilbert_embeddings),
+        **by_type([body.transformer], unchanged), **by_type(blocks, _distilbert_block),
+        **by_type([block.attention for block in blocks], _distilbert_attention),
+        **by_type([block.ffn for block in blocks], unchanged),
+    }

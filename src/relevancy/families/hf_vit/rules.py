@@ -15,19 +15,20 @@ SwiGLU feed-forwards (DINOv2 giant) have no rule yet: the LRP methods refuse the
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
 from ...lrp import engine, rules
-from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from ...lrp.attention import attend
+from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, by_type, first_token, passthrough, unchanged
 from ..base import Adapter
-from .heads import HeadOps, supported_class
+from ..hf_attention import transformers_leaves
+from .heads import HeadOps
 
 
 def _attention(attention: nn.Module, session: Session) -> Replacements:
-    """`ViTAttention`, `DeiTAttention`, `Dinov2Attention`: explicit products; returns `(output, probabilities)`."""
+    """`ViTAttention`, `DeiTAttention`, `Dinov2Attention`: projections shaped into heads for the shared attention;
+    returns `(output, probabilities)`."""
 
     def forward(hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_kwargs) -> tuple:
         if attention_mask is not None:
@@ -37,11 +38,8 @@ def _attention(attention: nn.Module, session: Session) -> Replacements:
         q = attention.q_proj(hidden_states).view(shape).transpose(1, 2)
         k = attention.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = attention.v_proj(hidden_states).view(shape).transpose(1, 2)
-        products = matmul(session, q, k.transpose(-2, -1))
-        probabilities = passthrough(session, lambda t: (t * attention.scaling).softmax(dim=-1), products)
-        session.attentions.append(probabilities)
-        context = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
-        return attention.o_proj(context), probabilities
+        context, probabilities = attend(session, q, k, v, attention.scaling)
+        return attention.o_proj(context.transpose(1, 2).reshape(batch, tokens, -1)), probabilities
 
     return {"forward": forward}
 
@@ -110,44 +108,26 @@ def head_ops(session: Session) -> HeadOps:
     )
 
 
-def _activations() -> dict[type, ForwardFactory]:
-    """Every activation module transformers builds (`ACT2CLS`): element-wise, relevance passes."""
-    from transformers.activations import ACT2CLS
-
-    classes = [entry[0] if isinstance(entry, tuple) else entry for entry in ACT2CLS.values()]
-    return {cls: PASSTHROUGH for cls in classes if isinstance(cls, type)}
-
-
 def rule_map(adapter: Adapter) -> dict[type, ForwardFactory]:
-    """Module type -> rule for every module of the adapter's model; the model's own class also swaps the adapter's
-    head operations for the rule-aware ones."""
-    top = supported_class(adapter.model)
-    backbone = type(adapter.backbone)
-    namespace = sys.modules[backbone.__module__]
-    prefix = backbone.__name__.removesuffix("Model")
-    parts = {
-        "Model": unchanged, "Embeddings": _embeddings, "PatchEmbeddings": unchanged, "Encoder": unchanged,
-        "Layer": _layer, "Attention": _attention, "MLP": unchanged, "LayerScale": PASSTHROUGH, "DropPath": unchanged,
-        "Pooler": unchanged,  # the bare models' pooler is not part of what is explained
-        "ForImageClassification": unchanged, "ForImageClassificationWithTeacher": unchanged,
-    }
+    """Module type -> rule for every module of the adapter's model, keyed by the types the model was built with
+    (found by role); the model itself also swaps the adapter's head operations for the rule-aware ones."""
+    backbone, layers = adapter.backbone, adapter.blocks
     table: dict[type, ForwardFactory] = {
-        getattr(namespace, prefix + name): rule for name, rule in parts.items() if hasattr(namespace, prefix + name)
-    }
-    table.update({
-        nn.ModuleList: unchanged,
-        nn.Identity: unchanged,
-        nn.Dropout: unchanged,
-        nn.Linear: LINEAR,
-        nn.LayerNorm: PASSTHROUGH,
-        nn.GELU: PASSTHROUGH,
+        **transformers_leaves(),
         nn.Conv2d: engine.PIXEL_CONV,
-        **_activations(),
-    })
-    own_rule = table.get(top, unchanged)
+        # the bare models' pooler is not part of what is explained
+        **by_type([backbone, getattr(backbone, "encoder", None), getattr(backbone, "pooler", None)], unchanged),
+        **by_type([adapter.embeddings], _embeddings),
+        **by_type([adapter.embeddings.patch_embeddings], unchanged),
+        **by_type(layers, _layer),
+        **by_type([layer.attention for layer in layers], _attention),
+        **by_type([layer.mlp for layer in layers], unchanged),
+        **by_type([getattr(layer, "drop_path", None) for layer in layers], unchanged),
+        **by_type([getattr(layer, name, None) for layer in layers for name in ("layer_scale1", "layer_scale2")], PASSTHROUGH),
+    }
 
     def model(module: nn.Module, session: Session) -> Replacements:
-        return {**own_rule(module, session), (adapter, "ops"): head_ops(session)}
+        return {(adapter, "ops"): head_ops(session)}
 
-    table[top] = model
+    table[type(adapter.model)] = model
     return table

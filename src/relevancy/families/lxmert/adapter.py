@@ -29,17 +29,22 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
+from ...conventions import (
+    Conventions, GenericAttentionConventions, GradCamConventions, LrpConventions, ReadoutConventions, RolloutConventions,
+    TransformerAttributionConventions,
+)
+from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ...guard import this_thread_only
 from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, InputPart, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions,
+    METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
     class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import LxmertBatch
@@ -105,7 +110,7 @@ class ModuleCall:
 class LxmertAdapter(Adapter):
     """LXMERT question answering over image regions (see the module docstring).
 
-    `method_defaults`, where the authors' LXMERT code differs from their ViT code (every entry but `readout_rollout`
+    `conventions`, where the authors' LXMERT code differs from their ViT code (every entry but `readout_rollout`
     is also a keyword option): the [CLS] entry of the text map is set to 0 for every method ("disregard the [CLS]
     token itself"); `attention_gradcam` averages the gradient over the whole attention matrix (`region="matrix"`)
     and is not normalised; the LRP-based methods use the conserving ("paper") rules of `lxmert.rules`, and
@@ -117,15 +122,16 @@ class LxmertAdapter(Adapter):
 
     family = "Hugging Face LXMERT (question answering over image regions)"
     examples = "LxmertForQuestionAnswering, LxmertForPreTraining, a module holding one LxmertModel"
-    method_defaults: ClassVar[dict[str, dict]] = {
-        "raw_attention": {"cls_entry": "zero"},
-        "rollout": {"cls_entry": "zero"},
-        "attention_gradcam": {"cls_entry": "zero", "normalize": False, "region": "matrix"},
-        "generic_attention": {"cls_entry": "zero"},
-        "transformer_attribution": {"cls_entry": "zero", "readout_rollout": True},
-        "partial_lrp": {"cls_entry": "zero", "rules": "paper"},
-        "token_ablation": {"cls_entry": "zero"},
-    }
+    methods = LXMERT_METHODS
+    conventions = Conventions(
+        raw_attention=ReadoutConventions(cls_entry="zero"),
+        rollout=RolloutConventions(cls_entry="zero"),
+        attention_gradcam=GradCamConventions(cls_entry="zero", normalize=False, region="matrix"),
+        generic_attention=GenericAttentionConventions(cls_entry="zero"),
+        transformer_attribution=TransformerAttributionConventions(cls_entry="zero", readout_rollout=True),
+        partial_lrp=LrpConventions(cls_entry="zero", rules="paper"),
+        token_ablation=ReadoutConventions(cls_entry="zero"),
+    )
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:

@@ -29,10 +29,10 @@ import math
 import torch
 from torch import nn
 
-from ...lrp.engine import (
-    LINEAR, PASSTHROUGH, ForwardFactory, MissingRuleError, Replacements, Session, add, branch, first_token, matmul,
-    passthrough, unchanged,
-)
+from ...lrp.attention import AttentionStyle, attend
+from ...lrp.engine import ACTIVATION, ForwardFactory, MissingRuleError, Replacements, Session, add, branch, default_leaves, first_token, unchanged
+
+_DIVIDED = AttentionStyle(scale="divide")  # the authors' LXMERT divides the products by sqrt(d)
 
 TEXT, IMAGE = "text", "image"
 
@@ -51,12 +51,8 @@ def _attention(attention: nn.Module, session: Session) -> Replacements:
             return x.view(*x.shape[:-1], -1, head).transpose(1, 2)
 
         q, k, v = heads(attention.query(hidden_states)), heads(attention.key(context)), heads(attention.value(context))
-        scores = passthrough(session, lambda t: t / scale, matmul(session, q, k.transpose(-1, -2)))
-        if attention_mask is not None:
-            scores = passthrough(session, lambda t: t + attention_mask, scores)
-        probabilities = attention.dropout(passthrough(session, lambda t: torch.softmax(t, dim=-1), scores))
-        session.attentions.append(probabilities)
-        attended = matmul(session, probabilities, v).permute(0, 2, 1, 3).contiguous()
+        attended, probabilities = attend(session, q, k, v, scale, attention_mask, style=_DIVIDED, dropout=attention.dropout)
+        attended = attended.permute(0, 2, 1, 3).contiguous()
         attended = attended.view(*attended.shape[:-2], attention.head_size)
         return (attended, probabilities) if output_attentions else (attended,)
 
@@ -171,6 +167,7 @@ def rule_map(model: nn.Module) -> dict[type, ForwardFactory]:
         type(m.intermediate_act_fn) for m in model.modules() if isinstance(m, lx.LxmertIntermediate)
     } | {type(m.transform_act_fn) for m in model.modules() if isinstance(m, lx.LxmertPredictionHeadTransform)}
     entries: dict[type, ForwardFactory] = {
+        **default_leaves(),
         nn.Module: _unknown,
         lx.LxmertForQuestionAnswering: unchanged,
         lx.LxmertForPreTraining: unchanged,
@@ -192,17 +189,8 @@ def rule_map(model: nn.Module) -> dict[type, ForwardFactory]:
         lx.LxmertLMPredictionHead: unchanged,
         lx.LxmertPredictionHeadTransform: unchanged,
         lx.LxmertVisualObjHead: unchanged,
-        lx.GeLU: PASSTHROUGH,
+        lx.GeLU: ACTIVATION,
         nn.CrossEntropyLoss: unchanged,  # the training losses, not run when explaining
         nn.SmoothL1Loss: unchanged,
-        nn.Sequential: unchanged,
-        nn.ModuleList: unchanged,
-        nn.ModuleDict: unchanged,
-        nn.Embedding: unchanged,
-        nn.Dropout: unchanged,
-        nn.Linear: LINEAR,
-        nn.LayerNorm: PASSTHROUGH,
-        nn.Tanh: PASSTHROUGH,
     }
-    entries.update({activation: PASSTHROUGH for activation in activations})
-    return entries
+    return {**entries, **{activation: ACTIVATION for activation in activations}}

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, checked_images
+from ..base import Adapter, checked_images, eval_mode
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -119,18 +119,15 @@ class TimmViTAdapter(Adapter):
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:
         attentions = [b.attn for b in self.blocks]
         fused = [a.fused_attn for a in attentions]
-        training = {m: m.training for m in self.model.modules()}
-        try:
-            self.model.eval()
-            if attention_probabilities:
-                for a in attentions:
-                    a.fused_attn = False
-            yield
-        finally:
-            for a, flag in zip(attentions, fused):
-                a.fused_attn = flag
-            for m, flag in training.items():
-                m.training = flag
+        with eval_mode(self.model):
+            try:
+                if attention_probabilities:
+                    for a in attentions:
+                        a.fused_attn = False
+                yield
+            finally:
+                for a, flag in zip(attentions, fused):
+                    a.fused_attn = flag
 
     def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         m = self.model

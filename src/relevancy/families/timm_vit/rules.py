@@ -5,11 +5,12 @@ import torch
 from torch import nn
 
 from ...lrp import engine
-from ...lrp.engine import LINEAR, PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, matmul, passthrough, unchanged
+from ...lrp.attention import attend
+from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, passthrough, unchanged
 
 
 def _attention(attn: nn.Module, session: Session) -> Replacements:
-    """timm `Attention` with explicit products: both halved-matmul rules, softmax and scale pass relevance."""
+    """timm `Attention`: the fused q/k/v projection shaped into heads for the shared attention."""
     if getattr(attn, "gate", None) is not None:
         raise engine.MissingRuleError("no relevance rule for gated attention (timm Attention with a gate)")
 
@@ -20,13 +21,8 @@ def _attention(attn: nn.Module, session: Session) -> Replacements:
         qkv = attn.qkv(x).reshape(batch, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = attn.q_norm(q), attn.k_norm(k)
-        # (q k^T) * scale, in the reference's order: LRP is sensitive to the rounding of near-zero products.
-        # Scale and softmax both pass relevance unchanged: one op, so the scaled products are not kept.
-        products = matmul(session, q, k.transpose(-2, -1))
-        probabilities = passthrough(session, lambda t: (t * attn.scale).softmax(dim=-1), products)
-        probabilities = attn.attn_drop(probabilities)
-        session.attentions.append(probabilities)
-        x = matmul(session, probabilities, v).transpose(1, 2).reshape(batch, tokens, -1)
+        context, _ = attend(session, q, k, v, attn.scale, dropout=attn.attn_drop)
+        x = context.transpose(1, 2).reshape(batch, tokens, -1)
         return attn.proj_drop(attn.proj(attn.norm(x)))
 
     return {"forward": forward}
@@ -95,19 +91,13 @@ def rule_map() -> dict[type, ForwardFactory]:
     from timm.models.vision_transformer import Attention, Block, VisionTransformer
 
     return {
+        **engine.default_leaves(),
         VisionTransformer: _vision_transformer,
         Block: _block,
         Attention: _attention,
         Mlp: unchanged,
         PatchEmbed: unchanged,
-        nn.Sequential: unchanged,
-        nn.ModuleList: unchanged,
-        nn.Identity: unchanged,
-        nn.Dropout: unchanged,
         DropPath: unchanged,
-        nn.Linear: LINEAR,
-        nn.LayerNorm: PASSTHROUGH,
-        nn.GELU: PASSTHROUGH,
         LayerScale: PASSTHROUGH,
         nn.Conv2d: engine.PIXEL_CONV,
     }

@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from ...conventions import Conventions, GenericAttentionConventions, GradCamConventions, ReadoutConventions, RolloutConventions
+from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ...guard import this_thread_only
 from ..base import Adapter, UnsupportedModelError, transformers_configs
 from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, InputPart, RegionTextExplanation, answer_logits, inner_model, check_question, check_region_mask, check_regions,
+    METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
     class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
 )
 from .batch import VisualBertBatch
@@ -61,7 +63,7 @@ def visual_bert_model(model: nn.Module) -> nn.Module | None:
 class VisualBertAdapter(Adapter):
     """VisualBERT over a question and image regions (see the module docstring).
 
-    `method_defaults`, where the authors' VisualBERT code differs from their ViT code (every entry is also a
+    `conventions`, where the authors' VisualBERT code differs from their ViT code (every entry is also a
     keyword option): the readout token's own entry is set to 0 for every method; `rollout` chains the raw
     `I + A` (no row normalisation); `attention_gradcam` averages the gradient over the whole attention matrix and
     min-max normalises over it (`normalize=True, region="matrix"`), before the readout entry is zeroed.
@@ -70,13 +72,14 @@ class VisualBertAdapter(Adapter):
 
     family = "Hugging Face VisualBERT (question answering over image regions)"
     examples = "VisualBertForQuestionAnswering, VisualBertForVisualReasoning, a module holding one VisualBertModel"
-    method_defaults: ClassVar[dict[str, dict]] = {
-        "raw_attention": {"cls_entry": "zero"},
-        "rollout": {"cls_entry": "zero", "row_normalize": False},
-        "attention_gradcam": {"cls_entry": "zero", "normalize": True, "region": "matrix"},
-        "generic_attention": {"cls_entry": "zero"},
-        "token_ablation": {"cls_entry": "zero"},
-    }
+    methods = METHODS  # no relevance rules yet
+    conventions = Conventions(
+        raw_attention=ReadoutConventions(cls_entry="zero"),
+        rollout=RolloutConventions(cls_entry="zero", row_normalize=False),
+        attention_gradcam=GradCamConventions(cls_entry="zero", normalize=True, region="matrix"),
+        generic_attention=GenericAttentionConventions(cls_entry="zero"),
+        token_ablation=ReadoutConventions(cls_entry="zero"),
+    )
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -122,9 +125,6 @@ class VisualBertAdapter(Adapter):
     def attention_inputs(self) -> dict[str, Hookable]:
         """CDAM's X: the question's and regions' tokens entering the last layer."""
         return {TOKENS: InputPart(self.visual_bert.encoder.layer[-1], 0, "hidden_states")}
-
-    def relevance_rule_map(self) -> dict:
-        raise UnsupportedModelError(f"no relevance rules for the {self.family} family yet; its methods: {', '.join(METHODS)}")
 
     def class_names(self) -> list[str] | None:
         return class_names(self.config, getattr(self.config, "num_labels", None))

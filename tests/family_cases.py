@@ -1,0 +1,89 @@
+"""One small float64 model and a batch of two or more inputs per family (every adapter relevancy ships), for the
+family contract (test_family_contract.py): a new family adds its case here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from relevancy.families.clip.batch import ImageTextBatch
+from bimodal_golden import bimodal_case, build as build_bimodal, padded
+from hf_vit_models import tiny_hf
+from models import tiny_vit
+from test_clip import CASES as CLIP_CASES, build as build_clip
+from test_detr_family import build as build_detr, images as detr_images, targets_per_image
+from test_text_adapter import tiny as tiny_text
+from golden import GOLDEN
+
+Call = tuple[Any, Any]  # (inputs, target) for relevancy.explain
+
+
+@dataclass(frozen=True)
+class FamilyCase:
+    """`build()`: the model in float64, eval mode. `batch()`: one call's inputs and target. `singles()`: the same
+    rows one call at a time, in the batch's row order (a call may give several rows: DETR's objects)."""
+
+    build: Callable[[], torch.nn.Module]
+    batch: Callable[[], Call]
+    singles: Callable[[], list[Call]]
+
+
+def _images() -> torch.Tensor:
+    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+
+def _image_case(build: Callable[[], torch.nn.Module]) -> FamilyCase:
+    return FamilyCase(build, lambda: (_images(), None), lambda: [(image[None], None) for image in _images()])
+
+
+_TEXTS = torch.tensor([[2, 11, 12, 13, 14, 3], [2, 21, 22, 23, 24, 3]])
+
+
+def _text_case(family: str) -> FamilyCase:
+    return FamilyCase(
+        lambda: tiny_text(family).double(),
+        lambda: ({"input_ids": _TEXTS}, None),
+        lambda: [({"input_ids": ids[None]}, None) for ids in _TEXTS],
+    )
+
+
+def _clip_case(library: str) -> FamilyCase:
+    case = CLIP_CASES[0]
+    images, ids = case["images"], case["input_ids"]
+    pairs = [(i, j) for i in range(len(images)) for j in range(len(ids))]
+    return FamilyCase(
+        lambda: build_clip(case, library),
+        lambda: (ImageTextBatch.grid(images, ids), None),
+        lambda: [((images[i:i + 1], ids[j:j + 1]), None) for i, j in pairs],
+    )
+
+
+def _bimodal_case(family: str) -> FamilyCase:
+    case = bimodal_case(family)
+    return FamilyCase(lambda: build_bimodal(case), lambda: (padded(case["inputs"]), None),
+                      lambda: [(inputs, None) for inputs in case["inputs"]])
+
+
+def _detr_case() -> FamilyCase:
+    case = torch.load(GOLDEN / "detr_reference.pt", weights_only=True)[0]
+    objects = targets_per_image(case)
+    return FamilyCase(
+        lambda: build_detr(case),
+        lambda: (detr_images(case), objects),
+        lambda: [(detr_images(case, i), [objects[i]]) for i in range(len(objects))],
+    )
+
+
+FAMILIES: dict[str, FamilyCase] = {
+    "timm_vit": _image_case(lambda: tiny_vit().double()),
+    "hf_vit": _image_case(lambda: tiny_hf("vit", dtype=torch.float64)),
+    "hf_bert": _text_case("bert"),
+    "hf_roberta": _text_case("roberta"),
+    "hf_distilbert": _text_case("distilbert"),
+    "clip_open_clip": _clip_case("open_clip"),
+    "clip_transformers": _clip_case("transformers"),
+    "lxmert": _bimodal_case("lxmert"),
+    "visual_bert": _bimodal_case("visualbert"),
+    "detr": _detr_case(),
+}
