@@ -19,6 +19,8 @@ from .targets import Concept, Target
 
 def get_method(name: str):
     """The registered method called `name`; an error suggesting the closest name otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(f"method must be a method name (a string), got {type(name).__name__}; valid methods: {', '.join(REGISTRY)}")
     if name in REGISTRY:
         return REGISTRY[name]
     close = difflib.get_close_matches(name, list(REGISTRY), n=1)
