@@ -328,7 +328,7 @@ def bad_requests() -> list[tuple[str, str, dict | bytes, int, tuple[str, ...]]]:
 
 @pytest.mark.parametrize("name, path, body, status, words", bad_requests(), ids=[case[0] for case in bad_requests()])
 def test_every_bad_request_is_a_one_line_json_error(client, forbid, name, path, body, status, words):
-    forbid("relevancy.models.load_image_model", "relevancy.models.load_clip_model", "relevancy.cli.text.load_classifier")
+    forbid("relevancy.models.load_image_model", "relevancy.models.load_clip_model", "relevancy.models.load_text_classifier")
     started = time.perf_counter()
     if isinstance(body, bytes):
         response = client.post(path, content=body, headers={"content-type": "application/json"})

@@ -1,4 +1,5 @@
-"""Loading the models the command line explains: timm names (hub weights), local checkpoints, the shipped model.
+"""Loading the models the command line and the web server explain by name: timm names (hub weights), local
+checkpoints, the shipped models, text classifiers, CLIP models.
 
 Hub downloads go through `hub_access`: when the Hugging Face Hub cannot be reached they run offline (the
 local cache only), so a missing download fails in seconds instead of after huggingface_hub's minute of retries.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import difflib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -110,6 +112,14 @@ def _check_fit(model: nn.Module, state: dict[str, torch.Tensor], name: str, arch
         raise ValueError(f"checkpoint {name} does not fit --arch {arch}: tensors {'; '.join(found)}")
 
 
+def _check_folder(name: str, option: str) -> None:
+    """A FileNotFoundError when `name` is written as a path (./x, ../x, /x, ~/x, a/b/c) and nothing is there:
+    such a name is no hub name, so the error names the missing folder rather than the hub."""
+    written_as_path = name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or name.endswith("/")
+    if written_as_path and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"{option} {name}: no such folder (a model folder, or a hub name such as org/model)")
+
+
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the Hugging Face Hub (or to the HTTPS proxy) opens within `timeout` seconds,
     name lookup included."""
@@ -159,6 +169,30 @@ def hub_access() -> Iterator[str | None]:
         constants.HF_HUB_OFFLINE = False
 
 
+@lru_cache(maxsize=2)
+def load_text_classifier(name_or_dir: str | None):
+    """A BERT-family classifier and its tokenizer by hub name or folder (None: the shipped sentiment model), loaded
+    once per process. A hub name that is not cached fails at once when the Hub cannot be reached; a path that does
+    not exist is named as such; errors are RuntimeErrors."""
+    from .text.model import load_model
+
+    if name_or_dir is not None:
+        _check_folder(name_or_dir, "--model")
+    try:
+        if name_or_dir is None or Path(name_or_dir).exists():
+            return load_model(name_or_dir)
+        with hub_access() as offline:
+            try:
+                return load_model(name_or_dir)
+            except OSError as error:
+                if offline:
+                    raise OSError(f"could not load '{name_or_dir}': {offline} and it is not in the local cache; "
+                                  "pass a local model folder") from error
+                raise
+    except OSError as error:
+        raise RuntimeError(str(error)) from error
+
+
 SHIPPED_CLIP = "shapes-clip"
 OPEN_CLIP_PREFIX = "open_clip:"
 
@@ -205,6 +239,7 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
             tuple(preprocess.get("std", (0.26862954, 0.26130258, 0.27577711))),
         )
     transformers = require("transformers", extra="text")
+    _check_folder(name, "--model")
     with hub_access() as offline:
         try:
             model = transformers.CLIPModel.from_pretrained(name).eval()

@@ -14,9 +14,9 @@ from typing import Callable, Sequence
 
 from .. import __version__
 from ..extras import MissingExtraError
-from .common import DEFAULT_OUT, METHOD_NAMES, UsageError
+from ..pictures import MAX_IMAGE_PIXELS
+from .common import DEFAULT_OUT, METHOD_NAMES, UsageError, read_image
 from .images import run_demo, run_explain
-from .pictures import MAX_IMAGE_PIXELS, read_image
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:
     """A handler imported when its command runs: its module may import torch and the model libraries."""

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from ..files import strict_json
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from ..explanation import Explanation
 
 #: the built-in methods (`relevancy.METHODS`), named here so that the help loads no torch; a test keeps them equal
@@ -50,6 +52,13 @@ def explanation_numbers(explanation: Explanation, index: int) -> dict[str, Any]:
 
 
 # -- images ---------------------------------------------------------------------------------------------------
+def read_image(path: str, command: str = "explain") -> Image.Image:
+    """An image file as an 8-bit RGB picture (`relevancy.pictures.read_image`), its warnings as `command`'s."""
+    from ..pictures import read_image as read
+
+    return read(path, lambda message: warn(command, message))
+
+
 def resolve_methods(method: str) -> list[str]:
     """`all` or one method name, checked against the registry (a UsageError with the closest name)."""
     from .. import METHODS

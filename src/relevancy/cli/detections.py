@@ -11,8 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..files import check_folder
-from .common import DEFAULT_OUT, UsageError, print_json
-from .pictures import read_image
+from .common import DEFAULT_OUT, UsageError, print_json, read_image
 
 
 def run_explain_detections(args: argparse.Namespace) -> list[Path]:

@@ -390,10 +390,10 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
 
     from ..files import write_atomic
     from ..metrics.rationales import load_eraser
-    from .text import load_classifier
+    from ..models import load_text_classifier
     from ..text.rationales import RationaleSet, token_f1
 
-    model, tokenizer = load_classifier(None if args.model == "shapes" else args.model)
+    model, tokenizer = load_text_classifier(None if args.model == "shapes" else args.model)
     annotations, documents = load_eraser(args.data, args.split)
     data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]

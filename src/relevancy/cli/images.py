@@ -5,8 +5,8 @@ import argparse
 from pathlib import Path
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, UsageError, at_least, explanation_numbers, print_json, resolve_methods, warn
-from .pictures import preprocess, read_image
+from ..pictures import preprocess
+from .common import DEFAULT_OUT, UsageError, at_least, explanation_numbers, print_json, read_image, resolve_methods, warn
 
 
 def run_explain(args: argparse.Namespace) -> list[Path]:

@@ -49,7 +49,7 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     from ..families.clip.towers import ClipTowers
     from ..files import write_atomic
     from ..viz import method_grid, save_figure
-    from .pictures import normalised
+    from ..pictures import normalised
 
     bundle = models.load_clip_model(args.model or models.SHIPPED_CLIP)
     try:

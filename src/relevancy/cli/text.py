@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import lru_cache
 from pathlib import Path
 
 from .common import UsageError, at_least, explanation_numbers, print_json, resolve_methods
@@ -56,10 +55,11 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     """Explain `args.texts`; returns the files written (the HTML page when `--out` is given)."""
     from ..api import explain
     from ..explanation import TextExplanation
+    from ..models import load_text_classifier
     from ..text.model import encode
 
     methods = _check(args)
-    model, tokenizer = load_classifier(None if args.model is None else str(args.model))
+    model, tokenizer = load_text_classifier(None if args.model is None else str(args.model))
     target = resolve_target(args.target, model)
     batch = encode(tokenizer, args.texts, max_length=args.max_length, model=model)
     results: list[TextExplanation] = []
@@ -101,28 +101,6 @@ def print_columns(result, by_word: bool = True) -> None:
         for unit, score in units:
             print(f"{unit}\t{score:.6g}")
         print()
-
-
-@lru_cache(maxsize=2)
-def load_classifier(name_or_dir: str | None):
-    """The model and tokenizer, loaded once per process (the handler may run several times, e.g. in tests).
-    A hub name that is not cached fails at once when the Hub cannot be reached; errors are RuntimeErrors."""
-    from ..models import hub_access
-    from ..text.model import load_model
-
-    try:
-        if name_or_dir is None or Path(name_or_dir).exists():
-            return load_model(name_or_dir)
-        with hub_access() as offline:
-            try:
-                return load_model(name_or_dir)
-            except OSError as error:
-                if offline:
-                    raise OSError(f"could not load '{name_or_dir}': {offline} and it is not in the local cache; "
-                                  "pass a local model folder") from error
-                raise
-    except OSError as error:
-        raise RuntimeError(str(error)) from error
 
 
 def save_all(results: list, path: Path, by_word: bool = True) -> Path:
