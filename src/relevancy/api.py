@@ -14,7 +14,7 @@ from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
 from .methods.coattention import has_cross_attention
-from .targets import Concept, Target
+from .targets import Concept, Target, named_classes
 
 
 def get_method(name: str):
@@ -37,6 +37,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     """
     spec = get_method(method)
     adapter = adapter_for(model)
+    target = named_classes(target, adapter.class_names)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a caption to explain each image against (repeat for several); switches to a CLIP model")
     p.add_argument("--arch", help="timm architecture of a local checkpoint")
     p.add_argument("--method", default="transformer_attribution", help=f"{methods}, or 'all' (side by side)")
-    p.add_argument("--target", type=int, default=None, help="class index to explain (default: the predicted class)")
+    p.add_argument("--target", default=None, help="class to explain: an index or a class name, e.g. 'star' (default: the predicted class)")
     p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT}; with --json, PNGs are written only when --out is given)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: per image and method the target, "
                                                        "its class name and logit, and the score grid (rows of columns)")
@@ -75,10 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
                                         "probability above --threshold): per image a PNG with one panel per object (map, "
                                         "box, class) and, with --json, the boxes and score grids on stdout.")
     p.add_argument("images", nargs="+", help="image files")
-    p.add_argument("--model", required=True, help="local folder of a transformers DetrForObjectDetection (save_pretrained)")
+    p.add_argument("--model", required=True, help="local folder of a transformers DetrForObjectDetection (save_pretrained); "
+                                                   "pictures are preprocessed by its preprocessor_config.json, else as the "
+                                                   "shapes detector where it is one, else as COCO DETR")
     p.add_argument("--method", default="generic_attention", help=f"{methods} (default generic_attention)")
     p.add_argument("--threshold", type=float, default=0.5, help="detection probability threshold (default 0.5, the authors')")
-    p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT})")
+    p.add_argument("--max-objects", type=int, default=10, help="explain at most this many objects per image, the most "
+                                                               "probable (default 10, at most 30)")
+    p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT}; with --json, PNGs are written only when --out is given)")
     p.add_argument("--json", action="store_true", help="print per image the objects, boxes and score grids as JSON")
     p.set_defaults(handler=_lazy("relevancy.cli.detections", "run_explain_detections"))
 

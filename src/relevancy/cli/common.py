@@ -33,6 +33,23 @@ def at_least(option: str, value: int | None, minimum: int, why: str = "") -> Non
         raise UsageError(f"{option} must be at least {minimum}{why}, got {value}")
 
 
+def at_most(option: str, value: int | float | None, minimum: int | float, maximum: int | float, why: str = "") -> None:
+    """A UsageError naming the range unless `value` (None: not given) lies in [`minimum`, `maximum`]."""
+    if value is not None and not minimum <= value <= maximum:
+        raise UsageError(f"{option} must be between {minimum:,} and {maximum:,}{why}, got {value:,}")
+
+
+def class_target(target: str | None) -> str | None:
+    """`--target` as `explain()` takes it (a class index or name, as written); a UsageError for a negative index
+    or an empty name."""
+    if target is None:
+        return None
+    text = target.strip()
+    if not text or (text.startswith("-") and text[1:].isdigit()):
+        raise UsageError(f"--target must be a class index (0 or more) or a class name, got '{target[:60]}'")
+    return text
+
+
 def print_json(value: Any) -> None:
     """`value` as strict JSON on stdout (NaN and infinities as null)."""
     print(json.dumps(strict_json(value), allow_nan=False))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..files import check_folder, distinct_stems
 from ..pictures import preprocess
-from .common import DEFAULT_OUT, UsageError, at_least, explanation_numbers, print_json, read_image, resolve_methods, warn
+from .common import DEFAULT_OUT, UsageError, at_least, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
 
 
 def run_explain(args: argparse.Namespace) -> list[Path]:
@@ -17,7 +17,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
 
         return run_explain_pairs(args, [read_image(path) for path in args.images])
     methods = resolve_methods(args.method)
-    at_least("--target", args.target, 0)
+    target = class_target(args.target)
     out = None if args.out is None and args.json else Path(args.out or DEFAULT_OUT)
     names = [f"{stem}_{args.method}.png" for stem in distinct_stems(args.images)]
     if out is not None:
@@ -31,7 +31,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     if (args.model or models.SHIPPED) == models.SHIPPED:
         _warn_unless_scenes(args.images, pictures)
     images = preprocess(pictures, model)
-    results = {m: explain(model, images, method=m, target=args.target) for m in methods}
+    results = {m: explain(model, images, method=m, target=target) for m in methods}
     if args.json:
         print_json({"model": args.model or models.SHIPPED, "method": args.method, "images": [
             {"file": path, "methods": {m: explanation_numbers(r, i) for m, r in results.items()}}

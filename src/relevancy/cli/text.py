@@ -11,36 +11,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import UsageError, at_least, explanation_numbers, print_json, resolve_methods
+from .common import UsageError, at_least, class_target, explanation_numbers, print_json, resolve_methods
 from ..files import check_file
 
 #: the shortest --max-length: [CLS], one token of text and [SEP]
 MIN_LENGTH = 3
 
 
-def resolve_target(target: str | int | None, model) -> int | None:
-    """An index from an index or a label name of `model.config`; a ValueError listing the classes otherwise."""
-    if target is None or isinstance(target, int):
-        return target
-    text = str(target).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    config = getattr(model, "config", None)
-    label2id = {str(k).lower(): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
-    if text.lower() in label2id:
-        return label2id[text.lower()]
-    id2label = getattr(config, "id2label", None) or {}
-    classes = ", ".join(f"{name} ({i})" for i, name in sorted((int(i), n) for i, n in id2label.items()))
-    raise ValueError(f"unknown target '{text}': the model's classes are {classes}")
-
-
 def _check(args: argparse.Namespace) -> list[str]:
     """The methods to run; a UsageError for anything wrong with the request that needs no model."""
     methods = resolve_methods(args.method)
     at_least("--max-length", args.max_length, MIN_LENGTH, " ([CLS], a token and [SEP])")
-    target = str(args.target or "").strip()
-    if target.startswith("-") and target[1:].isdigit():
-        raise UsageError(f"--target must be a class index (0 or more) or a label name, got {target}")
+    class_target(args.target)
     for i, text in enumerate(args.texts):
         if not text.strip():
             raise UsageError(f"text {i} is empty: there is nothing to explain")
@@ -60,7 +42,7 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
 
     methods = _check(args)
     model, tokenizer = load_text_classifier(None if args.model is None else str(args.model))
-    target = resolve_target(args.target, model)
+    target = class_target(args.target)
     batch = encode(tokenizer, args.texts, max_length=args.max_length, model=model)
     results: list[TextExplanation] = []
     for method in methods:
