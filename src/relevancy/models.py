@@ -195,6 +195,8 @@ def load_text_classifier(name_or_dir: str | None):
 
 SHIPPED_CLIP = "shapes-clip"
 OPEN_CLIP_PREFIX = "open_clip:"
+#: the pretrained tag that asks open_clip for untrained (randomly initialised) weights, explicitly
+UNTRAINED = "random"
 
 
 @dataclass
@@ -210,8 +212,8 @@ class ClipBundle:
 
 
 def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
-    """`name`: "shapes-clip" (shipped, offline), `open_clip:ARCH[:PRETRAINED]` (open_clip's model names; PRETRAINED
-    a tag or a local weights file), or a Hugging Face hub name or local folder of a `CLIPModel` (with its tokenizer
+    """`name`: "shapes-clip" (shipped, offline), `open_clip:ARCH:PRETRAINED` (open_clip's model names; PRETRAINED
+    a tag, a local weights file, or "random" for untrained weights: without it, an error), or a Hugging Face hub name or local folder of a `CLIPModel` (with its tokenizer
     and image processor)."""
     if name == SHIPPED_CLIP:
         from .bench.clip_model import CONTEXT_LENGTH, load_clip
@@ -225,8 +227,14 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
         if arch not in open_clip.list_models():
             close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
             raise ValueError(f"open_clip has no model '{arch}'" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        if not pretrained:
+            tags = open_clip.list_pretrained_tags_by_model(arch)
+            raise ValueError(
+                f"--model {name} names no weights, and untrained weights explain nothing: add a pretrained tag "
+                f"({OPEN_CLIP_PREFIX}{arch}:TAG; {arch}'s tags: {', '.join(tags[:8]) or 'none'}{', ...' if len(tags) > 8 else ''}), "
+                f"a local weights file, or ':{UNTRAINED}' to explain untrained weights on purpose")
         with hub_access():
-            model = open_clip.create_model(arch, pretrained=pretrained or None).eval()
+            model = open_clip.create_model(arch, pretrained=None if pretrained == UNTRAINED else pretrained).eval()
         tokenizer = open_clip.get_tokenizer(arch)
         decoder = getattr(tokenizer, "decoder", None)
         preprocess = getattr(model.visual, "preprocess_cfg", {}) or {}

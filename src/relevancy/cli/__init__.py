@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              f"EXIF orientation is applied; animations use frame 1; at most {MAX_IMAGE_PIXELS:,} pixels)")
     p.add_argument("--model", default=None, help="timm model name (hub weights), local checkpoint (.pth/.pt/.bin/.safetensors, with --arch), "
                                              "or 'shapes' (the shipped model, default). With --text: 'shapes-clip' (the shipped CLIP, default), "
-                                             "'open_clip:ARCH[:PRETRAINED]', or a Hugging Face CLIP hub name or folder")
+                                             "'open_clip:ARCH:PRETRAINED' (a tag, a weights file, or 'random' for untrained weights), "
+                                             "or a Hugging Face CLIP hub name or folder")
     p.add_argument("--text", action="append", default=None, metavar="TEXT",
                    help="a caption to explain each image against (repeat for several); switches to a CLIP model")
     p.add_argument("--arch", help="timm architecture of a local checkpoint")
