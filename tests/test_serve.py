@@ -492,7 +492,7 @@ def test_serve_command_prints_its_url_and_serves(tmp_path):
 
 @pytest.mark.parametrize("arguments, words", [
     (["--port", "70000"], ("--port", "65535")),
-    (["--max-running", "0"], ("--max-running", "at least 1")),
+    (["--max-running", "0"], ("--max-running", "between 1 and 64")),
     (["--time-limit", "0"], ("--time-limit",)),
     (["--model", "no_such_vit", "--port", "0"], ("no_such_vit",)),
 ])

@@ -123,7 +123,7 @@ def no_work(forbid):
     [
         ({"max_length": -5}, "--max-length must be at least 3 ([CLS], a token and [SEP]), got -5"),
         ({"max_length": 2}, "--max-length must be at least 3"),
-        ({"target": -1}, "--target must be a class index (0 or more) or a label name, got -1"),
+        ({"target": -1}, "--target must be a class index (0 or more) or a class name, got '-1'"),
         ({"method": "rolout"}, "Did you mean 'rollout'?"),
     ],
 )

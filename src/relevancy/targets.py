@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .guard import exclusive, ordinary
+from .messages import quoted
 
 
 class Concept:
@@ -112,14 +113,14 @@ def named_classes(target: object, class_names: Callable[[], Sequence[str] | None
 
 def unknown_class(name: str, names: Sequence[str] | None) -> str:
     """A one-line error for a class name the model does not have: its classes (or the closest of many)."""
-    shown = name if len(name) <= 60 else f"{name[:57]}..."
+    shown = quoted(name)
     if not names:
-        return f"unknown target '{shown}': the model names no classes; give a class index"
+        return f"unknown target {shown}: the model names no classes; give a class index"
     if len(names) <= LISTED_CLASSES:
-        return f"unknown target '{shown}': the model's classes are {', '.join(f'{n} ({i})' for i, n in enumerate(names))}"
+        return f"unknown target {shown}: the model's classes are {', '.join(f'{n} ({i})' for i, n in enumerate(names))}"
     close = difflib.get_close_matches(name.strip().lower(), [str(n).lower() for n in names], n=3)
     hint = f"; close names: {', '.join(close)}" if close else ""
-    return f"unknown target '{shown}': not one of the model's {len(names)} class names{hint}"
+    return f"unknown target {shown}: not one of the model's {len(names)} class names{hint}"
 
 
 def is_score_function(target: object) -> bool:
@@ -151,8 +152,7 @@ def _class_indices(target: object, num_classes: int) -> torch.Tensor:
     for position, item in enumerate(items):
         where = f" at position {position}" if isinstance(target, (list, tuple)) else ""
         if not _is_index(item):
-            shown = repr(item) if len(repr(item)) <= 60 else f"{repr(item)[:57]}..."
-            raise TypeError(f"target must be {TARGETS_ACCEPTED}; got {type(item).__name__} {shown}{where}")
+            raise TypeError(f"target must be {TARGETS_ACCEPTED}; got {type(item).__name__} {quoted(item)}{where}")
         if not -LARGEST_INDEX <= int(item) <= LARGEST_INDEX:
             raise ValueError(f"target {int(item)}{where} is out of range: the model has {num_classes} classes (valid: 0..{num_classes - 1})")
     return torch.tensor([int(item) for item in items], dtype=torch.long)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .. import __version__
 from ..extras import MissingExtraError
 from ..pictures import MAX_IMAGE_PIXELS
-from .common import DEFAULT_OUT, METHOD_NAMES, UsageError, read_image
+from .common import DEFAULT_OUT, METHOD_NAMES, UsageError, read_image, warn
 from .images import run_demo, run_explain
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:
@@ -201,12 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the longest error message printed (a library may quote a whole input); longer ones are cut
+MAX_ERROR_CHARS = 1_000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        written = args.handler(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *_: warn(args.command, " ".join(str(message).split()))
+            written = args.handler(args)
     except (UsageError, ValueError, TypeError, OSError, RuntimeError, MissingExtraError) as error:
         message = " ".join(str(error).split())  # one line, whatever the library wrote
+        if len(message) > MAX_ERROR_CHARS:
+            message = f"{message[: MAX_ERROR_CHARS - 20]}... ({len(message):,} characters)"
         print(f"relevancy {args.command}: error: {message}", file=sys.stderr)
         return 2
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout  # stdout carries the JSON

@@ -6,6 +6,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..files import strict_json
+from ..messages import quoted
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -16,6 +17,12 @@ if TYPE_CHECKING:
 METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
                 "partial_lrp", "lrp", "cdam", "token_ablation")
 DEFAULT_OUT = "relevancy-out"
+#: the most input files one command explains (each is a PNG and part of one batch in memory)
+MAX_FILES = 100
+#: the most texts (explain-text) or questions (explain-question) one command explains
+MAX_TEXTS = 100
+#: the longest text explain-text reads, characters (longer texts are truncated to the model's tokens anyway)
+MAX_TEXT_CHARS = 100_000
 
 
 class UsageError(Exception):
@@ -33,6 +40,16 @@ def at_least(option: str, value: int | None, minimum: int, why: str = "") -> Non
         raise UsageError(f"{option} must be at least {minimum}{why}, got {value}")
 
 
+def check_inputs(kind: str, items: list[str], most: int, longest: int | None = None) -> None:
+    """A UsageError unless there are at most `most` `kind` (e.g. "images"), each non-empty with at most `longest`
+    characters where given."""
+    if len(items) > most:
+        raise UsageError(f"{len(items):,} {kind} given; the limit is {most:,} per run (split them over several runs)")
+    for i, item in enumerate(items):
+        if longest is not None and len(item) > longest:
+            raise UsageError(f"{kind[:-1]} {i} has {len(item):,} characters; the limit is {longest:,}")
+
+
 def at_most(option: str, value: int | float | None, minimum: int | float, maximum: int | float, why: str = "") -> None:
     """A UsageError naming the range unless `value` (None: not given) lies in [`minimum`, `maximum`]."""
     if value is not None and not minimum <= value <= maximum:
@@ -46,7 +63,7 @@ def class_target(target: str | None) -> str | None:
         return None
     text = target.strip()
     if not text or (text.startswith("-") and text[1:].isdigit()):
-        raise UsageError(f"--target must be a class index (0 or more) or a class name, got '{target[:60]}'")
+        raise UsageError(f"--target must be a class index (0 or more) or a class name, got {quoted(target)}")
     return text
 
 

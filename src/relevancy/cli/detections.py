@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, UsageError, at_most, print_json, read_image, resolve_methods, warn
+from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_most, check_inputs, print_json, read_image, resolve_methods, warn
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -31,6 +31,7 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
     import relevancy
     from ..families import adapter_for
 
+    check_inputs("images", args.images, MAX_FILES)
     methods = resolve_methods(args.method)
     if args.method == "all":
         raise UsageError("--method takes one method for explain-detections (each object is a panel), not 'all'")

@@ -6,12 +6,17 @@ from pathlib import Path
 
 from ..files import check_folder, distinct_stems
 from ..pictures import preprocess
-from .common import DEFAULT_OUT, UsageError, at_least, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
+from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_least, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
+
+
+#: the most scenes of each kind the demo explains (each is a row of PNGs on one page)
+MAX_DEMO_SCENES = 100
 
 
 def run_explain(args: argparse.Namespace) -> list[Path]:
     """`relevancy explain`: checks, then one PNG per image (methods side by side) and/or the numbers as JSON;
     with `--text`, image-text pairs of a CLIP model (`cli.pairs`)."""
+    check_inputs("images", args.images, MAX_FILES)
     if args.text:
         from .pairs import run_explain_pairs
 
@@ -77,8 +82,8 @@ def run_demo(args: argparse.Namespace) -> list[Path]:
     from ..bench import demo
 
     methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip())]
-    at_least("--singles", args.singles, 0)
-    at_least("--pairs", args.pairs, 0)
+    at_most("--singles", args.singles, 0, MAX_DEMO_SCENES)
+    at_most("--pairs", args.pairs, 0, MAX_DEMO_SCENES)
     if args.singles + args.pairs == 0:
         raise UsageError("--singles and --pairs are both 0: there is no scene to explain")
     check_folder(args.out, ["index.html"])

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ..files import check_folder
-from .common import DEFAULT_OUT, UsageError, print_json, resolve_methods, warn
+from .common import DEFAULT_OUT, UsageError, check_inputs, print_json, resolve_methods, warn
 
 #: questions of the world per call, and the largest --scene seed
 MAX_QUESTIONS = 1000
+#: the longest question, characters (the world's questions have at most 10 words)
+MAX_QUESTION_CHARS = 200
 MAX_SCENE = 2**31 - 3
 MAX_SEED = 999
 DEFAULT_QUESTIONS = 4
@@ -53,6 +55,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[str] | None, Path 
             raise UsageError(f"--scene must be in 0..{MAX_SCENE}, got {args.scene}")
         from ..bench.vqa import MAX_LENGTH, question_tokenizer
 
+        check_inputs("questions", args.question, MAX_QUESTIONS, MAX_QUESTION_CHARS)
         questions = [" ".join(q.replace("?", " ").split()) for q in args.question]
         if any(not q for q in questions):
             raise UsageError("--question is empty: give a question, e.g. --question 'what color is the star'")

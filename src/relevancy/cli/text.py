@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import UsageError, at_least, class_target, explanation_numbers, print_json, resolve_methods
+from .common import MAX_TEXT_CHARS, MAX_TEXTS, UsageError, at_least, check_inputs, class_target, explanation_numbers, print_json, resolve_methods
 from ..files import check_file
 
 #: the shortest --max-length: [CLS], one token of text and [SEP]
@@ -23,6 +23,7 @@ def _check(args: argparse.Namespace) -> list[str]:
     methods = resolve_methods(args.method)
     at_least("--max-length", args.max_length, MIN_LENGTH, " ([CLS], a token and [SEP])")
     class_target(args.target)
+    check_inputs("texts", args.texts, MAX_TEXTS, MAX_TEXT_CHARS)
     for i, text in enumerate(args.texts):
         if not text.strip():
             raise UsageError(f"text {i} is empty: there is nothing to explain")
