@@ -103,7 +103,7 @@ def test_model_loading_errors(tmp_path, photo, capsys):
     ckpt = tmp_path / "m.pth"
     torch.save({}, ckpt)
     expect_error(capsys, "explain", photo, "--model", ckpt, "--out", out, match="pass --arch")
-    expect_error(capsys, "explain", photo, "--model", "vit_not_a_model", "--out", out, match="unknown model")
+    expect_error(capsys, "explain", photo, "--model", "vit_not_a_model", "--out", out, match="unknown --model 'vit_not_a_model'")
     expect_error(capsys, "explain", photo, "--model", photo, "--arch", ARCH, "--out", out,
                  match=f"--model {photo} is not a weights file: it takes a checkpoint (.pth, .pt, .bin, .safetensors)")
     expect_error(capsys, "explain", photo, "--model", tmp_path, "--arch", ARCH, "--out", out, match="is a folder")

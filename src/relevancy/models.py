@@ -21,6 +21,8 @@ from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINO
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"
+#: timm names offered where a name is not close to any
+TIMM_EXAMPLES = ("vit_base_patch16_224", "deit_small_patch16_224", "vit_small_patch14_dinov2")
 #: seconds to wait for a connection to the Hub (or the HTTPS proxy) before going offline
 HUB_TIMEOUT_S = 3.0
 
@@ -67,7 +69,7 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
             raise FileNotFoundError(f"checkpoint {name} does not exist")
         if arch is None:
             raise ValueError(f"a local checkpoint needs its architecture: pass --arch (a timm model name such as vit_base_patch16_224) with {name}")
-        _check_name(timm, arch)
+        _check_name(timm, arch, "--arch")
         state = _state_dict(path)
         head = state.get("head.weight")
         kwargs = {"num_classes": head.shape[0]} if head is not None else {}
@@ -75,7 +77,7 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
         _check_fit(model, state, name, arch)
         model.load_state_dict(state)
         return model.eval()
-    _check_name(timm, name)
+    _check_name(timm, name, "--model")
     with hub_access() as offline:
         try:
             return timm.create_model(name, pretrained=True).eval()
@@ -88,15 +90,14 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
             ) from error
 
 
-def _check_name(timm, name: str) -> None:
-    """A ValueError with the closest timm names unless `name` is one."""
+def _check_name(timm, name: str, option: str) -> None:
+    """A ValueError naming the closest timm names (or examples, where none is close) unless `name` is one."""
     if timm.is_model(name):
         return
-    import difflib
-
     close = difflib.get_close_matches(name, timm.list_models("*vit*") + timm.list_models("*deit*"), n=3)
-    hint = f" Close timm names: {', '.join(close)}." if close else ""
-    raise ValueError(f"unknown model '{name}': not a timm model name nor an existing checkpoint file.{hint}")
+    hint = f"close timm names: {', '.join(close)}" if close else f"timm names such as {', '.join(TIMM_EXAMPLES)}"
+    what = "a timm architecture" if option == "--arch" else f"a timm model name, nor an existing checkpoint file, nor '{SHIPPED}'"
+    raise ValueError(f"unknown {option} '{name}': not {what}; {hint} (timm.list_models('*vit*') lists them)")
 
 
 def _check_fit(model: nn.Module, state: dict[str, torch.Tensor], name: str, arch: str) -> None:

@@ -57,10 +57,10 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
         entry: dict[str, Any] = {"image": image, "objects": []}
         if not detections:
             best = candidates[0] if candidates else None
-            warn("explain-detections", f"{image}: no object above --threshold {args.threshold:g}"
+            warn("explain-detections", f"{image}: no object above --threshold {args.threshold}"
                  + (f"; the best is {_class(labels, best.label)} at probability {best.score:.3f}" if best else ""))
         if len(detections) > args.max_objects:
-            warn("explain-detections", f"{image}: {len(detections)} objects above --threshold {args.threshold:g}; "
+            warn("explain-detections", f"{image}: {len(detections)} objects above --threshold {args.threshold}; "
                                        f"explaining the {args.max_objects} most probable (--max-objects, at most {MAX_OBJECTS})")
             detections = detections[: args.max_objects]
         if detections:
