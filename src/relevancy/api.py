@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
 from .methods.coattention import has_cross_attention
+from .messages import quoted
 from .targets import Concept, Target, named_classes
 
 
@@ -25,7 +27,27 @@ def get_method(name: str):
         return REGISTRY[name]
     close = difflib.get_close_matches(name, list(REGISTRY), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown method '{name}'.{hint} Valid methods: {', '.join(REGISTRY)}")
+    raise ValueError(f"unknown method {quoted(name)}.{hint} Valid methods: {', '.join(REGISTRY)}")
+
+
+#: the types an option's annotation names, as the values it takes (others, e.g. StartLayer, are the method's to check)
+OPTION_TYPES = {"bool": (bool,), "int": (numbers.Integral,), "str": (str,), "float": (numbers.Real,), "None": (type(None),)}
+
+
+def check_options(method: str, run: Any, options: dict[str, Any]) -> None:
+    """A ValueError naming the method's options for an option it does not take, or for a value of another type
+    than its annotation names (`bool | None`, `int`, `str`, ...); `True` is no int here."""
+    parameters = {p.name: p for p in list(inspect.signature(run).parameters.values())[3:]}  # after (adapter, inputs, target)
+    for name, value in options.items():
+        if name not in parameters:
+            valid = ", ".join(parameters) or "none"
+            raise ValueError(f"method '{method}' has no option {quoted(name)}; its options: {valid}")
+        names = [part.strip() for part in str(parameters[name].annotation).split("|")]
+        if not all(part in OPTION_TYPES for part in names):
+            continue
+        accepted = tuple(t for part in names for t in OPTION_TYPES[part])
+        if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+            raise ValueError(f"option {name} of method '{method}' must be {' or '.join(names)}, got {type(value).__name__} {quoted(value)}")
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, **options: Any) -> Explanation:
@@ -36,6 +58,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     The inputs, targets, methods and options accepted are listed below (generated from the method registry).
     """
     spec = get_method(method)
+    check_options(method, spec.run, options)
     adapter = adapter_for(model)
     target = named_classes(target, adapter.class_names)
     if isinstance(target, Concept) and not spec.accepts_concept:
