@@ -66,8 +66,8 @@ def test_the_package_loads_its_public_names_on_first_use():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--singles", "-1"], "--singles must be at least 0, got -1"),
-        (["--pairs", "-2"], "--pairs must be at least 0, got -2"),
+        (["--singles", "-1"], "--singles must be between 0 and 100, got -1"),
+        (["--pairs", "-2"], "--pairs must be between 0 and 100, got -2"),
         (["--singles", "0", "--pairs", "0"], "there is no scene to explain"),
         (["--methods", "rollout,gradcam"], "unknown method 'gradcam'"),
     ],

@@ -91,7 +91,7 @@ def test_bad_inputs_give_clear_errors_and_write_nothing(tmp_path, photo, capsys,
     expect_error(capsys, "explain", photo, tmp_path / "missing.png", "--out", out, match="does not exist")
     expect_error(capsys, "explain", photo, tmp_path / "folder.png", "--out", out, match="is a folder, not an image file")
     expect_error(capsys, "explain", photo, not_image, "--out", out, match="not a readable image")
-    expect_error(capsys, "explain", photo, "--target", -1, "--out", out, match="--target must be at least 0, got -1")
+    expect_error(capsys, "explain", photo, "--target", -1, "--out", out, match="--target must be a class index (0 or more) or a class name, got")
     expect_error(capsys, "explain", photo, "--target", 99, "--out", out, match="out of range: the model has 5 classes (valid: 0..4)")
     expect_error(capsys, "explain", photo, "--method", "rolout", "--out", out, match="Did you mean 'rollout'?")
     assert not out.exists()
@@ -103,7 +103,7 @@ def test_model_loading_errors(tmp_path, photo, capsys):
     ckpt = tmp_path / "m.pth"
     torch.save({}, ckpt)
     expect_error(capsys, "explain", photo, "--model", ckpt, "--out", out, match="pass --arch")
-    expect_error(capsys, "explain", photo, "--model", "vit_not_a_model", "--out", out, match="unknown model")
+    expect_error(capsys, "explain", photo, "--model", "vit_not_a_model", "--out", out, match="unknown --model 'vit_not_a_model'")
     expect_error(capsys, "explain", photo, "--model", photo, "--arch", ARCH, "--out", out,
                  match=f"--model {photo} is not a weights file: it takes a checkpoint (.pth, .pt, .bin, .safetensors)")
     expect_error(capsys, "explain", photo, "--model", tmp_path, "--arch", ARCH, "--out", out, match="is a folder")

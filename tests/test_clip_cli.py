@@ -65,7 +65,7 @@ def test_hugging_face_folder(hf_folder, photo, tmp_path, capsys):
 
 
 def test_open_clip_by_name(photo, tmp_path, capsys):
-    code = main(["explain", str(photo), "--text", "a photo of a cat", "--model", "open_clip:ViT-S-32",
+    code = main(["explain", str(photo), "--text", "a photo of a cat", "--model", "open_clip:ViT-S-32:random",
                  "--method", "raw_attention", "--json"])
     assert code == 0
     numbers = json.loads(capsys.readouterr().out)
@@ -79,6 +79,7 @@ def test_open_clip_by_name(photo, tmp_path, capsys):
     (["--text", "a star", "--target", "1"], "--target picks a class"),
     (["--text", "a star", "--method", "lrp"], "does not explain image-text pairs"),
     (["--text", "a star", "--model", "open_clip:ViT-Q-99"], "open_clip has no model"),
+    (["--text", "a star", "--model", "open_clip:ViT-S-32"], "names no weights, and untrained weights explain nothing"),
 ])
 def test_bad_requests(photo, tmp_path, capsys, argv, message):
     out = tmp_path / "out"

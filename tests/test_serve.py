@@ -328,7 +328,7 @@ def bad_requests() -> list[tuple[str, str, dict | bytes, int, tuple[str, ...]]]:
 
 @pytest.mark.parametrize("name, path, body, status, words", bad_requests(), ids=[case[0] for case in bad_requests()])
 def test_every_bad_request_is_a_one_line_json_error(client, forbid, name, path, body, status, words):
-    forbid("relevancy.models.load_image_model", "relevancy.models.load_clip_model", "relevancy.cli.text.load_classifier")
+    forbid("relevancy.models.load_image_model", "relevancy.models.load_clip_model", "relevancy.models.load_text_classifier")
     started = time.perf_counter()
     if isinstance(body, bytes):
         response = client.post(path, content=body, headers={"content-type": "application/json"})
@@ -492,7 +492,7 @@ def test_serve_command_prints_its_url_and_serves(tmp_path):
 
 @pytest.mark.parametrize("arguments, words", [
     (["--port", "70000"], ("--port", "65535")),
-    (["--max-running", "0"], ("--max-running", "at least 1")),
+    (["--max-running", "0"], ("--max-running", "between 1 and 64")),
     (["--time-limit", "0"], ("--time-limit",)),
     (["--model", "no_such_vit", "--port", "0"], ("no_such_vit",)),
 ])

@@ -257,7 +257,7 @@ def test_explain_question_asks_your_questions(tmp_path, capsys, tiny_checkpoint)
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--question", "what colour is the star"], "unknown words ['colour']"),
+        (["--question", "what colour is the star"], "unknown words 'colour'"),
         (["--question", "  "], "--question is empty"),
         (["--question", "is there a star", "--n", "3"], "--n and --seed pick questions of the world"),
         (["--scene", "3"], "--scene is the scene of your --question(s)"),

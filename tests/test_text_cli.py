@@ -85,7 +85,7 @@ def test_cli_refuses_bad_requests_before_writing(tmp_path):
         run_explain_text(args(texts=[POSITIVE], method="rolout", out=out))
     with pytest.raises(UsageError, match="html"):
         run_explain_text(args(texts=[POSITIVE], out=tmp_path / "x.png"))
-    with pytest.raises(RuntimeError, match="could not load"):
+    with pytest.raises(FileNotFoundError, match="no-such-model: no such folder"):
         run_explain_text(args(texts=[POSITIVE], model=tmp_path / "no-such-model", out=out))
     assert not out.exists()
 
@@ -115,7 +115,7 @@ def test_long_texts_are_truncated_with_a_warning(shipped):
 @pytest.fixture()
 def no_work(forbid):
     """Fail the test if the command loads a model or explains anything."""
-    forbid("relevancy.cli.text.load_classifier", "relevancy.api.explain")
+    forbid("relevancy.models.load_text_classifier", "relevancy.api.explain")
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def no_work(forbid):
     [
         ({"max_length": -5}, "--max-length must be at least 3 ([CLS], a token and [SEP]), got -5"),
         ({"max_length": 2}, "--max-length must be at least 3"),
-        ({"target": -1}, "--target must be a class index (0 or more) or a label name, got -1"),
+        ({"target": -1}, "--target must be a class index (0 or more) or a class name, got '-1'"),
         ({"method": "rolout"}, "Did you mean 'rollout'?"),
     ],
 )

@@ -13,17 +13,20 @@ from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
+from .messages import quoted
 from .streams import streams_attend_to_each_other
-from .targets import Concept, Target
+from .targets import Concept, Target, named_classes
 
 
 def get_method(name: str):
     """The registered method called `name`; an error suggesting the closest name otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(f"method must be a method name (a string), got {type(name).__name__}; valid methods: {', '.join(REGISTRY)}")
     if name in REGISTRY:
         return REGISTRY[name]
     close = difflib.get_close_matches(name, list(REGISTRY), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown method '{name}'.{hint} Valid methods: {', '.join(REGISTRY)}")
+    raise ValueError(f"unknown method {quoted(name)}.{hint} Valid methods: {', '.join(REGISTRY)}")
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, **options: Any) -> Explanation:
@@ -36,6 +39,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     spec = get_method(method)
     spec.check_options(options)
     adapter = adapter_for(model)
+    target = named_classes(target, adapter.class_names)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")

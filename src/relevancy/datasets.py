@@ -83,8 +83,13 @@ class ImageNetSegmentation(Dataset):
         ])
         self.mask_transform = transforms.Resize(size, interpolation=transforms.InterpolationMode.NEAREST)
         self._file: Any = None  # opened lazily, once per worker process
-        with h5py.File(self.path, "r") as f:
-            self._length = len(f["/value/img"])
+        try:
+            with h5py.File(self.path, "r") as f:
+                self._length = len(f["/value/img"])
+        except OSError as error:  # h5py's own words name its internals, not the file
+            raise ValueError(f"{self.path} is not an HDF5 (MATLAB v7.3) file: ImageNet-Segmentation needs gtsegs_ijcv.mat") from error
+        except KeyError as error:
+            raise ValueError(f"{self.path} is an HDF5 file without /value/img: ImageNet-Segmentation needs gtsegs_ijcv.mat") from error
 
     def __len__(self) -> int:
         return self._length

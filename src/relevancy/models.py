@@ -1,4 +1,5 @@
-"""Loading the models the command line explains: timm names (hub weights), local checkpoints, the shipped model.
+"""Loading the models the command line and the web server explain by name: timm names (hub weights), local
+checkpoints, the shipped models, text classifiers, CLIP models.
 
 Hub downloads go through `hub_access`: when the Hugging Face Hub cannot be reached they run offline (the
 local cache only), so a missing download fails in seconds instead of after huggingface_hub's minute of retries.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import difflib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,6 +21,8 @@ from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINO
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"
+#: timm names offered where a name is not close to any
+TIMM_EXAMPLES = ("vit_base_patch16_224", "deit_small_patch16_224", "vit_small_patch14_dinov2")
 #: seconds to wait for a connection to the Hub (or the HTTPS proxy) before going offline
 HUB_TIMEOUT_S = 3.0
 
@@ -65,7 +69,7 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
             raise FileNotFoundError(f"checkpoint {name} does not exist")
         if arch is None:
             raise ValueError(f"a local checkpoint needs its architecture: pass --arch (a timm model name such as vit_base_patch16_224) with {name}")
-        _check_name(timm, arch)
+        _check_name(timm, arch, "--arch")
         state = _state_dict(path)
         head = state.get("head.weight")
         kwargs = {"num_classes": head.shape[0]} if head is not None else {}
@@ -73,7 +77,7 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
         _check_fit(model, state, name, arch)
         model.load_state_dict(state)
         return model.eval()
-    _check_name(timm, name)
+    _check_name(timm, name, "--model")
     with hub_access() as offline:
         try:
             return timm.create_model(name, pretrained=True).eval()
@@ -86,15 +90,14 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
             ) from error
 
 
-def _check_name(timm, name: str) -> None:
-    """A ValueError with the closest timm names unless `name` is one."""
+def _check_name(timm, name: str, option: str) -> None:
+    """A ValueError naming the closest timm names (or examples, where none is close) unless `name` is one."""
     if timm.is_model(name):
         return
-    import difflib
-
     close = difflib.get_close_matches(name, timm.list_models("*vit*") + timm.list_models("*deit*"), n=3)
-    hint = f" Close timm names: {', '.join(close)}." if close else ""
-    raise ValueError(f"unknown model '{name}': not a timm model name nor an existing checkpoint file.{hint}")
+    hint = f"close timm names: {', '.join(close)}" if close else f"timm names such as {', '.join(TIMM_EXAMPLES)}"
+    what = "a timm architecture" if option == "--arch" else f"a timm model name, nor an existing checkpoint file, nor '{SHIPPED}'"
+    raise ValueError(f"unknown {option} '{name}': not {what}; {hint} (timm.list_models('*vit*') lists them)")
 
 
 def _check_fit(model: nn.Module, state: dict[str, torch.Tensor], name: str, arch: str) -> None:
@@ -108,6 +111,14 @@ def _check_fit(model: nn.Module, state: dict[str, torch.Tensor], name: str, arch
     found = [f"{len(keys)} {kind} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})" for kind, keys in problems.items() if keys]
     if found:
         raise ValueError(f"checkpoint {name} does not fit --arch {arch}: tensors {'; '.join(found)}")
+
+
+def _check_folder(name: str, option: str) -> None:
+    """A FileNotFoundError when `name` is written as a path (./x, ../x, /x, ~/x, a/b/c) and nothing is there:
+    such a name is no hub name, so the error names the missing folder rather than the hub."""
+    written_as_path = name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or name.endswith("/")
+    if written_as_path and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"{option} {name}: no such folder (a model folder, or a hub name such as org/model)")
 
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
@@ -159,8 +170,34 @@ def hub_access() -> Iterator[str | None]:
         constants.HF_HUB_OFFLINE = False
 
 
+@lru_cache(maxsize=2)
+def load_text_classifier(name_or_dir: str | None):
+    """A BERT-family classifier and its tokenizer by hub name or folder (None: the shipped sentiment model), loaded
+    once per process. A hub name that is not cached fails at once when the Hub cannot be reached; a path that does
+    not exist is named as such; errors are RuntimeErrors."""
+    from .text.model import load_model
+
+    if name_or_dir is not None:
+        _check_folder(name_or_dir, "--model")
+    try:
+        if name_or_dir is None or Path(name_or_dir).exists():
+            return load_model(name_or_dir)
+        with hub_access() as offline:
+            try:
+                return load_model(name_or_dir)
+            except OSError as error:
+                if offline:
+                    raise OSError(f"could not load '{name_or_dir}': {offline} and it is not in the local cache; "
+                                  "pass a local model folder") from error
+                raise
+    except OSError as error:
+        raise RuntimeError(str(error)) from error
+
+
 SHIPPED_CLIP = "shapes-clip"
 OPEN_CLIP_PREFIX = "open_clip:"
+#: the pretrained tag that asks open_clip for untrained (randomly initialised) weights, explicitly
+UNTRAINED = "random"
 
 
 @dataclass
@@ -176,8 +213,8 @@ class ClipBundle:
 
 
 def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
-    """`name`: "shapes-clip" (shipped, offline), `open_clip:ARCH[:PRETRAINED]` (open_clip's model names; PRETRAINED
-    a tag or a local weights file), or a Hugging Face hub name or local folder of a `CLIPModel` (with its tokenizer
+    """`name`: "shapes-clip" (shipped, offline), `open_clip:ARCH:PRETRAINED` (open_clip's model names; PRETRAINED
+    a tag, a local weights file, or "random" for untrained weights: without it, an error), or a Hugging Face hub name or local folder of a `CLIPModel` (with its tokenizer
     and image processor)."""
     if name == SHIPPED_CLIP:
         from .bench.clip_model import CONTEXT_LENGTH, load_clip
@@ -191,8 +228,14 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
         if arch not in open_clip.list_models():
             close = difflib.get_close_matches(arch, open_clip.list_models(), n=3)
             raise ValueError(f"open_clip has no model '{arch}'" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        if not pretrained:
+            tags = open_clip.list_pretrained_tags_by_model(arch)
+            raise ValueError(
+                f"--model {name} names no weights, and untrained weights explain nothing: add a pretrained tag "
+                f"({OPEN_CLIP_PREFIX}{arch}:TAG; {arch}'s tags: {', '.join(tags[:8]) or 'none'}{', ...' if len(tags) > 8 else ''}), "
+                f"a local weights file, or ':{UNTRAINED}' to explain untrained weights on purpose")
         with hub_access():
-            model = open_clip.create_model(arch, pretrained=pretrained or None).eval()
+            model = open_clip.create_model(arch, pretrained=None if pretrained == UNTRAINED else pretrained).eval()
         tokenizer = open_clip.get_tokenizer(arch)
         decoder = getattr(tokenizer, "decoder", None)
         preprocess = getattr(model.visual, "preprocess_cfg", {}) or {}
@@ -205,6 +248,7 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
             tuple(preprocess.get("std", (0.26862954, 0.26130258, 0.27577711))),
         )
     transformers = require("transformers", extra="text")
+    _check_folder(name, "--model")
     with hub_access() as offline:
         try:
             model = transformers.CLIPModel.from_pretrained(name).eval()

@@ -1,6 +1,7 @@
 """What is explained: a class per input, the predicted class, or a concept given by examples."""
 from __future__ import annotations
 
+import difflib
 import numbers
 from typing import Callable, Sequence, Union
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from .guard import exclusive, ordinary
+from .messages import quoted
 
 
 class Concept:
@@ -59,7 +61,7 @@ class Concept:
 
 
 ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
-Target = Union[None, int, Sequence[int], torch.Tensor, Concept, ScoreFunction]
+Target = Union[None, int, str, Sequence[Union[int, str]], torch.Tensor, Concept, ScoreFunction]
 
 
 def _numbers(value: object) -> torch.Tensor | None:
@@ -74,9 +76,51 @@ def _numbers(value: object) -> torch.Tensor | None:
 
 
 TARGETS_ACCEPTED = (
-    "None (the predicted class), a class index (an int), one index per input (a list of ints, an integer array or "
-    "tensor), a Concept, or a callable taking the logits (B, C) and returning one score per input (B,)"
+    "None (the predicted class), a class index (an int) or class name (a str), one index per input (a list of ints or "
+    "names, an integer array or tensor), a Concept, or a callable taking the logits (B, C) and returning one score per input (B,)"
 )
+#: class names listed in full in an error; longer lists are summarised
+LISTED_CLASSES = 20
+#: the largest class index a tensor holds (int64)
+LARGEST_INDEX = 2**63 - 1
+
+
+def named_classes(target: object, class_names: Callable[[], Sequence[str] | None]) -> object:
+    """`target` with its class names (a str, or str items of a list or tuple) turned into class indices: a name of
+    `class_names()` (case and surrounding spaces ignored; the first of equal names) or a written index ("3"). The
+    command line's `--target` is such a string, so both take the same targets; other targets are returned as given."""
+    items = [target] if isinstance(target, str) else list(target) if isinstance(target, (list, tuple)) else []
+    if not any(isinstance(item, str) for item in items):
+        return target
+    names = class_names()
+    lookup: dict[str, int] = {}
+    for index, name in enumerate(names or []):
+        lookup.setdefault(str(name).strip().lower(), index)
+
+    def index_of(item: object) -> object:
+        if not isinstance(item, str):
+            return item
+        key = item.strip().lower()
+        if key.isdigit():
+            return int(key)
+        if key in lookup:
+            return lookup[key]
+        raise ValueError(unknown_class(item, names))
+
+    indices = [index_of(item) for item in items]
+    return indices[0] if isinstance(target, str) else indices
+
+
+def unknown_class(name: str, names: Sequence[str] | None) -> str:
+    """A one-line error for a class name the model does not have: its classes (or the closest of many)."""
+    shown = quoted(name)
+    if not names:
+        return f"unknown target {shown}: the model names no classes; give a class index"
+    if len(names) <= LISTED_CLASSES:
+        return f"unknown target {shown}: the model's classes are {', '.join(f'{n} ({i})' for i, n in enumerate(names))}"
+    close = difflib.get_close_matches(name.strip().lower(), [str(n).lower() for n in names], n=3)
+    hint = f"; close names: {', '.join(close)}" if close else ""
+    return f"unknown target {shown}: not one of the model's {len(names)} class names{hint}"
 
 
 def is_score_function(target: object) -> bool:
@@ -98,7 +142,7 @@ def _is_index(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _class_indices(target: object) -> torch.Tensor:
+def _class_indices(target: object, num_classes: int) -> torch.Tensor:
     """The target's class indices as a flat long tensor; a TypeError saying what is accepted for anything else."""
     if isinstance(target, (torch.Tensor, np.ndarray)):
         if not _is_integer_array(target):
@@ -106,9 +150,11 @@ def _class_indices(target: object) -> torch.Tensor:
         return torch.as_tensor(target).flatten().long()
     items = list(target) if isinstance(target, (list, tuple)) else [target]
     for position, item in enumerate(items):
+        where = f" at position {position}" if isinstance(target, (list, tuple)) else ""
         if not _is_index(item):
-            where = f" at position {position}" if isinstance(target, (list, tuple)) else ""
-            raise TypeError(f"target must be {TARGETS_ACCEPTED}; got {type(item).__name__} {item!r}{where}")
+            raise TypeError(f"target must be {TARGETS_ACCEPTED}; got {type(item).__name__} {quoted(item)}{where}")
+        if not -LARGEST_INDEX <= int(item) <= LARGEST_INDEX:
+            raise ValueError(f"target {int(item)}{where} is out of range: the model has {num_classes} classes (valid: 0..{num_classes - 1})")
     return torch.tensor([int(item) for item in items], dtype=torch.long)
 
 
@@ -119,7 +165,7 @@ def resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
         return torch.full((batch,), -1, dtype=torch.long, device=logits.device)
     if target is None:
         return logits.argmax(-1)
-    indices = _class_indices(target).to(logits.device)
+    indices = _class_indices(target, num_classes).to(logits.device)
     if indices.numel() == 1:
         indices = indices.expand(batch)
     if indices.numel() != batch:

@@ -59,15 +59,23 @@ def draw_map(axis: plt.Axes, scores: torch.Tensor, signed: bool, picture: torch.
     axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.02)
 
 
+#: panels per row of an overlay figure
+OVERLAY_COLUMNS = 6
+
+
 def overlay_figure(
     maps: torch.Tensor, pictures: torch.Tensor | None, signed: bool, titles: Sequence[str],
     boxes: Sequence[Sequence[float]] | None = None,
 ) -> plt.Figure:
-    """A row of panels: each map upsampled to its picture, drawn over it; `boxes`: a rectangle (x0, y0, x1, y1) in
-    pixels per panel (a detected object)."""
+    """Panels in rows of at most `OVERLAY_COLUMNS` (a bounded width): each map upsampled to its picture, drawn over
+    it; `boxes`: a rectangle (x0, y0, x1, y1) in pixels per panel (a detected object)."""
     count = len(maps)
-    figure, axes = plt.subplots(1, count, figsize=(3.4 * count, 3.2), squeeze=False)
-    for i, axis in enumerate(axes[0]):
+    columns = min(count, OVERLAY_COLUMNS)
+    rows = -(-count // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.2 * rows), squeeze=False)
+    for axis in axes.flat[count:]:
+        axis.set_axis_off()
+    for i, axis in enumerate(axes.flat[:count]):
         draw_map(axis, maps[i], signed, pictures[i] if pictures is not None else None)
         axis.set_title(titles[i], fontsize=9)
         if boxes is not None:

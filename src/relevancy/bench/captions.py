@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..messages import quoted
 from .scenes import CLASSES, IMAGE_SIZE, PAIR_SCALE, SINGLE_SCALE, Scenes
 
 __all__ = [
@@ -374,8 +375,9 @@ class Tokenizer:
         toks = text.replace(",", " ").replace(".", " ").split()
         unknown = [t for t in toks if t.lower() not in self._lower]
         if unknown:
-            raise ValueError(f"unknown words {unknown} in {text!r}; "
-                             f"the vocabulary is {list(self.vocab[1:-2])}")
+            distinct = list(dict.fromkeys(unknown))
+            named = ", ".join(quoted(w, 30) for w in distinct[:5]) + (f" and {len(distinct) - 5} more" if len(distinct) > 5 else "")
+            raise ValueError(f"unknown words {named} in {quoted(text)}; the vocabulary is {', '.join(self.vocab[1:-2])}")
         return [self.vocab[self._lower[t.lower()]] for t in toks]
 
     def encode(self, texts: str | list[str], context_length: int = 16) -> dict[str, torch.Tensor]:
@@ -386,7 +388,7 @@ class Tokenizer:
         for b, t in enumerate(texts):
             seq = [self.start_id] + [self.ids[w] for w in self.words(t)] + [self.end_id]
             if len(seq) > context_length:
-                raise ValueError(f"{t!r} needs {len(seq)} tokens, context_length is {context_length}")
+                raise ValueError(f"{quoted(t)} needs {len(seq)} tokens, context_length is {context_length}")
             ids[b, :len(seq)] = torch.tensor(seq)
         return {"input_ids": ids, "attention_mask": (ids != self.pad_id).long()}
 

@@ -29,6 +29,8 @@ __all__ = [
     "build_detector",
     "load_detector",
     "detector_inputs",
+    "is_shapes_detector",
+    "picture_inputs",
     "evaluate_detector",
 ]
 
@@ -142,6 +144,26 @@ def make_detection_scenes(n: int, seed: int, clutter=1.0) -> DetectionScenes:
 def detector_inputs(images: torch.Tensor) -> dict[str, torch.Tensor]:
     """The forward's inputs for whole (unpadded) images."""
     return {"pixel_values": images, "pixel_mask": torch.ones(images.shape[0], *images.shape[-2:], dtype=torch.long)}
+
+
+def picture_inputs(pictures: list) -> dict[str, torch.Tensor]:
+    """RGB pictures (PIL) as the shapes detector takes them: resized to the world's size where they differ
+    (bilinear), normalised as the world's scenes; a saved scene gives exactly the tensors it was made from."""
+    from PIL import Image
+
+    from .scenes import normalize
+
+    side = (IMAGE_SIZE, IMAGE_SIZE)
+    pixels = np.stack([np.asarray(p if p.size == side else p.resize(side, Image.Resampling.BILINEAR)) for p in pictures])
+    return detector_inputs(normalize(pixels))
+
+
+def is_shapes_detector(config) -> bool:
+    """Whether a `DetrConfig` is the shapes detector's (its classes, width and query count), e.g. the shipped
+    detector saved with `save_pretrained`: such a folder has no image-processor config of its own."""
+    names = [(config.id2label or {}).get(i) for i in range(len(config.id2label or {}))]
+    return (names == list(CLASSES) and config.d_model == DETECTOR_CONFIG["d_model"]
+            and config.num_queries == DETECTOR_CONFIG["num_queries"])
 
 
 def build_detector():

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from .captions import Tokenizer
-from .vqa import ANSWERS, MAX_LENGTH, VqaBatch, make_questions, question_tokenizer
+from .scenes import CLASSES
+from .vqa import ANSWERS, COLORS, MAX_LENGTH, VqaBatch, make_questions, question_tokenizer
 
-__all__ = ["ask", "explain_questions", "file_stem", "question_row", "question_words", "render_question", "save_questions"]
+__all__ = ["absent_objects", "ask", "explain_questions", "file_stem", "question_row", "question_words", "render_question", "save_questions"]
 
 
 def question_words(batch: VqaBatch, tokenizer: Tokenizer | None = None) -> list[list[str]]:
@@ -154,3 +155,27 @@ def ask(questions: Sequence[str], scene: int, tokenizer: Tokenizer | None = None
         n_objects=rep(base.n_objects), pixels=rep(base.pixels), masks=rep(base.masks),
         attributes={k: rep(v) for k, v in base.attributes.items()}, seed=scene,
     )
+
+
+def absent_objects(batch: VqaBatch) -> list[str | None]:
+    """Per question, the object it asks about that its scene does not hold ("a star", "a red object"), else None.
+    Such a question has no right answer (the model answers anyway); existence and count questions ("is there",
+    "how many") are answerable either way and are never named."""
+    found: list[str | None] = []
+    for i, question in enumerate(batch.questions):
+        words = question.split()
+        objects = range(int(batch.n_objects[i]))
+        present = {(CLASSES[int(batch.attributes["shape"][i, j])], COLORS[int(batch.attributes["color"][i, j])]) for j in objects}
+        shapes = [w for w in words if w in CLASSES]
+        colours = [w for w in words if w in COLORS]
+        missing = None
+        if question.startswith(("is there", "how many")):
+            pass
+        elif shapes and (absent := [s for s in shapes if all(s != shape for shape, _ in present)]):
+            missing = f"a {absent[0]}"
+        elif colours and not shapes and all(colours[0] != colour for _, colour in present):
+            missing = f"a {colours[0]} object"
+        elif colours and shapes and (shapes[-1], colours[0]) not in present:
+            missing = f"a {colours[0]} {shapes[-1]}"
+        found.append(missing)
+    return found

@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
 from .. import __version__
 from ..extras import MissingExtraError
-from .common import DEFAULT_OUT, METHOD_NAMES, UsageError
+from ..pictures import MAX_IMAGE_PIXELS
+from .common import DEFAULT_OUT, METHOD_NAMES, UsageError, read_image, warn
 from .images import run_demo, run_explain
-from .pictures import MAX_IMAGE_PIXELS, read_image
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:
     """A handler imported when its command runs: its module may import torch and the model libraries."""
@@ -41,12 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                                              f"EXIF orientation is applied; animations use frame 1; at most {MAX_IMAGE_PIXELS:,} pixels)")
     p.add_argument("--model", default=None, help="timm model name (hub weights), local checkpoint (.pth/.pt/.bin/.safetensors, with --arch), "
                                              "or 'shapes' (the shipped model, default). With --text: 'shapes-clip' (the shipped CLIP, default), "
-                                             "'open_clip:ARCH[:PRETRAINED]', or a Hugging Face CLIP hub name or folder")
+                                             "'open_clip:ARCH:PRETRAINED' (a tag, a weights file, or 'random' for untrained weights), "
+                                             "or a Hugging Face CLIP hub name or folder")
     p.add_argument("--text", action="append", default=None, metavar="TEXT",
                    help="a caption to explain each image against (repeat for several); switches to a CLIP model")
     p.add_argument("--arch", help="timm architecture of a local checkpoint")
     p.add_argument("--method", default="transformer_attribution", help=f"{methods}, or 'all' (side by side)")
-    p.add_argument("--target", type=int, default=None, help="class index to explain (default: the predicted class)")
+    p.add_argument("--target", default=None, help="class to explain: an index or a class name, e.g. 'star' (default: the predicted class)")
     p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT}; with --json, PNGs are written only when --out is given)")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: per image and method the target, "
                                                        "its class name and logit, and the score grid (rows of columns)")
@@ -75,10 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                                         "probability above --threshold): per image a PNG with one panel per object (map, "
                                         "box, class) and, with --json, the boxes and score grids on stdout.")
     p.add_argument("images", nargs="+", help="image files")
-    p.add_argument("--model", required=True, help="local folder of a transformers DetrForObjectDetection (save_pretrained)")
+    p.add_argument("--model", required=True, help="local folder of a transformers DetrForObjectDetection (save_pretrained); "
+                                                   "pictures are preprocessed by its preprocessor_config.json, else as the "
+                                                   "shapes detector where it is one, else as COCO DETR")
     p.add_argument("--method", default="generic_attention", help=f"{methods} (default generic_attention)")
     p.add_argument("--threshold", type=float, default=0.5, help="detection probability threshold (default 0.5, the authors')")
-    p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT})")
+    p.add_argument("--max-objects", type=int, default=10, help="explain at most this many objects per image, the most "
+                                                               "probable (default 10, at most 30)")
+    p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT}; with --json, PNGs are written only when --out is given)")
     p.add_argument("--json", action="store_true", help="print per image the objects, boxes and score grids as JSON")
     p.set_defaults(handler=_lazy("relevancy.cli.detections", "run_explain_detections"))
 
@@ -196,12 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the longest error message printed (a library may quote a whole input); longer ones are cut
+MAX_ERROR_CHARS = 1_000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        written = args.handler(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *_: warn(args.command, " ".join(str(message).split()))
+            written = args.handler(args)
     except (UsageError, ValueError, TypeError, OSError, RuntimeError, MissingExtraError) as error:
         message = " ".join(str(error).split())  # one line, whatever the library wrote
+        if len(message) > MAX_ERROR_CHARS:
+            message = f"{message[: MAX_ERROR_CHARS - 20]}... ({len(message):,} characters)"
         print(f"relevancy {args.command}: error: {message}", file=sys.stderr)
         return 2
     stream = sys.stderr if getattr(args, "json", False) else sys.stdout  # stdout carries the JSON

@@ -6,14 +6,23 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..files import strict_json
+from ..messages import quoted
 
 if TYPE_CHECKING:
+    from PIL import Image
+
     from ..explanation import Explanation
 
 #: the built-in methods (`relevancy.METHODS`), named here so that the help loads no torch; a test keeps them equal
 METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
                 "partial_lrp", "lrp", "cdam", "token_ablation")
 DEFAULT_OUT = "relevancy-out"
+#: the most input files one command explains (each is a PNG and part of one batch in memory)
+MAX_FILES = 100
+#: the most texts (explain-text) or questions (explain-question) one command explains
+MAX_TEXTS = 100
+#: the longest text explain-text reads, characters (longer texts are truncated to the model's tokens anyway)
+MAX_TEXT_CHARS = 100_000
 
 
 class UsageError(Exception):
@@ -29,6 +38,33 @@ def at_least(option: str, value: int | None, minimum: int, why: str = "") -> Non
     """A UsageError unless `value` (None: not given) is at least `minimum`."""
     if value is not None and value < minimum:
         raise UsageError(f"{option} must be at least {minimum}{why}, got {value}")
+
+
+def check_inputs(kind: str, items: list[str], most: int, longest: int | None = None) -> None:
+    """A UsageError unless there are at most `most` `kind` (e.g. "images"), each non-empty with at most `longest`
+    characters where given."""
+    if len(items) > most:
+        raise UsageError(f"{len(items):,} {kind} given; the limit is {most:,} per run (split them over several runs)")
+    for i, item in enumerate(items):
+        if longest is not None and len(item) > longest:
+            raise UsageError(f"{kind[:-1]} {i} has {len(item):,} characters; the limit is {longest:,}")
+
+
+def at_most(option: str, value: int | float | None, minimum: int | float, maximum: int | float, why: str = "") -> None:
+    """A UsageError naming the range unless `value` (None: not given) lies in [`minimum`, `maximum`]."""
+    if value is not None and not minimum <= value <= maximum:
+        raise UsageError(f"{option} must be between {minimum:,} and {maximum:,}{why}, got {value:,}")
+
+
+def class_target(target: str | None) -> str | None:
+    """`--target` as `explain()` takes it (a class index or name, as written); a UsageError for a negative index
+    or an empty name."""
+    if target is None:
+        return None
+    text = target.strip()
+    if not text or (text.startswith("-") and text[1:].isdigit()):
+        raise UsageError(f"--target must be a class index (0 or more) or a class name, got {quoted(target)}")
+    return text
 
 
 def print_json(value: Any) -> None:
@@ -50,6 +86,13 @@ def explanation_numbers(explanation: Explanation, index: int) -> dict[str, Any]:
 
 
 # -- images ---------------------------------------------------------------------------------------------------
+def read_image(path: str, command: str = "explain") -> Image.Image:
+    """An image file as an 8-bit RGB picture (`relevancy.pictures.read_image`), its warnings as `command`'s."""
+    from ..pictures import read_image as read
+
+    return read(path, lambda message: warn(command, message))
+
+
 def resolve_methods(method: str) -> list[str]:
     """`all` or one method name, checked against the registry (a UsageError with the closest name)."""
     from .. import METHODS

@@ -36,6 +36,10 @@ MAX_VQA_QUESTIONS = 10_000
 #: shapes-vqa's --seed S asks about the scenes of make_questions seed VQA_TEST_SEED + 3 S (scene seeds +3S .. +3S+2),
 #: below the LXMERT's validation seed VQA_TEST_SEED + 10_000
 MAX_VQA_SEED = 999
+#: the most images explained together (memory grows with it), torch threads and data-loading worker processes
+MAX_BATCH_SIZE = 1_024
+MAX_THREADS = 1_024
+MAX_WORKERS = 64
 #: the ``units`` field of the eraser benchmark's results.json
 RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as ERASER reports them; seconds_per_text: seconds"
 
@@ -80,14 +84,14 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         raise _usage_error(f"--n must be at least 1, got {n}")
     if benchmark == "shapes" and n is not None and n > MAX_SCENES:
         raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes benchmark, got {n}")
-    if args.batch_size < 1:
-        raise _usage_error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise _usage_error(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,}, got {args.batch_size:,}")
     if args.seed < 0:
         raise _usage_error(f"--seed must be non-negative, got {args.seed}")
-    if args.threads is not None and args.threads < 1:
-        raise _usage_error(f"--threads must be at least 1, got {args.threads}")
-    if args.workers < 0:
-        raise _usage_error(f"--workers must be non-negative, got {args.workers}")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise _usage_error(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads:,}")
+    if not 0 <= args.workers <= MAX_WORKERS:
+        raise _usage_error(f"--workers must be between 0 and {MAX_WORKERS}, got {args.workers:,}")
     threshold = getattr(args, "threshold", None)
     if threshold is not None and benchmark != "shapes-detection":
         raise _usage_error("--threshold is used only with --benchmark shapes-detection")
@@ -390,10 +394,10 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
 
     from ..files import write_atomic
     from ..metrics.rationales import load_eraser
-    from .text import load_classifier
+    from ..models import load_text_classifier
     from ..text.rationales import RationaleSet, token_f1
 
-    model, tokenizer = load_classifier(None if args.model == "shapes" else args.model)
+    model, tokenizer = load_text_classifier(None if args.model == "shapes" else args.model)
     annotations, documents = load_eraser(args.data, args.split)
     data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]

@@ -5,19 +5,24 @@ import argparse
 from pathlib import Path
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, UsageError, at_least, explanation_numbers, print_json, resolve_methods, warn
-from .pictures import preprocess, read_image
+from ..pictures import preprocess
+from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_least, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
+
+
+#: the most scenes of each kind the demo explains (each is a row of PNGs on one page)
+MAX_DEMO_SCENES = 100
 
 
 def run_explain(args: argparse.Namespace) -> list[Path]:
     """`relevancy explain`: checks, then one PNG per image (methods side by side) and/or the numbers as JSON;
     with `--text`, image-text pairs of a CLIP model (`cli.pairs`)."""
+    check_inputs("images", args.images, MAX_FILES)
     if args.text:
         from .pairs import run_explain_pairs
 
         return run_explain_pairs(args, [read_image(path) for path in args.images])
     methods = resolve_methods(args.method)
-    at_least("--target", args.target, 0)
+    target = class_target(args.target)
     out = None if args.out is None and args.json else Path(args.out or DEFAULT_OUT)
     names = [f"{stem}_{args.method}.png" for stem in distinct_stems(args.images)]
     if out is not None:
@@ -31,7 +36,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     if (args.model or models.SHIPPED) == models.SHIPPED:
         _warn_unless_scenes(args.images, pictures)
     images = preprocess(pictures, model)
-    results = {m: explain(model, images, method=m, target=args.target) for m in methods}
+    results = {m: explain(model, images, method=m, target=target) for m in methods}
     if args.json:
         print_json({"model": args.model or models.SHIPPED, "method": args.method, "images": [
             {"file": path, "methods": {m: explanation_numbers(r, i) for m, r in results.items()}}
@@ -77,8 +82,8 @@ def run_demo(args: argparse.Namespace) -> list[Path]:
     from ..bench import demo
 
     methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip())]
-    at_least("--singles", args.singles, 0)
-    at_least("--pairs", args.pairs, 0)
+    at_most("--singles", args.singles, 0, MAX_DEMO_SCENES)
+    at_most("--pairs", args.pairs, 0, MAX_DEMO_SCENES)
     if args.singles + args.pairs == 0:
         raise UsageError("--singles and --pairs are both 0: there is no scene to explain")
     check_folder(args.out, ["index.html"])

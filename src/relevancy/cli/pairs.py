@@ -6,11 +6,17 @@ from pathlib import Path
 from typing import Any
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, UsageError, print_json, resolve_methods
+from .common import DEFAULT_OUT, UsageError, check_inputs, print_json, resolve_methods
 
 #: methods that explain an image-text pair (full LRP to the pixels is not defined for CLIP)
 PAIR_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
                 "partial_lrp", "cdam", "token_ablation")
+
+
+#: the most captions per run (each is a row of every image's PNG), their longest, and the most image-text pairs
+MAX_CAPTIONS = 16
+MAX_CAPTION_CHARS = 1_000
+MAX_PAIRS = 256
 
 
 def pair_numbers(explanation, index: int) -> dict[str, Any]:
@@ -37,6 +43,10 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
         raise UsageError("--target picks a class; with --text the explained score is each image-text pair's logit")
     if any(not text.strip() for text in args.text):
         raise UsageError("--text is empty: give a caption to explain, e.g. --text 'a red star'")
+    check_inputs("--text captions", args.text, MAX_CAPTIONS, MAX_CAPTION_CHARS)
+    if len(pictures) * len(args.text) > MAX_PAIRS:
+        raise UsageError(f"{len(pictures)} images x {len(args.text)} texts = {len(pictures) * len(args.text):,} pairs; "
+                         f"the limit is {MAX_PAIRS} pairs per run")
     out = None if args.out is None and args.json else Path(args.out or DEFAULT_OUT)
     stems = [f"{stem}_{args.method}" for stem in distinct_stems(args.images)]
     if out is not None:
@@ -49,7 +59,7 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     from ..families.clip.towers import towers_of
     from ..files import write_atomic
     from ..viz import method_grid, save_figure
-    from .pictures import normalised
+    from ..pictures import normalised
 
     bundle = models.load_clip_model(args.model or models.SHIPPED_CLIP)
     try:

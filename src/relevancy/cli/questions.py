@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ..files import check_folder
-from .common import DEFAULT_OUT, UsageError, print_json, resolve_methods
+from .common import DEFAULT_OUT, UsageError, check_inputs, print_json, resolve_methods, warn
 
 #: questions of the world per call, and the largest --scene seed
 MAX_QUESTIONS = 1000
+#: the longest question, characters (the world's questions have at most 10 words)
+MAX_QUESTION_CHARS = 200
 MAX_SCENE = 2**31 - 3
 MAX_SEED = 999
 DEFAULT_QUESTIONS = 4
@@ -53,6 +55,7 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[str] | None, Path 
             raise UsageError(f"--scene must be in 0..{MAX_SCENE}, got {args.scene}")
         from ..bench.vqa import MAX_LENGTH, question_tokenizer
 
+        check_inputs("questions", args.question, MAX_QUESTIONS, MAX_QUESTION_CHARS)
         questions = [" ".join(q.replace("?", " ").split()) for q in args.question]
         if any(not q for q in questions):
             raise UsageError("--question is empty: give a question, e.g. --question 'what color is the star'")
@@ -99,12 +102,23 @@ def _numbers(explanations: dict[str, Any], batch, index: int, words: list[str]) 
     return entry
 
 
+def _holds(batch) -> str:
+    """What the scene of `batch` holds, e.g. "a blue heart, an orange square and a blue triangle"."""
+    from ..bench.scenes import CLASSES
+    from ..bench.vqa import COLORS
+
+    names = [f"{COLORS[int(c)]} {CLASSES[int(s)]}" for s, c in
+             zip(batch.attributes["shape"][0, : int(batch.n_objects[0])], batch.attributes["color"][0, : int(batch.n_objects[0])])]
+    names = [("an " if name[0] in "aeiou" else "a ") + name for name in names]
+    return "it holds " + (", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0])
+
+
 def run_explain_question(args: argparse.Namespace) -> list[Path]:
     methods, questions, out, weights = _check(args)
 
     from ..bench.vqa import ANSWERS, make_questions
     from ..bench.vqa_model import VQA_TEST_SEED, load_vqa_lxmert
-    from ..bench.vqa_show import ask, explain_questions, file_stem, question_words, save_questions
+    from ..bench.vqa_show import absent_objects, ask, explain_questions, file_stem, question_words, save_questions
     from ..evaluation.shapes_vqa import supported_methods
 
     try:
@@ -115,7 +129,12 @@ def run_explain_question(args: argparse.Namespace) -> list[Path]:
         n = DEFAULT_QUESTIONS if args.n is None else args.n
         batch = make_questions(n, VQA_TEST_SEED + 3 * args.seed)
     else:
-        batch = ask(questions, 0 if args.scene is None else args.scene, tokenizer)
+        scene = 0 if args.scene is None else args.scene
+        batch = ask(questions, scene, tokenizer)
+        for question, missing in zip(batch.questions, absent_objects(batch)):
+            if missing is not None:
+                warn("explain-question", f"'{question}' asks about {missing}, which scene {scene} does not hold "
+                                         f"({_holds(batch)}): the answer is a guess")
     supported = supported_methods(model, batch)  # every registered method that explains LXMERT
     if args.method == "all":
         methods = list(supported)

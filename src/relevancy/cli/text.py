@@ -9,39 +9,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import lru_cache
 from pathlib import Path
 
-from .common import UsageError, at_least, explanation_numbers, print_json, resolve_methods
+from .common import MAX_TEXT_CHARS, MAX_TEXTS, UsageError, at_least, check_inputs, class_target, explanation_numbers, print_json, resolve_methods
 from ..files import check_file
 
 #: the shortest --max-length: [CLS], one token of text and [SEP]
 MIN_LENGTH = 3
 
 
-def resolve_target(target: str | int | None, model) -> int | None:
-    """An index from an index or a label name of `model.config`; a ValueError listing the classes otherwise."""
-    if target is None or isinstance(target, int):
-        return target
-    text = str(target).strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    config = getattr(model, "config", None)
-    label2id = {str(k).lower(): int(v) for k, v in (getattr(config, "label2id", None) or {}).items()}
-    if text.lower() in label2id:
-        return label2id[text.lower()]
-    id2label = getattr(config, "id2label", None) or {}
-    classes = ", ".join(f"{name} ({i})" for i, name in sorted((int(i), n) for i, n in id2label.items()))
-    raise ValueError(f"unknown target '{text}': the model's classes are {classes}")
-
-
 def _check(args: argparse.Namespace) -> list[str]:
     """The methods to run; a UsageError for anything wrong with the request that needs no model."""
     methods = resolve_methods(args.method)
     at_least("--max-length", args.max_length, MIN_LENGTH, " ([CLS], a token and [SEP])")
-    target = str(args.target or "").strip()
-    if target.startswith("-") and target[1:].isdigit():
-        raise UsageError(f"--target must be a class index (0 or more) or a label name, got {target}")
+    class_target(args.target)
+    check_inputs("texts", args.texts, MAX_TEXTS, MAX_TEXT_CHARS)
     for i, text in enumerate(args.texts):
         if not text.strip():
             raise UsageError(f"text {i} is empty: there is nothing to explain")
@@ -56,11 +38,12 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     """Explain `args.texts`; returns the files written (the HTML page when `--out` is given)."""
     from ..api import explain
     from ..explanation import TextExplanation
+    from ..models import load_text_classifier
     from ..text.model import encode
 
     methods = _check(args)
-    model, tokenizer = load_classifier(None if args.model is None else str(args.model))
-    target = resolve_target(args.target, model)
+    model, tokenizer = load_text_classifier(None if args.model is None else str(args.model))
+    target = class_target(args.target)
     batch = encode(tokenizer, args.texts, max_length=args.max_length, model=model)
     results: list[TextExplanation] = []
     for method in methods:
@@ -101,28 +84,6 @@ def print_columns(result, by_word: bool = True) -> None:
         for unit, score in units:
             print(f"{unit}\t{score:.6g}")
         print()
-
-
-@lru_cache(maxsize=2)
-def load_classifier(name_or_dir: str | None):
-    """The model and tokenizer, loaded once per process (the handler may run several times, e.g. in tests).
-    A hub name that is not cached fails at once when the Hub cannot be reached; errors are RuntimeErrors."""
-    from ..models import hub_access
-    from ..text.model import load_model
-
-    try:
-        if name_or_dir is None or Path(name_or_dir).exists():
-            return load_model(name_or_dir)
-        with hub_access() as offline:
-            try:
-                return load_model(name_or_dir)
-            except OSError as error:
-                if offline:
-                    raise OSError(f"could not load '{name_or_dir}': {offline} and it is not in the local cache; "
-                                  "pass a local model folder") from error
-                raise
-    except OSError as error:
-        raise RuntimeError(str(error)) from error
 
 
 def save_all(results: list, path: Path, by_word: bool = True) -> Path:

@@ -3,14 +3,20 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch
 
 from ..families.base import Adapter, UnsupportedModelError
+from ..messages import quoted
 from ..streams import streams_attend_to_each_other
 from ..targets import Target
+
+
+#: the types an option's annotation names, as the values it takes (others, e.g. StartLayer, are the method's to check)
+OPTION_TYPES = {"bool": (bool,), "int": (numbers.Integral,), "str": (str,), "float": (numbers.Real,), "None": (type(None),)}
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,23 @@ class Method:
         return list(inspect.signature(self.run).parameters)[3:]
 
     def check_options(self, options: Mapping[str, object]) -> None:
-        """An error naming the valid options (and the closest one) for an option name `run` does not take."""
-        valid = self.option_names()
-        for name in options:
-            if name not in valid:
-                close = difflib.get_close_matches(name, valid, n=1)
+        """An error naming the valid options (and the closest one) for an option name `run` does not take, and one
+        naming the type for a value of another type than the option's annotation (`bool | None`, `int`, `str`, ...;
+        `True` is no int here). Literal choices and other types are the method's to check."""
+        parameters = {p.name: p for p in list(inspect.signature(self.run).parameters.values())[3:]}
+        for name, value in options.items():
+            if name not in parameters:
+                close = difflib.get_close_matches(name, list(parameters), n=1)
                 hint = f" Did you mean '{close[0]}'?" if close else ""
-                raise TypeError(f"method '{self.name}' has no option '{name}'.{hint} Its options: {', '.join(valid) or 'none'}")
+                raise TypeError(
+                    f"method '{self.name}' has no option {quoted(name)}.{hint} Its options: {', '.join(parameters) or 'none'}")
+            names = [part.strip() for part in str(parameters[name].annotation).split("|")]
+            if not all(part in OPTION_TYPES for part in names):
+                continue
+            accepted = tuple(t for part in names for t in OPTION_TYPES[part])
+            if not isinstance(value, accepted) or (isinstance(value, bool) and bool not in accepted):
+                raise ValueError(
+                    f"option {name} of method '{self.name}' must be {' or '.join(names)}, got {type(value).__name__} {quoted(value)}")
 
 
 from . import across  # noqa: E402

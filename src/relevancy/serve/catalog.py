@@ -53,7 +53,7 @@ class PairModel:
     bundle: object
 
     def prepare(self, pictures: Sequence[Image.Image]) -> torch.Tensor:
-        from ..cli.pictures import normalised
+        from ..pictures import normalised
 
         return normalised(pictures, self.bundle.image_size, self.bundle.mean, self.bundle.std)
 
@@ -71,7 +71,7 @@ class Catalog:
 def _image_model(name: str) -> ImageModel:
     """`shapes`, `photo` or any name `relevancy.models.load_image_model` takes (a timm name: hub weights)."""
     from .. import models
-    from ..cli.pictures import preprocess
+    from ..pictures import preprocess
     from ..families import adapter_for
 
     from ..methods import REGISTRY
@@ -129,9 +129,9 @@ def _text_model(name: str | None, notes: list[str]) -> TextModel | None:
     if name == NONE:
         return None
     try:
-        from ..cli.text import load_classifier
+        from ..models import load_text_classifier
 
-        model, tokenizer = load_classifier(name)
+        model, tokenizer = load_text_classifier(name)
     except (MissingExtraError, ImportError) as error:
         if name is not None:
             raise

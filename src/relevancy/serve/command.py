@@ -11,9 +11,17 @@ import socket
 from pathlib import Path
 
 from ..extras import require
-from ..cli.common import UsageError, warn
+from ..cli.common import UsageError, at_most, warn
+from ..pictures import MAX_IMAGE_PIXELS
 
 MIB = 2**20
+#: each number option's range: option, argument name, lowest, highest
+RANGES = (
+    ("--max-running", "max_running", 1, 64), ("--max-waiting", "max_waiting", 0, 1_024),
+    ("--time-limit", "time_limit", 0.1, 3_600), ("--max-image-mb", "max_image_mb", 0.01, 256),
+    ("--max-body-mb", "max_body_mb", 0.01, 1_024), ("--max-pixels", "max_pixels", 1, MAX_IMAGE_PIXELS),
+    ("--max-text-chars", "max_text_chars", 1, 100_000), ("--threads", "threads", 1, 1_024),
+)
 
 
 def open_socket(host: str, port: int) -> socket.socket:
@@ -48,6 +56,8 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
     require("fastapi_offline", extra="serve")
     from . import Limits, create_app, load_catalog, make_samples
 
+    for option, name, lowest, highest in RANGES:
+        at_most(option, getattr(args, name), lowest, highest)
     try:
         limits = Limits(max_body_bytes=int(args.max_body_mb * MIB), max_image_bytes=int(args.max_image_mb * MIB),
                         max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_running=args.max_running,
@@ -55,8 +65,6 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
     except ValueError as error:
         raise UsageError(str(error).replace("max_", "--max-").replace("time_limit_s", "--time-limit")) from None
     if args.threads is not None:
-        if args.threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)

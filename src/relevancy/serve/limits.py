@@ -93,8 +93,7 @@ def open_image(raw: bytes, limits: Limits, what: str, draft: int | None = None) 
     """An 8-bit RGB picture from an upload's bytes: its format sniffed among `FORMATS`, its size checked from the
     header before any pixel is decoded, EXIF orientation applied, the first frame of an animation. `draft`: a
     JPEG may be decoded at a reduced scale that keeps both sides at least this size (faster, less memory)."""
-    from ..cli.common import UsageError
-    from ..cli.pictures import _rgb
+    from ..pictures import PictureError, to_rgb
 
     accepted = ", ".join(FORMATS)
     try:
@@ -107,12 +106,12 @@ def open_image(raw: bytes, limits: Limits, what: str, draft: int | None = None) 
                 if draft is not None and image.format == "JPEG":
                     image.draft("RGB", (draft, draft))
                 image.load()
-                return _rgb(ImageOps.exif_transpose(image), what)
+                return to_rgb(ImageOps.exif_transpose(image), what)
     except Image.DecompressionBombError:
         raise RequestError(413, f"{what} is a decompression bomb: its header claims more pixels than the limit of {limits.max_pixels:,}") from None
     except UnidentifiedImageError:
         raise RequestError(415, f"{what} is not an image in an accepted format (the content is read, not a file name): {accepted}") from None
-    except UsageError as error:
+    except PictureError as error:
         raise RequestError(400, str(error)) from None
     except (OSError, SyntaxError, ValueError, EOFError) as error:
         raise RequestError(400, f"{what} could not be decoded ({error}); it may be truncated or damaged") from None

@@ -1,11 +1,12 @@
-"""Image files in, model-ready batches out: reading (EXIF, modes, size limits) and each model kind's preprocessing."""
+"""Image files in, model-ready batches out: reading (EXIF, modes, size limits) and each model kind's preprocessing.
+
+Below both the command line (`cli/`) and the web server (`serve/`), which read pictures the same way.
+"""
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
-
-from .common import UsageError, warn
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -14,34 +15,42 @@ if TYPE_CHECKING:
 
 #: larger images are refused (PIL warns above 89 Mpixel and refuses above 179 Mpixel)
 MAX_IMAGE_PIXELS = 100_000_000
-def read_image(path: str) -> Image.Image:
+
+
+class PictureError(ValueError):
+    """A picture that cannot be read or used (one line, naming the file and the problem)."""
+
+
+def read_image(path: str, warn: Callable[[str], None] | None = None) -> Image.Image:
     """An image file as an 8-bit RGB picture, as it is meant to be seen: EXIF orientation applied, 16-bit and
-    float pixels scaled by their range (not clipped), the first frame of an animation (with a warning)."""
+    float pixels scaled by their range (not clipped), the first frame of an animation (said through `warn`)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     file = Path(path)
     if file.is_dir():
-        raise UsageError(f"image {path} is a folder, not an image file")
+        raise PictureError(f"image {path} is a folder, not an image file")
     if not file.is_file():
-        raise UsageError(f"image {path} does not exist")
+        raise PictureError(f"image {path} does not exist")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own, lower limit applies
             with Image.open(file) as image:
                 if image.width * image.height > MAX_IMAGE_PIXELS:
-                    raise UsageError(f"image {path} is too large: {image.width}x{image.height} pixels, the limit is {MAX_IMAGE_PIXELS:,}")
+                    raise PictureError(f"image {path} is too large: {image.width}x{image.height} pixels, the limit is {MAX_IMAGE_PIXELS:,}")
                 frames = getattr(image, "n_frames", 1)
-                if frames > 1:
-                    warn("explain", f"{path} is animated: uses frame 1 of {frames}")
-                return _rgb(ImageOps.exif_transpose(image), path)
+                if frames > 1 and warn is not None:
+                    warn(f"{path} is animated: uses frame 1 of {frames}")
+                return to_rgb(ImageOps.exif_transpose(image), path)
+    except PictureError:
+        raise
     except Image.DecompressionBombError:
-        raise UsageError(f"image {path} is too large: more than {MAX_IMAGE_PIXELS:,} pixels") from None
+        raise PictureError(f"image {path} is too large: more than {MAX_IMAGE_PIXELS:,} pixels") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
-        raise UsageError(f"{path} is not a readable image ({error})") from error
+        raise PictureError(f"{path} is not a readable image ({error})") from error
 
 
-def _rgb(image: Image.Image, path: str) -> Image.Image:
-    """8-bit RGB. 16-bit pixels are scaled by 65535; 32-bit integers by 65535 when they fit 16 bits, else by
+def to_rgb(image: Image.Image, what: str) -> Image.Image:
+    """`image` as 8-bit RGB (`what` names it in errors). 16-bit pixels are scaled by 65535; 32-bit integers by 65535 when they fit 16 bits, else by
     their range; float pixels are kept within [0, 1] and scaled by their range otherwise."""
     from PIL import Image
 
@@ -51,7 +60,7 @@ def _rgb(image: Image.Image, path: str) -> Image.Image:
 
     values = np.asarray(image, dtype=np.float64)
     if not np.isfinite(values).all():
-        raise UsageError(f"image {path} has NaN or infinite pixels")
+        raise PictureError(f"image {what} has NaN or infinite pixels")
     low, high = float(values.min()), float(values.max())
     if image.mode.startswith("I;16") or (image.mode == "I" and low >= 0 and high <= 65535):
         values = values / 65535
