@@ -43,7 +43,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": text, "content": {"application/json": {"example": {"error": "one line saying what is wrong"}}}}
     for code, text in {400: "a bad request (unknown method or model, target out of range, empty text, ...)",
                        413: "too large (body, image bytes or pixels, text)", 415: "not an accepted image format",
-                       422: "the JSON does not match the schema", 503: "busy: try again (Retry-After)",
+                       422: "the JSON does not match the schema",
+                       408: "the request body did not arrive in time", 429: "too many requests from this client at once", 503: "busy: try again (Retry-After)",
                        504: "the explanation took longer than the time limit"}.items()
 }
 
@@ -152,8 +153,8 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     async def explain_pairs(request: PairRequest) -> dict[str, Any]:
         return await answer(lambda: check_pairs(request, catalog, samples, limits))
 
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
-    app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS)  # outermost: a turned-away body is never read
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS, per_client=limits.max_per_client)  # outermost: a turned-away body is never read
     return app
 
 
