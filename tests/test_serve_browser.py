@@ -100,3 +100,19 @@ def test_a_file_that_is_not_an_image_shows_the_servers_error(browser, url, tmp_p
     wait.until(lambda d: "error" in d.find_element(By.ID, "image-status").get_attribute("class"))
     assert "not an image in an accepted format" in browser.find_element(By.ID, "image-status").text
     assert browser.find_elements(By.CSS_SELECTOR, "#image-results .card") == []
+
+
+def test_nothing_hidden_shows_and_no_image_shows_before_one_is_chosen(browser, url):
+    """`hidden` wins over every display rule (a flex figure once showed a broken-image icon in both image tabs)."""
+    wait = WebDriverWait(browser, 60)
+    browser.get(url)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    shown_while_hidden = "return [...document.querySelectorAll('[hidden]')].filter(e => getComputedStyle(e).display !== 'none').map(e => e.id || e.tagName)"
+    display = "return getComputedStyle(document.getElementById(arguments[0])).display"
+    assert browser.execute_script(shown_while_hidden) == []
+    assert browser.execute_script(display, "image-chosen") == browser.execute_script(display, "pairs-chosen") == "none"
+    browser.find_element(By.CSS_SELECTOR, "#image-samples .sample").click()
+    wait.until(lambda d: d.execute_script(display, "image-chosen") != "none")
+    picture = browser.find_element(By.CSS_SELECTOR, "#image-chosen img")
+    wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", picture) > 0)
+    assert browser.execute_script(shown_while_hidden) == []
