@@ -78,11 +78,14 @@ def megabytes(size: int) -> str:
 
 def image_bytes(data: str, limits: Limits, what: str) -> bytes:
     """The file bytes of a base64 string (a `data:...;base64,` prefix, as a browser's FileReader gives, is
-    dropped); the size is checked before decoding."""
+    dropped; line breaks and spaces are ignored); the size is checked before decoding."""
     if data.startswith("data:"):
         _, comma, data = data.partition(",")
         if not comma:
             raise RequestError(400, f"{what} is a data URL without data")
+    if len(data) * 3 // 4 > limits.max_image_bytes * 1.02 + 2:  # line breaks (as `base64` writes) add up to 2 %
+        raise RequestError(413, f"{what} is larger than the limit of {megabytes(limits.max_image_bytes)}")
+    data = "".join(data.split())  # base64 wrapped into lines
     if len(data) * 3 // 4 > limits.max_image_bytes + 2:
         raise RequestError(413, f"{what} is larger than the limit of {megabytes(limits.max_image_bytes)}")
     try:
@@ -139,9 +142,17 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         message = f"the request body is larger than the limit of {megabytes(self.limit)}"
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+        if declared is not None and not declared.isdigit():
+            await respond(send, 400, f"the Content-Length header must be a number of bytes, got '{declared.decode('latin-1')[:40]}'")
+            return
+        if declared is not None and int(declared) > self.limit:
             await respond(send, 413, message)
+            return
+        if encoding != "identity":
+            await respond(send, 415, f"a request body compressed as '{encoding[:40]}' is not accepted; send the JSON uncompressed")
             return
         chunks: list[bytes] = []
         size, more = 0, True
