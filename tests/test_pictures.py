@@ -44,3 +44,13 @@ def test_image_text_explanations_name_the_tokenizers_words(tmp_path):
     assert ">red<" in html and ">ring<" in html and not re.search(r">\[\d+\]<", html)
     unnamed = relevancy.explain(model, (scenes.images, texts), method="generic_attention")  # no strings given: ids
     assert unnamed.tokens == [[f"[{int(t)}]" for t in ids[: end + 1]] for ids, end in zip(texts["input_ids"], ends)]
+
+
+def test_saved_html_pages_fit_a_phone(tmp_path):
+    """Without a viewport tag a phone lays a page out 980 px wide and shrinks it: the coloured words become tiny."""
+    from relevancy.text import encode, load_model
+
+    model, tokenizer = load_model()
+    expl = relevancy.explain(model, encode(tokenizer, ["It worked."]), method="raw_attention")
+    expl.save(tmp_path / "text.html")
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in (tmp_path / "text.html").read_text(encoding="utf-8")
