@@ -94,3 +94,41 @@ def test_help_names_every_method_and_option():
             assert f"{option.name}={option.default!r}" in options_row, f"{name}'s option {option.name} is not in the help"
     for accepted in ("(B, 3, H, W)", "BatchEncoding", "input_ids", "Concept", "list or tensor of ints", "None"):
         assert accepted in text
+
+
+def run_ci_script(tmp_path: Path, uid: int, present: tuple[str, ...]) -> tuple[int, list[str], str]:
+    """`.ci/run` with every outside command stubbed (`id` says `uid`; `present` lists the commands that exist, `sudo`
+    among them; `python3` records its call and fails, which ends the script before any venv is made): its exit
+    status, the commands it ran in order, and its stderr."""
+    import os
+    import shutil
+    import subprocess
+
+    stubs, log = tmp_path / "bin", tmp_path / "calls"
+    stubs.mkdir(parents=True)
+    for real in ("dirname", "env"):
+        (stubs / real).symlink_to(shutil.which(real))
+    scripts = {"id": f"echo {uid}", "apt-get": 'echo "apt-get $*" >> "$CALLS"', "python3": 'echo "python3 $*" >> "$CALLS"; exit 3',
+               **{name: "exit 0" for name in present}}
+    if "sudo" in present:
+        scripts["sudo"] = 'echo "sudo $*" >> "$CALLS"; exec "$@"'
+    for name, body in scripts.items():
+        (stubs / name).write_text(f"#!{shutil.which('sh')}\n{body}\n")
+        (stubs / name).chmod(0o755)
+    done = subprocess.run([shutil.which("bash"), str(ROOT / ".ci" / "run")], env={"PATH": str(stubs), "CALLS": str(log)},
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return done.returncode, calls, done.stderr
+
+
+def test_ci_script_installs_the_browser_as_root_through_sudo_or_says_how(tmp_path):
+    install = "apt-get install -y -q chromium chromium-driver"
+    status, calls, _ = run_ci_script(tmp_path / "root", 0, ())
+    assert (status, calls) == (3, ["apt-get update -q", install, "python3 -m venv .venv"])
+    status, calls, _ = run_ci_script(tmp_path / "user", 1000, ("sudo",))
+    assert (status, calls) == (3, ["sudo apt-get update -q", "apt-get update -q", f"sudo env DEBIAN_FRONTEND=noninteractive {install}",
+                                   install, "python3 -m venv .venv"])  # each sudo call, then the command it ran
+    status, calls, _ = run_ci_script(tmp_path / "present", 1000, ("chromium", "chromedriver"))
+    assert (status, calls) == (3, ["python3 -m venv .venv"])  # nothing to install
+    status, calls, error = run_ci_script(tmp_path / "nosudo", 1000, ())
+    assert status == 1 and calls == [] and "apt-get install -y chromium chromium-driver" in error
