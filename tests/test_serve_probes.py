@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import socket
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from relevancy.serve import Limits, create_app, load_catalog, make_samples
-from test_serve import GOOD, PAIRS, TEXT, encoded, picture_bytes, refused, scene_png
+from test_serve import GOOD, PAIRS, TEXT, encoded, live_server, picture_bytes, refused, scene_png
 
 LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_000_000, max_text_chars=300,
                 max_captions=3, max_concept_images=4, max_running=1, max_waiting=2, time_limit_s=60, max_per_client=3)
@@ -154,3 +156,47 @@ def test_control_and_invisible_characters_in_a_text_are_explained(client):
     response = client.post("/api/explain-text", json={**TEXT, "text": "\u202egood\u200b drug\ufeff\u0000 it worked"})
     assert response.status_code == 200, response.text
     assert [word for word, _ in response.json()["results"][0]["words"]] == ["good", "drug", "it", "worked"]
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send `request` on a fresh loopback connection and read the answer until the server closes it (at most 10 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed before all was sent
+            pass
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    return received
+
+
+@pytest.mark.parametrize("name, request_bytes", [
+    ("a request line that is not HTTP", b"GARBAGE\r\n\r\n"),
+    ("an HTTP/0.9 request", b"GET /\r\n\r\n"),
+    ("a negative Content-Length", b"POST /api/explain HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"),
+    ("two Content-Lengths", b"POST /api/explain HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello"),
+    ("a 200 kB header", b"GET / HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 200_000 + b"\r\n\r\n"),
+    ("a chunked body with a bad chunk size", b"POST /api/explain HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                                             b"Content-Type: application/json\r\n\r\nZZ\r\nxx\r\n0\r\n\r\n"),
+])
+def test_broken_http_on_a_real_socket_gets_a_one_line_400_and_the_server_carries_on(server_port, name, request_bytes):
+    head, _, body = raw_exchange(server_port, request_bytes).partition(b"\r\n\r\n")
+    text_lines = [line for line in body.split(b"\r\n") if line and not re.fullmatch(rb"[0-9a-f]+", line)]  # chunk sizes aside
+    assert head.startswith(b"HTTP/1.1 400 ") and text_lines == [b"Invalid HTTP request received."]
+    assert b'"status":"ok"' in raw_exchange(server_port, b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+
+
+def test_a_100_kb_path_is_a_404_that_quotes_it_short(server_port):
+    head, _, body = raw_exchange(server_port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 404 ") and json.loads(body)["error"].endswith("... (100,001 characters)") and len(body) < 200
+
+
+@pytest.fixture(scope="module")
+def server_port():
+    app = create_app(load_catalog(["shapes"], text="none", pairs="none"), make_samples(scenes=2, pairs=1), LIMITS)
+    with live_server(app) as url:
+        yield int(url.rstrip("/").rsplit(":", 1)[1])
