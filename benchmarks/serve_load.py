@@ -3,7 +3,8 @@
     OMP_NUM_THREADS=1 python benchmarks/serve_load.py [--clients 8] [--seconds 60] [--warmup 10]
                                                       [--max-running 2] [--max-waiting 4] [--out FILE]
 
-Starts the server on loopback (`relevancy serve --port 0 --threads 1`, the shipped models), warms it up with
+Starts the server on loopback (`relevancy serve --port 0 --threads 1 --max-per-client CLIENTS`, the shipped
+models: the clients stand for as many machines but share one address), warms it up with
 `--warmup` seconds of the same traffic, then runs `--clients` clients for `--seconds` seconds; each sends its next
 request as soon as the last is answered (after a 503 it waits 0.1 s). Traffic per client, drawn at random (seeded):
 45 % generic_attention on an uploaded scene (base64 PNG), 20 % another image method (rollout, cdam,
@@ -172,7 +173,7 @@ def report(args: argparse.Namespace, records: list, wall: float, memory: dict) -
         "# relevancy serve under load",
         "",
         f"{args.clients} clients for {args.seconds:g} s after {args.warmup:g} s of warm-up; server `--max-running "
-        f"{args.max_running} --max-waiting {args.max_waiting} --threads 1`, OMP_NUM_THREADS=1; CPU: {cpu_model()} "
+        f"{args.max_running} --max-waiting {args.max_waiting} --max-per-client {args.clients} --threads 1`, OMP_NUM_THREADS=1; CPU: {cpu_model()} "
         f"({os.cpu_count()} cores, shared with other work); Python {platform.python_version()}.",
         "",
         f"- requests: {len(records)} in {wall:.1f} s = **{len(records) / wall:.1f} requests/s**; "
@@ -212,7 +213,7 @@ def main() -> int:
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen(
         [sys.executable, "-m", "relevancy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--threads", "1",
-         "--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting)],
+         "--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting), "--max-per-client", str(args.clients)],
         stdout=subprocess.PIPE, text=True, env=environment)
     try:
         line = server.stdout.readline()

@@ -449,7 +449,7 @@ def test_concurrent_clients_get_answers_or_quick_503s(catalog, samples, monkeypa
         return original(model, inputs, method, **options)
 
     monkeypatch.setattr(jobs, "explained", slow)
-    app = create_app(catalog, samples, Limits(max_running=1, max_waiting=1))
+    app = create_app(catalog, samples, Limits(max_running=1, max_waiting=1, max_per_client=6))  # one client: the gate's test
     statuses: list[tuple[int, float]] = []
     with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         http.get("api/health")  # the connection pool warmed up
@@ -469,6 +469,100 @@ def test_concurrent_clients_get_answers_or_quick_503s(catalog, samples, monkeypa
     assert set(codes) == {200, 503} and codes.count(200) >= 2, codes
     # turned away without waiting: before the first answer, which took at least one slow step
     assert max(seconds for status, seconds in statuses if status == 503) < min(seconds for status, seconds in statuses if status == 200)
+
+
+@contextmanager
+def stalled_requests(http: httpx.Client, count: int) -> Iterator[list]:
+    """`count` loopback connections that each send an explanation POST's headers and 10 of its 1,000 body
+    bytes, then stall; yielded once the server holds them all, closed on leaving."""
+    import socket
+
+    port = int(str(http.base_url).rstrip("/").rsplit(":", 1)[1])
+    sockets = []
+    try:
+        for _ in range(count):
+            sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            sockets[-1].sendall(b"POST /api/explain HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: 1000\r\n\r\n{\"image\": ")
+        deadline = time.monotonic() + 10
+        while http.get("api/health").json()["admitted"] != count:
+            assert time.monotonic() < deadline, "the stalled requests were not admitted"
+            time.sleep(0.05)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def answer_on(sock) -> tuple[int, str]:
+    """The status and body the server sent on a stalled connection (waits at most the socket's timeout)."""
+    received = b""
+    while b"\r\n\r\n" not in received or not received.endswith(b"}"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+def test_stalled_bodies_are_answered_408_and_free_their_places(catalog, samples):
+    app = create_app(catalog, samples, Limits(max_running=1, max_waiting=5, max_per_client=7, body_timeout_s=1.5))
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        with stalled_requests(http, 6) as stalled:
+            refused(http.post("api/explain", json=GOOD), 503, "busy")  # every place held by a stalled body
+            started = time.perf_counter()
+            for sock in stalled:
+                status, body = answer_on(sock)
+                assert status == 408 and "did not arrive whole within the limit of 1.5 s" in body, body
+            assert time.perf_counter() - started < 5
+        assert http.get("api/health").json()["admitted"] == 0
+        assert http.post("api/explain", json=GOOD).status_code == 200
+
+
+def test_one_client_holds_at_most_its_share_of_places(catalog, samples):
+    app = create_app(catalog, samples, Limits(max_running=1, max_waiting=5, max_per_client=2, body_timeout_s=30))
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        with stalled_requests(http, 2):
+            started = time.perf_counter()
+            for path in ("api/explain", "api/explain-text", "api/explain-pairs"):
+                refused(http.post(path, json=GOOD), 429, "too many requests from 127.0.0.1", "2 explanation requests")
+            assert time.perf_counter() - started < 2 and http.get("api/health").json() == {"status": "ok", "admitted": 2, "capacity": 6}
+        deadline = time.monotonic() + 10
+        while http.get("api/health").json()["admitted"]:  # a closed connection gives its places back
+            assert time.monotonic() < deadline, "the closed connections kept their places"
+            time.sleep(0.05)
+        assert http.post("api/explain", json=GOOD).status_code == 200
+
+
+def test_the_per_client_count_is_kept_per_address():
+    import asyncio
+
+    from relevancy.serve.queue import Admission, Gate
+
+    release = asyncio.Event()
+    answered: list[int] = []
+
+    async def held_app(scope, receive, send) -> None:
+        await release.wait()
+
+    async def capture(message) -> None:
+        if message["type"] == "http.response.start":
+            answered.append(message["status"])
+
+    async def scenario() -> None:
+        admission = Admission(held_app, Gate(1, 5, 30), frozenset({"/api/explain"}), per_client=1)
+        scope = {"type": "http", "method": "POST", "path": "/api/explain", "headers": []}
+        first = asyncio.create_task(admission({**scope, "client": ("10.0.0.1", 1)}, None, capture))
+        other = asyncio.create_task(admission({**scope, "client": ("10.0.0.2", 1)}, None, capture))
+        await asyncio.sleep(0)
+        await admission({**scope, "client": ("10.0.0.1", 2)}, None, capture)  # the first address's second request
+        assert answered == [429] and dict(admission.held) == {"10.0.0.1": 1, "10.0.0.2": 1}
+        release.set()
+        await asyncio.gather(first, other)
+        assert not admission.held and admission.gate.admitted == 0
+
+    asyncio.run(scenario())
 
 
 # -- the command -----------------------------------------------------------------------------------------------
@@ -494,6 +588,8 @@ def test_serve_command_prints_its_url_and_serves(tmp_path):
     (["--port", "70000"], ("--port", "65535")),
     (["--max-running", "0"], ("--max-running", "between 1 and 64")),
     (["--time-limit", "0"], ("--time-limit",)),
+    (["--body-timeout", "0"], ("--body-timeout", "more than 0")),
+    (["--max-per-client", "0"], ("--max-per-client", "at least 1")),
     (["--model", "no_such_vit", "--port", "0"], ("no_such_vit",)),
 ])
 def test_serve_command_refuses_bad_options_in_one_line(arguments, words, capsys):

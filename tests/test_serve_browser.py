@@ -48,6 +48,14 @@ def url():
         yield address
 
 
+def opened(driver, url: str) -> WebDriverWait:
+    """The page loaded and ready (its models and samples listed); a wait of up to 60 s for what comes next."""
+    wait = WebDriverWait(driver, 60)
+    driver.get(url)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    return wait
+
+
 def shown_png(driver, element) -> Image.Image:
     source = element.get_attribute("src")
     assert source.startswith("data:image/png;base64,")
@@ -57,9 +65,7 @@ def shown_png(driver, element) -> Image.Image:
 def test_upload_a_scene_pick_a_method_and_see_its_map(browser, url, tmp_path):
     scene = tmp_path / "scene.png"
     scene.write_bytes(scene_png(seed=3))
-    wait = WebDriverWait(browser, 60)
-    browser.get(url)
-    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    wait = opened(browser, url)
     assert browser.find_element(By.ID, "tab-text").get_attribute("disabled") is not None  # no text model on this server
 
     browser.find_element(By.ID, "image-file").send_keys(str(scene))
@@ -91,12 +97,37 @@ def test_upload_a_scene_pick_a_method_and_see_its_map(browser, url, tmp_path):
 def test_a_file_that_is_not_an_image_shows_the_servers_error(browser, url, tmp_path):
     fake = tmp_path / "photo.png"
     fake.write_bytes(b"this is text, whatever its name says")
-    wait = WebDriverWait(browser, 60)
-    browser.get(url)
-    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    wait = opened(browser, url)
     browser.find_element(By.ID, "image-file").send_keys(str(fake))
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image-chosen figcaption").text == "photo.png")
     browser.find_element(By.ID, "image-run").click()
     wait.until(lambda d: "error" in d.find_element(By.ID, "image-status").get_attribute("class"))
     assert "not an image in an accepted format" in browser.find_element(By.ID, "image-status").text
     assert browser.find_elements(By.CSS_SELECTOR, "#image-results .card") == []
+
+
+def test_nothing_hidden_shows_and_no_image_shows_before_one_is_chosen(browser, url):
+    """`hidden` wins over every display rule (a flex figure once showed a broken-image icon in both image tabs)."""
+    wait = opened(browser, url)
+    shown_while_hidden = "return [...document.querySelectorAll('[hidden]')].filter(e => getComputedStyle(e).display !== 'none').map(e => e.id || e.tagName)"
+    display = "return getComputedStyle(document.getElementById(arguments[0])).display"
+    assert browser.execute_script(shown_while_hidden) == []
+    assert browser.execute_script(display, "image-chosen") == browser.execute_script(display, "pairs-chosen") == "none"
+    browser.find_element(By.CSS_SELECTOR, "#image-samples .sample").click()
+    wait.until(lambda d: d.execute_script(display, "image-chosen") != "none")
+    picture = browser.find_element(By.CSS_SELECTOR, "#image-chosen img")
+    wait.until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", picture) > 0)
+    assert browser.execute_script(shown_while_hidden) == []
+
+
+def test_markup_in_a_file_name_and_in_an_error_is_shown_as_text(browser, url, tmp_path):
+    hostile = tmp_path / "<img src=x onerror=window.pwned=1>.png"
+    hostile.write_bytes(b"<script>window.pwned = 2</script>")
+    wait = opened(browser, url)
+    browser.find_element(By.ID, "image-file").send_keys(str(hostile))
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image-chosen figcaption").text == hostile.name)
+    browser.find_element(By.ID, "image-run").click()
+    wait.until(lambda d: "error" in d.find_element(By.ID, "image-status").get_attribute("class"))
+    assert browser.find_elements(By.CSS_SELECTOR, "#image-chosen figcaption *, #image-status *") == []  # text, no elements
+    assert browser.execute_script("return typeof window.pwned") == "undefined"
+    assert browser.execute_script("return document.querySelectorAll('img[src=x], script:not([src])').length") == 0

@@ -132,7 +132,8 @@ def texts_html(part: TextPart, captions: list[str], by_word: bool = True, specia
 
 def html_page(title: str, body: str) -> str:
     return (
-        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>relevancy: {html.escape(title)}</title></head>'
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>relevancy: {html.escape(title)}</title></head>'
         f"<body>{body}</body></html>\n"
     )
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -22,6 +23,13 @@ UNSIGNED_CMAP = "inferno"
 ROBUST_QUANTILE = 0.995  # LRP maps have a few extreme pixels; clip the colour scale there, not at the max
 MAP_OPACITY = 0.6  # a map drawn over a picture: 60 % map colour, 40 % grey picture
 ALL_ZERO_NOTE = "all zero: this method gives no relevance here"
+#: characters per title line of a panel (3.4 inches wide, 9 pt); longer titles wrap instead of running into the next
+TITLE_CHARACTERS = 40
+
+
+def set_title(axis: plt.Axes, title: str, fontsize: float = 9, characters: int = TITLE_CHARACTERS) -> None:
+    """A panel's title, wrapped to lines of at most `characters` so that neighbouring titles never overlap."""
+    axis.set_title(textwrap.fill(title, characters, break_long_words=True, break_on_hyphens=False), fontsize=fontsize)
 
 
 def is_all_zero(scores: torch.Tensor) -> bool:
@@ -77,7 +85,7 @@ def overlay_figure(
         axis.set_axis_off()
     for i, axis in enumerate(axes.flat[:count]):
         draw_map(axis, maps[i], signed, pictures[i] if pictures is not None else None)
-        axis.set_title(titles[i], fontsize=9)
+        set_title(axis, titles[i])
         if boxes is not None:
             x0, y0, x1, y1 = (float(v) for v in boxes[i])
             axis.add_patch(plt.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="lime", linewidth=1.5))
@@ -105,7 +113,7 @@ def method_grid(
     figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.5 * rows), squeeze=False)
     for r in range(rows):
         axes[r, 0].imshow(pictures[r].numpy())
-        axes[r, 0].set_title(row_titles[r], fontsize=8)
+        set_title(axes[r, 0], row_titles[r], fontsize=8, characters=32)
         axes[r, 0].set_axis_off()
         for c, (name, panel) in enumerate(extra.items(), start=1):
             axes[r, c].imshow(panel[r].float().numpy(), cmap="gray", vmin=0, vmax=1)
@@ -162,7 +170,7 @@ def region_figure(
         row = scores[i].float()
         low, high = color_limits(row, signed)
         span = high - low if high > low else 1.0
-        axis.set_title(titles[i], fontsize=9)
+        set_title(axis, titles[i])
         if boxes is None:
             axis.bar(range(len(row)), row.numpy(), color=[cmap((float(v) - low) / span) for v in row])
             axis.set_xlabel("region")

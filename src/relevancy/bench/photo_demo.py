@@ -14,7 +14,7 @@ A concept is the mean image feature of 16 example crops. Cat, coffee cup, rocket
 one photograph only, so their examples are random crops of that photograph (the same object as the one
 explained, never the explained image itself); the person's examples come from the two portraits, other people
 than the astronaut explained. `discrimination` measures on many composites the share of each map's positive
-relevance that falls on the explained concept's own half (`benchmarks/photo_discrimination.py`, README).
+relevance that falls on the explained concept's own half (`benchmarks/photo_discrimination.py`, docs/vision.md).
 """
 from __future__ import annotations
 

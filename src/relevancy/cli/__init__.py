@@ -193,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-waiting", type=int, default=4, help="explanation requests that may wait for a slot; more are "
                                                               "answered 503 at once (default 4)")
     p.add_argument("--time-limit", type=float, default=30.0, help="seconds per explanation request, waiting included (default 30)")
+    p.add_argument("--max-per-client", type=int, default=2, help="explanation requests one client address may have in flight; "
+                                                                 "more are answered 429 at once (default 2)")
+    p.add_argument("--body-timeout", type=float, default=10.0, help="seconds for a request body to arrive whole; a slower "
+                                                                    "one is answered 408 (default 10)")
     p.add_argument("--max-image-mb", type=float, default=8.0, help="largest image file, MiB (default 8)")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request, MiB; images travel as base64 (default 16)")
     p.add_argument("--max-pixels", type=int, default=16_000_000, help="largest image, pixels, read before decoding (default 16,000,000)")

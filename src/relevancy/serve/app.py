@@ -8,6 +8,7 @@ memory. Errors of every kind are answered as one line of JSON, `{"error": "..."}
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import asdict
 from importlib import resources
 from typing import Any, Callable
@@ -43,9 +44,39 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": text, "content": {"application/json": {"example": {"error": "one line saying what is wrong"}}}}
     for code, text in {400: "a bad request (unknown method or model, target out of range, empty text, ...)",
                        413: "too large (body, image bytes or pixels, text)", 415: "not an accepted image format",
-                       422: "the JSON does not match the schema", 503: "busy: try again (Retry-After)",
+                       422: "the JSON does not match the schema",
+                       408: "the request body did not arrive in time", 429: "too many requests from this client at once", 503: "busy: try again (Retry-After)",
                        504: "the explanation took longer than the time limit"}.items()
 }
+
+
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "true or false", type(None): "null"}
+
+
+def not_one_object(content_type: str, problem: dict[str, Any]) -> str:
+    """The message for a body that is not one JSON object: empty, sent as another content type, or another JSON value."""
+    wanted = "the request body must be one JSON object sent as content-type application/json"
+    if problem.get("type") == "missing":
+        return f"the request body is empty; {wanted.removeprefix('the request body ')}"
+    if "json" not in content_type.lower():
+        return f"{wanted} (got content-type {content_type or 'none'})"
+    return f"{wanted} (got {JSON_KINDS.get(type(problem.get('input')), 'another JSON value')})"
+
+
+def unreadable_body(cause: BaseException) -> str:
+    """The message for a body FastAPI could not parse, from the exception that stopped it."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the request body is not UTF-8 text (byte 0x{cause.object[cause.start]:02x} at position {cause.start}); send JSON as UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the request body's JSON is nested too deeply to read"
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's limit on integer strings
+        return f"a number in the request body's JSON has more than {sys.get_int_max_str_digits():,} digits"
+    return f"the request body could not be read as JSON ({cause})"
+
+
+def shown(name: str, limit: int = 64) -> str:
+    """A name from a request as an error message quotes it: cut to `limit` characters."""
+    return name if len(name) <= limit else f"{name[:limit]}... ({len(name):,} characters)"
 
 
 def _documentation_assets() -> dict[str, tuple[bytes, str]]:
@@ -78,21 +109,36 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = []
         for item in error.errors():
-            where = ".".join(str(part) for part in item.get("loc", ())[1:]) or "body"
-            problems.append(f"{where}: {item.get('msg', 'invalid')}")
+            location = item.get("loc", ())[1:]
+            if item.get("type") == "json_invalid":
+                at = f" at character {location[0]}" if location else ""
+                problems.append(f"the request body is not valid JSON ({item.get('ctx', {}).get('error', 'unreadable')}{at})")
+            elif not location:  # the body as a whole: empty, not JSON, or JSON but not an object
+                problems.append(not_one_object(request.headers.get("content-type", ""), item))
+            else:
+                problems.append(f"{'.'.join(str(part) for part in location)}: {item.get('msg', 'invalid')}")
         return JSONResponse({"error": " ".join("; ".join(problems).split())}, 422)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        message = f"no such page: {request.url.path}" if error.status_code == 404 else str(error.detail)
-        return JSONResponse({"error": message}, error.status_code, headers=getattr(error, "headers", None))
+        headers = getattr(error, "headers", None)
+        if error.status_code == 404:
+            message = f"no such page: {shown(request.url.path)}"
+        elif error.status_code == 405:
+            allowed = (headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {shown(request.url.path)}" + (f"; use {allowed}" if allowed else "")
+        elif error.status_code == 400 and error.__cause__ is not None:  # FastAPI could not parse the body
+            message = unreadable_body(error.__cause__)
+        else:
+            message = str(error.detail)
+        return JSONResponse({"error": message}, error.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> JSONResponse:
         log.exception("error while answering %s", request.url.path)
         return JSONResponse({"error": f"internal error ({type(error).__name__}); the server's log has the details"}, 500)
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def index() -> Response:
         return Response(page, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
@@ -134,7 +180,7 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
              responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[400] | {"description": "no such sample"}})
     async def sample(sample_id: str) -> Response:
         if sample_id not in samples:
-            raise RequestError(404, f"unknown sample '{sample_id}'; the samples are {', '.join(samples)}")
+            raise RequestError(404, f"unknown sample '{shown(sample_id)}'; the samples are {', '.join(samples)}")
         return Response(samples[sample_id].png, media_type="image/png")
 
     @app.post("/api/explain", response_model=ImageResponse, responses=ERROR_RESPONSES,
@@ -152,8 +198,8 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     async def explain_pairs(request: PairRequest) -> dict[str, Any]:
         return await answer(lambda: check_pairs(request, catalog, samples, limits))
 
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
-    app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS)  # outermost: a turned-away body is never read
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS, per_client=limits.max_per_client)  # outermost: a turned-away body is never read
     return app
 
 

@@ -61,9 +61,12 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
     try:
         limits = Limits(max_body_bytes=int(args.max_body_mb * MIB), max_image_bytes=int(args.max_image_mb * MIB),
                         max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_running=args.max_running,
-                        max_waiting=args.max_waiting, time_limit_s=args.time_limit)
+                        max_waiting=args.max_waiting, time_limit_s=args.time_limit, max_per_client=args.max_per_client,
+                        body_timeout_s=args.body_timeout)
     except ValueError as error:
-        raise UsageError(str(error).replace("max_", "--max-").replace("time_limit_s", "--time-limit")) from None
+        option = str(error).split()[0]
+        flag = {"time_limit_s": "--time-limit", "body_timeout_s": "--body-timeout"}.get(option, "--" + option.replace("_", "-"))
+        raise UsageError(str(error).replace(option, flag, 1)) from None
     if args.threads is not None:
         import torch
 

@@ -142,10 +142,16 @@ def _picture(source: ImageInput, entry: ImageModel | None, samples: dict[str, Sa
 
 
 def check_text_length(text: str, limits: Limits, what: str) -> None:
+    """A text to explain: not blank, within the length limit, and valid Unicode (JSON can carry lone surrogates)."""
     if not text.strip():
         raise RequestError(400, f"{what} is empty: there is nothing to explain")
     if len(text) > limits.max_text_chars:
         raise RequestError(413, f"{what} has {len(text):,} characters; the limit is {limits.max_text_chars:,}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RequestError(400, f"{what} is not valid Unicode: a lone surrogate \\u{ord(text[error.start]):04x} at "
+                                f"character {error.start + 1}") from None
 
 
 def check_text(request: TextRequest, catalog: Catalog, limits: Limits) -> Job:
@@ -192,7 +198,6 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
 
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..families.clip.batch import ImageTextBatch
-        from ..families.clip.towers import towers_of
 
         started = time.perf_counter()
         bundle = entry.bundle
@@ -201,9 +206,7 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
         except ValueError as error:  # the shipped tokenizer names the words it does not know
             raise RequestError(400, str(error)) from error
         images = entry.prepare([_picture(request.image, None, samples, limits, "image")])
-        ends = towers_of(bundle.model).readout_index(encoded["input_ids"]).tolist()
-        tokens = [row[: end + 1] for row, end in zip(bundle.token_strings(encoded["input_ids"]), ends)]
-        batch = ImageTextBatch.grid(images, encoded, tokens=tokens)
+        batch = ImageTextBatch.grid(images, encoded, tokens=bundle.token_strings(encoded["input_ids"]))  # cut at each end
         results, first = [], None
         for method in methods:
             deadline.check()

@@ -7,10 +7,12 @@ is read from the header and refused before any pixel is decoded (decompression b
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
 import json
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -40,16 +42,19 @@ class Limits:
     max_running: int = 2  # explanations computed at once (K)
     max_waiting: int = 4  # further explanation requests allowed to wait for a slot; more get 503 at once
     time_limit_s: float = 30.0  # per request, waiting included
+    max_per_client: int = 2  # explanation requests one client address may have admitted at once; more get 429
+    body_timeout_s: float = 10.0  # for a request body to arrive whole; a slower one gets 408 and frees its place
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_image_bytes", "max_pixels", "max_text_chars", "max_captions",
-                     "max_concept_images", "max_running"):
+                     "max_concept_images", "max_running", "max_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be 0 or more, got {self.max_waiting}")
-        if not self.time_limit_s > 0:
-            raise ValueError(f"time_limit_s must be more than 0, got {self.time_limit_s}")
+        for name in ("time_limit_s", "body_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be more than 0, got {getattr(self, name)}")
 
 
 class RequestError(Exception):
@@ -73,11 +78,14 @@ def megabytes(size: int) -> str:
 
 def image_bytes(data: str, limits: Limits, what: str) -> bytes:
     """The file bytes of a base64 string (a `data:...;base64,` prefix, as a browser's FileReader gives, is
-    dropped); the size is checked before decoding."""
+    dropped; line breaks and spaces are ignored); the size is checked before decoding."""
     if data.startswith("data:"):
         _, comma, data = data.partition(",")
         if not comma:
             raise RequestError(400, f"{what} is a data URL without data")
+    if len(data) * 3 // 4 > limits.max_image_bytes * 1.02 + 2:  # line breaks (as `base64` writes) add up to 2 %
+        raise RequestError(413, f"{what} is larger than the limit of {megabytes(limits.max_image_bytes)}")
+    data = "".join(data.split())  # base64 wrapped into lines
     if len(data) * 3 // 4 > limits.max_image_bytes + 2:
         raise RequestError(413, f"{what} is larger than the limit of {megabytes(limits.max_image_bytes)}")
     try:
@@ -119,26 +127,42 @@ def open_image(raw: bytes, limits: Limits, what: str, draft: int | None = None) 
 
 class BodyLimit:
     """ASGI middleware: a request body over `limit` bytes is answered 413 without being read further: at once by
-    its Content-Length, else (a chunked body) as soon as what arrived passes the limit. A body within the limit is
-    read here and handed on whole."""
+    its Content-Length, else (a chunked body) as soon as what arrived passes the limit. A body that has not
+    arrived whole within `timeout_s` is answered 408 (a stalled or trickling client must not hold its place in
+    the queue). A body within both limits is read here and handed on whole."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout_s: float) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
         message = f"the request body is larger than the limit of {megabytes(self.limit)}"
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+        if declared is not None and not declared.isdigit():
+            await respond(send, 400, f"the Content-Length header must be a number of bytes, got '{declared.decode('latin-1')[:40]}'")
+            return
+        if declared is not None and int(declared) > self.limit:
             await respond(send, 413, message)
+            return
+        if encoding != "identity":
+            await respond(send, 415, f"a request body compressed as '{encoding[:40]}' is not accepted; send the JSON uncompressed")
             return
         chunks: list[bytes] = []
         size, more = 0, True
+        end = time.monotonic() + self.timeout_s
         while more:
-            event = await receive()
+            try:
+                event = await asyncio.wait_for(receive(), max(end - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                await respond(send, 408, f"the request body did not arrive whole within the limit of {self.timeout_s:g} s",
+                              {"Connection": "close"})
+                return
             if event["type"] == "http.disconnect":
                 return
             chunks.append(event.get("body", b""))

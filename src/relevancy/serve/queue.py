@@ -1,5 +1,6 @@
 """A bounded queue in front of the models: at most K explanations run at once, a few more may wait, the rest
-are turned away at once with 503 (before their body is read), and every request has a time limit.
+are turned away at once with 503 (before their body is read), one client address may hold only a few places
+(429 beyond), and every request has a time limit.
 
 The count of admitted requests lives on the event loop (one thread), so it needs no lock. The work itself runs
 in a pool of K threads; a request whose time is up is answered (503 while it waited for a slot, 504 once
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
@@ -94,24 +96,36 @@ def _consume(future: asyncio.Future) -> None:
 
 
 class Admission:
-    """ASGI middleware: a request to one of `paths` is let in only while the gate has room, else answered 503
-    before its body is read, so excess requests cost no memory."""
+    """ASGI middleware: a request to one of `paths` is let in only while its client address holds fewer than
+    `per_client` places (else 429) and the gate has room (else 503), answered before its body is read, so excess
+    requests cost no memory and one client cannot fill the queue."""
 
-    def __init__(self, app: ASGIApp, gate: Gate, paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, gate: Gate, paths: frozenset[str], per_client: int) -> None:
         self.app = app
         self.gate = gate
         self.paths = paths
+        self.per_client = per_client
+        self.held: Counter[str] = Counter()  # places held per client address, on the event loop (no lock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
             await self.app(scope, receive, send)
+            return
+        client = (scope.get("client") or ("unknown",))[0]
+        if self.held[client] >= self.per_client:
+            await respond(send, 429, f"too many requests from {client}: {self.per_client} explanation requests of "
+                                     "yours are in flight; wait for their answers", {"Retry-After": str(RETRY_AFTER_S)})
             return
         if not self.gate.admit():
             await respond(send, 503, f"the server is busy: {self.gate.max_running} explanations are running and "
                                      f"{self.gate.capacity - self.gate.max_running} waiting; try again",
                           {"Retry-After": str(RETRY_AFTER_S)})
             return
+        self.held[client] += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self.gate.leave()
+            self.held[client] -= 1
+            if not self.held[client]:
+                del self.held[client]

@@ -2,10 +2,12 @@
 on its OpenAPI page, /docs)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
+#: the longest method, model or sample name a request may give (every real one is far shorter; names are echoed in errors)
+NAME = Annotated[str, StringConstraints(max_length=64)]
 METHODS_FIELD = Field(min_length=1, max_length=32, description="method names (GET /api/info lists them), run one after the other",
                       examples=[["generic_attention", "cdam"]])
 
@@ -18,7 +20,7 @@ class ImageInput(Strict):
     """One image: its file as base64 (PNG, JPEG, WebP or GIF, recognised from the content), or a sample's id."""
 
     data: Optional[str] = Field(None, description="the image file in base64; a `data:image/...;base64,` URL is accepted too")
-    sample: Optional[str] = Field(None, description="the id of a sample picture (GET /api/info lists them)", examples=["scene-1"])
+    sample: Optional[NAME] = Field(None, description="the id of a sample picture (GET /api/info lists them)", examples=["scene-1"])
 
     @model_validator(mode="after")
     def one_source(self) -> "ImageInput":
@@ -31,8 +33,8 @@ class ImageRequest(Strict):
     """Explain one image with an image classifier."""
 
     image: ImageInput
-    methods: list[str] = METHODS_FIELD
-    model: Optional[str] = Field(None, description="one of the server's image models (default: the first)")
+    methods: list[NAME] = METHODS_FIELD
+    model: Optional[NAME] = Field(None, description="one of the server's image models (default: the first)")
     target: Optional[StrictInt] = Field(None, description="class index to explain (default: the predicted class)")
     concept: Optional[list[ImageInput]] = Field(
         None, description="example images of a concept to explain instead of a class (CDAM; methods cdam and token_ablation)")
@@ -42,7 +44,7 @@ class TextRequest(Strict):
     """Explain one text with the server's text classifier."""
 
     text: str = Field(description="the text to explain", examples=["The side effects were awful but it worked"])
-    methods: list[str] = METHODS_FIELD
+    methods: list[NAME] = METHODS_FIELD
     target: Optional[StrictInt] = Field(None, description="class index to explain (default: the predicted class)")
 
 
@@ -52,7 +54,7 @@ class PairRequest(Strict):
     image: ImageInput
     captions: list[str] = Field(min_length=1, max_length=64, description="one or more captions; each pairs with the image",
                                 examples=[["a red star", "a blue ring"]])
-    methods: list[str] = METHODS_FIELD
+    methods: list[NAME] = METHODS_FIELD
 
 
 class ColourBar(BaseModel):

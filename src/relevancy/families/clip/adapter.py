@@ -197,7 +197,7 @@ class ClipAdapter(ClipTowersAdapter):
             text_scores=scores[TEXT],
             pairs=inputs.pairs.cpu(),
             readout=streams[TEXT].readout.cpu(),
-            tokens=inputs.pair_tokens() or _placeholder_tokens(inputs.pair_ids, streams[TEXT].readout),
+            tokens=_pair_tokens(inputs, streams[TEXT].readout),
             **self.describe_inputs(inputs),
             **fields,
         )
@@ -214,9 +214,12 @@ def once_per_row(rows: torch.Tensor | None, compute, *tensors: torch.Tensor) -> 
     return compute(*(t[first] for t in tensors))[inverse]
 
 
-def _placeholder_tokens(ids: torch.Tensor, readout: torch.Tensor) -> list[list[str]]:
-    """`[id]` strings for positions 0..end of each text when no tokenizer named them."""
-    return [[f"[{t}]" for t in row[: int(end) + 1]] for row, end in zip(ids.tolist(), readout.tolist())]
+def _pair_tokens(inputs: ImageTextBatch, readout: torch.Tensor) -> list[list[str]]:
+    """Each pair's token strings at positions 0..end of its text: the tokenizer's strings when the batch has them
+    (rows may run on through the padding, e.g. `tokenizer.tokens(ids)`), else `[id]`."""
+    named = inputs.pair_tokens()
+    rows = named if named is not None else [[f"[{t}]" for t in row] for row in inputs.pair_ids.tolist()]
+    return [row[: int(end) + 1] for row, end in zip(rows, readout.tolist())]
 
 
 class ZeroShotAdapter(ClipTowersAdapter):

@@ -12,7 +12,8 @@ class ImageTextBatch:
     """Images `(n, C, H, W)`, texts `input_ids (m, T)` (with an optional `attention_mask`), and `pairs` `(P, 2)`:
     pair `p` explains the logit of image `pairs[p, 0]` with text `pairs[p, 1]`.
 
-    `tokens[j]` are the token strings of text `j` (its positions up to its end token) when a tokenizer gave them.
+    `tokens[j]` are the token strings of text `j` when a tokenizer gave them: its positions up to its end token,
+    or the whole row (`tokenizer.tokens(ids)`, padding included), which the explanation cuts at the end token.
     """
 
     images: torch.Tensor
