@@ -1,7 +1,7 @@
 """Time and peak memory of every method on every family, as ratios to a plain forward pass: one table.
 
     OMP_NUM_THREADS=1 python benchmarks/speed_memory.py [--quick] [--families vit bert clip lxmert detr]
-        [--methods ...] [--repeats 1] [--device cpu|cuda] [--out FILE] [--page docs/speed.md]
+        [--methods ...] [--repeats 1] [--rows-at-once K] [--device cpu|cuda] [--out FILE] [--page docs/speed.md]
 
 Models (random weights, built offline: the cost follows the models' sizes, not their weights' values):
 ViT-B/16 (timm `vit_base_patch16_224`) on 8 images; BERT-base (`BertForSequenceClassification(BertConfig())`) on
@@ -17,7 +17,8 @@ interleaved so that the machine's load falls on both. Time: the method's median 
 Peak memory: on a CPU the resident-set high-water mark (Linux VmHWM, reset before each run) above the process's
 resident size before the model was built, so the weights, the inputs and what the run allocates; on a GPU
 `torch.cuda.max_memory_allocated`, which counts the same things. The ratio is to the plain forward's peak measured
-the same way; a second ratio leaves the weights out of both (what the run allocates beyond the model). token_ablation is left out (N+1 forwards by design; its memory is a forward's).
+the same way; a second ratio leaves the weights out of both (what the run allocates beyond the model).
+`--rows-at-once K` passes `rows_at_once=K` to `explain` (K rows at a time: the option that trades time for memory). token_ablation is left out (N+1 forwards by design; its memory is a forward's).
 """
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ def peak_run(run: Callable[[], Any], device: str, zero_kib: int) -> tuple[float,
     return seconds, peak
 
 
-def measure_child(family: str, method: str, quick: bool, device: str, repeats: int) -> dict:
+def measure_child(family: str, method: str, quick: bool, device: str, repeats: int, rows_at_once: int | None) -> dict:
     """The medians of the forward's and the method's seconds and the peak of each, in this (fresh) process."""
     import timm  # noqa: F401  (the model libraries loaded before the zero point: their code is not the run's memory)
     import torch
@@ -174,7 +175,7 @@ def measure_child(family: str, method: str, quick: bool, device: str, repeats: i
             work.forward()
 
     def explain() -> None:
-        relevancy.explain(work.model, work.inputs, method=method, target=work.target)
+        relevancy.explain(work.model, work.inputs, method=method, target=work.target, rows_at_once=rows_at_once)
 
     try:
         explain()  # warm-up: one-time allocations and first-call costs are not the method's
@@ -195,6 +196,8 @@ def measure_child(family: str, method: str, quick: bool, device: str, repeats: i
 def measure(family: str, method: str, args: argparse.Namespace) -> dict:
     """`measure_child` in a fresh interpreter."""
     argv = [sys.executable, __file__, "--child", family, method, "--repeats", str(args.repeats), "--device", args.device]
+    if args.rows_at_once:
+        argv += ["--rows-at-once", str(args.rows_at_once)]
     done = subprocess.run(argv + (["--quick"] if args.quick else []), capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -247,6 +250,11 @@ def write_into_page(page: Path, name: str, report: str) -> None:
     page.write_text(text)
 
 
+def variant(args: argparse.Namespace) -> str:
+    """The options that change what is measured, for the title."""
+    return ("--quick, " if args.quick else "") + (f"rows_at_once={args.rows_at_once}, " if args.rows_at_once else "")
+
+
 def header(args: argparse.Namespace) -> list[str]:
     import torch
     import transformers
@@ -256,10 +264,10 @@ def header(args: argparse.Namespace) -> list[str]:
     else:
         where = f"CPU {cpu_name()}, 1 thread"
     return [
-        f"# Speed and memory per family and method ({'--quick, ' if args.quick else ''}{where}, {today()})",
+        f"# Speed and memory per family and method ({variant(args)}{where}, {today()})",
         "",
         f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}; "
-        f"`python benchmarks/speed_memory.py{' --quick' if args.quick else ''}{' --device cuda' if args.device == 'cuda' else ''}`. "
+        f"`python benchmarks/speed_memory.py {' '.join(sys.argv[1:])}`. "
         f"Each row a fresh process; median of {args.repeats} run(s) after a warm-up. Random weights. Time and peak "
         "memory as ratios to a plain forward pass (no gradients) of the same inputs in the same process; peak memory "
         "counts the weights, the inputs and what the run allocates"
@@ -276,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", default=None, help="default: every method but token_ablation")
     parser.add_argument("--quick", action="store_true", help="smaller batches, texts and images")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rows-at-once", type=int, default=None, help="explain's rows_at_once (default: the whole batch)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/speed_memory_<device>[_quick].md")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "speed.md",
@@ -284,8 +293,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.rows_at_once is not None and args.rows_at_once < 1:
+        parser.error(f"--rows-at-once must be at least 1, got {args.rows_at_once}")
     if args.child:
-        print(json.dumps(measure_child(*args.child, args.quick, args.device, args.repeats)))
+        print(json.dumps(measure_child(*args.child, args.quick, args.device, args.repeats, args.rows_at_once)))
         return
     from relevancy import METHODS
 
@@ -300,10 +311,11 @@ def main(argv: list[str] | None = None) -> None:
             results[family][method] = measure(family, method, args)
             print(f"{family} {method}: {json.dumps(results[family][method])}", file=sys.stderr, flush=True)
     report = "\n".join(header(args) + table(results, args)) + "\n"
-    out = args.out or ROOT / "benchmarks" / "results" / f"speed_memory_{args.device}{'_quick' if args.quick else ''}.md"
+    suffix = ("_quick" if args.quick else "") + (f"_rows{args.rows_at_once}" if args.rows_at_once else "")
+    out = args.out or ROOT / "benchmarks" / "results" / f"speed_memory_{args.device}{suffix}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)
-    write_into_page(args.page, f"speed_memory {args.device}{' quick' if args.quick else ''}", report)
+    write_into_page(args.page, f"speed_memory {args.device}{suffix.replace('_', ' ')}", report)
     print(report)
 
 
