@@ -5,6 +5,7 @@ import difflib
 import inspect
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -29,13 +30,20 @@ def get_method(name: str):
     raise ValueError(f"unknown method {quoted(name)}.{hint} Valid methods: {', '.join(REGISTRY)}")
 
 
-def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, **options: Any) -> Explanation:
+def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
+            rows_at_once: int | None = None, **options: Any) -> Explanation:
     """Explain `model`'s prediction on a batch: relevance of every patch (or pixel, for `lrp`) for `target`.
 
     Returns an `Explanation` (`scores`, `target`, `logits`, `heatmap()`, `save()`; text models: a
     `TextExplanation` with `tokens` and `show()`). The model is handed back exactly as it was.
+    `rows_at_once`: explain the batch this many rows (inputs, pairs, objects) at a time, the maps the same up to
+    float rounding. The gradient and relevance methods keep every layer's activations of the rows they run, so
+    their peak memory grows with the rows run together; fewer trade a little time (on a CPU next to none) for
+    memory (docs/speed.md). None (the default): the whole batch at once.
     The inputs, targets, methods and options accepted are listed below (generated from the method registry).
     """
+    if rows_at_once is not None and (isinstance(rows_at_once, bool) or not isinstance(rows_at_once, int) or rows_at_once < 1):
+        raise ValueError(f"rows_at_once must be a positive whole number or None (the whole batch), got {rows_at_once!r}")
     spec = get_method(method)
     spec.check_options(options)
     adapter = adapter_for(model)
@@ -56,7 +64,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
                 f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
             )
         with adapter.explaining(attention_probabilities=spec.needs_attention):
-            scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, target, options)
+            scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, target, options, rows_at_once)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
         if not spec.pixels:
@@ -73,16 +81,43 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         )
 
 
-def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict) -> tuple:
+def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict, rows_at_once: int | None = None) -> tuple:
     """`run(adapter, inputs, target, **options)`, once per group of rows the adapter says are cheaper apart
-    (`Adapter.independent_groups`), the results joined back in row order; at once where it names none."""
+    (`Adapter.independent_groups`), else once per `rows_at_once` consecutive rows, the results joined back in row
+    order; at once where neither splits the batch."""
     groups = adapter.independent_groups(inputs)
-    if groups is None:
+    if groups is None and rows_at_once is not None and len(inputs) > rows_at_once and _per_row(target) in (None, len(inputs)):
+        groups, start = [], 0
+        for part in adapter.batches(inputs, rows_at_once):
+            groups.append((torch.arange(start, start + len(part)), part))
+            start += len(part)
+    if groups is None:  # also where a target's entries do not match the rows: the whole batch's run names that
         return run(adapter, inputs, target, **options)
-    results = [run(adapter, group, target[rows] if isinstance(target, torch.Tensor) else target, **options)
-               for rows, group in groups]
+    results = [run(adapter, group, _target_rows(target, rows), **options) for rows, group in groups]
     order = torch.cat([rows for rows, _ in groups]).argsort()
     return tuple(_joined([result[k] for result in results], order) for k in range(len(results[0])))
+
+
+def _per_row(target: Any) -> int | None:
+    """How many entries a target of one class per row has (a tensor, array, list or tuple of several); None for
+    a target that holds for every row (None, one class, a Concept, a callable)."""
+    if isinstance(target, (torch.Tensor, np.ndarray)):
+        entries = int(np.prod(target.shape))
+    elif isinstance(target, (list, tuple)):
+        entries = len(target)
+    else:
+        return None
+    return entries if entries > 1 else None
+
+
+def _target_rows(target: Any, rows: torch.Tensor) -> Any:
+    """The part of `target` for the given rows: the rows' entries of a per-row target, else the target itself."""
+    if _per_row(target) is None:
+        return target
+    if isinstance(target, (list, tuple)):
+        return [target[row] for row in rows.tolist()]
+    entries = torch.as_tensor(target).flatten()
+    return entries[rows.to(entries.device)]
 
 
 def _joined(values: list, order: torch.Tensor) -> Any:

@@ -38,11 +38,10 @@ def stable_quotients(relevance: torch.Tensor, z: torch.Tensor, magnitude: torch.
     `term * signed + |term| * unsigned`: relevance is conserved, continuously in `z`, and float32 rounding is
     amplified at most `1 / RELATIVE_FLOOR` times. Both are 0 where every term is 0.
     """
-    floor = RELATIVE_FLOOR * magnitude
-    held = torch.where(z >= 0, torch.maximum(z, floor), torch.minimum(z, -floor))
-    empty = magnitude == 0
-    signed = (relevance / held).masked_fill_(empty, 0.0)
-    unsigned = torch.where(held == z, 0.0, (relevance - signed * z) / magnitude).masked_fill_(empty, 0.0)
+    held = torch.maximum(z.abs(), RELATIVE_FLOOR * magnitude).copysign_(z)
+    signed = (relevance / held).masked_fill_(magnitude == 0, 0.0)
+    # where every term is 0, z is 0 and held == z: `unsigned` is 0 there without a mask
+    unsigned = torch.where(held == z, 0.0, (relevance - signed * z) / magnitude)
     return signed, unsigned
 
 
@@ -71,7 +70,7 @@ def linear_alpha1_beta0(x: torch.Tensor, weight: torch.Tensor, relevance: torch.
         s_pos = s_neg = safe_divide(relevance, z_pos + z_neg)
     else:
         s_pos, s_neg = safe_divide(relevance, z_pos), safe_divide(relevance, z_neg)
-    return x_pos * (s_pos @ w_pos) + x_neg * (s_neg @ w_neg)
+    return torch.addcmul(x_pos * (s_pos @ w_pos), x_neg, s_neg @ w_neg)
 
 
 def reweigh_branches(x: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
@@ -89,8 +88,9 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
         s = safe_divide(relevance, a + b)
         r_a, r_b = a * s, b * s
     else:
-        signed, unsigned = stable_quotients(relevance, a + b, a.abs() + b.abs())
-        r_a, r_b = torch.addcmul(a * signed, a.abs(), unsigned), torch.addcmul(b * signed, b.abs(), unsigned)
+        a_abs, b_abs = a.abs(), b.abs()
+        signed, unsigned = stable_quotients(relevance, a + b, a_abs + b_abs)
+        r_a, r_b = torch.addcmul(a * signed, a_abs, unsigned), torch.addcmul(b * signed, b_abs, unsigned)
     if rescale:
         sum_a, sum_b, total = per_sample_sum(r_a), per_sample_sum(r_b), per_sample_sum(relevance)
         norm = sum_a.abs() + sum_b.abs()
@@ -105,8 +105,8 @@ def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor, exa
         half_s = safe_divide(relevance, u @ v).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
         return u * (half_s @ v.transpose(-2, -1)), v * (u.transpose(-2, -1) @ half_s)
     u_abs, v_abs = u.abs(), v.abs()
-    signed, unsigned = stable_quotients(relevance, u @ v, u_abs @ v_abs)
-    signed, unsigned = signed.mul_(0.5), unsigned.mul_(0.5)
+    # both quotients are linear in the relevance: halving it halves them exactly
+    signed, unsigned = stable_quotients(relevance * 0.5, u @ v, u_abs @ v_abs)
     r_u = torch.addcmul(u * (signed @ v.transpose(-2, -1)), u_abs, unsigned @ v_abs.transpose(-2, -1))
     r_v = torch.addcmul(v * (u.transpose(-2, -1) @ signed), v_abs, u_abs.transpose(-2, -1) @ unsigned)
     return r_u, r_v

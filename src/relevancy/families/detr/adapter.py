@@ -191,6 +191,12 @@ class DetrAdapter(Adapter):
         ]
 
     def batches(self, inputs: DetectionBatch, size: int) -> Iterator[DetectionBatch]:
+        """Images in consecutive batches; once a target has bound the explained objects, objects (rows) in
+        consecutive batches, each with the images (only the images of its rows are run)."""
+        if inputs.image is not None:
+            for start in range(0, len(inputs), size):
+                yield inputs.rows(inputs.image[start:start + size], inputs.query[start:start + size])
+            return
         for start in range(0, len(inputs.pixel_values), size):
             yield DetectionBatch(inputs.pixel_values[start:start + size], inputs.pixel_mask[start:start + size])
 
