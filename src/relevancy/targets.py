@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Callable, Sequence, Union
+from typing import Callable, Literal, Mapping, Sequence, Union, get_args
 
 import numpy as np
 import torch
@@ -11,25 +11,60 @@ from torch import nn
 from .guard import exclusive, ordinary
 
 
-class Concept:
-    """A CDAM concept: the mean pre-logits latent of examples; explained as `f(x) = z(x) . c`.
+#: how a concept's direction is made from its examples' features (the option `kind`)
+ConceptKind = Literal["contrast", "plain"]
+CONCEPT_KINDS: tuple[str, ...] = get_args(ConceptKind)
 
-    `Concept(model, examples)` takes what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
-    text model's tokenizer output), runs the model on the examples in batches of `batch_size` and leaves the
-    model as it was.
+
+class Concept:
+    """A CDAM concept: a direction `c` in the pre-logits latent space, explained as `f(x) = z(x) . c`.
+
+    `kind="contrast"` (the default wherever there is something to contrast with): the mean latent of the examples
+    minus the mean latent of a `reference` (other images, or other concepts built from examples), so that the
+    component every image feature shares (large in DINOv2) cancels and the map follows what sets the examples
+    apart. `kind="plain"`: the mean latent of the examples, as in the CDAM paper; this is what a concept without
+    a reference is. `Concept.contrasted({name: concept, ...})` contrasts each concept of a set with the others.
+
+    `examples` and `reference` are what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
+    text model's tokenizer output; `reference` may also be a sequence of Concepts built from examples); the
+    model runs on them in batches of `batch_size` and is left as it was.
     """
 
-    def __init__(self, model: nn.Module, examples: object, batch_size: int = 64) -> None:
-        from .families import adapter_for
+    def __init__(self, model: nn.Module, examples: object, batch_size: int = 64, *, reference: object = None,
+                 kind: ConceptKind | None = None) -> None:
+        kind = _concept_kind(kind, has_reference=reference is not None)
+        #: the examples' mean latent (what a reference made of this concept contributes)
+        self.mean = mean_latent(model, examples, batch_size)
+        self.kind = kind
+        if kind == "plain":
+            self.vector = self.mean
+            return
+        against = _reference_mean(model, reference, batch_size)
+        if against.shape != self.mean.shape:
+            raise ValueError(f"the reference's latents have {against.numel()} dimensions but the examples' have "
+                             f"{self.mean.numel()}: build reference concepts from the same model")
+        self.vector = self.mean - against
 
-        adapter = adapter_for(model)
-        # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
-        # tensor that a later explanation's backward pass can use
-        with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
-            inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
-            with adapter.explaining(attention_probabilities=False):
-                latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
-            self.vector = torch.cat(latents).mean(0)
+    @classmethod
+    def contrasted(cls, concepts: Mapping[str, "Concept"], kind: ConceptKind = "contrast") -> dict[str, "Concept"]:
+        """Each concept of a set (at least two, built from examples of one model) as the difference between its
+        examples' mean latent and the mean of the other concepts' mean latents (`kind="contrast"`), or as its
+        plain mean latent (`kind="plain"`)."""
+        kind = _concept_kind(kind, has_reference=True)
+        means = {name: _mean_of(concept, f"concept {name!r}") for name, concept in concepts.items()}
+        if len(means) < 2:
+            raise ValueError(f"a contrasted set needs at least two concepts, got {len(means)}")
+        sizes = {mean.numel() for mean in means.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"the concepts have different sizes {sorted(sizes)}: build them all from one model")
+        total = torch.stack(list(means.values())).sum(0)
+        made = {}
+        for name, mean in means.items():
+            concept = cls.__new__(cls)
+            concept.mean, concept.kind = mean, kind
+            concept.vector = mean if kind == "plain" else mean - (total - mean) / (len(means) - 1)
+            made[name] = concept
+        return made
 
     @classmethod
     def from_vector(cls, vector: object) -> "Concept":
@@ -43,6 +78,7 @@ class Concept:
             raise ValueError("the concept vector holds NaN or infinite values: it must be finite")
         concept = cls.__new__(cls)
         concept.vector = values if values.is_floating_point() else values.float()
+        concept.mean, concept.kind = None, "plain"  # its examples are unknown: it cannot serve as a reference
         return concept
 
     def score(self, pre_logits: torch.Tensor) -> torch.Tensor:
@@ -55,7 +91,49 @@ class Concept:
         return pre_logits @ ordinary(self.vector).to(pre_logits)  # a vector made under inference_mode is cloned
 
     def __repr__(self) -> str:
-        return f"Concept(dim={self.vector.numel()})"
+        return f"Concept(dim={self.vector.numel()}, kind={self.kind!r})"
+
+
+def mean_latent(model: nn.Module, examples: object, batch_size: int = 64) -> torch.Tensor:
+    """The mean pre-logits latent of `examples` (what `explain` takes for `model`), the model left as it was."""
+    from .families import adapter_for
+
+    adapter = adapter_for(model)
+    # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
+    # tensor that a later explanation's backward pass can use
+    with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
+        inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
+        with adapter.explaining(attention_probabilities=False):
+            latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
+        return torch.cat(latents).mean(0)
+
+
+def _concept_kind(kind: object, has_reference: bool) -> str:
+    """The concept kind asked for (None: contrast when there is a reference, plain otherwise), checked."""
+    if kind is None:
+        return "contrast" if has_reference else "plain"
+    if not isinstance(kind, str) or kind not in CONCEPT_KINDS:
+        raise ValueError(f"concept kind must be one of {', '.join(repr(k) for k in CONCEPT_KINDS)}, got {kind!r}")
+    if kind == "contrast" and not has_reference:
+        raise ValueError("kind='contrast' needs a reference: other images (reference=...), other Concepts, or "
+                         "Concept.contrasted({name: concept, ...}); kind='plain' takes the examples' mean alone")
+    return kind
+
+
+def _mean_of(concept: object, what: str) -> torch.Tensor:
+    """A concept's examples' mean latent; refused, naming `what`, for anything else."""
+    if not isinstance(concept, Concept):
+        raise TypeError(f"{what} must be a Concept, got {type(concept).__name__}")
+    if concept.mean is None:
+        raise ValueError(f"{what} was made from a vector (Concept.from_vector), not from examples: its mean latent is unknown")
+    return concept.mean
+
+
+def _reference_mean(model: nn.Module, reference: object, batch_size: int) -> torch.Tensor:
+    """The reference's mean latent: the mean over Concepts' means (each weighs the same), or over example inputs."""
+    if isinstance(reference, (list, tuple)) and reference and all(isinstance(r, Concept) for r in reference):
+        return torch.stack([_mean_of(r, f"reference concept {k}") for k, r in enumerate(reference)]).mean(0)
+    return mean_latent(model, reference, batch_size)
 
 
 ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
