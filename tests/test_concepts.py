@@ -6,7 +6,7 @@ import torch
 
 import relevancy
 from models import tiny_vit
-from relevancy.targets import CONCEPT_KINDS, mean_latent
+from relevancy.targets import CONCEPT_KINDS, LDA_SHRINKAGE, example_latents
 
 GENERATOR = torch.Generator().manual_seed(0)
 CATS, CUPS, BIRDS = (torch.randn(3, 3, 32, 32, generator=GENERATOR) for _ in range(3))
@@ -14,7 +14,7 @@ CATS, CUPS, BIRDS = (torch.randn(3, 3, 32, 32, generator=GENERATOR) for _ in ran
 
 def latents(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
     """Each image's pre-logits latent, one forward each (the arithmetic is checked against these)."""
-    return torch.stack([mean_latent(model, image[None]) for image in images])
+    return torch.cat([example_latents(model, image[None]) for image in images])
 
 
 def test_a_concept_without_reference_is_the_plain_mean_latent():
@@ -67,7 +67,37 @@ def test_a_contrast_concept_explains_like_its_vector():
     torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("kind", ["contrasts", "Plain", "lda", 1])
+def fisher(groups: list[torch.Tensor], target: int) -> torch.Tensor:
+    """Fisher's direction written out: the target group's mean minus the others' mean (each group weighs the same),
+    through the pooled within-group covariance shrunk towards trace / D times the identity."""
+    deviations = torch.cat([g - g.mean(0) for g in groups]).double()
+    covariance = deviations.T @ deviations / len(deviations)
+    dims = covariance.shape[0]
+    shrunk = (1 - LDA_SHRINKAGE) * covariance + LDA_SHRINKAGE * covariance.trace() / dims * torch.eye(dims, dtype=torch.float64)
+    others = torch.stack([g.mean(0) for k, g in enumerate(groups) if k != target]).mean(0)
+    return (torch.linalg.inv(shrunk) @ (groups[target].mean(0) - others).double()).float()
+
+
+def test_an_lda_concept_is_fishers_direction_with_the_shrunk_covariance():
+    model = tiny_vit()
+    groups = [latents(model, images) for images in (CATS, CUPS, BIRDS)]
+    concept = relevancy.Concept(model, CATS, reference=torch.cat([CUPS, BIRDS]), kind="lda")
+    torch.testing.assert_close(concept.vector, fisher([groups[0], torch.cat(groups[1:])], 0), rtol=1e-4, atol=1e-4)
+    found = {name: relevancy.Concept(model, images) for name, images in (("cat", CATS), ("cup", CUPS), ("bird", BIRDS))}
+    contrasted = relevancy.Concept.contrasted(found, kind="lda")
+    for k, name in enumerate(found):
+        torch.testing.assert_close(contrasted[name].vector, fisher(groups, k), rtol=1e-4, atol=1e-4)
+        assert contrasted[name].kind == "lda"
+
+
+def test_an_lda_concept_of_single_examples_is_the_contrast():
+    model = tiny_vit()
+    found = {name: relevancy.Concept(model, images[:1]) for name, images in (("cat", CATS), ("cup", CUPS))}
+    lda, contrast = relevancy.Concept.contrasted(found, kind="lda"), relevancy.Concept.contrasted(found)
+    torch.testing.assert_close(lda["cat"].vector, contrast["cat"].vector)
+
+
+@pytest.mark.parametrize("kind", ["contrasts", "Plain", "LDA", 1])
 def test_a_misspelt_kind_names_the_valid_ones(kind):
     with pytest.raises(ValueError) as error:
         relevancy.Concept(tiny_vit(), CATS, reference=CUPS, kind=kind)

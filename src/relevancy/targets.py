@@ -12,8 +12,11 @@ from .guard import exclusive, ordinary
 
 
 #: how a concept's direction is made from its examples' features (the option `kind`)
-ConceptKind = Literal["contrast", "plain"]
+ConceptKind = Literal["contrast", "lda", "plain"]
 CONCEPT_KINDS: tuple[str, ...] = get_args(ConceptKind)
+#: `kind="lda"`: the within-group covariance is taken half-way to a multiple of the identity (the same trace), so
+#: that a few dozen examples in hundreds of dimensions give a well-conditioned, stable direction
+LDA_SHRINKAGE = 0.5
 
 
 class Concept:
@@ -22,8 +25,11 @@ class Concept:
     `kind="contrast"` (the default wherever there is something to contrast with): the mean latent of the examples
     minus the mean latent of a `reference` (other images, or other concepts built from examples), so that the
     component every image feature shares (large in DINOv2) cancels and the map follows what sets the examples
-    apart. `kind="plain"`: the mean latent of the examples, as in the CDAM paper; this is what a concept without
-    a reference is. `Concept.contrasted({name: concept, ...})` contrasts each concept of a set with the others.
+    apart. `kind="lda"`: that difference multiplied by the inverse of the examples' within-group covariance
+    (shrunk by `LDA_SHRINKAGE`), Fisher's linear discriminant, which also discounts directions along which the
+    examples of one group vary. `kind="plain"`: the mean latent of the examples, as in the CDAM paper; this is what
+    a concept without a reference is. `Concept.contrasted({name: concept, ...})` sets each concept of a set against
+    the others.
 
     `examples` and `reference` are what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
     text model's tokenizer output; `reference` may also be a sequence of Concepts built from examples); the
@@ -33,36 +39,42 @@ class Concept:
     def __init__(self, model: nn.Module, examples: object, batch_size: int = 64, *, reference: object = None,
                  kind: ConceptKind | None = None) -> None:
         kind = _concept_kind(kind, has_reference=reference is not None)
-        #: the examples' mean latent (what a reference made of this concept contributes)
-        self.mean = mean_latent(model, examples, batch_size)
+        #: the examples' latents `(N, D)` (None for a concept made from a vector)
+        self.latents = example_latents(model, examples, batch_size)
         self.kind = kind
         if kind == "plain":
             self.vector = self.mean
             return
-        against = _reference_mean(model, reference, batch_size)
-        if against.shape != self.mean.shape:
-            raise ValueError(f"the reference's latents have {against.numel()} dimensions but the examples' have "
-                             f"{self.mean.numel()}: build reference concepts from the same model")
-        self.vector = self.mean - against
+        groups = _reference_groups(model, reference, batch_size)
+        if groups[0].shape[-1] != self.latents.shape[-1]:
+            raise ValueError(f"the reference's latents have {groups[0].shape[-1]} dimensions but the examples' have "
+                             f"{self.latents.shape[-1]}: build reference concepts from the same model")
+        self.vector = _direction(kind, self.latents, groups)
+
+    @property
+    def mean(self) -> torch.Tensor | None:
+        """The examples' mean latent (None for a concept made from a vector)."""
+        return None if self.latents is None else self.latents.mean(0)
 
     @classmethod
     def contrasted(cls, concepts: Mapping[str, "Concept"], kind: ConceptKind = "contrast") -> dict[str, "Concept"]:
-        """Each concept of a set (at least two, built from examples of one model) as the difference between its
-        examples' mean latent and the mean of the other concepts' mean latents (`kind="contrast"`), or as its
-        plain mean latent (`kind="plain"`)."""
+        """Each concept of a set (at least two, built from examples of one model) against the others: the
+        difference between its examples' mean latent and the mean of the other concepts' mean latents
+        (`kind="contrast"`), that difference through the within-concept covariance (`kind="lda"`), or its plain
+        mean latent (`kind="plain"`)."""
         kind = _concept_kind(kind, has_reference=True)
-        means = {name: _mean_of(concept, f"concept {name!r}") for name, concept in concepts.items()}
-        if len(means) < 2:
-            raise ValueError(f"a contrasted set needs at least two concepts, got {len(means)}")
-        sizes = {mean.numel() for mean in means.values()}
+        latents = {name: _latents_of(concept, f"concept {name!r}") for name, concept in concepts.items()}
+        if len(latents) < 2:
+            raise ValueError(f"a contrasted set needs at least two concepts, got {len(latents)}")
+        sizes = {found.shape[-1] for found in latents.values()}
         if len(sizes) != 1:
             raise ValueError(f"the concepts have different sizes {sorted(sizes)}: build them all from one model")
-        total = torch.stack(list(means.values())).sum(0)
         made = {}
-        for name, mean in means.items():
+        for name, found in latents.items():
             concept = cls.__new__(cls)
-            concept.mean, concept.kind = mean, kind
-            concept.vector = mean if kind == "plain" else mean - (total - mean) / (len(means) - 1)
+            concept.latents, concept.kind = found, kind
+            others = [other for other_name, other in latents.items() if other_name != name]
+            concept.vector = concept.mean if kind == "plain" else _direction(kind, found, others)
             made[name] = concept
         return made
 
@@ -78,7 +90,7 @@ class Concept:
             raise ValueError("the concept vector holds NaN or infinite values: it must be finite")
         concept = cls.__new__(cls)
         concept.vector = values if values.is_floating_point() else values.float()
-        concept.mean, concept.kind = None, "plain"  # its examples are unknown: it cannot serve as a reference
+        concept.latents, concept.kind = None, "plain"  # its examples are unknown: it cannot serve as a reference
         return concept
 
     def score(self, pre_logits: torch.Tensor) -> torch.Tensor:
@@ -94,8 +106,8 @@ class Concept:
         return f"Concept(dim={self.vector.numel()}, kind={self.kind!r})"
 
 
-def mean_latent(model: nn.Module, examples: object, batch_size: int = 64) -> torch.Tensor:
-    """The mean pre-logits latent of `examples` (what `explain` takes for `model`), the model left as it was."""
+def example_latents(model: nn.Module, examples: object, batch_size: int = 64) -> torch.Tensor:
+    """The pre-logits latents `(N, D)` of `examples` (what `explain` takes for `model`), the model left as it was."""
     from .families import adapter_for
 
     adapter = adapter_for(model)
@@ -104,8 +116,22 @@ def mean_latent(model: nn.Module, examples: object, batch_size: int = 64) -> tor
     with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
         inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
         with adapter.explaining(attention_probabilities=False):
-            latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
-        return torch.cat(latents).mean(0)
+            return torch.cat([adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)])
+
+
+def _direction(kind: str, latents: torch.Tensor, reference: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The concept of `latents` against reference groups of latents (each group's mean weighs the same)."""
+    difference = latents.mean(0) - torch.stack([group.mean(0) for group in reference]).mean(0)
+    if kind == "contrast":
+        return difference
+    centred = torch.cat([group - group.mean(0) for group in (latents, *reference)]).double()
+    covariance = centred.T @ centred / len(centred)
+    scale = covariance.trace() / len(covariance)
+    if scale == 0:  # no spread within any group (one example each): nothing to discount, lda is the contrast
+        return difference
+    identity = torch.eye(len(covariance), dtype=covariance.dtype, device=covariance.device)
+    shrunk = (1 - LDA_SHRINKAGE) * covariance + LDA_SHRINKAGE * scale * identity
+    return torch.linalg.solve(shrunk, difference.double()).to(difference.dtype)
 
 
 def _concept_kind(kind: object, has_reference: bool) -> str:
@@ -120,20 +146,20 @@ def _concept_kind(kind: object, has_reference: bool) -> str:
     return kind
 
 
-def _mean_of(concept: object, what: str) -> torch.Tensor:
-    """A concept's examples' mean latent; refused, naming `what`, for anything else."""
+def _latents_of(concept: object, what: str) -> torch.Tensor:
+    """A concept's examples' latents; refused, naming `what`, for anything else."""
     if not isinstance(concept, Concept):
         raise TypeError(f"{what} must be a Concept, got {type(concept).__name__}")
-    if concept.mean is None:
-        raise ValueError(f"{what} was made from a vector (Concept.from_vector), not from examples: its mean latent is unknown")
-    return concept.mean
+    if concept.latents is None:
+        raise ValueError(f"{what} was made from a vector (Concept.from_vector), not from examples: its latents are unknown")
+    return concept.latents
 
 
-def _reference_mean(model: nn.Module, reference: object, batch_size: int) -> torch.Tensor:
-    """The reference's mean latent: the mean over Concepts' means (each weighs the same), or over example inputs."""
+def _reference_groups(model: nn.Module, reference: object, batch_size: int) -> list[torch.Tensor]:
+    """The reference's groups of latents: one per reference Concept, or one for example inputs."""
     if isinstance(reference, (list, tuple)) and reference and all(isinstance(r, Concept) for r in reference):
-        return torch.stack([_mean_of(r, f"reference concept {k}") for k, r in enumerate(reference)]).mean(0)
-    return mean_latent(model, reference, batch_size)
+        return [_latents_of(r, f"reference concept {k}") for k, r in enumerate(reference)]
+    return [example_latents(model, reference, batch_size)]
 
 
 ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
