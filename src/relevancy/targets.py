@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Callable, Sequence, Union
+from typing import Callable, Literal, Mapping, Sequence, Union, get_args
 
 import numpy as np
 import torch
@@ -13,25 +13,72 @@ from .guard import exclusive, ordinary
 from .messages import quoted
 
 
-class Concept:
-    """A CDAM concept: the mean pre-logits latent of examples; explained as `f(x) = z(x) . c`.
+#: how a concept's direction is made from its examples' features (the option `kind`)
+ConceptKind = Literal["contrast", "lda", "plain"]
+CONCEPT_KINDS: tuple[str, ...] = get_args(ConceptKind)
+#: `kind="lda"`: the within-group covariance is taken half-way to a multiple of the identity (the same trace), so
+#: that a few dozen examples in hundreds of dimensions give a well-conditioned, stable direction
+LDA_SHRINKAGE = 0.5
 
-    `Concept(model, examples)` takes what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
-    text model's tokenizer output), runs the model on the examples in batches of `batch_size` and leaves the
-    model as it was.
+
+class Concept:
+    """A CDAM concept: a direction `c` in the pre-logits latent space, explained as `f(x) = z(x) . c`.
+
+    `kind="contrast"` (the default wherever there is something to contrast with): the mean latent of the examples
+    minus the mean latent of a `reference` (other images, or other concepts built from examples), so that the
+    component every image feature shares (large in DINOv2) cancels and the map follows what sets the examples
+    apart. `kind="lda"`: that difference multiplied by the inverse of the examples' within-group covariance
+    (shrunk by `LDA_SHRINKAGE`), Fisher's linear discriminant, which also discounts directions along which the
+    examples of one group vary. `kind="plain"`: the mean latent of the examples, as in the CDAM paper; this is what
+    a concept without a reference is. `Concept.contrasted({name: concept, ...})` sets each concept of a set against
+    the others.
+
+    `examples` and `reference` are what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
+    text model's tokenizer output; `reference` may also be a sequence of Concepts built from examples); the
+    model runs on them in batches of `batch_size` and is left as it was.
     """
 
-    def __init__(self, model: nn.Module, examples: object, batch_size: int = 64) -> None:
-        from .families import adapter_for
+    def __init__(self, model: nn.Module, examples: object, batch_size: int = 64, *, reference: object = None,
+                 kind: ConceptKind | None = None) -> None:
+        kind = _concept_kind(kind, has_reference=reference is not None)
+        #: the examples' latents `(N, D)` (None for a concept made from a vector)
+        self.latents = example_latents(model, examples, batch_size)
+        self.kind = kind
+        if kind == "plain":
+            self.vector = self.mean
+            return
+        groups = _reference_groups(model, reference, batch_size)
+        if groups[0].shape[-1] != self.latents.shape[-1]:
+            raise ValueError(f"the reference's latents have {groups[0].shape[-1]} dimensions but the examples' have "
+                             f"{self.latents.shape[-1]}: build reference concepts from the same model")
+        self.vector = _direction(kind, self.latents, groups)
 
-        adapter = adapter_for(model)
-        # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
-        # tensor that a later explanation's backward pass can use
-        with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
-            inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
-            with adapter.explaining(attention_probabilities=False):
-                latents = [adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)]
-            self.vector = torch.cat(latents).mean(0)
+    @property
+    def mean(self) -> torch.Tensor | None:
+        """The examples' mean latent (None for a concept made from a vector)."""
+        return None if self.latents is None else self.latents.mean(0)
+
+    @classmethod
+    def contrasted(cls, concepts: Mapping[str, "Concept"], kind: ConceptKind = "contrast") -> dict[str, "Concept"]:
+        """Each concept of a set (at least two, built from examples of one model) against the others: the
+        difference between its examples' mean latent and the mean of the other concepts' mean latents
+        (`kind="contrast"`), that difference through the within-concept covariance (`kind="lda"`), or its plain
+        mean latent (`kind="plain"`)."""
+        kind = _concept_kind(kind, has_reference=True)
+        latents = {name: _latents_of(concept, f"concept {name!r}") for name, concept in concepts.items()}
+        if len(latents) < 2:
+            raise ValueError(f"a contrasted set needs at least two concepts, got {len(latents)}")
+        sizes = {found.shape[-1] for found in latents.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"the concepts have different sizes {sorted(sizes)}: build them all from one model")
+        made = {}
+        for name, found in latents.items():
+            concept = cls.__new__(cls)
+            concept.latents, concept.kind = found, kind
+            others = [other for other_name, other in latents.items() if other_name != name]
+            concept.vector = concept.mean if kind == "plain" else _direction(kind, found, others)
+            made[name] = concept
+        return made
 
     @classmethod
     def from_vector(cls, vector: object) -> "Concept":
@@ -45,6 +92,7 @@ class Concept:
             raise ValueError("the concept vector holds NaN or infinite values: it must be finite")
         concept = cls.__new__(cls)
         concept.vector = values if values.is_floating_point() else values.float()
+        concept.latents, concept.kind = None, "plain"  # its examples are unknown: it cannot serve as a reference
         return concept
 
     def score(self, pre_logits: torch.Tensor) -> torch.Tensor:
@@ -57,7 +105,63 @@ class Concept:
         return pre_logits @ ordinary(self.vector).to(pre_logits)  # a vector made under inference_mode is cloned
 
     def __repr__(self) -> str:
-        return f"Concept(dim={self.vector.numel()})"
+        return f"Concept(dim={self.vector.numel()}, kind={self.kind!r})"
+
+
+def example_latents(model: nn.Module, examples: object, batch_size: int = 64) -> torch.Tensor:
+    """The pre-logits latents `(N, D)` of `examples` (what `explain` takes for `model`), the model left as it was."""
+    from .families import adapter_for
+
+    adapter = adapter_for(model)
+    # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
+    # tensor that a later explanation's backward pass can use
+    with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
+        inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
+        with adapter.explaining(attention_probabilities=False):
+            return torch.cat([adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)])
+
+
+def _direction(kind: str, latents: torch.Tensor, reference: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The concept of `latents` against reference groups of latents (each group's mean weighs the same)."""
+    difference = latents.mean(0) - torch.stack([group.mean(0) for group in reference]).mean(0)
+    if kind == "contrast":
+        return difference
+    centred = torch.cat([group - group.mean(0) for group in (latents, *reference)]).double()
+    covariance = centred.T @ centred / len(centred)
+    scale = covariance.trace() / len(covariance)
+    if scale == 0:  # no spread within any group (one example each): nothing to discount, lda is the contrast
+        return difference
+    identity = torch.eye(len(covariance), dtype=covariance.dtype, device=covariance.device)
+    shrunk = (1 - LDA_SHRINKAGE) * covariance + LDA_SHRINKAGE * scale * identity
+    return torch.linalg.solve(shrunk, difference.double()).to(difference.dtype)
+
+
+def _concept_kind(kind: object, has_reference: bool) -> str:
+    """The concept kind asked for (None: contrast when there is a reference, plain otherwise), checked."""
+    if kind is None:
+        return "contrast" if has_reference else "plain"
+    if not isinstance(kind, str) or kind not in CONCEPT_KINDS:
+        raise ValueError(f"concept kind must be one of {', '.join(repr(k) for k in CONCEPT_KINDS)}, got {kind!r}")
+    if kind == "contrast" and not has_reference:
+        raise ValueError("kind='contrast' needs a reference: other images (reference=...), other Concepts, or "
+                         "Concept.contrasted({name: concept, ...}); kind='plain' takes the examples' mean alone")
+    return kind
+
+
+def _latents_of(concept: object, what: str) -> torch.Tensor:
+    """A concept's examples' latents; refused, naming `what`, for anything else."""
+    if not isinstance(concept, Concept):
+        raise TypeError(f"{what} must be a Concept, got {type(concept).__name__}")
+    if concept.latents is None:
+        raise ValueError(f"{what} was made from a vector (Concept.from_vector), not from examples: its latents are unknown")
+    return concept.latents
+
+
+def _reference_groups(model: nn.Module, reference: object, batch_size: int) -> list[torch.Tensor]:
+    """The reference's groups of latents: one per reference Concept, or one for example inputs."""
+    if isinstance(reference, (list, tuple)) and reference and all(isinstance(r, Concept) for r in reference):
+        return [_latents_of(r, f"reference concept {k}") for k, r in enumerate(reference)]
+    return [example_latents(model, reference, batch_size)]
 
 
 ScoreFunction = Callable[[torch.Tensor], torch.Tensor]
