@@ -32,6 +32,7 @@ class Method:
 from .ablation import token_ablation  # noqa: E402
 from .attention import raw_attention, rollout  # noqa: E402
 from .gradients import attention_gradcam, cdam, generic_attention  # noqa: E402
+from .language import attnlrp, cp_lrp, input_x_gradient  # noqa: E402
 from .propagation import lrp, partial_lrp, transformer_attribution  # noqa: E402
 
 REGISTRY: dict[str, Method] = {
@@ -56,6 +57,12 @@ REGISTRY: dict[str, Method] = {
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
                accepts_concept=True,
                summary="score drop when a patch token is removed"),
+        Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False,
+               summary="decoder language models: AttnLRP (Achtibat et al.) at the token embeddings"),
+        Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False,
+               summary="decoder language models: CP-LRP, AttnLRP without relevance through queries, keys, gates"),
+        Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False,
+               summary="decoder language models: input x gradient at the token embeddings"),
     )
 }
 
