@@ -12,18 +12,22 @@ from .explanation import Explanation
 from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
-from .methods import REGISTRY
+from .methods import LANGUAGE_REGISTRY, REGISTRY
 from .methods.coattention import has_cross_attention
 from .targets import Concept, Target
 
 
 def get_method(name: str):
-    """The registered method called `name`; an error suggesting the closest name otherwise."""
-    if name in REGISTRY:
-        return REGISTRY[name]
-    close = difflib.get_close_matches(name, list(REGISTRY), n=1)
+    """The registered method called `name` (image and text models, then decoder language models); an error
+    suggesting the closest name otherwise."""
+    methods = {**REGISTRY, **LANGUAGE_REGISTRY}
+    if name in methods:
+        return methods[name]
+    close = difflib.get_close_matches(name, list(methods), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown method '{name}'.{hint} Valid methods: {', '.join(REGISTRY)}")
+    raise ValueError(
+        f"unknown method '{name}'.{hint} Valid methods: {', '.join(REGISTRY)}; decoder language models: {', '.join(LANGUAGE_REGISTRY)}"
+    )
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None, **options: Any) -> Explanation:
@@ -122,7 +126,7 @@ def method_reference() -> str:
     """The methods of the registry, one line each with its options and defaults (read from `run`'s signature),
     so that `help(relevancy.explain)` cannot drift from the code."""
     lines = ["method= (keyword options and their defaults; None: the model family's default, see docs/methods.md):"]
-    for name, spec in REGISTRY.items():
+    for name, spec in {**REGISTRY, **LANGUAGE_REGISTRY}.items():
         parameters = list(inspect.signature(spec.run).parameters.values())[3:]  # after (adapter, inputs, target)
         options = ", ".join(f"{p.name}={p.default!r}" for p in parameters) or "no options"
         traits = ", ".join(t for t, on in (("signed", spec.signed), ("concept", spec.accepts_concept), ("pixels", spec.pixels)) if on)

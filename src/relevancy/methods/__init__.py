@@ -57,6 +57,15 @@ REGISTRY: dict[str, Method] = {
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
                accepts_concept=True,
                summary="score drop when a patch token is removed"),
+    )
+}
+
+
+#: the methods of decoder language models (`families.causal_lm`), kept apart from REGISTRY (whose methods every
+#: image and text family offers) until the adapters declare which methods they take
+LANGUAGE_REGISTRY: dict[str, Method] = {
+    m.name: m
+    for m in (
         Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False,
                summary="decoder language models: AttnLRP (Achtibat et al.) at the token embeddings"),
         Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False,
@@ -72,4 +81,4 @@ def register_method(method: Method) -> None:
     REGISTRY[method.name] = method
 
 
-__all__ = ["Method", "REGISTRY", "register_method", "Adapter", "Target"]
+__all__ = ["Method", "REGISTRY", "LANGUAGE_REGISTRY", "register_method", "Adapter", "Target"]
