@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
     from .families.detr import detect
+    from .families.causal_lm import Contrast
     from .targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "METHODS"]
+__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "METHODS"]
 __version__ = "0.1.0"
 
 
@@ -39,6 +40,8 @@ def __getattr__(name: str) -> Any:
         from .families.detr import detect as value
     elif name == "Concept":
         from .targets import Concept as value
+    elif name == "Contrast":
+        from .families.causal_lm import Contrast as value
     elif name == "METHODS":
         from .methods import REGISTRY
 

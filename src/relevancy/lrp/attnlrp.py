@@ -1,0 +1,139 @@
+"""AttnLRP's rules for decoder language models (Achtibat et al., ICML 2024), and CP-LRP's variant of them.
+
+Both are written in the gradient x input form: each rule changes what flows backward through one operation, so
+that one ordinary backward pass of the explained logit, multiplied by the input embeddings, gives the relevance of
+each input dimension. The rules, operation by operation:
+- Linear layers (projections, the output head): gradient x input is LRP's epsilon-0 rule, the bias keeping its share.
+- An element-wise non-linearity `y = f(x)` (SiLU, GELU): the identity rule, all relevance passes unchanged:
+  the backward multiplies by `f(x) / x` instead of `f'(x)` (`identity_rule`).
+- A product of two model-dependent factors (the gate times the up projection of a gated MLP; attention's
+  `q k^T` and `probabilities @ v`): the uniform rule, half to each factor. Gradient x input would give each factor
+  the whole product, so the backward is halved (`share`). In attention this folds into the inputs: values get
+  1/2 (they are a factor once), queries and keys 1/4 (a factor of `q k^T`, whose result, through the softmax,
+  is the other factor of `probabilities @ v`).
+- Softmax: its true gradient (gradient x input on a softmax is the rule the paper derives for it).
+- RMSNorm and LayerNorm: the identity rule on the normalisation: the divisor (the root mean square, the
+  standard deviation) is held constant in the backward (`norm_identity`), so relevance passes as through a
+  fixed scaling.
+CP-LRP (Ali et al., ICML 2022) keeps relevance off everything that only decides where attention goes: queries and
+keys are detached (the probabilities are a constant weighting of the values, which take the whole relevance), and
+in a gated MLP the gate is detached (a constant weighting of the up projection).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+class _ScaledBackward(torch.autograd.Function):
+    """Identity forward; the backward multiplies the incoming gradient by a constant."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+class _IdentityRule(torch.autograd.Function):
+    """`y = f(x)` forward; backward `grad * f(x) / x` (0 where x is 0), so that input x gradient equals the
+    output's relevance element by element."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        y = fn(x)
+        zero = x == 0
+        ctx.save_for_backward(torch.where(zero, torch.zeros_like(y), y / torch.where(zero, torch.ones_like(x), x)))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (ratio,) = ctx.saved_tensors
+        return grad * ratio, None
+
+
+def share(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """`x` unchanged, with `factor` of the relevance flowing back into it (the uniform rule's share)."""
+    return _ScaledBackward.apply(x, factor)
+
+
+def identity_rule(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)` for an element-wise `fn`, relevance passed through unchanged."""
+    return _IdentityRule.apply(x, fn)
+
+
+def norm_identity(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
+    """`x / divisor` with the divisor constant in the backward: the identity rule on a normalisation."""
+    return x / divisor.detach()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (as Llama computes it: in float32 at least, scaled after the cast back) under the identity rule."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = norm_identity(wide, torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + eps))
+    return weight * normed.to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant)."""
+    centred = x - x.mean(-1, keepdim=True)
+    y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps))
+    if norm.weight is not None:
+        y = y * norm.weight
+    if norm.bias is not None:
+        y = y + norm.bias
+    return y
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """How much relevance each input of a product receives: `None` detaches it (CP-LRP), a number shares it."""
+
+    name: str
+    query_key: float | None  # queries and keys of attention
+    value: float  # values of attention
+    gate: float | None  # the gate of a gated MLP
+    up: float  # the up projection of a gated MLP
+
+    def take(self, x: torch.Tensor, factor: float | None) -> torch.Tensor:
+        """`x` as one input of a product under this rule set."""
+        if factor is None:
+            return x.detach()
+        return x if factor == 1.0 else share(x, factor)
+
+    def activation(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """An element-wise activation: the identity rule (a detached input needs none)."""
+        return fn(x) if not x.requires_grad else identity_rule(fn, x)
+
+
+ATTNLRP = RuleSet("attnlrp", query_key=0.25, value=0.5, gate=0.5, up=0.5)
+CP_LRP = RuleSet("cp_lrp", query_key=None, value=1.0, gate=None, up=1.0)
+RULE_SETS = {rules.name: rules for rules in (ATTNLRP, CP_LRP)}
+
+
+def gated_mlp(rules: RuleSet, gate_proj: torch.nn.Module, up_proj: torch.nn.Module, down_proj: torch.nn.Module,
+              act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`down(act(gate(x)) * up(x))` under `rules`."""
+    gate = rules.activation(act, rules.take(gate_proj(x), rules.gate))
+    return down_proj(gate * rules.take(up_proj(x), rules.up))
+
+
+def attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              mask: torch.Tensor | None, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact eager attention `(output (B, T, H, d), probabilities)` over heads `(B, H, T, d)`, keys and values
+    shared by groups of query heads (grouped-query attention), softmax in the model's dtype (float32 at least);
+    `rules` None: the plain gradient."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if rules is not None:
+        query, key, value = rules.take(query, rules.query_key), rules.take(key, rules.query_key), rules.take(value, rules.value)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if mask is not None:
+        scores = scores + mask[..., : key.shape[-2]]
+    probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
+    return torch.matmul(probabilities, value).transpose(1, 2).contiguous(), probabilities

