@@ -11,7 +11,7 @@ from ..conventions import VIT_REFERENCE, Conventions
 from ..explanation import Explanation, ImageExplanation
 from ..guard import this_thread_only
 from ..streams import AttentionSite, Hookable, Stream
-from ..targets import named_classes
+from ..class_names import named_classes
 
 
 class UnsupportedModelError(TypeError):
