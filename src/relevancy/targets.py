@@ -50,12 +50,14 @@ class Concept:
         if groups[0].shape[-1] != self.latents.shape[-1]:
             raise ValueError(f"the reference's latents have {groups[0].shape[-1]} dimensions but the examples' have "
                              f"{self.latents.shape[-1]}: build reference concepts from the same model")
-        self.vector = _direction(kind, self.latents, groups)
+        with torch.inference_mode(False):
+            self.vector = _direction(kind, self.latents, groups)
 
     @property
     def mean(self) -> torch.Tensor | None:
         """The examples' mean latent (None for a concept made from a vector)."""
-        return None if self.latents is None else self.latents.mean(0)
+        with torch.inference_mode(False):  # an ordinary tensor also inside the caller's inference_mode
+            return None if self.latents is None else self.latents.mean(0)
 
     @classmethod
     def contrasted(cls, concepts: Mapping[str, "Concept"], kind: ConceptKind = "contrast") -> dict[str, "Concept"]:
@@ -75,7 +77,8 @@ class Concept:
             concept = cls.__new__(cls)
             concept.latents, concept.kind = found, kind
             others = [other for other_name, other in latents.items() if other_name != name]
-            concept.vector = concept.mean if kind == "plain" else _direction(kind, found, others)
+            with torch.inference_mode(False):
+                concept.vector = concept.mean if kind == "plain" else _direction(kind, found, others)
             made[name] = concept
         return made
 

@@ -146,6 +146,10 @@ class DetrAdapter(Adapter):
             raise ValueError(f"pixel_mask must be (B, H, W) = {(pixels.shape[0], *pixels.shape[2:])}, got {got}")
         return DetectionBatch(pixels, mask.to(pixels.device).long())
 
+    def named_target(self, target: Any) -> Any:
+        """DETR's targets are (query, class) pairs, checked by `bind_target`; a class name alone names no query."""
+        return target
+
     def bind_target(self, inputs: DetectionBatch, target: Any) -> tuple[DetectionBatch, torch.Tensor]:
         """One row per explained object, and the class explained in each row."""
         images = len(inputs.pixel_values)
