@@ -11,7 +11,7 @@ from torch import nn
 
 from .explanation import Explanation
 from .families import adapter_for
-from .families.base import UnsupportedModelError
+from .families.base import Adapter, UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY
 from .methods.coattention import has_cross_attention
@@ -60,7 +60,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     spec = get_method(method)
     check_options(method, spec.run, options)
     adapter = adapter_for(model)
-    target = named_classes(target, adapter.class_names)
+    if type(adapter).bind_target is Adapter.bind_target:  # a family that binds its own targets (DETR) names them
+        target = named_classes(target, adapter.class_names)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
