@@ -253,3 +253,45 @@ def test_imagenet_segmentation_names_a_file_that_is_not_its_data(files, tmp_path
         f["x"] = [1]
     with pytest.raises(ValueError, match="is an HDF5 file without /value/img"):
         ImageNetSegmentation(tmp_path / "other.mat")
+
+
+@pytest.fixture(scope="module")
+def random_detr(tmp_path_factory):
+    """An untrained DETR of the shapes detector's size with 40 queries and 91 classes (not the shapes detector)."""
+    from transformers import DetrConfig, DetrForObjectDetection
+
+    from relevancy.bench.detection import DETECTOR_CONFIG
+
+    torch.manual_seed(0)
+    config = {**DETECTOR_CONFIG, "num_queries": 40, "num_labels": 91, "id2label": None, "label2id": None}
+    folder = tmp_path_factory.mktemp("random_detr")
+    DetrForObjectDetection(DetrConfig(**config)).save_pretrained(folder)
+    return folder
+
+
+def test_a_picture_giving_too_many_image_tokens_is_refused_before_any_work(files, random_detr, tmp_path, capsys):
+    """Without an image processor beside it, a stride-8 DETR sees a 64 px scene at COCO's 800 px: 10,000 tokens."""
+    out = tmp_path / "out"
+    assert main(["explain-detections", str(files / "scene.png"), "--model", str(random_detr), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "warning: " in err and "has no preprocessor_config.json: preprocessing as COCO DETR" in err
+    assert "gives 100x100 = 10,000 image tokens; the limit is 8,192" in err.strip().splitlines()[-1]
+    assert not out.exists()
+
+
+def test_every_object_at_threshold_0_gives_a_bounded_png(files, random_detr, tmp_path, capsys):
+    from transformers import DetrImageProcessor
+
+    from relevancy.cli.detections import MAX_OBJECTS
+
+    folder = tmp_path / "detr"
+    folder.mkdir()
+    for path in random_detr.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    DetrImageProcessor(size={"height": 64, "width": 64}, do_pad=False).save_pretrained(folder)
+    out = tmp_path / "out"
+    assert main(["explain-detections", str(files / "scene.png"), "--model", str(folder), "--threshold", "0",
+                 "--max-objects", str(MAX_OBJECTS), "--out", str(out)]) == 0
+    assert f"40 objects above --threshold 0.0; explaining the {MAX_OBJECTS} most probable" in capsys.readouterr().err
+    with Image.open(out / "scene_detections.png") as picture:
+        assert picture.width <= 2_400 and picture.height <= 2_000  # 30 panels in 5 rows of 6
