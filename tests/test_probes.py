@@ -38,7 +38,9 @@ def files(tmp_path_factory):
     (root / "a_file").write_text("x")
     torch.save({}, root / "empty.pth")
     (root / "bert").mkdir()
-    (root / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (root / "bert" / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForSequenceClassification"]}))
+    (root / "detr").mkdir()
+    (root / "detr" / "config.json").write_text(json.dumps({"model_type": "detr", "architectures": ["DetrForObjectDetection"]}))
     (root / "no_config").mkdir()
     return root
 
@@ -67,6 +69,8 @@ CLI_PROBES = [
     (["explain", "{scene}", "--model", "vit_bse_patch16_224"], "close timm names: vit_base_patch16_224"),
     (["explain", "{scene}", "--model", "{root}/notes.txt"], "is not a weights file"),
     (["explain", "{scene}", "--out", "{root}/a_file"], "exists and is not a folder"),
+    (["explain", "{scene}", "--arch", "vit_tiny_patch16_224"], "--arch names the architecture of a local checkpoint file"),
+    (["explain", "{scene}", "--text", "a star", "--model", "{root}/bert"], "holds a BertForSequenceClassification; this command takes a transformers CLIPModel"),
     # explain-text (the shipped sentiment classifier)
     (["explain-text", "good", "--model", "./missing_dir"], "--model ./missing_dir: no such folder"),
     (["explain-text", *["good"] * 101], "101 texts given; the limit is 100 per run"),
@@ -75,6 +79,8 @@ CLI_PROBES = [
     (["explain-text", "good", "--target", "happy"], "unknown target 'happy': the model's classes are"),
     (["explain-text", "good", "--max-length", "2"], "--max-length must be at least 3"),
     (["explain-text", "   "], "text 0 is empty"),
+    (["explain-text", "good", "--model", "{root}/no_config"], "holds no readable config.json"),
+    (["explain-text", "good", "--model", "{root}/detr"], "holds a DetrForObjectDetection; this command takes a BERT-family sequence classifier"),
     # explain-detections
     (["explain-detections", "{scene}", "--model", "{root}/bert", "--threshold", "1.5"], "--threshold must be a probability in [0, 1), got 1.5"),
     (["explain-detections", "{scene}", "--model", "{root}/bert", "--threshold", "nan"], "--threshold must be a probability in [0, 1), got nan"),
@@ -100,6 +106,9 @@ CLI_PROBES = [
     (["evaluate", "--workers", "1000"], "--workers must be between 0 and 64, got 1,000"),
     (["evaluate", "--benchmark", "imagenet-seg", "--data", "{root}/notes.txt"], "notes.txt is not an HDF5 (MATLAB v7.3) file: ImageNet-Segmentation needs gtsegs_ijcv.mat"),
     (["evaluate", "--benchmark", "imagenette"], "Did you mean 'imagenet'?"),
+    (["evaluate", "--benchmark", "imagenet", "--data", "{root}/no_config"], "holds no class folders"),
+    (["evaluate", "--benchmark", "coco-detr", "--data", "{root}/notes.txt", "--model", "{root}/bert"], "is not a COCO instances annotation file: not JSON"),
+    (["evaluate", "--benchmark", "coco-detr", "--data", "{root}/bert/config.json", "--model", "{root}/bert"], "it has no images, annotations, categories"),
     # serve
     (["serve", "--max-running", "100000"], "--max-running must be between 1 and 64, got 100,000"),
     (["serve", "--time-limit", "nan"], "--time-limit must be between 0.1 and 3,600, got nan"),
