@@ -203,7 +203,7 @@ def test_imagenet_segmentation(tmp_path, tiny_timm):
         (["--benchmark", "imagenet", "--data", "nowhere"], "is not a directory"),
         (["-n", "0"], "--n must be at least 1, got 0"),
         (["--n", "-3"], "--n must be at least 1, got -3"),
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be between 1 and 1,024, got 0"),
         (["--data", "x"], "--data is not used"),
         (["--model", "missing.safetensors", "--arch", "shapes"], "does not exist"),
     ],
