@@ -132,7 +132,9 @@ def test_the_command_line_refuses_in_one_line_and_writes_nothing(files, tmp_path
 
 def test_a_question_about_an_object_the_scene_lacks_is_answered_with_a_warning(capsys):
     assert main(["explain-question", "--question", "what color is the star", "--question", "is there a star", "--json"]) == 0
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert [entry["absent_object"] for entry in json.loads(captured.out)] == ["a star", None]
+    err = captured.err
     assert ("warning: 'what color is the star' asks about a star, which scene 0 does not hold (it holds a blue H-shape, "
             "an orange square and a blue triangle): the answer is a guess") in err
     assert "is there a star' asks" not in err  # an existence question is answerable either way
@@ -304,3 +306,11 @@ def test_every_object_at_threshold_0_gives_a_bounded_png(files, random_detr, tmp
     assert f"40 objects above --threshold 0.0; explaining the {MAX_OBJECTS} most probable" in capsys.readouterr().err
     with Image.open(out / "scene_detections.png") as picture:
         assert picture.width <= 2_400 and picture.height <= 2_000  # 30 panels in 5 rows of 6
+
+
+def test_the_world_s_own_questions_never_ask_about_an_absent_object():
+    from relevancy.bench.vqa import make_questions
+    from relevancy.bench.vqa_show import absent_objects
+
+    batch = make_questions(300, seed=7, features=False)
+    assert absent_objects(batch) == [None] * 300
