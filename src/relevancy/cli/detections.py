@@ -31,6 +31,7 @@ PROCESSOR_CONFIG = "preprocessor_config.json"
 
 
 def run_explain_detections(args: argparse.Namespace) -> list[Path]:
+    """Checks the request, the model folder and every picture's size, then per image a PNG and/or the numbers."""
     import relevancy
     from ..families import adapter_for
 
@@ -91,6 +92,7 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
 
 
 def _class(labels: list[str], label: int) -> str:
+    """The class name of `label`, or the index as text where the model names none."""
     return labels[label] if 0 <= label < len(labels) else str(label)
 
 
