@@ -7,6 +7,7 @@ local cache only), so a missing download fails in seconds instead of after huggi
 from __future__ import annotations
 
 import difflib
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -122,6 +123,21 @@ def _check_folder(name: str, option: str) -> None:
         raise FileNotFoundError(f"{option} {name}: no such folder (a model folder, or a hub name such as org/model)")
 
 
+def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) -> None:
+    """A ValueError when `name` is a local folder whose config.json is missing or names architectures that
+    `accepted` refuses: such a folder gets one line naming what it holds, not the loader's words about tokenizers."""
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        return
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"--model {name} holds no readable config.json: it takes a folder of {wanted} (save_pretrained)") from None
+    architectures = config.get("architectures") or [] if isinstance(config, dict) else []
+    if architectures and not any(accepted(a) for a in architectures):
+        raise ValueError(f"--model {name} holds a {', '.join(map(str, architectures))}; this command takes {wanted}")
+
+
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     """Whether a TCP connection to the Hugging Face Hub (or to the HTTPS proxy) opens within `timeout` seconds,
     name lookup included."""
@@ -180,6 +196,8 @@ def load_text_classifier(name_or_dir: str | None):
 
     if name_or_dir is not None:
         _check_folder(name_or_dir, "--model")
+        _check_saved_model(name_or_dir, lambda a: a.endswith("ForSequenceClassification"),
+                           "a BERT-family sequence classifier (...ForSequenceClassification)")
     try:
         if name_or_dir is None or Path(name_or_dir).exists():
             return load_model(name_or_dir)
@@ -250,6 +268,7 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
         )
     transformers = require("transformers", extra="text")
     _check_folder(name, "--model")
+    _check_saved_model(name, lambda a: a == "CLIPModel", "a transformers CLIPModel with its tokenizer and image processor")
     with hub_access() as offline:
         try:
             model = transformers.CLIPModel.from_pretrained(name).eval()

@@ -114,6 +114,8 @@ def example_latents(model: nn.Module, examples: object, batch_size: int = 64) ->
     """The pre-logits latents `(N, D)` of `examples` (what `explain` takes for `model`), the model left as it was."""
     from .families import adapter_for
 
+    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number of examples, 1 or more, got {quoted(batch_size)}")
     adapter = adapter_for(model)
     # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
     # tensor that a later explanation's backward pass can use

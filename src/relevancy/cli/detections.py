@@ -23,11 +23,15 @@ if TYPE_CHECKING:
 
 #: the most objects explained per image (each is one backward and one panel of the PNG)
 MAX_OBJECTS = 30
+#: the most image tokens (cells of the backbone's feature map) a picture may give: the encoder's attention and its
+#: gradients grow with their square (COCO DETR's ResNet-50 at 800 x 1333 px gives about 1,000; its DC5 variant 4,200)
+MAX_IMAGE_TOKENS = 8_192
 #: the folder file that holds a transformers image processor's settings
 PROCESSOR_CONFIG = "preprocessor_config.json"
 
 
 def run_explain_detections(args: argparse.Namespace) -> list[Path]:
+    """Checks the request, the model folder and every picture's size, then per image a PNG and/or the numbers."""
     import relevancy
     from ..families import adapter_for
 
@@ -48,7 +52,14 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
     pictures = [read_image(image, "explain-detections") for image in args.images]
     model = load_detector_folder(folder)
     prepare = detector_preprocessing(folder, model)
-    labels = adapter_for(model).class_names() or []
+    adapter = adapter_for(model)
+    labels = adapter.class_names() or []
+    for image, picture in zip(args.images, pictures):  # every picture checked before anything is written
+        height, width = prepare(picture)["pixel_values"].shape[-2:]
+        rows, columns = adapter.feature_grid(height, width)
+        if rows * columns > MAX_IMAGE_TOKENS:
+            raise UsageError(f"{image} preprocessed to {width}x{height} px gives {rows}x{columns} = {rows * columns:,} image "
+                             f"tokens; the limit is {MAX_IMAGE_TOKENS:,}: save an image processor with a smaller size beside the model")
     written, report = [], []
     for image, picture, name in zip(args.images, pictures, names):
         inputs = prepare(picture)
@@ -81,6 +92,7 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
 
 
 def _class(labels: list[str], label: int) -> str:
+    """The class name of `label`, or the index as text where the model names none."""
     return labels[label] if 0 <= label < len(labels) else str(label)
 
 

@@ -110,6 +110,7 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         if args.data is None or not Path(args.data).is_file():
             raise _usage_error("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
                                "are read from the folder given by --images (default: the annotation file's folder)")
+        _check_coco(Path(args.data))
         if args.model in (None, "shapes") or not Path(args.model).is_dir():
             raise _usage_error("--benchmark coco-detr needs --model: a local folder of a transformers DetrForObjectDetection "
                                "(save_pretrained), whose class indices are the data set's category ids")
@@ -123,10 +124,25 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         path = Path(args.data)
         if benchmark == "imagenet" and not path.is_dir():
             raise _usage_error(f"--data {args.data} is not a directory; --benchmark imagenet needs {wanted}")
+        if benchmark == "imagenet" and not any(entry.is_dir() for entry in path.iterdir()):
+            raise _usage_error(f"--data {args.data} holds no class folders; --benchmark imagenet needs {wanted}")
         if benchmark == "imagenet-seg" and not path.is_file():
             raise _usage_error(f"--data {args.data} is not a file; --benchmark imagenet-seg needs {wanted}")
     check_folder(args.out, OUTPUT_FILES)
     return benchmark, n
+
+
+def _check_coco(path: Path) -> None:
+    """A usage error unless `path` is JSON with the images, annotations and categories of a COCO instances file."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise _usage_error(f"--data {path} is not a COCO instances annotation file: not JSON ({error})") from None
+    missing = [key for key in ("images", "annotations", "categories") if not isinstance(data, dict) or key not in data]
+    if missing:
+        raise _usage_error(f"--data {path} is not a COCO instances annotation file: it has no {', '.join(missing)}")
 
 
 def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family: str, n: int, max_n: int,

@@ -32,6 +32,10 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     from .. import models
     from ..api import explain
 
+    named = Path(args.model or models.SHIPPED)
+    if args.arch is not None and not named.exists() and named.suffix not in models.CHECKPOINT_SUFFIXES:  # a name
+        raise UsageError(f"--arch names the architecture of a local checkpoint file ({', '.join(models.CHECKPOINT_SUFFIXES)}); "
+                         f"--model {args.model or models.SHIPPED} is none")
     model = models.load_image_model(args.model or models.SHIPPED, args.arch)
     if (args.model or models.SHIPPED) == models.SHIPPED:
         _warn_unless_scenes(args.images, pictures)

@@ -78,8 +78,8 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[str] | None, Path 
     return methods, questions, out, vqa_model_path(args.model)
 
 
-def _numbers(explanations: dict[str, Any], batch, index: int, words: list[str]) -> dict[str, Any]:
-    """What --json prints for one question."""
+def _numbers(explanations: dict[str, Any], batch, index: int, words: list[str], absent: str | None) -> dict[str, Any]:
+    """What --json prints for one question; `absent`: the object it asks about that the scene lacks, if any."""
     from ..bench.vqa import ANSWERS
 
     truth = int(batch.answers[index])
@@ -88,7 +88,7 @@ def _numbers(explanations: dict[str, Any], batch, index: int, words: list[str]) 
         "question": batch.questions[index], "answer": ANSWERS[int(first.target[index])],
         "true_answer": ANSWERS[truth] if truth >= 0 else None, "tokens": words,
         "region_boxes": batch.visual_pos[index].tolist(),
-        "object_regions": [int(r) for r in batch.object_region[index] if r >= 0],
+        "object_regions": [int(r) for r in batch.object_region[index] if r >= 0], "absent_object": absent,
     }
     if truth >= 0:
         entry["target_regions"] = batch.target_regions[index].nonzero().flatten().tolist()
@@ -131,7 +131,9 @@ def run_explain_question(args: argparse.Namespace) -> list[Path]:
     else:
         scene = 0 if args.scene is None else args.scene
         batch = ask(questions, scene, tokenizer)
-        for question, missing in zip(batch.questions, absent_objects(batch)):
+    absent = absent_objects(batch)  # the world's own questions are all answerable: None
+    if questions is not None:
+        for question, missing in zip(batch.questions, absent):
             if missing is not None:
                 warn("explain-question", f"'{question}' asks about {missing}, which scene {scene} does not hold "
                                          f"({_holds(batch)}): the answer is a guess")
@@ -147,7 +149,7 @@ def run_explain_question(args: argparse.Namespace) -> list[Path]:
     words = question_words(batch, tokenizer)
     written = save_questions(explanations, batch, out) if out is not None else []
     if args.json:
-        print_json([_numbers(explanations, batch, i, words[i]) for i in range(len(batch))])
+        print_json([_numbers(explanations, batch, i, words[i], absent[i]) for i in range(len(batch))])
     else:
         first = next(iter(explanations.values()))
         for i, question in enumerate(batch.questions):

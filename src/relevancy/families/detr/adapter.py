@@ -8,6 +8,7 @@ sdpa returns no probabilities) and restored after, also after an exception.
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import weakref
 from collections.abc import Mapping
@@ -353,6 +354,10 @@ class Detection:
 def detect(model: nn.Module, inputs: object, threshold: float = DETECTION_THRESHOLD) -> list[list[Detection]]:
     """The objects DETR detects in each image (best class probability > `threshold`, the authors' rule); their
     (query, label) pairs are `explain`'s targets, their boxes what `DetectionExplanation.save` draws."""
+    if not DetrAdapter.supports(model):
+        raise TypeError(f"detect takes a transformers DetrForObjectDetection, got {type(model).__name__}")
+    if not isinstance(threshold, numbers.Real) or not 0 <= threshold < 1:
+        raise ValueError(f"threshold must be a probability in [0, 1), got {threshold!r}")
     adapter = DetrAdapter(model)
     with exclusive(model, *adapter.shared_state()):
         with eval_mode(model):
