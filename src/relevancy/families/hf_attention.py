@@ -19,7 +19,7 @@ from torch import nn
 
 from ..lrp.attention import attend
 from ..lrp.engine import ACTIVATION, ForwardFactory, default_leaves
-from .base import eval_mode, transformers_configs
+from ._shared import eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
 EXACT_ATTENTION = "relevancy_exact_eager"

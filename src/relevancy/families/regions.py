@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from .base import UnsupportedModelError
+from ._shared import UnsupportedModelError
 
 
 # -- running --------------------------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ from torch import nn
 from ...conventions import Conventions, GenericAttentionConventions, GradCamConventions, ReadoutConventions, RolloutConventions
 from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, UnsupportedModelError, transformers_configs
+from .._shared import transformers_configs
+from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (
     METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
