@@ -9,7 +9,7 @@ not a fork. Every patched forward is removed when the session ends, also after a
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
@@ -27,21 +27,20 @@ LinearRule = Callable[["Session", torch.Tensor, torch.Tensor, torch.Tensor], tor
 
 @dataclass
 class Session:
-    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps.
-
-    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its `1e-9`
-    stabiliser in every division, and its branch splits (`Clone`) and [CLS] selection (`IndexSelect`), which
-    scale the arriving relevance by `x / (x + 1e-9)`. Otherwise the rules divide stably (see `rules`).
-    """
+    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps."""
 
     rule_set: RuleSet
-    exact: bool = False
     mode: str = GRADIENT
     # every attention's probabilities, in forward order (the order of the adapter's attention sites)
     attentions: list[torch.Tensor] = field(default_factory=list)
     # per stream, the tokens entering each block, block by block: recorded by rule maps that know their streams
     # (several towers), by hooks on `adapter.blocks` otherwise (see methods.propagation)
     block_inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the rule set reproduces the reference's arithmetic (see `RuleSet.exact`)."""
+        return self.rule_set.exact
 
     def apply(self, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         """`fn(*inputs)`, differentiated by autograd in gradient mode and by `rule` in relevance mode."""
@@ -140,17 +139,28 @@ def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
 class RuleSet:
     """Which rule each kind of operation gets: a value, so that a rule set is swapped without touching any family's
     canonical forwards (which only say what operation they compute). The flags choose between the paper's
-    (conserving) rules and the vanilla LRP baselines' in the default rule functions."""
+    (conserving) rules and the vanilla LRP baselines' in the default rule functions.
+
+    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its `1e-9`
+    stabiliser in every division, and its branch splits (`Clone`) and [CLS] selection (`IndexSelect`), which
+    scale the arriving relevance by `x / (x + 1e-9)`. Otherwise the rules divide stably (see `rules`).
+    """
 
     name: str
     shared_linear_denominator: bool
     rescale_residuals: bool
+    exact: bool = False
     linear: LinearRule = linear_share
     add: RelevanceRule = add_rule
     matmul: RelevanceRule = matmul_rule
     softmax: RelevanceRule = passthrough_rule
     normalisation: RelevanceRule = passthrough_rule
     activation: RelevanceRule = passthrough_rule
+
+
+    def with_exact(self, exact: bool) -> RuleSet:
+        """This rule set in the reference's arithmetic (`exact=True`) or the stable default."""
+        return replace(self, exact=exact)
 
 
 PAPER = RuleSet("paper", shared_linear_denominator=True, rescale_residuals=True)
@@ -283,13 +293,10 @@ def relevance_session(
     rule_map: Mapping[type, ForwardFactory],
     rule_set: RuleSet,
     overrides: Mapping[nn.Module, ForwardFactory] | None = None,
-    exact: bool = False,
 ) -> Iterator[Session]:
-    """Apply `rule_map` to every module of `model` for the block; the model is restored on exit.
-
-    `overrides` pick a factory for particular modules (e.g. the pixel-layer convolution); `exact`: see `Session`.
-    """
-    session = Session(rule_set, exact=exact)
+    """Apply `rule_map` to every module of `model` for the block, with `rule_set`'s rules (and arithmetic: see
+    `RuleSet.exact`); the model is restored on exit. `overrides` pick a factory for particular modules."""
+    session = Session(rule_set)
     overrides = dict(overrides or {})
     plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
     patched: list[tuple[object, str, bool, object]] = []
