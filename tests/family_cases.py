@@ -7,6 +7,9 @@ from typing import Any, Callable
 
 import torch
 
+from timm.layers import SwiGLU
+from timm.models.vision_transformer import Attention
+
 from relevancy.families.clip.batch import ImageTextBatch
 from bimodal_golden import bimodal_case, build as build_bimodal, padded
 from hf_vit_models import tiny_hf
@@ -75,8 +78,17 @@ def _detr_case() -> FamilyCase:
     )
 
 
+class GatedAttention(Attention):
+    """timm's attention with its sigmoid output gate."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, gated=True, **kwargs)
+
+
 FAMILIES: dict[str, FamilyCase] = {
     "timm_vit": _image_case(lambda: tiny_vit().double()),
+    "timm_vit_gated_attention": _image_case(lambda: tiny_vit(attn_layer=GatedAttention).double()),
+    "timm_vit_swiglu": _image_case(lambda: tiny_vit(mlp_layer=SwiGLU).double()),
     "hf_vit": _image_case(lambda: tiny_hf("vit", dtype=torch.float64)),
     "hf_bert": _text_case("bert"),
     "hf_roberta": _text_case("roberta"),

@@ -93,6 +93,12 @@ def matmul_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevanc
     return rules.matmul_halved(*inputs, relevance, exact=session.exact)
 
 
+def gate_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`value * gate` (element-wise gating: a sigmoid or SiLU gate, a gated MLP): all of the relevance stays with the
+    value, none goes to the gate, which reweighs the value as a weight does (conserving)."""
+    return relevance, torch.zeros_like(inputs[1])
+
+
 def reweigh_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
     return (rules.reweigh_branches(inputs[0], relevance),)
 
@@ -120,7 +126,7 @@ def weight_rule(weight: torch.Tensor) -> RelevanceRule:
 
 def kind_rule(kind: str) -> RelevanceRule:
     """The rule the session's rule set gives operations of `kind` (a `RuleSet` field: "add", "matmul", "softmax",
-    "normalisation", "activation"), looked up when relevance flows, so that the rule set decides."""
+    "gate", "normalisation", "activation"), looked up when relevance flows, so that the rule set decides."""
 
     def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return getattr(session.rule_set, kind)(session, inputs, output, relevance)
@@ -156,6 +162,7 @@ class RuleSet:
     softmax: RelevanceRule = passthrough_rule
     normalisation: RelevanceRule = passthrough_rule
     activation: RelevanceRule = passthrough_rule
+    gate: RelevanceRule = gate_rule
 
 
     def with_exact(self, exact: bool) -> RuleSet:
@@ -181,6 +188,11 @@ def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`u @ v` of two feature maps under the rule set's matmul rule."""
     return _apply(session, _MATMUL, torch.matmul, u, v)
+
+
+def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor) -> torch.Tensor:
+    """`value * gate_values`, an element-wise gate (same shape), under the rule set's gate rule."""
+    return _apply(session, _GATE, torch.mul, value, gate_values)
 
 
 def softmax(session: Session | None, scores: torch.Tensor) -> torch.Tensor:
@@ -242,7 +254,7 @@ def unchanged(_module: nn.Module, _session: Session) -> Replacements:
     return {}
 
 
-_ADD, _MATMUL, _SOFTMAX = kind_rule("add"), kind_rule("matmul"), kind_rule("softmax")
+_ADD, _MATMUL, _SOFTMAX, _GATE = kind_rule("add"), kind_rule("matmul"), kind_rule("softmax"), kind_rule("gate")
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
 NORMALISATION = leaf(lambda _m: kind_rule("normalisation"))
 ACTIVATION = leaf(lambda _m: kind_rule("activation"))
