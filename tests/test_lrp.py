@@ -133,3 +133,11 @@ def test_gates_keep_the_relevance_with_the_value(layer):
     gate_values = torch.rand(2, 3, dtype=torch.float64)
     value, gate_share = engine.gate_rule(None, (torch.randn(2, 3), gate_values), None, torch.ones(2, 3))
     assert torch.equal(value, torch.ones(2, 3)) and torch.equal(gate_share, torch.zeros(2, 3))
+
+
+def test_dinov2_swiglu_feed_forwards_conserve_with_the_gate_rule():
+    from hf_vit_models import tiny_dinov2_swiglu
+
+    images = torch.randn(2, 3, 42, 42, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    explanation = relevancy.explain(tiny_dinov2_swiglu(torch.float64), images, method="partial_lrp", rules="paper", exact=True)
+    assert torch.allclose(explanation.relevance_total, torch.ones(2, dtype=torch.float64), atol=1e-6)
