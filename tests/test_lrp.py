@@ -141,3 +141,20 @@ def test_dinov2_swiglu_feed_forwards_conserve_with_the_gate_rule():
     images = torch.randn(2, 3, 42, 42, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     explanation = relevancy.explain(tiny_dinov2_swiglu(torch.float64), images, method="partial_lrp", rules="paper", exact=True)
     assert torch.allclose(explanation.relevance_total, torch.ones(2, dtype=torch.float64), atol=1e-6)
+
+
+def test_a_rule_set_is_a_value_the_session_reads_for_every_operation_kind():
+    """A rule set with another softmax rule is used by every attention of the family, without touching its map."""
+    import dataclasses
+
+    calls = []
+
+    def counting_softmax(session, inputs, output, relevance):
+        calls.append(tuple(output.shape))
+        return engine.passthrough_rule(session, inputs, output, relevance)
+
+    counting = dataclasses.replace(PAPER, name="counting", softmax=counting_softmax)
+    model, images = tiny_vit(depth=3), torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    sums = relevance_at_block_inputs(model, images, [0, 1], counting)
+    assert calls == [(2, 2, 17, 17)] * 3
+    torch.testing.assert_close(sums, relevance_at_block_inputs(model, images, [0, 1], PAPER), atol=0, rtol=0)

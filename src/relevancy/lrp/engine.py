@@ -124,12 +124,12 @@ def weight_rule(weight: torch.Tensor) -> RelevanceRule:
     return rule
 
 
-def kind_rule(kind: str) -> RelevanceRule:
-    """The rule the session's rule set gives operations of `kind` (a `RuleSet` field: "add", "matmul", "softmax",
-    "gate", "normalisation", "activation"), looked up when relevance flows, so that the rule set decides."""
+def rule_of(kind: Callable[[RuleSet], RelevanceRule]) -> RelevanceRule:
+    """The rule the session's rule set gives an operation kind (`kind` picks the `RuleSet` field, e.g.
+    `lambda rules: rules.softmax`), looked up when relevance flows, so that the rule set decides."""
 
     def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return getattr(session.rule_set, kind)(session, inputs, output, relevance)
+        return kind(session.rule_set)(session, inputs, output, relevance)
 
     return rule
 
@@ -254,10 +254,13 @@ def unchanged(_module: nn.Module, _session: Session) -> Replacements:
     return {}
 
 
-_ADD, _MATMUL, _SOFTMAX, _GATE = kind_rule("add"), kind_rule("matmul"), kind_rule("softmax"), kind_rule("gate")
+_ADD = rule_of(lambda rules: rules.add)
+_MATMUL = rule_of(lambda rules: rules.matmul)
+_SOFTMAX = rule_of(lambda rules: rules.softmax)
+_GATE = rule_of(lambda rules: rules.gate)
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
-NORMALISATION = leaf(lambda _m: kind_rule("normalisation"))
-ACTIVATION = leaf(lambda _m: kind_rule("activation"))
+NORMALISATION = leaf(lambda _m: rule_of(lambda rules: rules.normalisation))
+ACTIVATION = leaf(lambda _m: rule_of(lambda rules: rules.activation))
 LINEAR = leaf(lambda module: weight_rule(module.weight))
 PIXEL_CONV = leaf(pixel_conv_rule)
 
