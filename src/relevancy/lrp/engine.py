@@ -34,7 +34,7 @@ class Session:
     # every attention's probabilities, in forward order (the order of the adapter's attention sites)
     attentions: list[torch.Tensor] = field(default_factory=list)
     # per stream, the tokens entering each block, block by block: recorded by rule maps that know their streams
-    # (several towers), by hooks on `adapter.blocks` otherwise (see methods.propagation)
+    # (several towers), by hooks on `adapter.blocks` otherwise (see methods.relevance)
     block_inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
     @property
