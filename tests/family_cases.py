@@ -7,9 +7,12 @@ from typing import Any, Callable
 
 import torch
 
+from timm.layers import SwiGLU
+from timm.models.vision_transformer import Attention
+
 from relevancy.families.clip.batch import ImageTextBatch
 from bimodal_golden import bimodal_case, build as build_bimodal, padded
-from hf_vit_models import tiny_hf
+from hf_vit_models import tiny_dinov2_swiglu, tiny_hf
 from models import tiny_vit
 from test_clip import CASES as CLIP_CASES, build as build_clip
 from test_detr_family import build as build_detr, images as detr_images, targets_per_image
@@ -29,12 +32,12 @@ class FamilyCase:
     singles: Callable[[], list[Call]]
 
 
-def _images() -> torch.Tensor:
-    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+def _images(size: int) -> torch.Tensor:
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
 
-def _image_case(build: Callable[[], torch.nn.Module]) -> FamilyCase:
-    return FamilyCase(build, lambda: (_images(), None), lambda: [(image[None], None) for image in _images()])
+def _image_case(build: Callable[[], torch.nn.Module], size: int = 32) -> FamilyCase:
+    return FamilyCase(build, lambda: (_images(size), None), lambda: [(image[None], None) for image in _images(size)])
 
 
 _TEXTS = torch.tensor([[2, 11, 12, 13, 14, 3], [2, 21, 22, 23, 24, 3]])
@@ -75,9 +78,19 @@ def _detr_case() -> FamilyCase:
     )
 
 
+class GatedAttention(Attention):
+    """timm's attention with its sigmoid output gate."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, gated=True, **kwargs)
+
+
 FAMILIES: dict[str, FamilyCase] = {
     "timm_vit": _image_case(lambda: tiny_vit().double()),
+    "timm_vit_gated_attention": _image_case(lambda: tiny_vit(attn_layer=GatedAttention).double()),
+    "timm_vit_swiglu": _image_case(lambda: tiny_vit(mlp_layer=SwiGLU).double()),
     "hf_vit": _image_case(lambda: tiny_hf("vit", dtype=torch.float64)),
+    "hf_dinov2_swiglu": _image_case(lambda: tiny_dinov2_swiglu(torch.float64), size=42),
     "hf_bert": _text_case("bert"),
     "hf_roberta": _text_case("roberta"),
     "hf_distilbert": _text_case("distilbert"),

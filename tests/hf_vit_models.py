@@ -51,6 +51,12 @@ BUILDERS = {
 NATIVE = {kind: (42, 14) if kind.startswith("dinov2") else (32, 8) for kind in BUILDERS}
 
 
+def tiny_dinov2_swiglu(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny random DINOv2 classifier with SwiGLU feed-forwards (as DINOv2 giant), for 42 x 42 images."""
+    torch.manual_seed(0)
+    return _randomise(Dinov2ForImageClassification(_dinov2_config(use_swiglu_ffn=True))).to(dtype)
+
+
 def tiny_hf(kind: str = "vit", dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> torch.nn.Module:
     """A tiny random transformers model of `kind` (a key of BUILDERS), with the attention implementation a user
     would have (sdpa by default)."""

@@ -349,7 +349,7 @@ def test_showing_text_without_rich_names_the_text_extra(monkeypatch):
 
 
 def test_a_misspelt_option_names_the_valid_ones():
-    with pytest.raises(TypeError) as error:
+    with pytest.raises(ValueError) as error:
         relevancy.explain(tiny_vit(), IMAGES, method="rollout", cls_entri="zero")
     message = one_line(error)
     assert "'cls_entri'" in message and "Did you mean 'cls_entry'?" in message and "start_layer, cls_entry, row_normalize" in message

@@ -170,7 +170,7 @@ def test_model_restored_after_an_error_and_under_threads(setup):
     """An exception inside a call leaves nothing switched; calls from several threads give the one-thread maps."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from relevancy.families.base import transformers_configs
+    from relevancy.families._shared import transformers_configs
 
     case, model = setup
     configs = [(c, c._attn_implementation) for c in transformers_configs(model)]

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import relevancy
 from relevancy.families import adapter_for
 from relevancy.capture import record_forward
-from relevancy.lrp import PAPER, RELEVANCE, VANILLA, relevance_session, rules
+from relevancy.lrp import PAPER, RELEVANCE, VANILLA, engine, relevance_session, rules
 from models import tiny_deit_distilled, tiny_vit
 
 
@@ -116,3 +117,44 @@ def test_pixel_rule_forms_agree():
     stable = rules.conv_zb(x, weight, relevance, (4, 4), (0, 0), exact=False)
     torch.testing.assert_close(stable, exact, rtol=1e-7, atol=1e-9)
     torch.testing.assert_close(stable.sum(), relevance.sum())
+
+
+@pytest.mark.parametrize("layer", ["attn_layer", "mlp_layer"])
+def test_gates_keep_the_relevance_with_the_value(layer):
+    """Gated attention and SwiGLU: the gating product passes all relevance to the value (the gate rule), so the
+    paper's rules still conserve 1 from the logit to the last block's input; the gate's branch receives none."""
+    from family_cases import GatedAttention
+    from timm.layers import SwiGLU
+
+    model = tiny_vit(**{layer: GatedAttention if layer == "attn_layer" else SwiGLU}).double()
+    images = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    explanation = relevancy.explain(model, images, method="partial_lrp", rules="paper", exact=True)
+    assert torch.allclose(explanation.relevance_total, torch.ones(2, dtype=torch.float64), atol=1e-6)
+    gate_values = torch.rand(2, 3, dtype=torch.float64)
+    value, gate_share = engine.gate_rule(None, (torch.randn(2, 3), gate_values), None, torch.ones(2, 3))
+    assert torch.equal(value, torch.ones(2, 3)) and torch.equal(gate_share, torch.zeros(2, 3))
+
+
+def test_dinov2_swiglu_feed_forwards_conserve_with_the_gate_rule():
+    from hf_vit_models import tiny_dinov2_swiglu
+
+    images = torch.randn(2, 3, 42, 42, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    explanation = relevancy.explain(tiny_dinov2_swiglu(torch.float64), images, method="partial_lrp", rules="paper", exact=True)
+    assert torch.allclose(explanation.relevance_total, torch.ones(2, dtype=torch.float64), atol=1e-6)
+
+
+def test_a_rule_set_is_a_value_the_session_reads_for_every_operation_kind():
+    """A rule set with another softmax rule is used by every attention of the family, without touching its map."""
+    import dataclasses
+
+    calls = []
+
+    def counting_softmax(session, inputs, output, relevance):
+        calls.append(tuple(output.shape))
+        return engine.passthrough_rule(session, inputs, output, relevance)
+
+    counting = dataclasses.replace(PAPER, name="counting", softmax=counting_softmax)
+    model, images = tiny_vit(depth=3), torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    sums = relevance_at_block_inputs(model, images, [0, 1], counting)
+    assert calls == [(2, 2, 17, 17)] * 3
+    torch.testing.assert_close(sums, relevance_at_block_inputs(model, images, [0, 1], PAPER), atol=0, rtol=0)

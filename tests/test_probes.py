@@ -208,7 +208,7 @@ def test_class_names_are_taken_as_the_command_line_takes_them():
 
 
 def test_many_class_names_are_summarised_with_the_closest():
-    from relevancy.targets import unknown_class
+    from relevancy.class_names import unknown_class
 
     names = [f"class number {i}" for i in range(1_000)]
     message = unknown_class("class numbr 7", names)

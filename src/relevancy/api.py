@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -11,11 +13,11 @@ from torch import nn
 
 from .explanation import Explanation
 from .families import adapter_for
-from .families.base import UnsupportedModelError
+from .families.base import Adapter, UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
 from .methods import LANGUAGE_REGISTRY, REGISTRY
 from .messages import quoted
-from .streams import streams_attend_to_each_other
+from .streams import Stream, streams_attend_to_each_other
 from .targets import Concept, Target
 
 
@@ -49,15 +51,11 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         raise ValueError(f"rows_at_once must be a positive whole number or None (the whole batch), got {rows_at_once!r}")
     spec = get_method(method)
     spec.check_options(options)
-    adapter = adapter_for(model)
-    target = adapter.named_target(target)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
-    # one call at a time per model (threads), with autograd on whatever no_grad / inference_mode the caller is in
-    with exclusive(model, *adapter.shared_state()), gradients_enabled():
-        inputs, target = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), target)
-        streams = adapter.streams(inputs)
+    with prepared(model, inputs, target, attention_probabilities=spec.needs_attention) as call:
+        adapter, inputs, streams = call.adapter, call.inputs, call.streams
         # a cross-attention model reads every stream from its one readout stream's row
         across = streams_attend_to_each_other(adapter.attention_sites())
         pooled = [] if across else [name for name, s in streams.items() if s.readout is None]
@@ -66,8 +64,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
                 f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
                 f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
             )
-        with adapter.explaining(attention_probabilities=spec.needs_attention):
-            scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, target, options, rows_at_once)
+        scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, call.target, options, rows_at_once)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
         if not spec.pixels:
@@ -79,9 +76,33 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             logits=logits.detach(),
             method=method,
             signed=spec.signed,
-            concept=target if isinstance(target, Concept) else None,
+            concept=call.target if isinstance(call.target, Concept) else None,
             **(details[0] if details else {}),
         )
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """A model ready for one explanation: its adapter, the checked inputs, the bound target and the token streams."""
+
+    adapter: Adapter
+    inputs: Any
+    target: Any
+    streams: dict[str, Stream]
+
+
+@contextmanager
+def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_probabilities: bool = True) -> Iterator[PreparedCall]:
+    """The sequence `explain` runs around a method, for callers that compute something of their own on the model
+    (e.g. `capture.record_forward(call.adapter, call.inputs, call.target, attentions=True)`): the model locked for the
+    block (one call at a time per model, across threads), autograd on whatever no_grad / inference_mode the caller
+    is in, the inputs checked and the target bound to them, the model in eval mode and switched to give its attention
+    probabilities (`attention_probabilities`); everything restored on exit, also after an exception."""
+    adapter = adapter_for(model)
+    with exclusive(model, *adapter.shared_state()), gradients_enabled():
+        checked, bound = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), adapter.named_target(target))
+        with adapter.explaining(attention_probabilities=attention_probabilities):
+            yield PreparedCall(adapter, checked, bound, adapter.streams(checked))
 
 
 def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict, rows_at_once: int | None = None) -> tuple:

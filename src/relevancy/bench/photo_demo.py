@@ -215,15 +215,12 @@ def discrimination(model: nn.Module, count: int = 60, size: int = COMPOSITE_SIZE
 # -- the page -----------------------------------------------------------------------------------------------
 def _last_attention_per_head(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """`(B, heads, h, w)`: the last block's attention from [CLS] to every patch, per head."""
+    from ..api import prepared
     from ..capture import record_forward
-    from ..families import adapter_for
-    from ..guard import exclusive
 
-    adapter = adapter_for(model)
-    with exclusive(model, *adapter.shared_state()), torch.no_grad(), adapter.explaining(attention_probabilities=True):
-        checked = adapter.check_inputs(images)
-        stream = adapter.streams(checked)["image"]
-        last = record_forward(adapter, checked, None, attentions=True).self_attentions("image")[-1]
+    with prepared(model, images) as call, torch.no_grad():
+        stream = call.streams["image"]
+        last = record_forward(call.adapter, call.inputs, call.target, attentions=True).self_attentions("image")[-1]
     return last[:, :, 0, stream.prefix_tokens:].reshape(len(images), -1, *stream.grid)
 
 

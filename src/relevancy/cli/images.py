@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..files import check_folder, distinct_stems
 from ..pictures import preprocess
-from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_least, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
+from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
 
 
 #: the most scenes of each kind the demo explains (each is a row of PNGs on one page)

@@ -12,10 +12,7 @@ from ..explanation import Explanation, ImageExplanation
 from ..guard import this_thread_only
 from ..streams import AttentionSite, Hookable, Stream
 from ..class_names import named_classes
-
-
-class UnsupportedModelError(TypeError):
-    """The model is not of a family relevancy knows, or lacks what a method needs."""
+from ._shared import UnsupportedModelError
 
 
 class Adapter:
@@ -147,23 +144,6 @@ class Adapter:
         raise NotImplementedError
 
 
-class OutputPart:
-    """One part of a module's forward output (e.g. the attention probabilities in `(context, probabilities)`),
-    hookable like a module: `register_forward_hook(hook)` calls `hook(module, args, part)`."""
-
-    def __init__(self, module: nn.Module, pick: Callable[[object], torch.Tensor]) -> None:
-        self.module, self.pick = module, pick
-
-    def register_forward_hook(self, hook: Callable) -> torch.utils.hooks.RemovableHandle:
-        def observe(module: nn.Module, args: tuple, output: object) -> None:
-            hook(module, args, self.pick(output))  # never replaces the module's output
-
-        return self.module.register_forward_hook(this_thread_only(observe))
-
-    def __repr__(self) -> str:
-        return f"OutputPart({type(self.module).__name__}, {getattr(self.pick, '__name__', 'part')})"
-
-
 def only_stream(adapter: Adapter, inputs: Any, method: str) -> Stream:
     """The stream of a one-stream family; a clear error for the methods not written for several streams."""
     streams = adapter.streams(inputs)
@@ -184,59 +164,3 @@ def forward_hooks(modules: Sequence[Hookable], hook: Callable[[int, torch.Tensor
     finally:
         for h in handles:
             h.remove()
-
-
-def checked_images(inputs: object, model: nn.Module, check_shape: Callable[[tuple[int, ...]], None]) -> torch.Tensor:
-    """An image batch `(B, C, H, W)` (one image `(C, H, W)` accepted) as a finite float tensor on the model's device
-    and dtype; `check_shape` refuses the shapes the model cannot take."""
-    if not isinstance(inputs, torch.Tensor):
-        raise TypeError(f"images must be a torch.Tensor batch (B, C, H, W) of normalised images, got {type(inputs).__name__}")
-    if inputs.ndim == 3:
-        inputs = inputs[None]
-    if inputs.ndim != 4 or not inputs.is_floating_point():
-        raise ValueError(f"images must be a float batch (B, C, H, W), got {inputs.dtype} of shape {tuple(inputs.shape)}")
-    if len(inputs) == 0:
-        raise ValueError(
-            f"the batch holds no images (shape {tuple(inputs.shape)}): explanations and concepts need at least one "
-            "example, (B, C, H, W) with B >= 1"
-        )
-    check_shape(tuple(inputs.shape))
-    param = next(model.parameters(), None)
-    if param is not None:
-        inputs = inputs.to(param.device, param.dtype)
-    finite = torch.isfinite(inputs).flatten(1).all(1)
-    if not finite.all():
-        index = int((~finite).nonzero()[0])
-        raise ValueError(
-            f"image {index} of the batch holds NaN or infinite values (in {inputs.dtype}): inputs must be finite, "
-            "normalised pixel values"
-        )
-    return inputs
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """`model` in eval mode for the block; every module's own train/eval flag restored after, also after an
-    exception (a user's model is never left changed)."""
-    training = [(module, module.training) for module in model.modules()]
-    try:
-        model.eval()
-        yield
-    finally:
-        for module, flag in training:
-            module.training = flag
-
-
-def transformers_configs(model: nn.Module) -> list:
-    """Every distinct transformers config the model's modules read their attention implementation from (sub-configs
-    too), parents first: what switching the attention implementation for a call must set and restore."""
-    seen: dict[int, object] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation"):
-            seen.setdefault(id(config), config)
-            for name in getattr(config, "sub_configs", {}) or {}:
-                sub = getattr(config, name, None)
-                if sub is not None and hasattr(sub, "_attn_implementation"):
-                    seen.setdefault(id(sub), sub)
-    return list(seen.values())

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..lrp.attention import attend
-from ..lrp.engine import ACTIVATION, ForwardFactory, default_leaves
-from .base import eval_mode, transformers_configs
+from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, default_leaves, gate
+from ._shared import eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
 EXACT_ATTENTION = "relevancy_exact_eager"
@@ -40,6 +40,12 @@ def exact_eager_attention(module, query, key, value, attention_mask, scaling, dr
     context, probabilities = attend(None, query, key, value, scaling, attention_mask,
                                     causal=bool(kwargs.get("is_causal")), dropout=drop)
     return context.transpose(1, 2).contiguous(), probabilities
+
+
+def gated_mlp(mlp: nn.Module, session: Session) -> Replacements:
+    """transformers' gated feed-forward (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: DINOv2's SwiGLU, Llama's
+    MLP): the gating product under the gate rule, the projections under their own entries."""
+    return {"forward": lambda x: mlp.down_proj(gate(session, mlp.up_proj(x), mlp.act_fn(mlp.gate_proj(x))))}
 
 
 def transformers_leaves() -> dict[type, ForwardFactory]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..guard import this_thread_only
-from .base import UnsupportedModelError
+from ._shared import UnsupportedModelError
 
 
 # -- running --------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ not a fork. Every patched forward is removed when the session ends, also after a
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FunctionType, MethodType
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -29,21 +29,20 @@ LinearRule = Callable[["Session", torch.Tensor, torch.Tensor, torch.Tensor], tor
 
 @dataclass
 class Session:
-    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps.
-
-    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its `1e-9`
-    stabiliser in every division, and its branch splits (`Clone`) and [CLS] selection (`IndexSelect`), which
-    scale the arriving relevance by `x / (x + 1e-9)`. Otherwise the rules divide stably (see `rules`).
-    """
+    """State of one explanation call: the rule set, the backward mode, and the recorded attention maps."""
 
     rule_set: RuleSet
-    exact: bool = False
     mode: str = GRADIENT
     # every attention's probabilities, in forward order (the order of the adapter's attention sites)
     attentions: list[torch.Tensor] = field(default_factory=list)
     # per stream, the tokens entering each block, block by block: recorded by rule maps that know their streams
-    # (several towers), by hooks on `adapter.blocks` otherwise (see methods.propagation)
+    # (several towers), by hooks on `adapter.blocks` otherwise (see methods.relevance)
     block_inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the rule set reproduces the reference's arithmetic (see `RuleSet.exact`)."""
+        return self.rule_set.exact
 
     def apply(self, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         """`fn(*inputs)`, differentiated by autograd in gradient mode and by `rule` in relevance mode."""
@@ -96,6 +95,12 @@ def matmul_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevanc
     return rules.matmul_halved(*inputs, relevance, exact=session.exact)
 
 
+def gate_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`value * gate` (element-wise gating: a sigmoid or SiLU gate, a gated MLP): all of the relevance stays with the
+    value, none goes to the gate, which reweighs the value as a weight does (conserving)."""
+    return relevance, torch.zeros_like(inputs[1])
+
+
 def reweigh_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
     return (rules.reweigh_branches(inputs[0], relevance),)
 
@@ -121,12 +126,12 @@ def weight_rule(weight: torch.Tensor) -> RelevanceRule:
     return rule
 
 
-def kind_rule(kind: str) -> RelevanceRule:
-    """The rule the session's rule set gives operations of `kind` (a `RuleSet` field: "add", "matmul", "softmax",
-    "normalisation", "activation"), looked up when relevance flows, so that the rule set decides."""
+def rule_of(kind: Callable[[RuleSet], RelevanceRule]) -> RelevanceRule:
+    """The rule the session's rule set gives an operation kind (`kind` picks the `RuleSet` field, e.g.
+    `lambda rules: rules.softmax`), looked up when relevance flows, so that the rule set decides."""
 
     def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return getattr(session.rule_set, kind)(session, inputs, output, relevance)
+        return kind(session.rule_set)(session, inputs, output, relevance)
 
     return rule
 
@@ -142,17 +147,29 @@ def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
 class RuleSet:
     """Which rule each kind of operation gets: a value, so that a rule set is swapped without touching any family's
     canonical forwards (which only say what operation they compute). The flags choose between the paper's
-    (conserving) rules and the vanilla LRP baselines' in the default rule functions."""
+    (conserving) rules and the vanilla LRP baselines' in the default rule functions.
+
+    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its `1e-9`
+    stabiliser in every division, and its branch splits (`Clone`) and [CLS] selection (`IndexSelect`), which
+    scale the arriving relevance by `x / (x + 1e-9)`. Otherwise the rules divide stably (see `rules`).
+    """
 
     name: str
     shared_linear_denominator: bool
     rescale_residuals: bool
+    exact: bool = False
     linear: LinearRule = linear_share
     add: RelevanceRule = add_rule
     matmul: RelevanceRule = matmul_rule
     softmax: RelevanceRule = passthrough_rule
     normalisation: RelevanceRule = passthrough_rule
     activation: RelevanceRule = passthrough_rule
+    gate: RelevanceRule = gate_rule
+
+
+    def with_exact(self, exact: bool) -> RuleSet:
+        """This rule set in the reference's arithmetic (`exact=True`) or the stable default."""
+        return replace(self, exact=exact)
 
 
 PAPER = RuleSet("paper", shared_linear_denominator=True, rescale_residuals=True)
@@ -173,6 +190,11 @@ def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`u @ v` of two feature maps under the rule set's matmul rule."""
     return _apply(session, _MATMUL, torch.matmul, u, v)
+
+
+def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor) -> torch.Tensor:
+    """`value * gate_values`, an element-wise gate (same shape), under the rule set's gate rule."""
+    return _apply(session, _GATE, torch.mul, value, gate_values)
 
 
 def softmax(session: Session | None, scores: torch.Tensor) -> torch.Tensor:
@@ -234,10 +256,13 @@ def unchanged(_module: nn.Module, _session: Session) -> Replacements:
     return {}
 
 
-_ADD, _MATMUL, _SOFTMAX = kind_rule("add"), kind_rule("matmul"), kind_rule("softmax")
+_ADD = rule_of(lambda rules: rules.add)
+_MATMUL = rule_of(lambda rules: rules.matmul)
+_SOFTMAX = rule_of(lambda rules: rules.softmax)
+_GATE = rule_of(lambda rules: rules.gate)
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
-NORMALISATION = leaf(lambda _m: kind_rule("normalisation"))
-ACTIVATION = leaf(lambda _m: kind_rule("activation"))
+NORMALISATION = leaf(lambda _m: rule_of(lambda rules: rules.normalisation))
+ACTIVATION = leaf(lambda _m: rule_of(lambda rules: rules.activation))
 LINEAR = leaf(lambda module: weight_rule(module.weight))
 PIXEL_CONV = leaf(pixel_conv_rule)
 
@@ -285,14 +310,10 @@ def relevance_session(
     rule_map: Mapping[type, ForwardFactory],
     rule_set: RuleSet,
     overrides: Mapping[nn.Module, ForwardFactory] | None = None,
-    exact: bool = False,
 ) -> Iterator[Session]:
-    """Apply `rule_map` to every module of `model` for the block, in the calling thread only (other threads run the
-    model as it is); the model is restored on exit.
-
-    `overrides` pick a factory for particular modules (e.g. the pixel-layer convolution); `exact`: see `Session`.
-    """
-    session = Session(rule_set, exact=exact)
+    """Apply `rule_map` to every module of `model` for the block, in the calling thread only (other threads run the model as it is), with `rule_set`'s rules (and
+    arithmetic: see `RuleSet.exact`); the model is restored on exit. `overrides` pick a factory for particular modules."""
+    session = Session(rule_set)
     overrides = dict(overrides or {})
     plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
     patched: list[tuple[object, str, bool, object]] = []

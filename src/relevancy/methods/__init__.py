@@ -64,8 +64,8 @@ class Method:
             if name not in parameters:
                 close = difflib.get_close_matches(name, list(parameters), n=1)
                 hint = f" Did you mean '{close[0]}'?" if close else ""
-                raise TypeError(
-                    f"method '{self.name}' has no option {quoted(name)}.{hint} Its options: {', '.join(parameters) or 'none'}")
+                raise ValueError(
+                    f"method '{self.name}' has no option {quoted(name)}; its options: {', '.join(parameters) or 'none'}.{hint}")
             names = [part.strip() for part in str(parameters[name].annotation).split("|")]
             if not all(part in OPTION_TYPES for part in names):
                 continue

@@ -52,7 +52,7 @@ def transformer_attribution(
         first[name] = {"all": start, "last": depths[name] - 1, "first": 0}[blocks]
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         model = adapter32.model
-        with relevance_session(model, adapter32.relevance_rule_map(), PAPER, exact=exact) as session, \
+        with relevance_session(model, adapter32.relevance_rule_map(), PAPER.with_exact(exact)) as session, \
                 recording_block_inputs(adapter32, session, streams):
             fwd = record_forward(adapter32, inputs32, target, gradients=True)
             recorded = stream_attentions(adapter32, session, streams)
@@ -115,7 +115,7 @@ def partial_lrp(
     how = given_or(cls_entry, adapter.conventions.partial_lrp.cls_entry)
     streams = adapter.streams(inputs)
     with full_precision(adapter, inputs) as (adapter32, inputs32):
-        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session, \
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session, \
                 recording_block_inputs(adapter32, session, streams):
             fwd = record_forward(adapter32, inputs32, target, gradients=True)
             recorded = stream_attentions(adapter32, session, streams)
@@ -142,7 +142,7 @@ def lrp(
     rule_set = rule_set_for(rules, adapter.conventions.lrp)
     stream = only_stream(adapter, inputs, "lrp")
     with full_precision(adapter, inputs) as (adapter32, inputs32):
-        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set, exact=exact) as session:
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session:
             if stream.kind == "image":
                 pixels = inputs32.detach().requires_grad_(True)
                 fwd = record_forward(adapter32, pixels, target, gradients=True)

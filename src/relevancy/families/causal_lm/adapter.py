@@ -18,7 +18,8 @@ from torch import nn
 from ...explanation import TextExplanation
 from ...lrp.attnlrp import RuleSet, attention
 from ...streams import AttentionSite, Stream
-from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from .._shared import OutputPart, transformers_configs
+from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call
 from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
 from ..hf_bert.batch import TextBatch

@@ -16,7 +16,8 @@ from torch import nn
 from ...conventions import Conventions, GenericAttentionConventions
 from ...explanation import Explanation, PairExplanation
 from ...streams import AttentionSite, Stream
-from ..base import Adapter, checked_images
+from .._shared import checked_images
+from ..base import Adapter
 from .batch import ImageTextBatch
 from .towers import IMAGE, TEXT, Recorder, clip_library, towers_of
 

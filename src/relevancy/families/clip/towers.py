@@ -28,7 +28,7 @@ from torch import nn
 
 from ...guard import exclusive, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
-from ..base import UnsupportedModelError, eval_mode, transformers_configs
+from .._shared import UnsupportedModelError, eval_mode, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention
 
 IMAGE, TEXT = "image", "text"

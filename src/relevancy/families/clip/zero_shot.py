@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...guard import exclusive
-from ..base import eval_mode
+from .._shared import eval_mode
 from .batch import text_ids
 from .towers import towers_of
 

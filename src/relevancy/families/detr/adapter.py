@@ -23,7 +23,8 @@ from torch import nn
 from ...conventions import Conventions, LrpConventions
 from ...guard import exclusive, this_thread_only
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, OutputPart, eval_mode, transformers_configs
+from .._shared import OutputPart, eval_mode, transformers_configs
+from ..base import Adapter
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
 from ...explanation import DetectionExplanation

@@ -28,7 +28,8 @@ from ...guard import this_thread_only
 from ...explanation import TextExplanation
 from ...lrp.engine import ForwardFactory
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
+from .._shared import OutputPart, transformers_configs
+from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call
 from .batch import TextBatch
 from .rules import bert_rules, distilbert_rules, roberta_rules

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, OutputPart, UnsupportedModelError, checked_images, transformers_configs
+from .._shared import OutputPart, checked_images, transformers_configs
+from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .heads import HEADS, PLAIN_OPS, supported_class
 

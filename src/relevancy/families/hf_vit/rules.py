@@ -11,7 +11,7 @@ set of weights gives the same maps in both libraries:
 - the head: [CLS] readout (the reference's `IndexSelect` factor when exact), DeiT-with-teacher's average of its
   two heads under the add rule (each half passes), DINOv2 classifiers' mean patch token shares its relevance over
   the patch tokens in proportion to their values (the add rule over N terms, stably divided).
-SwiGLU feed-forwards (DINOv2 giant) have no rule yet: the LRP methods refuse them, naming the module.
+SwiGLU feed-forwards (DINOv2 giant): the gating product gets the gate rule (all relevance to the value).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ...lrp import engine, rules
 from ...lrp.attention import attend
 from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, by_type, first_token, passthrough, unchanged
 from ..base import Adapter
-from ..hf_attention import transformers_leaves
+from ..hf_attention import gated_mlp, transformers_leaves
 from .heads import HeadOps
 
 
@@ -121,7 +121,8 @@ def rule_map(adapter: Adapter) -> dict[type, ForwardFactory]:
         **by_type([adapter.embeddings.patch_embeddings], unchanged),
         **by_type(layers, _layer),
         **by_type([layer.attention for layer in layers], _attention),
-        **by_type([layer.mlp for layer in layers], unchanged),
+        **by_type([layer.mlp for layer in layers if not hasattr(layer.mlp, "gate_proj")], unchanged),
+        **by_type([layer.mlp for layer in layers if hasattr(layer.mlp, "gate_proj")], gated_mlp),
         **by_type([getattr(layer, "drop_path", None) for layer in layers], unchanged),
         **by_type([getattr(layer, name, None) for layer in layers for name in ("layer_scale1", "layer_scale2")], PASSTHROUGH),
     }

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
-from ..base import Adapter, checked_images, eval_mode
+from .._shared import checked_images, eval_mode
+from ..base import Adapter
 
 
 def _is_timm_vit(model: nn.Module) -> bool:

@@ -6,13 +6,13 @@ from torch import nn
 
 from ...lrp import engine
 from ...lrp.attention import attend
-from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, passthrough, unchanged
+from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, first_token, gate, passthrough, unchanged
 
 
 def _attention(attn: nn.Module, session: Session) -> Replacements:
-    """timm `Attention`: the fused q/k/v projection shaped into heads for the shared attention."""
-    if getattr(attn, "gate", None) is not None:
-        raise engine.MissingRuleError("no relevance rule for gated attention (timm Attention with a gate)")
+    """timm `Attention`: the fused q/k/v projection shaped into heads for the shared attention; a gated attention's
+    sigmoid gate under the gate rule."""
+    gate_layer = getattr(attn, "gate", None)
 
     def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
@@ -22,8 +22,10 @@ def _attention(attn: nn.Module, session: Session) -> Replacements:
         q, k, v = qkv.unbind(0)
         q, k = attn.q_norm(q), attn.k_norm(k)
         context, _ = attend(session, q, k, v, attn.scale, dropout=attn.attn_drop)
-        x = context.transpose(1, 2).reshape(batch, tokens, -1)
-        return attn.proj_drop(attn.proj(attn.norm(x)))
+        attended = attn.norm(context.transpose(1, 2).reshape(batch, tokens, -1))
+        if gate_layer is not None:
+            attended = gate(session, attended, gate_layer(x).sigmoid())
+        return attn.proj_drop(attn.proj(attended))
 
     return {"forward": forward}
 
@@ -85,9 +87,19 @@ def _vision_transformer(model: nn.Module, session: Session) -> Replacements:
     return replacements
 
 
+def _swiglu(mlp: nn.Module, session: Session) -> Replacements:
+    """timm `SwiGLU`: `fc2(norm(act(fc1_g(x)) * fc1_x(x)))`, the gating product under the gate rule."""
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        gated = gate(session, mlp.fc1_x(x), mlp.act(mlp.fc1_g(x)))
+        return mlp.drop2(mlp.fc2(mlp.norm(mlp.drop1(gated))))
+
+    return {"forward": forward}
+
+
 def rule_map() -> dict[type, ForwardFactory]:
     """Module type -> rule, for every module a timm VisionTransformer is built from."""
-    from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed
+    from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, SwiGLU
     from timm.models.vision_transformer import Attention, Block, VisionTransformer
 
     return {
@@ -96,6 +108,7 @@ def rule_map() -> dict[type, ForwardFactory]:
         Block: _block,
         Attention: _attention,
         Mlp: unchanged,
+        SwiGLU: _swiglu,
         PatchEmbed: unchanged,
         DropPath: unchanged,
         LayerScale: PASSTHROUGH,

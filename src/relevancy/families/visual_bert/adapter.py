@@ -33,7 +33,8 @@ from ...conventions import Conventions, GenericAttentionConventions, GradCamConv
 from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ...guard import this_thread_only
-from ..base import Adapter, UnsupportedModelError, transformers_configs
+from .._shared import transformers_configs
+from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (
     METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
