@@ -280,7 +280,7 @@ def run_photo_demo(out: str | Path = "demo", size: int = SIZE, composite_size: i
                        ", ".join(p.name for p in EXAMPLE_SOURCES[concept]) if i == 0 else "")
         for i, crop in enumerate(example_crops(concept, size, 4, seed=names.index(concept)))
     ]) for concept in names]
-    for variant, targets in (("", found), (f", {CENTRED}", Concept.contrasted(found))):
+    for variant, targets in (("", found), (f", {CENTRED}", Concept.contrasted(found, kind="contrast"))):
         maps = {concept: explain(model, images, method="cdam", target=targets[concept]).scores for concept in names}
         for k, concept in enumerate(names):
             photo = PHOTOS[concept]
@@ -297,7 +297,7 @@ def run_photo_demo(out: str | Path = "demo", size: int = SIZE, composite_size: i
                      "the other four, relevancy.Concept.contrasted) keep what sets a concept apart.", rows))
 
     small = concepts(model, composite_size)
-    targets = {"": small, f" ({CENTRED})": Concept.contrasted(small)}
+    targets = {"": small, f" ({CENTRED})": Concept.contrasted(small, kind="contrast")}
     rows = []
     for k, composite in enumerate(composites(len(DEMO_COMPOSITES), composite_size, seed=1, pairs=DEMO_COMPOSITES)):
         batch = normalise([composite.pixels])
