@@ -1,11 +1,15 @@
 """The real-photograph concept benchmark's protocol (bench.photo_concepts) and one real photograph explained."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 from relevancy import Concept, explain
 from relevancy.bench import photo_concepts as pc
+from relevancy.bench import photo_demo
 from relevancy.metrics.discrimination import class_discrimination
 from relevancy.photos import dinov2_small, normalise
 
@@ -50,3 +54,11 @@ def test_a_concept_from_other_portraits_finds_the_astronaut_rather_than_the_mode
         maps = explain(model, images, method="cdam", target=Concept.contrasted(plain, kind=kind)["person"]).scores
         shares = class_discrimination(maps, person, rocket)
         assert shares["target_share"].item() > 2 * shares["other_share"].item(), kind
+
+
+def test_the_concepts_page_example_runs_as_written():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
+    namespace: dict = {}
+    exec(compile(re.search(r"```python\n(.*?)```", page, re.S).group(1), "docs/concepts.md python block", "exec"), namespace)
+    assert {concept.kind for concept in namespace["concepts"].values()} == {"lda"} and namespace["cup"].kind == "lda"
+    assert set(namespace["concepts"]) == set(photo_demo.PHOTOS)
