@@ -19,7 +19,7 @@ from relevancy.photos import dinov2_small
 from dinov2_speed import cpu_name
 
 COLUMNS = (("on_target", "on target ↑"), ("on_other", "on other ↓"), ("peak_on_target", "peak on target ↑"),
-           ("target_beats_other", "target > other ↑"))
+           ("target_beats_other", "target > other ↑"), ("denser_on_target", "target > other per area ↑"))
 
 
 def tables(result: dict) -> str:

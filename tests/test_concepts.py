@@ -26,7 +26,7 @@ def test_a_concept_without_reference_is_the_plain_mean_latent():
 
 def test_a_concept_with_reference_images_is_the_difference_of_the_means():
     model = tiny_vit()
-    concept = relevancy.Concept(model, CATS, reference=torch.cat([CUPS, BIRDS]))
+    concept = relevancy.Concept(model, CATS, reference=torch.cat([CUPS, BIRDS]), kind="contrast")
     assert concept.kind == "contrast"
     expected = latents(model, CATS).mean(0) - latents(model, torch.cat([CUPS, BIRDS])).mean(0)
     torch.testing.assert_close(concept.vector, expected)
@@ -37,7 +37,7 @@ def test_a_concept_with_reference_images_is_the_difference_of_the_means():
 def test_reference_concepts_weigh_the_same_whatever_their_number_of_examples():
     model = tiny_vit()
     cups, birds = relevancy.Concept(model, CUPS), relevancy.Concept(model, BIRDS[:1])
-    concept = relevancy.Concept(model, CATS, reference=[cups, birds])
+    concept = relevancy.Concept(model, CATS, reference=[cups, birds], kind="contrast")
     expected = latents(model, CATS).mean(0) - (latents(model, CUPS).mean(0) + latents(model, BIRDS[:1]).mean(0)) / 2
     torch.testing.assert_close(concept.vector, expected)
 
@@ -46,7 +46,7 @@ def test_a_contrasted_set_takes_each_mean_minus_the_mean_of_the_others():
     model = tiny_vit()
     means = {name: latents(model, images).mean(0) for name, images in (("cat", CATS), ("cup", CUPS), ("bird", BIRDS))}
     found = {name: relevancy.Concept(model, images) for name, images in (("cat", CATS), ("cup", CUPS), ("bird", BIRDS))}
-    contrasted = relevancy.Concept.contrasted(found)
+    contrasted = relevancy.Concept.contrasted(found, kind="contrast")
     for name, mean in means.items():
         others = torch.stack([m for n, m in means.items() if n != name]).mean(0)
         torch.testing.assert_close(contrasted[name].vector, mean - others)
@@ -60,7 +60,7 @@ def test_a_contrasted_set_takes_each_mean_minus_the_mean_of_the_others():
 
 def test_a_contrast_concept_explains_like_its_vector():
     model = tiny_vit()
-    concept = relevancy.Concept(model, CATS, reference=CUPS)
+    concept = relevancy.Concept(model, CATS, reference=CUPS, kind="contrast")
     restored = relevancy.Concept.from_vector(concept.vector)
     a = relevancy.explain(model, BIRDS, method="cdam", target=concept).scores
     b = relevancy.explain(model, BIRDS, method="cdam", target=restored).scores
@@ -90,10 +90,19 @@ def test_an_lda_concept_is_fishers_direction_with_the_shrunk_covariance():
         assert contrasted[name].kind == "lda"
 
 
+def test_lda_is_the_default_wherever_there_is_a_reference():
+    model = tiny_vit()
+    found = {name: relevancy.Concept(model, images) for name, images in (("cat", CATS), ("cup", CUPS))}
+    assert {c.kind for c in relevancy.Concept.contrasted(found).values()} == {"lda"}
+    with_reference = relevancy.Concept(model, CATS, reference=CUPS)
+    torch.testing.assert_close(with_reference.vector, relevancy.Concept(model, CATS, reference=CUPS, kind="lda").vector)
+    assert with_reference.kind == "lda" and relevancy.Concept(model, CATS).kind == "plain"
+
+
 def test_an_lda_concept_of_single_examples_is_the_contrast():
     model = tiny_vit()
     found = {name: relevancy.Concept(model, images[:1]) for name, images in (("cat", CATS), ("cup", CUPS))}
-    lda, contrast = relevancy.Concept.contrasted(found, kind="lda"), relevancy.Concept.contrasted(found)
+    lda, contrast = relevancy.Concept.contrasted(found, kind="lda"), relevancy.Concept.contrasted(found, kind="contrast")
     torch.testing.assert_close(lda["cat"].vector, contrast["cat"].vector)
 
 
@@ -109,8 +118,9 @@ def test_a_misspelt_kind_names_the_valid_ones(kind):
 
 def test_contrast_without_anything_to_contrast_with_is_refused():
     model = tiny_vit()
-    with pytest.raises(ValueError, match="kind='contrast' needs a reference"):
-        relevancy.Concept(model, CATS, kind="contrast")
+    for kind in ("contrast", "lda"):
+        with pytest.raises(ValueError, match=f"kind='{kind}' needs a reference"):
+            relevancy.Concept(model, CATS, kind=kind)
     with pytest.raises(ValueError, match="at least two concepts"):
         relevancy.Concept.contrasted({"cat": relevancy.Concept(model, CATS)})
     with pytest.raises(ValueError, match="made from a vector"):

@@ -23,13 +23,13 @@ LDA_SHRINKAGE = 0.5
 class Concept:
     """A CDAM concept: a direction `c` in the pre-logits latent space, explained as `f(x) = z(x) . c`.
 
-    `kind="contrast"` (the default wherever there is something to contrast with): the mean latent of the examples
-    minus the mean latent of a `reference` (other images, or other concepts built from examples), so that the
-    component every image feature shares (large in DINOv2) cancels and the map follows what sets the examples
-    apart. `kind="lda"`: that difference multiplied by the inverse of the examples' within-group covariance
-    (shrunk by `LDA_SHRINKAGE`), Fisher's linear discriminant, which also discounts directions along which the
-    examples of one group vary. `kind="plain"`: the mean latent of the examples, as in the CDAM paper; this is what
-    a concept without a reference is. `Concept.contrasted({name: concept, ...})` sets each concept of a set against
+    `kind="lda"` (the default wherever there is something to contrast with; docs/concepts.md measures the kinds):
+    the mean latent of the examples minus the mean latent of a `reference` (other images, or other concepts built
+    from examples), multiplied by the inverse of the within-group covariance (shrunk by `LDA_SHRINKAGE`), Fisher's
+    linear discriminant: the component every image feature shares (large in DINOv2) cancels, and directions along
+    which the examples of one group vary count less. `kind="contrast"`: the difference of the means alone.
+    `kind="plain"`: the mean latent of the examples, as in the CDAM paper; this is what a concept without a
+    reference is. `Concept.contrasted({name: concept, ...})` sets each concept of a set against
     the others.
 
     `examples` and `reference` are what `explain` takes for that model (an image batch `(N, C, H, W)`, or a
@@ -60,11 +60,11 @@ class Concept:
             return None if self.latents is None else self.latents.mean(0)
 
     @classmethod
-    def contrasted(cls, concepts: Mapping[str, "Concept"], kind: ConceptKind = "contrast") -> dict[str, "Concept"]:
+    def contrasted(cls, concepts: Mapping[str, "Concept"], kind: ConceptKind = "lda") -> dict[str, "Concept"]:
         """Each concept of a set (at least two, built from examples of one model) against the others: the
-        difference between its examples' mean latent and the mean of the other concepts' mean latents
-        (`kind="contrast"`), that difference through the within-concept covariance (`kind="lda"`), or its plain
-        mean latent (`kind="plain"`)."""
+        difference between its examples' mean latent and the mean of the other concepts' mean latents through the
+        within-concept covariance (`kind="lda"`), that difference alone (`kind="contrast"`), or its plain mean
+        latent (`kind="plain"`)."""
         kind = _concept_kind(kind, has_reference=True)
         latents = {name: _latents_of(concept, f"concept {name!r}") for name, concept in concepts.items()}
         if len(latents) < 2:
@@ -141,13 +141,13 @@ def _direction(kind: str, latents: torch.Tensor, reference: Sequence[torch.Tenso
 
 
 def _concept_kind(kind: object, has_reference: bool) -> str:
-    """The concept kind asked for (None: contrast when there is a reference, plain otherwise), checked."""
+    """The concept kind asked for (None: lda when there is a reference, plain otherwise), checked."""
     if kind is None:
-        return "contrast" if has_reference else "plain"
+        return "lda" if has_reference else "plain"
     if not isinstance(kind, str) or kind not in CONCEPT_KINDS:
         raise ValueError(f"concept kind must be one of {', '.join(repr(k) for k in CONCEPT_KINDS)}, got {kind!r}")
-    if kind == "contrast" and not has_reference:
-        raise ValueError("kind='contrast' needs a reference: other images (reference=...), other Concepts, or "
+    if kind != "plain" and not has_reference:
+        raise ValueError(f"kind={kind!r} needs a reference: other images (reference=...), other Concepts, or "
                          "Concept.contrasted({name: concept, ...}); kind='plain' takes the examples' mean alone")
     return kind
 

@@ -145,9 +145,9 @@ def evaluate(model: nn.Module, seeds: int = 5, count: int = EXAMPLES, scenes: tu
              log: Callable[[str], None] = lambda _m: None) -> dict:
     """Every scene (and its mirror image) explained by CDAM for every pair's target, with `seeds` sets of example
     crops, for each concept kind: per kind the means over maps of the share of positive relevance on the target's
-    box and on the other object's box, how often the map's peak is on the target and how often the target's share
-    beats the other's (percent), overall and per pair, with the boxes' shares of the picture (what a map spread
-    evenly would put on them)."""
+    box and on the other object's box, how often the map's peak is on the target, how often the target's share beats
+    the other's and how often it does per unit of area (the share divided by the box's share of the picture; percent),
+    overall and per pair, with the boxes' shares of the picture (what a map spread evenly would put on them)."""
     from .. import Concept, explain
     from ..metrics.discrimination import class_discrimination
     from ..photos import normalise
@@ -183,6 +183,7 @@ def summary(rows: list[dict]) -> dict:
             "on_other": 100 * float(np.mean([r["other_share"] for r in chosen])),
             "peak_on_target": 100 * float(np.mean([r["pointing"] for r in chosen])),
             "target_beats_other": 100 * float(np.mean([r["target_share"] > r["other_share"] for r in chosen])),
+            "denser_on_target": 100 * float(np.mean([r["target_share"] / r["target_area"] > r["other_share"] / r["other_area"] for r in chosen])),
             "target_area": 100 * float(np.mean([r["target_area"] for r in chosen])),
             "other_area": 100 * float(np.mean([r["other_area"] for r in chosen])),
             "maps": len(chosen),

@@ -33,6 +33,7 @@ from torch import nn
 
 from ..extras import require
 from ..files import write_atomic
+from ..targets import CONCEPT_KINDS
 from .demo import IMAGES, STYLE, Panel, _figure
 
 PAGE = "photos.html"
@@ -40,15 +41,20 @@ SIZE = 224  # whole photographs: 16 x 16 patches
 COMPOSITE_SIZE = 112  # each half of a composite: 8 x 8 patches, so that token ablation stays affordable
 EXAMPLES = 16  # example crops per concept
 DEMO_COMPOSITES = (("cat", "coffee cup"), ("person", "rocket"), ("motorcycle", "cat"))
+#: each concept minus the mean of the other four (relevancy.Concept.contrasted): up to a positive factor, which
+#: changes no share and no peak, each minus the mean of all five. Every DINOv2 image feature shares a large component,
+#: which makes the plain concepts' maps alike
 CENTRED = "centred concepts"
-#: the discrimination table's rows: label -> (method, concepts centred)
+LDA = "lda concepts"  # relevancy.Concept.contrasted(..., kind="lda")
+#: the discrimination table's rows: label -> (method, concept kind)
 DISCRIMINATION_METHODS = {
-    "cdam": ("cdam", False),
-    f"cdam ({CENTRED})": ("cdam", True),
-    "token_ablation": ("token_ablation", False),
-    f"token_ablation ({CENTRED})": ("token_ablation", True),
-    "raw_attention": ("raw_attention", False),
-    "rollout": ("rollout", False),
+    "cdam": ("cdam", "plain"),
+    f"cdam ({CENTRED})": ("cdam", "contrast"),
+    f"cdam ({LDA})": ("cdam", "lda"),
+    "token_ablation": ("token_ablation", "plain"),
+    f"token_ablation ({CENTRED})": ("token_ablation", "contrast"),
+    "raw_attention": ("raw_attention", "plain"),
+    "rollout": ("rollout", "plain"),
 }
 
 
@@ -130,15 +136,6 @@ def concepts(model: nn.Module, size: int, count: int = EXAMPLES) -> dict:
     return {name: Concept(model, normalise(example_crops(name, size, count, seed=k))) for k, name in enumerate(PHOTOS)}
 
 
-def centred(found: dict) -> dict:
-    """Each concept minus the mean of all of them: what sets it apart from the others. Every DINOv2 image feature
-    shares a large component, which makes the plain concepts' maps alike (relevancy.Concept.from_vector)."""
-    from .. import Concept
-
-    mean = torch.stack([concept.vector for concept in found.values()]).mean(0)
-    return {name: Concept.from_vector(concept.vector - mean) for name, concept in found.items()}
-
-
 @dataclass(frozen=True)
 class Composite:
     """Two photographs side by side, `(size, 2 size, 3)` uint8: `left`'s concept on the left half."""
@@ -180,19 +177,19 @@ def discrimination(model: nn.Module, count: int = 60, size: int = COMPOSITE_SIZE
     there (both in percent), overall and per concept, with the seconds it took. Class-agnostic maps (raw attention,
     rollout) give both concepts of a composite the same map, so their overall share is 50 % by construction; their
     per-concept shares show which photographs draw the attention."""
-    from .. import explain
+    from .. import Concept, explain
     from ..photos import normalise
 
     made = composites(count, size, seed)
     images = normalise([c.pixels for c in made])
     plain = concepts(model, size)
-    variants = {False: plain, True: centred(plain)}
+    variants = {kind: Concept.contrasted(plain, kind=kind) for kind in CONCEPT_KINDS}
     results = {}
     for label in methods:
-        method, centre = DISCRIMINATION_METHODS[label]
+        method, kind = DISCRIMINATION_METHODS[label]
         started = time.perf_counter()
         shares, hits, names = [], [], []
-        for concept, target in variants[centre].items():
+        for concept, target in variants[kind].items():
             rows = [i for i, c in enumerate(made) if concept in (c.left, c.right)]
             left = torch.tensor([made[i].left == concept for i in rows])
             expl = explain(model, images[rows], method=method, target=target if method in ("cdam", "token_ablation") else None)
@@ -250,7 +247,7 @@ class _Pictures:
 
 def run_photo_demo(out: str | Path = "demo", size: int = SIZE, composite_size: int = COMPOSITE_SIZE) -> Path:
     """Write `out/photos.html` and its pictures in `out/images/` (see the module's docstring)."""
-    from .. import explain
+    from .. import Concept, explain
     from ..photos import dinov2_small, normalise
 
     started = time.perf_counter()
@@ -280,7 +277,7 @@ def run_photo_demo(out: str | Path = "demo", size: int = SIZE, composite_size: i
                        ", ".join(p.name for p in EXAMPLE_SOURCES[concept]) if i == 0 else "")
         for i, crop in enumerate(example_crops(concept, size, 4, seed=names.index(concept)))
     ]) for concept in names]
-    for variant, targets in (("", found), (f", {CENTRED}", centred(found))):
+    for variant, targets in (("", found), (f", {CENTRED}", Concept.contrasted(found, kind="contrast"))):
         maps = {concept: explain(model, images, method="cdam", target=targets[concept]).scores for concept in names}
         for k, concept in enumerate(names):
             photo = PHOTOS[concept]
@@ -294,10 +291,10 @@ def run_photo_demo(out: str | Path = "demo", size: int = SIZE, composite_size: i
                      "people's portraits). CDAM: gradient x input at the tokens entering the last attention, for the "
                      "concept's score (the image feature's dot product with the concept). Every DINOv2 feature shares a "
                      "large component, so the plain concepts' maps look alike; centred concepts (each minus the mean of "
-                     "the five) keep what sets a concept apart.", rows))
+                     "the other four, relevancy.Concept.contrasted) keep what sets a concept apart.", rows))
 
     small = concepts(model, composite_size)
-    targets = {"": small, f" ({CENTRED})": centred(small)}
+    targets = {"": small, f" ({CENTRED})": Concept.contrasted(small, kind="contrast")}
     rows = []
     for k, composite in enumerate(composites(len(DEMO_COMPOSITES), composite_size, seed=1, pairs=DEMO_COMPOSITES)):
         batch = normalise([composite.pixels])
