@@ -273,7 +273,7 @@ def header(args: argparse.Namespace) -> list[str]:
         "counts the weights, the inputs and what the run allocates"
         + (" (`torch.cuda.max_memory_allocated`)." if args.device == "cuda" else
            " (resident high-water mark above the process before the model was built). The machine is shared with other "
-           "jobs: times are noisy, a few tens of percent."),
+           "jobs: times are noisy (under load one run can be off by 2x); the memory is not."),
         "",
     ]
 
