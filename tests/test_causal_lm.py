@@ -16,6 +16,8 @@ GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_reference.pt", w
 ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
 METHODS = LRP_METHODS + ("input_x_gradient",)
+#: the image and text families' methods that decoders take (read at the last real token, under the causal mask)
+SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation")
 
 
 def build(arch: str, dtype: torch.dtype = torch.float64, implementation: str = "sdpa") -> torch.nn.Module:
@@ -73,7 +75,7 @@ def test_any_attention_implementation_gives_the_exact_maps(arch, implementation)
     assert model.config._attn_implementation == implementation
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + SEED_METHODS)
 def test_batched_equals_single_and_padding_is_zero(arch, model, method):
     for side in ("right", "left"):
         batched = relevancy.explain(model, batch(side), method=method)
@@ -160,7 +162,22 @@ def test_other_families_refuse_the_language_methods():
         relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="attnlrp")
 
 
-@pytest.mark.parametrize("method", METHODS)
+def test_the_rule_based_seed_methods_are_refused_clearly(model):
+    from relevancy.families.base import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="no relevance rules for the decoder language model family"):
+        relevancy.explain(model, batch("right"), method="transformer_attribution")
+
+
+def test_rollout_reads_only_the_past(model):
+    """Under the causal mask the last token's row covers every real token; a token added after a row's last real
+    token (right padding) gets nothing."""
+    explanation = relevancy.explain(model, batch("right"), method="rollout")
+    mask = batch("right")["attention_mask"].bool()
+    assert (explanation.scores[mask] > 0).all() and (explanation.scores[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("method", METHODS + SEED_METHODS)
 def test_model_unchanged_also_after_an_error_and_under_no_grad(arch, method):
     model = build(arch, implementation="eager")
     model.train()  # the call runs in eval mode and gives the mode back
@@ -168,8 +185,8 @@ def test_model_unchanged_also_after_an_error_and_under_no_grad(arch, method):
     with torch.no_grad():
         relevancy.explain(model, batch("left"), method=method)
     assert_same(before, snapshot(model))
-    with pytest.raises(ValueError):
-        relevancy.explain(model, batch("left"), method=method, target="x")  # fails inside the relevance pass
+    with pytest.raises((ValueError, TypeError)):  # the language methods fail inside the relevance pass
+        relevancy.explain(model, batch("left"), method=method, target="x")
     assert_same(before, snapshot(model))
 
 

@@ -8,7 +8,7 @@ under the rule set and the MLPs and norms run the rule set's forwards (instance 
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from ...explanation import TextExplanation
 from ...lrp.attnlrp import RuleSet, attention
-from ...streams import AttentionSite, Stream
+from ...streams import AttentionSite, Hookable, Stream
 from ..base import Adapter, OutputPart, UnsupportedModelError, transformers_configs
 from ..hf_attention import attention_probabilities, explaining_call
 from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
@@ -43,7 +43,7 @@ def _registered_attention(rules: RuleSet | None) -> str:
     return name
 
 
-def positions(mask: torch.Tensor) -> torch.Tensor:
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Position ids counting the real tokens only (0 at padding)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -57,6 +57,8 @@ class CausalLMAdapter(Adapter):
     family = "decoder language model"
     examples = "transformers LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
     explanation_class = TextExplanation
+    #: Grad-CAM averages the gradient over the real token pairs, so that padding cannot change a row's map
+    method_defaults = {"attention_gradcam": {"region": "matrix"}}
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -109,10 +111,21 @@ class CausalLMAdapter(Adapter):
         return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
                 for layer in getattr(self.decoder, self.layout.layers)]
 
+    def attention_inputs(self) -> dict[str, Hookable]:
+        """The normalised tokens entering the last layer's attention (the output of the norm before it)."""
+        return {"text": getattr(getattr(self.decoder, self.layout.layers)[-1], self.layout.attention_norm)}
+
     # -- running ----------------------------------------------------------------------------------------------
-    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
-        """Eval mode for the call (the attention is switched per pass, see `rules_applied`)."""
-        return explaining_call(self.model, None)
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode for the call and, if asked, the exact eager attention (it returns the probabilities); the LRP
+        methods switch the attention per pass instead (`rules_applied`)."""
+        with explaining_call(self.model, None):
+            if attention_probabilities:
+                with self.rules_applied(None):
+                    yield
+            else:
+                yield
 
     def shared_state(self) -> list[object]:
         return transformers_configs(self.model)
@@ -145,12 +158,31 @@ class CausalLMAdapter(Adapter):
                 if config._attn_implementation != value:
                     config._attn_implementation = value
 
-    def next_token_logits(self, inputs: TextBatch, embeddings: torch.Tensor) -> torch.Tensor:
-        """`(B, V)` the logits after each row's last real token, from the token embeddings (no KV cache); the head
-        runs on those rows only."""
+    def embed(self, inputs: TextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        """The token embeddings `(B, T, D)` (positions are added inside the decoder: RoPE, or GPT-2's table);
+        `graph`: a leaf on the autograd graph even when the weights are frozen."""
+        embeddings = getattr(self.decoder, self.layout.embeddings)(inputs.input_ids)
+        if graph and torch.is_grad_enabled() and not embeddings.requires_grad:
+            embeddings = embeddings.detach().requires_grad_(True)
+        return {"text": embeddings}
+
+    def forward_tokens(self, inputs: TextBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+                       positions: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(next-token logits (B, V), final hidden state (B, D))` after each sequence's last real token. A selection
+        (token ablation) keeps the mask of the kept positions; positions are counted anew (the token is deleted)."""
         mask = inputs.attention_mask
-        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions(mask), use_cache=False).last_hidden_state
-        return self.model.lm_head(hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)])
+        if rows is not None:
+            mask = mask[rows]
+            if positions is not None and "text" in positions:
+                mask = mask.gather(1, positions["text"])
+        return self._next_token(tokens["text"], mask)
+
+    def _next_token(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """From token embeddings and their mask, without a KV cache: `(logits (B, V), hidden (B, D))` after each
+        row's last real token; the head runs on those rows only."""
+        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
+        return self.model.lm_head(last), last
 
     def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -160,7 +192,7 @@ class CausalLMAdapter(Adapter):
         embed = getattr(self.decoder, self.layout.embeddings)
         embeddings = embed(inputs.input_ids).detach().requires_grad_(True)
         with self.rules_applied(rules):
-            logits = self.next_token_logits(inputs, embeddings)
+            logits, _ = self._next_token(embeddings, inputs.attention_mask)
             scores, ids = target_scores(logits, target, tokenizer)
             (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
         relevance = (embeddings * gradient).sum(-1) * inputs.attention_mask
