@@ -195,3 +195,13 @@ def test_float32_model(arch):
     explanation = relevancy.explain(model, batch("right"), method="attnlrp")
     assert explanation.scores.dtype == torch.float32
     assert_close_to(explanation.scores.double(), GOLDEN["models"][arch]["attnlrp"]["right"], "float32", 1e-4)
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
+def test_half_precision_models_are_explained_through_a_float32_copy(arch, method):
+    model = build(arch, dtype=torch.bfloat16)
+    before = snapshot(model)
+    explanation = relevancy.explain(model, batch("left"), method=method)
+    assert_same(before, snapshot(model))
+    twin = build(arch, dtype=torch.bfloat16).float()
+    assert torch.equal(explanation.scores, relevancy.explain(twin, batch("left"), method=method).scores)
