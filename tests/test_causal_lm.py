@@ -11,10 +11,12 @@ import transformers
 from bimodal_golden import assert_same, snapshot
 
 import relevancy
+from relevancy.families.causal_lm.layouts import LLAMA
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_reference.pt", weights_only=False)
 ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
+VOCAB = 96
 METHODS = LRP_METHODS + ("input_x_gradient",)
 #: the image and text families' methods that decoders take (read at the last real token, under the causal mask)
 SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation")
@@ -205,3 +207,34 @@ def test_half_precision_models_are_explained_through_a_float32_copy(arch, method
     assert_same(before, snapshot(model))
     twin = build(arch, dtype=torch.bfloat16).float()
     assert torch.equal(explanation.scores, relevancy.explain(twin, batch("left"), method=method).scores)
+
+
+@pytest.mark.parametrize("name", ["Qwen2", "Mistral"])
+def test_models_sharing_the_llama_layout(name):
+    """Qwen2 (biases on q, k, v) and Mistral run under the Llama layout's rules: batched equals single, the rules
+    change the map, the model is unchanged."""
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{name}Config")(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16, initializer_range=0.2)
+    model = getattr(transformers, f"{name}ForCausalLM")(config).double().eval()
+    matched = [type(m).__name__ for m in model.modules() if LLAMA.rule_forward(m) is not None]
+    assert sorted(matched) == [f"{name}MLP"] * 2 + [f"{name}RMSNorm"] * 5  # per layer an MLP and two norms; the final norm
+    before = snapshot(model)
+    batched = relevancy.explain(model, batch("left"), method="attnlrp").scores
+    single = relevancy.explain(model, batch("single2"), method="attnlrp").scores
+    assert_close_to(batched[2, -3:], single[0], name, 1e-10)
+    assert not torch.allclose(single, relevancy.explain(model, batch("single2"), method="input_x_gradient").scores)
+    assert_same(before, snapshot(model))
+
+
+def test_threads_on_one_model_give_the_serial_maps(arch, model):
+    """Calls from several threads on one model (serialised by the model's lock) give the maps of serial calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(method, name) for method in METHODS + ("generic_attention",) for name in ("left", "right")]
+    serial = [relevancy.explain(model, batch(name), method=method).scores for method, name in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda job: relevancy.explain(model, batch(job[1]), method=job[0]).scores, jobs))
+    for (method, name), one, other in zip(jobs, serial, threaded):
+        assert torch.equal(one, other), f"{method} {name}"
