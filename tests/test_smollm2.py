@@ -60,7 +60,7 @@ def test_answers_are_single_tokens_and_mostly_right(smollm2):
     assert hits / len(items) >= 0.5
 
 
-def test_attnlrp_finds_the_evidence(smollm2):
+def test_attnlrp_finds_the_evidence(smollm2, tmp_path):
     """On retrieval prompts the model answers, AttnLRP's most relevant context token lies in the supporting fact,
     and most of the context's positive relevance does."""
     import relevancy
@@ -72,6 +72,9 @@ def test_attnlrp_finds_the_evidence(smollm2):
     offsets = encoded.pop("offset_mapping")
     explanation = relevancy.explain(model, encoded, method="attnlrp")
     assert explanation.tokens[0][:2] == ["Question", ":"]  # the tokenizer's own token strings
+    words = [word for word, _ in explanation.words(0)]  # merged by the tokenizer's word ids, "Ġ" dropped
+    assert words[:4] == ["Question", ":", "What", "is"]
+    assert "favourite" in explanation.save(tmp_path / "retrieval.html").read_text()
     answered = [i for i, item in enumerate(items) if tokenizer.decode(int(explanation.target[i])) == item.answer]
     assert len(answered) >= 4
     for i in answered:

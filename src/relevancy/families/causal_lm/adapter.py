@@ -94,10 +94,10 @@ class CausalLMAdapter(Adapter):
             raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}: was the text tokenised with this model's tokenizer?")
         device = next(self.model.parameters()).device
         return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
-                       tokens=batch.tokens or _token_strings(ids, mask), word_ids=None)
+                       tokens=batch.tokens or _token_strings(ids, mask))
 
     def describe_inputs(self, inputs: TextBatch) -> dict:
-        return {"input_size": (inputs.input_ids.shape[1],), "tokens": inputs.tokens,
+        return {"input_size": (inputs.input_ids.shape[1],), "tokens": inputs.tokens, "word_ids": inputs.word_ids,
                 "attention_mask": inputs.attention_mask.detach().cpu()}
 
     def batches(self, inputs: TextBatch, size: int) -> Iterator[TextBatch]:
