@@ -92,6 +92,9 @@ class CausalLMAdapter(Adapter):
         vocab = self.model.config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
             raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}: was the text tokenised with this model's tokenizer?")
+        table = getattr(self.model.config, "n_positions", None)  # GPT-2's position table (RoPE models have none)
+        if table is not None and int(mask.sum(1).max()) > table:
+            raise ValueError(f"a row has {int(mask.sum(1).max())} real tokens but the model has positions for {table}: shorten the text")
         device = next(self.model.parameters()).device
         return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
                        tokens=batch.tokens or _token_strings(ids, mask))
