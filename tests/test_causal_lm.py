@@ -11,11 +11,15 @@ import transformers
 from bimodal_golden import assert_same, snapshot
 
 import relevancy
+from relevancy.families.causal_lm.layouts import LLAMA
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_reference.pt", weights_only=False)
 ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
+VOCAB = 96
 METHODS = LRP_METHODS + ("input_x_gradient",)
+#: the image and text families' methods that decoders take (read at the last real token, under the causal mask)
+SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation")
 
 
 def build(arch: str, dtype: torch.dtype = torch.float64, implementation: str = "sdpa") -> torch.nn.Module:
@@ -73,7 +77,7 @@ def test_any_attention_implementation_gives_the_exact_maps(arch, implementation)
     assert model.config._attn_implementation == implementation
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + SEED_METHODS)
 def test_batched_equals_single_and_padding_is_zero(arch, model, method):
     for side in ("right", "left"):
         batched = relevancy.explain(model, batch(side), method=method)
@@ -146,6 +150,9 @@ def test_bad_targets_and_inputs_are_named(model):
         relevancy.explain(model, {"input_ids": torch.tensor([[1, 200]])}, method="attnlrp")
     with pytest.raises(ValueError, match="every row at least one real token"):
         relevancy.explain(model, {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[0, 0]])}, method="attnlrp")
+    if model.config.model_type == "gpt2":
+        with pytest.raises(ValueError, match="a row has 17 real tokens but the model has positions for 16"):
+            relevancy.explain(model, {"input_ids": torch.ones(1, 17, dtype=torch.long)}, method="attnlrp")
     with pytest.raises(ValueError, match="unknown method 'atnlrp'. Did you mean 'attnlrp'"):
         relevancy.explain(model, batch("right"), method="atnlrp")
 
@@ -160,7 +167,22 @@ def test_other_families_refuse_the_language_methods():
         relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="attnlrp")
 
 
-@pytest.mark.parametrize("method", METHODS)
+def test_the_rule_based_seed_methods_are_refused_clearly(model):
+    from relevancy.families.base import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="no relevance rules for the decoder language model family"):
+        relevancy.explain(model, batch("right"), method="transformer_attribution")
+
+
+def test_rollout_reads_only_the_past(model):
+    """Under the causal mask the last token's row covers every real token; a token added after a row's last real
+    token (right padding) gets nothing."""
+    explanation = relevancy.explain(model, batch("right"), method="rollout")
+    mask = batch("right")["attention_mask"].bool()
+    assert (explanation.scores[mask] > 0).all() and (explanation.scores[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("method", METHODS + SEED_METHODS)
 def test_model_unchanged_also_after_an_error_and_under_no_grad(arch, method):
     model = build(arch, implementation="eager")
     model.train()  # the call runs in eval mode and gives the mode back
@@ -168,8 +190,8 @@ def test_model_unchanged_also_after_an_error_and_under_no_grad(arch, method):
     with torch.no_grad():
         relevancy.explain(model, batch("left"), method=method)
     assert_same(before, snapshot(model))
-    with pytest.raises(ValueError):
-        relevancy.explain(model, batch("left"), method=method, target="x")  # fails inside the relevance pass
+    with pytest.raises((ValueError, TypeError)):  # the language methods fail inside the relevance pass
+        relevancy.explain(model, batch("left"), method=method, target="x")
     assert_same(before, snapshot(model))
 
 
@@ -178,3 +200,44 @@ def test_float32_model(arch):
     explanation = relevancy.explain(model, batch("right"), method="attnlrp")
     assert explanation.scores.dtype == torch.float32
     assert_close_to(explanation.scores.double(), GOLDEN["models"][arch]["attnlrp"]["right"], "float32", 1e-4)
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
+def test_half_precision_models_are_explained_through_a_float32_copy(arch, method):
+    model = build(arch, dtype=torch.bfloat16)
+    before = snapshot(model)
+    explanation = relevancy.explain(model, batch("left"), method=method)
+    assert_same(before, snapshot(model))
+    twin = build(arch, dtype=torch.bfloat16).float()
+    assert torch.equal(explanation.scores, relevancy.explain(twin, batch("left"), method=method).scores)
+
+
+@pytest.mark.parametrize("name", ["Qwen2", "Mistral"])
+def test_models_sharing_the_llama_layout(name):
+    """Qwen2 (biases on q, k, v) and Mistral run under the Llama layout's rules: batched equals single, the rules
+    change the map, the model is unchanged."""
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{name}Config")(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16, initializer_range=0.2)
+    model = getattr(transformers, f"{name}ForCausalLM")(config).double().eval()
+    matched = [type(m).__name__ for m in model.modules() if LLAMA.rule_forward(m) is not None]
+    assert sorted(matched) == [f"{name}MLP"] * 2 + [f"{name}RMSNorm"] * 5  # per layer an MLP and two norms; the final norm
+    before = snapshot(model)
+    batched = relevancy.explain(model, batch("left"), method="attnlrp").scores
+    single = relevancy.explain(model, batch("single2"), method="attnlrp").scores
+    assert_close_to(batched[2, -3:], single[0], name, 1e-10)
+    assert not torch.allclose(single, relevancy.explain(model, batch("single2"), method="input_x_gradient").scores)
+    assert_same(before, snapshot(model))
+
+
+def test_threads_on_one_model_give_the_serial_maps(arch, model):
+    """Calls from several threads on one model (serialised by the model's lock) give the maps of serial calls."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(method, name) for method in METHODS + ("generic_attention",) for name in ("left", "right")]
+    serial = [relevancy.explain(model, batch(name), method=method).scores for method, name in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda job: relevancy.explain(model, batch(job[1]), method=job[0]).scores, jobs))
+    for (method, name), one, other in zip(jobs, serial, threaded):
+        assert torch.equal(one, other), f"{method} {name}"

@@ -58,3 +58,31 @@ def test_answers_are_single_tokens_and_mostly_right(smollm2):
         with torch.no_grad():
             hits += tokenizer.decode(int(model(encoded["input_ids"]).logits[0, -1].argmax())) == item.answer
     assert hits / len(items) >= 0.5
+
+
+def test_attnlrp_finds_the_evidence(smollm2, tmp_path):
+    """On retrieval prompts the model answers, AttnLRP's most relevant context token lies in the supporting fact,
+    and most of the context's positive relevance does."""
+    import relevancy
+    from relevancy.bench import llm_world
+
+    model, tokenizer = smollm2
+    items = llm_world.prompts("test", 8)
+    encoded = tokenizer([item.text for item in items], return_tensors="pt", padding=True, return_offsets_mapping=True)
+    offsets = encoded.pop("offset_mapping")
+    explanation = relevancy.explain(model, encoded, method="attnlrp")
+    assert explanation.tokens[0][:2] == ["Question", ":"]  # the tokenizer's own token strings
+    words = [word for word, _ in explanation.words(0)]  # merged by the tokenizer's word ids, "Ġ" dropped
+    assert words[:4] == ["Question", ":", "What", "is"]
+    assert "favourite" in explanation.save(tmp_path / "retrieval.html").read_text()
+    answered = [i for i, item in enumerate(items) if tokenizer.decode(int(explanation.target[i])) == item.answer]
+    assert len(answered) >= 4
+    for i in answered:
+        item, scores = items[i], explanation.scores[i]
+        spans = offsets[i].tolist()
+        context_start = item.text.index("\n") + 1
+        context = torch.tensor(item.token_mask(spans, (context_start, context_start + len(" ".join(item.facts)))))
+        evidence = torch.tensor(item.token_mask(spans)) & context
+        assert evidence[torch.where(context, scores, torch.tensor(float("-inf"))).argmax()]
+        positive = scores.clamp(min=0)
+        assert positive[evidence].sum() > 0.5 * positive[context].sum()

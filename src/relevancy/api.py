@@ -173,6 +173,10 @@ Inputs, by model family:
       (query, class) for every image, a list with a pair or a list of pairs per image, or None (every query whose
       best class has probability > 0.5: relevancy.detect). Returns a DetectionExplanation, one row per object:
       parts["image"] (R, h, w) over the backbone's grid, with .image and .query per row.
+  transformers LlamaForCausalLM (Qwen2, Mistral, SmolLM2: relevancy.models.smollm2()) / GPT2LMHeadModel: the
+      tokenizer's output (input_ids, attention_mask; left or right padding). Explains a logit of the next token after
+      each row's last real token; target: a token id, a token's text (with tokenizer=), one per row, or
+      relevancy.Contrast(token, foil). Methods: attnlrp, cp_lrp, input_x_gradient and the attention methods.
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

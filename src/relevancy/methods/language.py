@@ -8,14 +8,19 @@ import torch
 from ..families.base import Adapter, UnsupportedModelError
 from ..families.causal_lm import CausalLMAdapter
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
+from .relevance import full_precision
 
 
 def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str) -> tuple:
+    """The method's `(scores, ids, logits[, fields])` on a decoder; the rule-based ones run fp16 / bf16 models
+    through a float32 copy (the rules' ratios need the precision) and report `relevance_total`."""
     if not isinstance(adapter, CausalLMAdapter):
         raise UnsupportedModelError(f"method '{method}' explains decoder language models ({CausalLMAdapter.examples}), not the {adapter.family} family")
-    scores, ids, logits, explained = adapter.input_relevance(inputs, target, rules, tokenizer)
     if rules is None:
+        scores, ids, logits, _ = adapter.input_relevance(inputs, target, None, tokenizer)
         return scores, ids, logits
+    with full_precision(adapter, inputs) as (exact_adapter, exact_inputs):  # fp16 / bf16: through a float32 copy
+        scores, ids, logits, explained = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer)
     # the share of the explained score that reaches the token embeddings (biases and positions keep the rest)
     return scores, ids, logits, {"relevance_total": scores.sum(1) / explained}
 

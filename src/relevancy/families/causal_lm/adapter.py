@@ -8,16 +8,17 @@ under the rule set and the MLPs and norms run the rule set's forwards (instance 
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from ...conventions import Conventions, GradCamConventions
 from ...explanation import TextExplanation
 from ...lrp.attnlrp import RuleSet, attention
-from ...streams import AttentionSite, Stream
+from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call
@@ -44,7 +45,7 @@ def _registered_attention(rules: RuleSet | None) -> str:
     return name
 
 
-def positions(mask: torch.Tensor) -> torch.Tensor:
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Position ids counting the real tokens only (0 at padding)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -58,6 +59,9 @@ class CausalLMAdapter(Adapter):
     family = "decoder language model"
     examples = "transformers LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
     explanation_class = TextExplanation
+    #: Grad-CAM averages the gradient over the real token pairs, so that padding cannot change a row's map
+    # Grad-CAM over the real (query, key) pairs, as for BERT: padding does not change a row's map
+    conventions = Conventions(attention_gradcam=GradCamConventions(region="matrix"))
 
     def named_target(self, target: Any) -> Any:
         """Strings are tokens here, resolved with the tokenizer (see `targets`)."""
@@ -95,12 +99,15 @@ class CausalLMAdapter(Adapter):
         vocab = self.model.config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
             raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}: was the text tokenised with this model's tokenizer?")
+        table = getattr(self.model.config, "n_positions", None)  # GPT-2's position table (RoPE models have none)
+        if table is not None and int(mask.sum(1).max()) > table:
+            raise ValueError(f"a row has {int(mask.sum(1).max())} real tokens but the model has positions for {table}: shorten the text")
         device = next(self.model.parameters()).device
         return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
-                       tokens=batch.tokens or _token_strings(ids, mask), word_ids=None)
+                       tokens=batch.tokens or _token_strings(ids, mask))
 
     def describe_inputs(self, inputs: TextBatch) -> dict:
-        return {"input_size": (inputs.input_ids.shape[1],), "tokens": inputs.tokens,
+        return {"input_size": (inputs.input_ids.shape[1],), "tokens": inputs.tokens, "word_ids": inputs.word_ids,
                 "attention_mask": inputs.attention_mask.detach().cpu()}
 
     def batches(self, inputs: TextBatch, size: int) -> Iterator[TextBatch]:
@@ -114,10 +121,21 @@ class CausalLMAdapter(Adapter):
         return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
                 for layer in getattr(self.decoder, self.layout.layers)]
 
+    def attention_inputs(self) -> dict[str, Hookable]:
+        """The normalised tokens entering the last layer's attention (the output of the norm before it)."""
+        return {"text": getattr(getattr(self.decoder, self.layout.layers)[-1], self.layout.attention_norm)}
+
     # -- running ----------------------------------------------------------------------------------------------
-    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
-        """Eval mode for the call (the attention is switched per pass, see `rules_applied`)."""
-        return explaining_call(self.model, None)
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """Eval mode for the call and, if asked, the exact eager attention (it returns the probabilities); the LRP
+        methods switch the attention per pass instead (`rules_applied`)."""
+        with explaining_call(self.model, None):
+            if attention_probabilities:
+                with self.rules_applied(None):
+                    yield
+            else:
+                yield
 
     def shared_state(self) -> list[object]:
         return transformers_configs(self.model)
@@ -150,12 +168,31 @@ class CausalLMAdapter(Adapter):
                 if config._attn_implementation != value:
                     config._attn_implementation = value
 
-    def next_token_logits(self, inputs: TextBatch, embeddings: torch.Tensor) -> torch.Tensor:
-        """`(B, V)` the logits after each row's last real token, from the token embeddings (no KV cache); the head
-        runs on those rows only."""
+    def embed(self, inputs: TextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
+        """The token embeddings `(B, T, D)` (positions are added inside the decoder: RoPE, or GPT-2's table);
+        `graph`: a leaf on the autograd graph even when the weights are frozen."""
+        embeddings = getattr(self.decoder, self.layout.embeddings)(inputs.input_ids)
+        if graph and torch.is_grad_enabled() and not embeddings.requires_grad:
+            embeddings = embeddings.detach().requires_grad_(True)
+        return {"text": embeddings}
+
+    def forward_tokens(self, inputs: TextBatch, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+                       positions: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(next-token logits (B, V), final hidden state (B, D))` after each sequence's last real token. A selection
+        (token ablation) keeps the mask of the kept positions; positions are counted anew (the token is deleted)."""
         mask = inputs.attention_mask
-        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=positions(mask), use_cache=False).last_hidden_state
-        return self.model.lm_head(hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)])
+        if rows is not None:
+            mask = mask[rows]
+            if positions is not None and "text" in positions:
+                mask = mask.gather(1, positions["text"])
+        return self._next_token(tokens["text"], mask)
+
+    def _next_token(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """From token embeddings and their mask, without a KV cache: `(logits (B, V), hidden (B, D))` after each
+        row's last real token; the head runs on those rows only."""
+        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
+        return self.model.lm_head(last), last
 
     def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,7 +202,7 @@ class CausalLMAdapter(Adapter):
         embed = getattr(self.decoder, self.layout.embeddings)
         embeddings = embed(inputs.input_ids).detach().requires_grad_(True)
         with self.rules_applied(rules):
-            logits = self.next_token_logits(inputs, embeddings)
+            logits, _ = self._next_token(embeddings, inputs.attention_mask)
             scores, ids = target_scores(logits, target, tokenizer)
             (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
         relevance = (embeddings * gradient).sum(-1) * inputs.attention_mask

@@ -19,7 +19,7 @@ RuleForward = Callable[[nn.Module, RuleSet], Callable[[torch.Tensor], torch.Tens
 class Layout:
     """One decoder layout: `model_types` (transformers' `config.model_type`), the attribute of the bare decoder on
     the `...ForCausalLM` model, of its token embeddings and its list of layers on the decoder, of the self-attention
-    on a layer, and `rules`: which modules run under a
+    and of the norm before it on a layer, and `rules`: which modules run under a
     rule (a test on the module) and the forward they run instead (attention is switched through the config)."""
 
     name: str
@@ -28,6 +28,7 @@ class Layout:
     embeddings: str
     layers: str
     attention: str
+    attention_norm: str
     rules: tuple[tuple[Callable[[nn.Module], bool], RuleForward], ...]
 
     def rule_forward(self, module: nn.Module) -> RuleForward | None:
@@ -58,10 +59,11 @@ def _layer_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], t
 
 LLAMA = Layout(
     "llama", ("llama", "mistral", "qwen2"), decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
+    attention_norm="input_layernorm",
     rules=((_has("gate_proj", "up_proj", "down_proj", "act_fn"), _gated_mlp), (_has("weight", "variance_epsilon"), _rms_norm)),
 )
 GPT2 = Layout(
-    "gpt2", ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn",
+    "gpt2", ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn", attention_norm="ln_1",
     rules=((_has("c_fc", "c_proj", "act"), _plain_mlp), (lambda module: isinstance(module, nn.LayerNorm), _layer_norm)),
 )
 LAYOUTS = (LLAMA, GPT2)
