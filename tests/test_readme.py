@@ -100,7 +100,6 @@ def run_ci_script(tmp_path: Path, uid: int, present: tuple[str, ...]) -> tuple[i
     """`.ci/run` with every outside command stubbed (`id` says `uid`; `present` lists the commands that exist, `sudo`
     among them; `python3` records its call and fails, which ends the script before any venv is made): its exit
     status, the commands it ran in order, and its stderr."""
-    import os
     import shutil
     import subprocess
 

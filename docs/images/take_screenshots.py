@@ -1,8 +1,10 @@
-"""Screenshots of `relevancy serve`'s page: each tab after an explanation, at 1400 px and at phone width.
+"""Screenshots of `relevancy serve`'s page: each tab after an explanation, at 1400 px and at phone width; and
+`photos_demo.jpg`, two sections of the photo demo's page as a browser shows it.
 
 Starts the server on loopback (`relevancy serve --port 0`), drives Debian's headless Chromium through selenium and
-chromium-driver, writes `serve_<tab>_<width>.png` beside this file, and stops the server.
-    python docs/images/take_screenshots.py
+chromium-driver, writes `serve_<tab>_<width>.png` beside this file, and stops the server. `--photos FOLDER` instead
+crops `photos_demo.jpg` from FOLDER/photos.html, written by `relevancy demo --photos --out FOLDER` (about 3 minutes).
+    python docs/images/take_screenshots.py [--photos FOLDER]
 """
 from __future__ import annotations
 
@@ -70,7 +72,38 @@ def photo(driver: webdriver.Chrome, wait: WebDriverWait, width: int, height: int
     full_page(driver, width, HERE / "serve_photo_desktop.png")
 
 
+#: the photo demo's sections in the figure: (first heading, the heading it ends before), in page order
+PHOTO_SECTIONS = (("coffee: the last block's [CLS] attention", "astronaut: the last block's [CLS] attention"),
+                  ("Composite 1: cat (left) and coffee cup (right)", "Composite 2: person (left) and rocket (right)"))
+
+
+def photos_figure(folder: Path) -> None:
+    """`photos_demo.jpg`: the coffee photograph's attention heads and the first composite explained for each half,
+    cut from a full-page screenshot of FOLDER/photos.html at 1400 px."""
+    driver = browser(*WIDTHS["desktop"])
+    try:
+        driver.get((folder / "photos.html").resolve().as_uri())
+        tops = driver.execute_script("return Object.fromEntries([...document.querySelectorAll('h2, h3')].map("
+                                     "h => [h.textContent, h.getBoundingClientRect().top + scrollY]))")
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(WIDTHS["desktop"][0], height + 140)
+        time.sleep(0.5)
+        page = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
+    finally:
+        driver.quit()
+    parts = [page.crop((0, int(tops[first]) - 8, page.width, int(tops[end]) - 8)) for first, end in PHOTO_SECTIONS]
+    figure = Image.new("RGB", (page.width, sum(part.height for part in parts)), "white")
+    for k, part in enumerate(parts):
+        figure.paste(part, (0, sum(previous.height for previous in parts[:k])))
+    buffer = io.BytesIO()
+    figure.save(buffer, "JPEG", quality=80)
+    write_atomic(HERE / "photos_demo.jpg", buffer.getvalue())
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--photos"]:
+        photos_figure(Path(sys.argv[2]))
+        return 0
     server = subprocess.Popen([sys.executable, "-m", "relevancy.cli", "serve", "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
