@@ -3,7 +3,8 @@
     python benchmarks/cold_start.py [--repeats 5] [--method transformer_attribution] [--out FILE]
 
 Runs `python -m relevancy.cli explain scene.png --method METHOD` `--repeats` times (each a new interpreter, so every
-import is paid again; the scene is drawn by the shapes generator), reports the median and range of the wall time,
+import is paid again; the scene is drawn by the shapes generator), interleaved with the same command run through
+`main` with the cycle collector left on (what `entry_point` saves), reports the median and range of the wall time,
 then runs it once more under `python -X importtime` and splits the import time by the packages relevancy imports
 (each with everything it pulled in: timm's share holds torchvision and the parts of torch that torchvision imports). Writes a markdown report to `--out`
 (default benchmarks/results/cold_start.md).
@@ -38,6 +39,11 @@ def write_scene(folder: Path) -> Path:
 
 def command(scene: Path, method: str, out: Path) -> list[str]:
     return [sys.executable, "-m", "relevancy.cli", "explain", str(scene), "--method", method, "--out", str(out)]
+
+
+def command_with_collector(argv: list[str]) -> list[str]:
+    """The same command through `main` alone: Python's cycle collector left as it is (the cost `entry_point` saves)."""
+    return [sys.executable, "-c", f"import sys; from relevancy.cli import main; sys.exit(main({argv[3:]!r}))"]
 
 
 def wall_seconds(argv: list[str]) -> float:
@@ -80,7 +86,10 @@ def main() -> None:
         folder = Path(scratch)
         argv = command(write_scene(folder), args.method, folder / "maps")
         wall_seconds(argv)  # warm the file cache: the first run after an install also compiles the bytecode
-        walls = [wall_seconds(argv) for _ in range(args.repeats)]
+        walls, collected = [], []
+        for _ in range(args.repeats):  # interleaved, so that a change of load touches both
+            walls.append(wall_seconds(argv))
+            collected.append(wall_seconds(command_with_collector(argv)))
         imports = import_seconds_by_package(argv)
     bare = statistics.median(wall_seconds([sys.executable, "-c", "pass"]) for _ in range(3))
     total_import = sum(imports.values())
@@ -91,7 +100,9 @@ def main() -> None:
         "with other jobs, so the times are noisy.",
         "",
         f"Wall time over {args.repeats} fresh processes: median {statistics.median(walls):.2f} s "
-        f"(min {min(walls):.2f}, max {max(walls):.2f}); an empty interpreter starts in {bare:.2f} s.",
+        f"(min {min(walls):.2f}, max {max(walls):.2f}); an empty interpreter starts in {bare:.2f} s. The same command "
+        f"with Python's cycle collector left on (`main` without `entry_point`): median {statistics.median(collected):.2f} s "
+        f"(min {min(collected):.2f}, max {max(collected):.2f}).",
         "",
         f"Imports in one run under `-X importtime`: {total_import:.2f} s (the profiler adds some), by the "
         "package relevancy imported, each with what it pulled in (relevancy: its own modules):",

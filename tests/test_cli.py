@@ -1,6 +1,7 @@
 """The command line as a whole: --version, a --help that loads no torch, the lazy package, the demo's checks."""
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -88,3 +89,28 @@ def test_demo_checks_its_output_folder_before_work(tmp_path, capsys, monkeypatch
     assert main(["demo", "--out", "/proc/relevancy-demo"]) == 2
     assert "is not writable" in capsys.readouterr().err
     assert a_file.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command, collector_during", [("explain", False), ("demo", False), ("evaluate", True), ("serve", True)])
+def test_a_short_command_runs_without_the_cycle_collector(command, collector_during):
+    """In its own process a short command runs with the collector off and freezes what it made at the end (the
+    exit is then quick); long-running ones keep it. The collector is on again after either."""
+    from relevancy.cli import _short_lived_process
+
+    assert gc.isenabled()
+    try:
+        with _short_lived_process(command):
+            assert gc.isenabled() is collector_during
+        assert gc.isenabled()
+        assert (gc.get_freeze_count() > 0) is not collector_during
+    finally:
+        gc.unfreeze()
+
+
+def test_the_module_entry_point_runs_a_command_and_exits_with_its_status(tmp_path):
+    """`python -m relevancy.cli` goes through `entry_point`: a bad request exits 2 with one line and writes nothing."""
+    done = subprocess.run([sys.executable, "-m", "relevancy.cli", "explain", str(tmp_path / "missing.png"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("relevancy explain: error:") and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

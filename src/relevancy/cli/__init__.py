@@ -7,11 +7,13 @@ Every command's options are defined here, in a module that imports neither torch
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, NoReturn, Sequence
 
 from .. import __version__
 from ..extras import MissingExtraError
@@ -210,7 +212,29 @@ def build_parser() -> argparse.ArgumentParser:
 MAX_ERROR_CHARS = 1_000
 
 
+#: commands that run for minutes or for good: they keep Python's cycle collector running in their own process
+LONG_RUNNING = ("evaluate", "serve")
+
+
+@contextmanager
+def _short_lived_process(command: str) -> Iterator[None]:
+    """For a command that runs in a process of its own and ends soon: Python's cycle collector off while it imports
+    and runs, and everything frozen at the end. Importing torch, timm and matplotlib builds millions of objects, and
+    the collector would walk them again and again while they load and once more when the interpreter exits: about
+    1.5 s of a 3.5 s `relevancy explain`. Explanations make no reference cycles, so nothing waits uncollected."""
+    if command in LONG_RUNNING:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()  # the exit's last collection passes over frozen objects
+        gc.enable()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (2 for a bad request, nothing written)."""
     args = build_parser().parse_args(argv)
     try:
         with warnings.catch_warnings():
@@ -228,5 +252,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def entry_point() -> NoReturn:
+    """The `relevancy` command in a process of its own: `main`, with the collector set for a short-lived process."""
+    args = sys.argv[1:]
+    command = next((arg for arg in args if not arg.startswith("-")), "")
+    with _short_lived_process(command):
+        status = main(args)
+    raise SystemExit(status)
 
-__all__ = ["METHOD_NAMES", "MAX_IMAGE_PIXELS", "UsageError", "build_parser", "main", "read_image"]
+
+
+__all__ = ["METHOD_NAMES", "MAX_IMAGE_PIXELS", "UsageError", "build_parser", "entry_point", "main", "read_image"]

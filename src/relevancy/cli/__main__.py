@@ -1,4 +1,4 @@
 """`python -m relevancy.cli`: the command line."""
-from . import main
+from . import entry_point
 
-raise SystemExit(main())
+entry_point()
