@@ -17,6 +17,10 @@ import torch.nn.functional as F
 
 EPSILON = 1e-9
 RELATIVE_FLOOR = 3e-2
+# `positive_part_sum`: where the magnitude exceeds this multiple of the sum, the sum is recomputed term by term
+CANCELLATION_RATIO = 4.0
+# ... term by term in a row where one entry in this many at most cancels; beyond, the whole row
+CANCELLED_SHARE_LIMIT = 128
 
 
 def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -45,6 +49,13 @@ def stable_quotients(relevance: torch.Tensor, z: torch.Tensor, magnitude: torch.
     return signed, unsigned
 
 
+def safe_divide_into(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """`safe_divide`, bit for bit, written into `denominator` (the caller's scratch, of the numerator's shape): one
+    large allocation fewer."""
+    zero = denominator == 0
+    return torch.div(numerator, denominator.add_(EPSILON), out=denominator).masked_fill_(zero, 0.0)
+
+
 def per_sample_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over everything but the batch dimension, kept broadcastable: `(B, 1, ..., 1)`."""
     return x.reshape(len(x), -1).sum(1).reshape(len(x), *([1] * (x.ndim - 1)))
@@ -55,22 +66,73 @@ def passthrough(relevance: torch.Tensor) -> torch.Tensor:
     return relevance
 
 
-def linear_alpha1_beta0(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, shared_denominator: bool) -> torch.Tensor:
+def linear_alpha1_beta0(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    relevance: torch.Tensor,
+    shared_denominator: bool,
+    output: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Alpha=1, beta=0 rule: positive contributions `x+ W+` and `x- W-` share the relevance (bias ignored).
 
     With `shared_denominator` (the paper's rule) both parts are divided by their sum `Z = x+ W+ + x- W-`, which
-    conserves relevance; the vanilla rule divides each part by itself, which does not. Every term is a sum of
-    non-negative products, so nothing cancels in float32 (the shorter `(x W + |x| |W|) / 2` does, where the
-    negative products dominate).
+    conserves relevance; the vanilla rule divides each part by itself, which does not. `output`, when the caller
+    has it from the forward pass, is `x W^T + bias` (`bias` None for none): the paper's rule then takes the product
+    from it instead of computing it again. Every term is a sum of non-negative products, to the precision that
+    `positive_part_sum` states.
     """
-    x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
-    w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-    z_pos, z_neg = F.linear(x_pos, w_pos), F.linear(x_neg, w_neg)
-    if shared_denominator:
-        s_pos = s_neg = safe_divide(relevance, z_pos + z_neg)
+    if not shared_denominator:
+        x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
+        w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+        s_pos = safe_divide_into(relevance, F.linear(x_pos, w_pos))
+        s_neg = safe_divide_into(relevance, F.linear(x_neg, w_neg))
+        return (s_pos @ w_pos).mul_(x_pos).addcmul_(x_neg, s_neg @ w_neg)
+    x_abs, w_abs = x.abs(), weight.abs()
+    if output is None:
+        product, slack = F.linear(x, weight), None
     else:
-        s_pos, s_neg = safe_divide(relevance, z_pos), safe_divide(relevance, z_neg)
-    return torch.addcmul(x_pos * (s_pos @ w_pos), x_neg, s_neg @ w_neg)
+        product, slack = (output.clone(), None) if bias is None else (output - bias, bias.abs())
+    s = safe_divide_into(relevance, positive_part_sum(x, weight, product, F.linear(x_abs, w_abs), slack))
+    # x+ (s W+) + x- (s W-) with W+- = (W +- |W|) / 2: two products, against W and |W|
+    return (s @ weight).mul_(x).addcmul_(x_abs, s @ w_abs).mul_(0.5)
+
+
+def positive_part_sum(
+    x: torch.Tensor, weight: torch.Tensor, product: torch.Tensor, magnitude: torch.Tensor, slack: torch.Tensor | None
+) -> torch.Tensor:
+    """`Z = sum_k max(x_k W_jk, 0)` (`= x+ W+ + x- W-`) from the computed `product = x W^T` and `magnitude = |x| |W|^T`
+    as `(product + magnitude) / 2`, recomputed term by term where that cancels. `slack` (or None): a bound on the
+    absolute values added to and taken back from `product` (a bias), broadcastable to it. `product` and
+    `magnitude` are the caller's scratch: both are overwritten (fewer large allocations).
+
+    Why this is as good as summing the non-negative terms: with `m` the exact magnitude, each computed dot product
+    of length K is off by at most `g m`, `g = K eps / (1 - K eps)` (any summation order); a bias added and taken back
+    adds at most `2 eps (m + slack)`. So the computed `Z'` is off by at most about `(g + eps) (m + slack)`. Where it
+    is kept, `m' + slack <= CANCELLATION_RATIO Z'`, so its error is at most about
+    `CANCELLATION_RATIO (K + 1) eps Z'`: `CANCELLATION_RATIO` times the bound `K eps Z` of summing the K non-negative
+    terms directly. Everywhere else (the sum cancels) `Z` is recomputed as that direct sum: term by term where a
+    row (one token) has few such entries, the whole row as products with the weight's positive and negative parts
+    where more than `1 / CANCELLED_SHARE_LIMIT` of its entries cancel. Each row's result depends on that row
+    alone, so a batch gives each input's numbers.
+    """
+    z = product.add_(magnitude).mul_(0.5)
+    excess = magnitude.sub_(z, alpha=CANCELLATION_RATIO)  # m - c Z: above -slack where the sum cancels
+    cancelled = (excess > 0 if slack is None else excess > -slack).reshape(-1, z.shape[-1])
+    if not cancelled.any():
+        return z
+    flat_x, flat_z = x.reshape(-1, x.shape[-1]), z.view(-1, z.shape[-1])
+    dense = cancelled.sum(-1) * CANCELLED_SHARE_LIMIT > z.shape[-1]
+    if dense.any():
+        rows_x = flat_x[dense]
+        flat_z[dense] = F.linear(rows_x.clamp(min=0), weight.clamp(min=0)) + F.linear(rows_x.clamp(max=0), weight.clamp(max=0))
+        cancelled[dense] = False
+    rows, columns = cancelled.nonzero(as_tuple=True)
+    chunk = len(flat_x)  # entries per step: the terms held at once are at most the size of `x`
+    for start in range(0, len(rows), chunk):
+        at_rows, at_columns = rows[start : start + chunk], columns[start : start + chunk]
+        flat_z[at_rows, at_columns] = (flat_x[at_rows] * weight[at_columns]).clamp_(min=0).sum(-1)
+    return z
 
 
 def reweigh_branches(x: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
