@@ -78,8 +78,8 @@ def linear_alpha1_beta0(
 
     With `shared_denominator` (the paper's rule) both parts are divided by their sum `Z = x+ W+ + x- W-`, which
     conserves relevance; the vanilla rule divides each part by itself, which does not. `output`, when the caller
-    has it from the forward pass, is `x W^T + bias` (`bias` None for none): the paper's rule then takes the product
-    from it instead of computing it again. Every term is a sum of non-negative products, to the precision that
+    has it from the forward pass, is `x W^T + bias` (`bias` None for none): on token sequences the paper's rule then
+    takes the product from it instead of computing it again (`positive_part_sum`). Every term is a sum of non-negative products, to the precision that
     `positive_part_sum` states.
     """
     if not shared_denominator:
@@ -89,13 +89,21 @@ def linear_alpha1_beta0(
         s_neg = safe_divide_into(relevance, F.linear(x_neg, w_neg))
         return (s_pos @ w_pos).mul_(x_pos).addcmul_(x_neg, s_neg @ w_neg)
     x_abs, w_abs = x.abs(), weight.abs()
-    if output is None:
-        product, slack = F.linear(x, weight), None
+    if output is None or x.ndim < 3:
+        # no product to reuse, or one row per input (a head), where BLAS's few-row kernels would make a batch's
+        # numbers differ from one input's: the direct sum (its two products cost nothing on so few rows)
+        z = direct_positive_part_sum(x, weight)
     else:
         product, slack = (output.clone(), None) if bias is None else (output - bias, bias.abs())
-    s = safe_divide_into(relevance, positive_part_sum(x, weight, product, F.linear(x_abs, w_abs), slack))
+        z = positive_part_sum(x, weight, product, F.linear(x_abs, w_abs), slack)
+    s = safe_divide_into(relevance, z)
     # x+ (s W+) + x- (s W-) with W+- = (W +- |W|) / 2: two products, against W and |W|
     return (s @ weight).mul_(x).addcmul_(x_abs, s @ w_abs).mul_(0.5)
+
+
+def direct_positive_part_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`Z = x+ W+ + x- W-` as two products of non-negative terms: nothing cancels."""
+    return F.linear(x.clamp(min=0), weight.clamp(min=0)) + F.linear(x.clamp(max=0), weight.clamp(max=0))
 
 
 def positive_part_sum(
@@ -113,8 +121,8 @@ def positive_part_sum(
     `CANCELLATION_RATIO (K + 1) eps Z'`: `CANCELLATION_RATIO` times the bound `K eps Z` of summing the K non-negative
     terms directly. Everywhere else (the sum cancels) `Z` is recomputed as that direct sum: term by term where a
     row (one token) has few such entries, the whole row as products with the weight's positive and negative parts
-    where more than `1 / CANCELLED_SHARE_LIMIT` of its entries cancel. Each row's result depends on that row
-    alone, so a batch gives each input's numbers.
+    where more than `1 / CANCELLED_SHARE_LIMIT` of its entries cancel. Which way a row goes depends on that row
+    alone, not on the rest of the batch.
     """
     z = product.add_(magnitude).mul_(0.5)
     excess = magnitude.sub_(z, alpha=CANCELLATION_RATIO)  # m - c Z: above -slack where the sum cancels
@@ -124,8 +132,7 @@ def positive_part_sum(
     flat_x, flat_z = x.reshape(-1, x.shape[-1]), z.view(-1, z.shape[-1])
     dense = cancelled.sum(-1) * CANCELLED_SHARE_LIMIT > z.shape[-1]
     if dense.any():
-        rows_x = flat_x[dense]
-        flat_z[dense] = F.linear(rows_x.clamp(min=0), weight.clamp(min=0)) + F.linear(rows_x.clamp(max=0), weight.clamp(max=0))
+        flat_z[dense] = direct_positive_part_sum(flat_x[dense], weight)
         cancelled[dense] = False
     rows, columns = cancelled.nonzero(as_tuple=True)
     chunk = len(flat_x)  # entries per step: the terms held at once are at most the size of `x`
