@@ -200,7 +200,7 @@ def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 
 def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`u @ v` of two feature maps under the rule set's matmul rule."""
-    return _apply(session, _MATMUL, torch.matmul, u, v)
+    return _apply(session, _MATMUL, rules.matmul, u, v)
 
 
 def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor) -> torch.Tensor:

@@ -42,10 +42,13 @@ def stable_quotients(relevance: torch.Tensor, z: torch.Tensor, magnitude: torch.
     `term * signed + |term| * unsigned`: relevance is conserved, continuously in `z`, and float32 rounding is
     amplified at most `1 / RELATIVE_FLOOR` times. Both are 0 where every term is 0.
     """
-    held = torch.maximum(z.abs(), RELATIVE_FLOOR * magnitude).copysign_(z)
-    signed = (relevance / held).masked_fill_(magnitude == 0, 0.0)
-    # where every term is 0, z is 0 and held == z: `unsigned` is 0 there without a mask
-    unsigned = torch.where(held == z, 0.0, (relevance - signed * z) / magnitude)
+    # in place where the arithmetic allows: large tensors cost more to allocate than to compute
+    held = z.abs()
+    torch.maximum(held, RELATIVE_FLOOR * magnitude, out=held).copysign_(z)
+    signed = torch.div(relevance, held).masked_fill_(magnitude == 0, 0.0)
+    unsigned = signed * z
+    # (R - signed z) / magnitude; 0 where z is not held (every term 0 included: z is 0 and held == z there)
+    torch.sub(relevance, unsigned, out=unsigned).div_(magnitude).masked_fill_(held == z, 0.0)
     return signed, unsigned
 
 
@@ -159,7 +162,7 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
     else:
         a_abs, b_abs = a.abs(), b.abs()
         signed, unsigned = stable_quotients(relevance, a + b, a_abs + b_abs)
-        r_a, r_b = torch.addcmul(a * signed, a_abs, unsigned), torch.addcmul(b * signed, b_abs, unsigned)
+        r_a, r_b = (a * signed).addcmul_(a_abs, unsigned), (b * signed).addcmul_(b_abs, unsigned)
     if rescale:
         sum_a, sum_b, total = per_sample_sum(r_a), per_sample_sum(r_b), per_sample_sum(relevance)
         norm = sum_a.abs() + sum_b.abs()
@@ -168,16 +171,25 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
     return r_a, r_b
 
 
+def matmul(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`u @ v`, the same numbers; batches of matrices with the same leading dimensions go to `bmm` as views, since
+    `torch.matmul` copies a transposed operand of more than three dimensions first (about twice the time)."""
+    if u.ndim == v.ndim > 3 and u.shape[:-2] == v.shape[:-2]:
+        return torch.bmm(u.flatten(0, -3), v.flatten(0, -3)).unflatten(0, u.shape[:-2])
+    return u @ v
+
+
 def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`Z = u @ v` of two feature maps: `R_u = u * (R/Z) v^T`, `R_v = v * u^T (R/Z)`, each halved."""
+    v_t, u_t = v.transpose(-2, -1), u.transpose(-2, -1)
     if exact:
-        half_s = safe_divide(relevance, u @ v).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
-        return u * (half_s @ v.transpose(-2, -1)), v * (u.transpose(-2, -1) @ half_s)
+        half_s = safe_divide(relevance, matmul(u, v)).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
+        return u * matmul(half_s, v_t), v * matmul(u_t, half_s)
     u_abs, v_abs = u.abs(), v.abs()
     # both quotients are linear in the relevance: halving it halves them exactly
-    signed, unsigned = stable_quotients(relevance * 0.5, u @ v, u_abs @ v_abs)
-    r_u = torch.addcmul(u * (signed @ v.transpose(-2, -1)), u_abs, unsigned @ v_abs.transpose(-2, -1))
-    r_v = torch.addcmul(v * (u.transpose(-2, -1) @ signed), v_abs, u_abs.transpose(-2, -1) @ unsigned)
+    signed, unsigned = stable_quotients(relevance * 0.5, matmul(u, v), matmul(u_abs, v_abs))
+    r_u = matmul(signed, v_t).mul_(u).addcmul_(u_abs, matmul(unsigned, v_abs.transpose(-2, -1)))
+    r_v = matmul(u_t, signed).mul_(v).addcmul_(v_abs, matmul(u_abs.transpose(-2, -1), unsigned))
     return r_u, r_v
 
 
