@@ -59,6 +59,13 @@ def safe_divide_into(numerator: torch.Tensor, denominator: torch.Tensor) -> torc
     return torch.div(numerator, denominator.add_(EPSILON), out=denominator).masked_fill_(zero, 0.0)
 
 
+def sign_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(t.clamp(min=0), t.clamp(max=0))`, the same numbers for finite `t` in about half the time (`relu`, then a
+    subtraction)."""
+    positive = torch.relu(t)
+    return positive, t - positive
+
+
 def per_sample_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over everything but the batch dimension, kept broadcastable: `(B, 1, ..., 1)`."""
     return x.reshape(len(x), -1).sum(1).reshape(len(x), *([1] * (x.ndim - 1)))
@@ -86,8 +93,7 @@ def linear_alpha1_beta0(
     `positive_part_sum` states.
     """
     if not shared_denominator:
-        x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
-        w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+        (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), sign_parts(weight)
         s_pos = safe_divide_into(relevance, F.linear(x_pos, w_pos))
         s_neg = safe_divide_into(relevance, F.linear(x_neg, w_neg))
         return (s_pos @ w_pos).mul_(x_pos).addcmul_(x_neg, s_neg @ w_neg)
@@ -106,7 +112,8 @@ def linear_alpha1_beta0(
 
 def direct_positive_part_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`Z = x+ W+ + x- W-` as two products of non-negative terms: nothing cancels."""
-    return F.linear(x.clamp(min=0), weight.clamp(min=0)) + F.linear(x.clamp(max=0), weight.clamp(max=0))
+    (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), sign_parts(weight)
+    return F.linear(x_pos, w_pos).add_(F.linear(x_neg, w_neg))
 
 
 def positive_part_sum(
@@ -202,7 +209,7 @@ def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stri
     dims = tuple(range(1, x.ndim))
     low = x.amin(dim=dims, keepdim=True).expand_as(x)
     high = x.amax(dim=dims, keepdim=True).expand_as(x)
-    w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+    w_pos, w_neg = sign_parts(weight)
 
     def back(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch.nn.grad.conv2d_input(x.shape, w, s, stride=stride, padding=padding)
