@@ -1,11 +1,12 @@
 """Cost of each method in forward passes (method time / plain forward time, same batch, one process) and peak memory.
 
-    python benchmarks/speed.py [--batches 1 8] [--repeats 3] [--model vit_base_patch16_224] [--memory]
+    python benchmarks/speed.py [--batches 1 8] [--repeats 3] [--model vit_base_patch16_224] [--memory] [--exact]
 
 Times are medians over `repeats`, methods interleaved with the plain forward so that machine load affects both.
 Peak memory (`--memory`) runs each measurement in a fresh subprocess (after one warm-up run, with the free heap
 handed back to the system) and reports the peak growth of resident memory during the run, as a ratio to a
-plain forward + backward (input and parameter gradients) measured the same way.
+plain forward + backward (input and parameter gradients) measured the same way. `--exact` also times each LRP
+method with `exact=True` (the authors' arithmetic), interleaved with the rest.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 import relevancy
 
 PATCH_METHODS = [m for m in relevancy.METHODS if m != "token_ablation"]
+LRP_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
 
 
 def build(name: str) -> torch.nn.Module:
@@ -49,10 +51,12 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_methods(model, batch: int, repeats: int, methods: list[str]) -> dict:
+def time_methods(model, batch: int, repeats: int, methods: list[str], exact: bool = False) -> dict:
     images = torch.randn(batch, 3, 224, 224)
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     runs = {m: (lambda m=m: relevancy.explain(model, images, method=m)) for m in methods}
+    if exact:
+        runs.update({f"{m}, exact=True": (lambda m=m: relevancy.explain(model, images, method=m, exact=True)) for m in methods if m in LRP_METHODS})
     if "token_ablation" in methods:
         # the reference point for ablation: its N+1 sequences as plain batched forwards
         runs["n_plus_1_forwards"] = lambda: [plain_forward(model, images.expand(tokens, -1, -1, -1)[: tokens]) for _ in range(batch)]
@@ -114,6 +118,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", default=",".join(PATCH_METHODS))
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--exact", action="store_true", help="also time the LRP methods with exact=True")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -127,7 +132,7 @@ def main() -> None:
     model = build(args.model)
     print(f"# {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     for batch in args.batches:
-        result = time_methods(model, batch, args.repeats, methods)
+        result = time_methods(model, batch, args.repeats, methods, args.exact)
         print(f"batch {batch}: plain forward {result.pop('forward_seconds'):.3f} s")
         for name, ratio in result.items():
             print(f"  {name:40s} {ratio:6.2f} x forward")

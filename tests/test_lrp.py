@@ -158,3 +158,17 @@ def test_a_rule_set_is_a_value_the_session_reads_for_every_operation_kind():
     sums = relevance_at_block_inputs(model, images, [0, 1], counting)
     assert calls == [(2, 2, 17, 17)] * 3
     torch.testing.assert_close(sums, relevance_at_block_inputs(model, images, [0, 1], PAPER), atol=0, rtol=0)
+
+
+def test_the_rules_helpers_give_torchs_numbers():
+    """`sign_parts` and `rules.matmul` (bmm on views) are faster forms of the clamps and of `torch.matmul`."""
+    torch.manual_seed(0)
+    t = torch.randn(40, 30)
+    t[0, :3] = torch.tensor([0.0, -0.0, 1e-40])
+    positive, negative = rules.sign_parts(t)
+    assert torch.equal(positive, t.clamp(min=0)) and torch.equal(negative, t.clamp(max=0))
+    u, v = torch.randn(2, 3, 7, 5), torch.randn(2, 3, 6, 5)
+    assert torch.equal(rules.matmul(u, v.transpose(-2, -1)), u @ v.transpose(-2, -1))
+    assert torch.equal(rules.matmul(u.transpose(-2, -1), u), u.transpose(-2, -1) @ u)
+    shared = torch.randn(5, 4)  # broadcast over the batch: torch.matmul itself
+    assert torch.equal(rules.matmul(u, shared), u @ shared)

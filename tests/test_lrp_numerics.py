@@ -6,9 +6,11 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import relevancy
 from relevancy.bench import load_model as load_shapes_model, make_scenes
+from relevancy.lrp import rules
 from relevancy.methods import relevance
 from models import tiny_vit
 
@@ -92,3 +94,43 @@ def test_half_precision_models_are_explained_in_float32(method, dtype):
     full = relevancy.explain(copy.deepcopy(model).float(), images.float(), method=method, target=[1, 3])
     torch.testing.assert_close(half.scores.float(), full.scores, rtol=1e-5, atol=1e-6 * full.scores.abs().max().item())
     assert all(v.dtype == dtype and torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def cancelling_linear(adversarial_columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Positive inputs `(3, 10, 256)` and a weight `(200, 256)` whose first columns are negative but for one small
+    positive entry: there `Z = sum max(x W, 0)` is about 1e-4 of `|x| |W|`, so `(x W + |x| |W|) / 2` cancels."""
+    torch.manual_seed(0)
+    x, weight, bias = torch.rand(3, 10, 256), torch.randn(200, 256), torch.randn(200)
+    weight[:adversarial_columns] = -weight[:adversarial_columns].abs()
+    weight[:adversarial_columns, 0] = 0.01
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("adversarial_columns", [1, 100], ids=["few entries: term by term", "many: whole rows"])
+def test_the_linear_sum_is_recomputed_where_it_cancels(adversarial_columns):
+    """`positive_part_sum` keeps `(x W + |x| |W|) / 2` only within `CANCELLATION_RATIO` of the direct sum's bound."""
+    x, weight, bias = cancelling_linear(adversarial_columns)
+    output = F.linear(x, weight, bias)
+    direct = F.linear(x.double(), weight.double().clamp(min=0))  # x >= 0: Z = x W+
+    magnitude = F.linear(x.abs(), weight.abs())
+    tolerance = rules.CANCELLATION_RATIO * (x.shape[-1] + 1) * torch.finfo(torch.float32).eps * direct
+    corrected = rules.positive_part_sum(x, weight, output - bias, magnitude, bias.abs())
+    assert ((corrected.double() - direct).abs() <= tolerance).all()
+    shortcut = (output - bias + magnitude) / 2
+    assert ((shortcut.double() - direct).abs() > tolerance).any()  # the inputs do cancel
+
+
+@pytest.mark.parametrize("shared_denominator", [True, False])
+def test_the_linear_rule_with_the_forward_output_is_the_rule(shared_denominator):
+    """Taking `x W` from the forward's output (bias and all) changes nothing but rounding: float64 against the
+    rule's definition, `x+ (S W+) + x- (S W-)` with `S = R / (Z + 1e-9)`."""
+    torch.manual_seed(0)
+    x, weight, bias, relevance = torch.randn(2, 5, 16).double(), torch.randn(8, 16).double(), torch.randn(8).double(), torch.randn(2, 5, 8).double()
+    x_pos, x_neg, w_pos, w_neg = x.clamp(min=0), x.clamp(max=0), weight.clamp(min=0), weight.clamp(max=0)
+    z_pos, z_neg = x_pos @ w_pos.T, x_neg @ w_neg.T
+    shared = rules.safe_divide(relevance, z_pos + z_neg)
+    s_pos, s_neg = (shared, shared) if shared_denominator else (rules.safe_divide(relevance, z_pos), rules.safe_divide(relevance, z_neg))
+    expected = x_pos * (s_pos @ w_pos) + x_neg * (s_neg @ w_neg)
+    for output, given_bias in [(None, None), (F.linear(x, weight, bias), bias), (F.linear(x, weight), None)]:
+        found = rules.linear_alpha1_beta0(x, weight, relevance, shared_denominator, output, given_bias)
+        torch.testing.assert_close(found, expected, rtol=0, atol=1e-14 * expected.abs().max().item())

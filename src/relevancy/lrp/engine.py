@@ -23,8 +23,9 @@ GRADIENT, RELEVANCE = "gradient", "relevance"
 
 # A relevance rule: (session, detached inputs, the forward output, relevance at the output) -> relevance per input.
 RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
-# A linear rule: (session, input, weight `(out, in)`, relevance at the output) -> relevance at the input.
-LinearRule = Callable[["Session", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# A linear rule: (session, input, weight `(out, in)`, relevance at the output, the forward's output `x W^T + bias` or
+# None where it is something else, the bias or None) -> relevance at the input.
+LinearRule = Callable[["Session", torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"], torch.Tensor]
 
 
 @dataclass
@@ -112,18 +113,28 @@ def first_token_rule(_session: Session, inputs: tuple, _output: torch.Tensor, re
     return (shares,)
 
 
-def linear_share(session: Session, x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+def linear_share(
+    session: Session, x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, output: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
     """alpha=1, beta=0 (bias ignored), with the rule set's denominator."""
-    return rules.linear_alpha1_beta0(x, weight, relevance, session.rule_set.shared_linear_denominator)
+    return rules.linear_alpha1_beta0(x, weight, relevance, session.rule_set.shared_linear_denominator, output, bias)
 
 
-def weight_rule(weight: torch.Tensor) -> RelevanceRule:
-    """The rule set's Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it)."""
+def weight_rule(weight: torch.Tensor, affine: bool = False, bias: torch.Tensor | None = None) -> RelevanceRule:
+    """The rule set's Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it). `affine`: the
+    forward computes exactly `x W^T + bias` (`bias` None for none), so the rule may take the product from its
+    output."""
 
-    def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (session.rule_set.linear(session, inputs[0], weight, relevance),)
+    def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+        return (session.rule_set.linear(session, inputs[0], weight, relevance, output if affine else None, bias),)
 
     return rule
+
+
+def linear_module_rule(module: nn.Linear) -> RelevanceRule:
+    """The Linear rule for an nn.Linear: the product taken from the output where the module runs nn.Linear's own
+    forward (a subclass with its own forward may compute something else)."""
+    return weight_rule(module.weight, type(module).forward is nn.Linear.forward, module.bias)
 
 
 def rule_of(kind: Callable[[RuleSet], RelevanceRule]) -> RelevanceRule:
@@ -189,7 +200,7 @@ def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 
 def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`u @ v` of two feature maps under the rule set's matmul rule."""
-    return _apply(session, _MATMUL, torch.matmul, u, v)
+    return _apply(session, _MATMUL, rules.matmul, u, v)
 
 
 def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor) -> torch.Tensor:
@@ -263,7 +274,7 @@ _GATE = rule_of(lambda rules: rules.gate)
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
 NORMALISATION = leaf(lambda _m: rule_of(lambda rules: rules.normalisation))
 ACTIVATION = leaf(lambda _m: rule_of(lambda rules: rules.activation))
-LINEAR = leaf(lambda module: weight_rule(module.weight))
+LINEAR = leaf(linear_module_rule)
 PIXEL_CONV = leaf(pixel_conv_rule)
 
 

@@ -17,6 +17,10 @@ import torch.nn.functional as F
 
 EPSILON = 1e-9
 RELATIVE_FLOOR = 3e-2
+# `positive_part_sum`: where the magnitude exceeds this multiple of the sum, the sum is recomputed term by term
+CANCELLATION_RATIO = 4.0
+# ... term by term in a row where one entry in this many at most cancels; beyond, the whole row
+CANCELLED_SHARE_LIMIT = 128
 
 
 def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -38,11 +42,28 @@ def stable_quotients(relevance: torch.Tensor, z: torch.Tensor, magnitude: torch.
     `term * signed + |term| * unsigned`: relevance is conserved, continuously in `z`, and float32 rounding is
     amplified at most `1 / RELATIVE_FLOOR` times. Both are 0 where every term is 0.
     """
-    held = torch.maximum(z.abs(), RELATIVE_FLOOR * magnitude).copysign_(z)
-    signed = (relevance / held).masked_fill_(magnitude == 0, 0.0)
-    # where every term is 0, z is 0 and held == z: `unsigned` is 0 there without a mask
-    unsigned = torch.where(held == z, 0.0, (relevance - signed * z) / magnitude)
+    # in place where the arithmetic allows: large tensors cost more to allocate than to compute
+    held = z.abs()
+    torch.maximum(held, RELATIVE_FLOOR * magnitude, out=held).copysign_(z)
+    signed = torch.div(relevance, held).masked_fill_(magnitude == 0, 0.0)
+    unsigned = signed * z
+    # (R - signed z) / magnitude; 0 where z is not held (every term 0 included: z is 0 and held == z there)
+    torch.sub(relevance, unsigned, out=unsigned).div_(magnitude).masked_fill_(held == z, 0.0)
     return signed, unsigned
+
+
+def safe_divide_into(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """`safe_divide`, bit for bit, written into `denominator` (the caller's scratch, of the numerator's shape): one
+    large allocation fewer."""
+    zero = denominator == 0
+    return torch.div(numerator, denominator.add_(EPSILON), out=denominator).masked_fill_(zero, 0.0)
+
+
+def sign_parts(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(t.clamp(min=0), t.clamp(max=0))`, the same numbers for finite `t` in about half the time (`relu`, then a
+    subtraction)."""
+    positive = torch.relu(t)
+    return positive, t - positive
 
 
 def per_sample_sum(x: torch.Tensor) -> torch.Tensor:
@@ -55,22 +76,80 @@ def passthrough(relevance: torch.Tensor) -> torch.Tensor:
     return relevance
 
 
-def linear_alpha1_beta0(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, shared_denominator: bool) -> torch.Tensor:
+def linear_alpha1_beta0(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    relevance: torch.Tensor,
+    shared_denominator: bool,
+    output: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Alpha=1, beta=0 rule: positive contributions `x+ W+` and `x- W-` share the relevance (bias ignored).
 
     With `shared_denominator` (the paper's rule) both parts are divided by their sum `Z = x+ W+ + x- W-`, which
-    conserves relevance; the vanilla rule divides each part by itself, which does not. Every term is a sum of
-    non-negative products, so nothing cancels in float32 (the shorter `(x W + |x| |W|) / 2` does, where the
-    negative products dominate).
+    conserves relevance; the vanilla rule divides each part by itself, which does not. `output`, when the caller
+    has it from the forward pass, is `x W^T + bias` (`bias` None for none): on token sequences the paper's rule then
+    takes the product from it instead of computing it again (`positive_part_sum`). Every term is a sum of non-negative products, to the precision that
+    `positive_part_sum` states.
     """
-    x_pos, x_neg = x.clamp(min=0), x.clamp(max=0)
-    w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
-    z_pos, z_neg = F.linear(x_pos, w_pos), F.linear(x_neg, w_neg)
-    if shared_denominator:
-        s_pos = s_neg = safe_divide(relevance, z_pos + z_neg)
+    if not shared_denominator:
+        (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), sign_parts(weight)
+        s_pos = safe_divide_into(relevance, F.linear(x_pos, w_pos))
+        s_neg = safe_divide_into(relevance, F.linear(x_neg, w_neg))
+        return (s_pos @ w_pos).mul_(x_pos).addcmul_(x_neg, s_neg @ w_neg)
+    x_abs, w_abs = x.abs(), weight.abs()
+    if output is None or x.ndim < 3:
+        # no product to reuse, or one row per input (a head), where BLAS's few-row kernels would make a batch's
+        # numbers differ from one input's: the direct sum (its two products cost nothing on so few rows)
+        z = direct_positive_part_sum(x, weight)
     else:
-        s_pos, s_neg = safe_divide(relevance, z_pos), safe_divide(relevance, z_neg)
-    return torch.addcmul(x_pos * (s_pos @ w_pos), x_neg, s_neg @ w_neg)
+        product, slack = (output.clone(), None) if bias is None else (output - bias, bias.abs())
+        z = positive_part_sum(x, weight, product, F.linear(x_abs, w_abs), slack)
+    s = safe_divide_into(relevance, z)
+    # x+ (s W+) + x- (s W-) with W+- = (W +- |W|) / 2: two products, against W and |W|
+    return (s @ weight).mul_(x).addcmul_(x_abs, s @ w_abs).mul_(0.5)
+
+
+def direct_positive_part_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`Z = x+ W+ + x- W-` as two products of non-negative terms: nothing cancels."""
+    (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), sign_parts(weight)
+    return F.linear(x_pos, w_pos).add_(F.linear(x_neg, w_neg))
+
+
+def positive_part_sum(
+    x: torch.Tensor, weight: torch.Tensor, product: torch.Tensor, magnitude: torch.Tensor, slack: torch.Tensor | None
+) -> torch.Tensor:
+    """`Z = sum_k max(x_k W_jk, 0)` (`= x+ W+ + x- W-`) from the computed `product = x W^T` and `magnitude = |x| |W|^T`
+    as `(product + magnitude) / 2`, recomputed term by term where that cancels. `slack` (or None): a bound on the
+    absolute values added to and taken back from `product` (a bias), broadcastable to it. `product` and
+    `magnitude` are the caller's scratch: both are overwritten (fewer large allocations).
+
+    Why this is as good as summing the non-negative terms: with `m` the exact magnitude, each computed dot product
+    of length K is off by at most `g m`, `g = K eps / (1 - K eps)` (any summation order); a bias added and taken back
+    adds at most `2 eps (m + slack)`. So the computed `Z'` is off by at most about `(g + eps) (m + slack)`. Where it
+    is kept, `m' + slack <= CANCELLATION_RATIO Z'`, so its error is at most about
+    `CANCELLATION_RATIO (K + 1) eps Z'`: `CANCELLATION_RATIO` times the bound `K eps Z` of summing the K non-negative
+    terms directly. Everywhere else (the sum cancels) `Z` is recomputed as that direct sum: term by term where a
+    row (one token) has few such entries, the whole row as products with the weight's positive and negative parts
+    where more than `1 / CANCELLED_SHARE_LIMIT` of its entries cancel. Which way a row goes depends on that row
+    alone, not on the rest of the batch.
+    """
+    z = product.add_(magnitude).mul_(0.5)
+    excess = magnitude.sub_(z, alpha=CANCELLATION_RATIO)  # m - c Z: above -slack where the sum cancels
+    cancelled = (excess > 0 if slack is None else excess > -slack).reshape(-1, z.shape[-1])
+    if not cancelled.any():
+        return z
+    flat_x, flat_z = x.reshape(-1, x.shape[-1]), z.view(-1, z.shape[-1])
+    dense = cancelled.sum(-1) * CANCELLED_SHARE_LIMIT > z.shape[-1]
+    if dense.any():
+        flat_z[dense] = direct_positive_part_sum(flat_x[dense], weight)
+        cancelled[dense] = False
+    rows, columns = cancelled.nonzero(as_tuple=True)
+    chunk = len(flat_x)  # entries per step: the terms held at once are at most the size of `x`
+    for start in range(0, len(rows), chunk):
+        at_rows, at_columns = rows[start : start + chunk], columns[start : start + chunk]
+        flat_z[at_rows, at_columns] = (flat_x[at_rows] * weight[at_columns]).clamp_(min=0).sum(-1)
+    return z
 
 
 def reweigh_branches(x: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
@@ -90,7 +169,7 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
     else:
         a_abs, b_abs = a.abs(), b.abs()
         signed, unsigned = stable_quotients(relevance, a + b, a_abs + b_abs)
-        r_a, r_b = torch.addcmul(a * signed, a_abs, unsigned), torch.addcmul(b * signed, b_abs, unsigned)
+        r_a, r_b = (a * signed).addcmul_(a_abs, unsigned), (b * signed).addcmul_(b_abs, unsigned)
     if rescale:
         sum_a, sum_b, total = per_sample_sum(r_a), per_sample_sum(r_b), per_sample_sum(relevance)
         norm = sum_a.abs() + sum_b.abs()
@@ -99,16 +178,25 @@ def add(a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor, rescale: bool
     return r_a, r_b
 
 
+def matmul(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`u @ v`, the same numbers; batches of matrices with the same leading dimensions go to `bmm` as views, since
+    `torch.matmul` copies a transposed operand of more than three dimensions first (about twice the time)."""
+    if u.ndim == v.ndim > 3 and u.shape[:-2] == v.shape[:-2]:
+        return torch.bmm(u.flatten(0, -3), v.flatten(0, -3)).unflatten(0, u.shape[:-2])
+    return u @ v
+
+
 def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`Z = u @ v` of two feature maps: `R_u = u * (R/Z) v^T`, `R_v = v * u^T (R/Z)`, each halved."""
+    v_t, u_t = v.transpose(-2, -1), u.transpose(-2, -1)
     if exact:
-        half_s = safe_divide(relevance, u @ v).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
-        return u * (half_s @ v.transpose(-2, -1)), v * (u.transpose(-2, -1) @ half_s)
+        half_s = safe_divide(relevance, matmul(u, v)).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
+        return u * matmul(half_s, v_t), v * matmul(u_t, half_s)
     u_abs, v_abs = u.abs(), v.abs()
     # both quotients are linear in the relevance: halving it halves them exactly
-    signed, unsigned = stable_quotients(relevance * 0.5, u @ v, u_abs @ v_abs)
-    r_u = torch.addcmul(u * (signed @ v.transpose(-2, -1)), u_abs, unsigned @ v_abs.transpose(-2, -1))
-    r_v = torch.addcmul(v * (u.transpose(-2, -1) @ signed), v_abs, u_abs.transpose(-2, -1) @ unsigned)
+    signed, unsigned = stable_quotients(relevance * 0.5, matmul(u, v), matmul(u_abs, v_abs))
+    r_u = matmul(signed, v_t).mul_(u).addcmul_(u_abs, matmul(unsigned, v_abs.transpose(-2, -1)))
+    r_v = matmul(u_t, signed).mul_(v).addcmul_(v_abs, matmul(u_abs.transpose(-2, -1), unsigned))
     return r_u, r_v
 
 
@@ -121,7 +209,7 @@ def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stri
     dims = tuple(range(1, x.ndim))
     low = x.amin(dim=dims, keepdim=True).expand_as(x)
     high = x.amax(dim=dims, keepdim=True).expand_as(x)
-    w_pos, w_neg = weight.clamp(min=0), weight.clamp(max=0)
+    w_pos, w_neg = sign_parts(weight)
 
     def back(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return torch.nn.grad.conv2d_input(x.shape, w, s, stride=stride, padding=padding)
