@@ -131,10 +131,10 @@ def attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, val
     batch, heads, length, width = query.shape
     if rules is not None:
         query, key, value = rules.take(query, rules.query_key), rules.take(key, rules.query_key), rules.take(value, rules.value)
-    grouped = query.view(batch, key.shape[1], heads // key.shape[1], length, width)
-    scores = torch.matmul(grouped, key.unsqueeze(2).transpose(-1, -2)) * scaling
+    grouped = (query * scaling).view(batch, key.shape[1], heads // key.shape[1], length, width)
+    scores = torch.matmul(grouped, key.unsqueeze(2).transpose(-1, -2))  # scaled on the (T, d) side: one (T, T) pass less
     if mask is not None:
-        scores = scores + mask[..., : key.shape[-2]].unsqueeze(2)
+        scores = scores.add_(mask[..., : key.shape[-2]].unsqueeze(2))  # in place: the product's backward keeps no copy of it
     probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
     output = torch.matmul(probabilities, value.unsqueeze(2)).reshape(batch, heads, length, width)
     return output.transpose(1, 2).contiguous(), probabilities.flatten(1, 2)
