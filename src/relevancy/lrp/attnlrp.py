@@ -47,8 +47,7 @@ class _IdentityRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         y = fn(x)
-        zero = x == 0
-        ctx.save_for_backward(torch.where(zero, torch.zeros_like(y), y / torch.where(zero, torch.ones_like(x), x)))
+        ctx.save_for_backward(torch.where(x == 0, 0.0, y / x))
         return y
 
     @staticmethod
@@ -125,15 +124,17 @@ def gated_mlp(rules: RuleSet, gate_proj: torch.nn.Module, up_proj: torch.nn.Modu
 
 def attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               mask: torch.Tensor | None, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact eager attention `(output (B, T, H, d), probabilities)` over heads `(B, H, T, d)`, keys and values
-    shared by groups of query heads (grouped-query attention), softmax in the model's dtype (float32 at least);
-    `rules` None: the plain gradient."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    """Exact eager attention `(output (B, T, H, d), probabilities (B, H, T, S))` over heads `(B, H, T, d)`, keys
+    and values shared by groups of query heads (grouped-query attention: the query heads are viewed as
+    (key heads, group) and broadcast against their key head, so keys and values are never copied per head),
+    softmax in the model's dtype (float32 at least); `rules` None: the plain gradient."""
+    batch, heads, length, width = query.shape
     if rules is not None:
         query, key, value = rules.take(query, rules.query_key), rules.take(key, rules.query_key), rules.take(value, rules.value)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    grouped = (query * scaling).view(batch, key.shape[1], heads // key.shape[1], length, width)
+    scores = torch.matmul(grouped, key.unsqueeze(2).transpose(-1, -2))  # scaled on the (T, d) side: one (T, T) pass less
     if mask is not None:
-        scores = scores + mask[..., : key.shape[-2]]
+        scores = scores.add_(mask[..., : key.shape[-2]].unsqueeze(2))  # in place: the product's backward keeps no copy of it
     probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
-    return torch.matmul(probabilities, value).transpose(1, 2).contiguous(), probabilities
+    output = torch.matmul(probabilities, value.unsqueeze(2)).reshape(batch, heads, length, width)
+    return output.transpose(1, 2).contiguous(), probabilities.flatten(1, 2)
