@@ -1,0 +1,44 @@
+"""The relevance of many positions of one sequence from one forward: every generated token of a generation,
+explained over the tokens before it, as a causal `(G, N)` matrix.
+
+Under the causal mask the hidden state at position `p` depends on positions `0..p` only, so one forward over the
+whole sequence holds every prefix's forward: the backward of the logit of token `g` read at the position before it
+(the graph kept between backward passes) gives exactly what explaining that prefix alone gives.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...lrp.attnlrp import RuleSet
+from .adapter import CausalLMAdapter, position_ids
+
+
+def causal_rows(prompt_length: int, length: int, device: torch.device | None = None) -> torch.Tensor:
+    """`(G, N)` bool: row `g` (the token at position `prompt_length + g`) covers the positions before it."""
+    generated = torch.arange(prompt_length, length, device=device)
+    return torch.arange(length, device=device)[None, :] < generated[:, None]
+
+
+def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, prompt_length: int, rules: RuleSet | None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(scores (G, N), explained logits (G,))` for the one sequence `ids` `(1, N)` whose tokens from
+    `prompt_length` on were generated: row `g` is input x gradient (under `rules`; None: the plain gradient) of the
+    logit of token `prompt_length + g` read at the position before it, over the positions before it (0 elsewhere).
+    One forward (the last token is only explained, never read) and G backward passes."""
+    length = ids.shape[1]
+    if ids.shape[0] != 1 or not 1 <= prompt_length < length:
+        raise ValueError(f"one sequence (1, N) with 1 <= prompt_length < N is explained, got {tuple(ids.shape)} and {prompt_length}")
+    read = ids[:, :-1]
+    embeddings = getattr(adapter.decoder, adapter.layout.embeddings)(read).detach().requires_grad_(True)
+    mask = torch.ones_like(read)
+    generated = ids[0, prompt_length:]
+    rows = []
+    with adapter.rules_applied(rules):
+        hidden = adapter.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        logits = adapter.model.lm_head(hidden[0, prompt_length - 1:])  # (G, V): the logits read before each generated token
+        explained = logits.gather(1, generated[:, None])[:, 0]
+        for g in range(len(generated)):
+            (gradient,) = torch.autograd.grad(explained[g], embeddings, retain_graph=g + 1 < len(generated))
+            rows.append((embeddings[0] * gradient[0]).sum(-1).detach())
+    scores = torch.nn.functional.pad(torch.stack(rows), (0, 1))  # the last token is read by no row
+    return scores * causal_rows(prompt_length, length, scores.device), explained.detach()
