@@ -133,3 +133,11 @@ def test_other_families_are_refused():
         vocab_size=96, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)).eval()
     with pytest.raises(UnsupportedModelError, match="explain_generation explains decoder language models"):
         relevancy.explain_generation(bert, Characters(), PROMPT)
+
+
+def test_terminal_rows(model, capsys):
+    result = relevancy.explain_generation(model, Characters(), PROMPT, max_new_tokens=2)
+    result.show()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"1. {result.labels()[0]}" and lines[1] == PROMPT
+    assert lines[2] == f"2. {result.labels()[1]}" and lines[3] == PROMPT + result.text[0]

@@ -1,4 +1,4 @@
-"""Command line: `relevancy explain | explain-text | explain-detections | explain-question | demo | evaluate | serve`.
+"""Command line: `relevancy explain | explain-text | explain-generation | explain-detections | explain-question | demo | evaluate | serve`.
 
 Every command's options are defined here, in a module that imports neither torch nor the model libraries, so
 `relevancy --help` answers at once; each handler imports what it needs when it runs. Handlers check the request
@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from .. import __version__
 from ..extras import MissingExtraError
 from ..pictures import MAX_IMAGE_PIXELS
-from .common import DEFAULT_OUT, METHOD_NAMES, UsageError, read_image, warn
+from .common import DEFAULT_OUT, GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, METHOD_NAMES, UsageError, read_image, warn
 from .images import run_demo, run_explain
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:
@@ -71,6 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: per text and method the target, "
                                                        "its class name and logit, the tokens and their scores")
     p.set_defaults(handler=_lazy("relevancy.cli.text", "run_explain_text"))
+
+    p = commands.add_parser("explain-generation", help="explain every token a decoder language model generates",
+                            description="Generate greedily from a prompt with a decoder language model (or read a given "
+                                        "continuation, --target) and explain every generated token over the prompt and "
+                                        "the tokens before it: coloured rows in a terminal, token and score columns when "
+                                        "stdout is not a terminal, JSON with --json, an HTML page with --out (choose a "
+                                        "generated token to see what it read).")
+    p.add_argument("prompt", metavar="PROMPT", help="the prompt (quote it)")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (SmolLM2-135M-Instruct, offline, the 'llm' extra; default) or a local "
+                                                      "folder of a LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or "
+                                                      "GPT2LMHeadModel with its tokenizer (save_pretrained)")
+    p.add_argument("--method", default="attnlrp", help=f"one of {', '.join(GENERATION_METHOD_NAMES)} (default attnlrp)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=f"tokens to generate, 1 to {MAX_NEW_TOKENS} (default 32; "
+                                                                  "generation stops earlier after an end-of-text token)")
+    p.add_argument("--target", default=None, metavar="TEXT", help="explain this continuation of the prompt instead of "
+                                                                  f"generating (at most {MAX_NEW_TOKENS} tokens; mind the leading space)")
+    p.add_argument("--out", default=None, help="write the HTML page here (e.g. generation.html)")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: the tokens, the prompt length, the "
+                                                       "generated ids and text, the (G, T + G) scores and the relevance totals")
+    p.set_defaults(handler=_lazy("relevancy.cli.generation", "run_explain_generation"))
 
     p = commands.add_parser("explain-detections", help="explain every object a DETR model detects in each image",
                             description="Explain each object a transformers DetrForObjectDetection detects (best class "
