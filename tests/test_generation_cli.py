@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from language_models import save_tiny_llama
 
 import relevancy
 from relevancy.cli import main
@@ -16,33 +16,12 @@ from relevancy.cli.common import GENERATION_METHOD_NAMES, MAX_NEW_TOKENS
 from relevancy.generation import GENERATION_METHODS
 from relevancy.generation import MAX_NEW_TOKENS as LIBRARY_MAX_NEW_TOKENS
 
-END = "<|endoftext|>"
-CORPUS = ["the cat sat on the mat", "the dog ran to the park", "a red ball and a blue box", "where does the cat live?"]
 PROMPT = "the cat sat on"
-
-
-def tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """A byte-level BPE of about 300 tokens trained on a few sentences (any text tokenises)."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=[END],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=END)
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """A tiny random LlamaForCausalLM (grouped-query attention) and its tokenizer, saved as a user would."""
-    tokenizer = tiny_tokenizer()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                      initializer_range=0.2, eos_token_id=tokenizer.eos_token_id)
-    path = tmp_path_factory.mktemp("llama")
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"))
 
 
 def run(capsys, *words: str) -> tuple[int, str, str]:

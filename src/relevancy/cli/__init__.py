@@ -196,9 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "without its lists: curves, per-class IoU)")
     p.set_defaults(handler=_lazy("relevancy.cli.evaluate", "evaluate"))
 
-    p = commands.add_parser("serve", help="serve a web page (and its JSON API) that explains images, texts and image-text pairs",
+    p = commands.add_parser("serve", help="serve a web page (and its JSON API) that explains images, texts, image-text pairs and generations",
                             description="Serve the web page: upload an image or pick a sample, choose methods and a target, "
-                                        "see the maps; a text tab and an image-text (CLIP) tab; the JSON API under it is "
+                                        "see the maps; a text tab, an image-text (CLIP) tab and a text-generation tab; the JSON API under it is "
                                         "documented at /docs. Needs the 'serve' extra. Models load once, at start.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed at start)")
@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "or 'none' (default: the shipped sentiment model, with the 'text' extra)")
     p.add_argument("--clip-model", default=None, help="the image-text tab's model: as `explain --text --model`, or 'none' "
                                                       "(default: the shipped shapes CLIP, with the 'text' extra)")
+    p.add_argument("--language-model", default=None, help="the text-generation tab's model: 'smollm2', a folder of a decoder "
+                                                          "language model (as `explain-generation --model`), or 'none' "
+                                                          "(default: SmolLM2, with the 'llm' extra)")
     p.add_argument("--max-running", type=int, default=2, help="explanations computed at once (default 2)")
     p.add_argument("--max-waiting", type=int, default=4, help="explanation requests that may wait for a slot; more are "
                                                               "answered 503 at once (default 4)")
@@ -220,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-image-mb", type=float, default=8.0, help="largest image file, MiB (default 8)")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request, MiB; images travel as base64 (default 16)")
     p.add_argument("--max-pixels", type=int, default=16_000_000, help="largest image, pixels, read before decoding (default 16,000,000)")
-    p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text or caption, characters (default 2,000)")
+    p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text, caption or prompt, characters (default 2,000)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=f"most tokens a text-generation request may generate, 1 to "
+                                                                  f"{MAX_NEW_TOKENS} (default 32; each costs a backward pass)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(handler=_lazy("relevancy.serve.command", "run_serve"))
     return parser

@@ -36,9 +36,11 @@ function relevancyGeneration(box, data) {
       span.style.background = pair ? pair[0] : 'none';
       span.style.color = pair ? pair[1] : '';
       span.style.outline = k === data.prompt_length + g ? '2px solid #000' : '';
-      if (k < row.length) { span.title = 'relevance ' + row[k]; }
-      else if (k >= data.prompt_length) { span.title = 'show what this token read'; }
-      else { span.removeAttribute('title'); }
+      if (k < row.length) { span.title = 'relevance ' + row[k]; span.dataset.relevance = row[k]; }
+      else {
+        delete span.dataset.relevance;
+        if (k >= data.prompt_length) { span.title = 'show what this token read'; } else { span.removeAttribute('title'); }
+      }
     });
     var total = data.relevance_total ? '; relevance total ' + data.relevance_total[g] : '';
     caption.textContent = data.method + ': why ' + JSON.stringify(data.tokens[data.prompt_length + g]) +
