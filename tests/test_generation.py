@@ -11,6 +11,7 @@ from bimodal_golden import assert_same, snapshot
 from test_causal_lm import GOLDEN, assert_close_to, build
 
 import relevancy
+from relevancy.families.causal_lm import generation
 from relevancy.generation import MAX_NEW_TOKENS
 
 METHODS = ("attnlrp", "cp_lrp", "input_x_gradient")
@@ -38,7 +39,8 @@ def model(request):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_each_row_equals_explain_on_its_prefix(model, method):
+def test_each_row_equals_explain_on_its_prefix(model, method, monkeypatch):
+    monkeypatch.setattr(generation, "ROWS_PER_BACKWARD", 4)  # six rows: two batched backward passes, of 4 and 2
     tokenizer = Characters()
     result = relevancy.explain_generation(model, tokenizer, PROMPT, max_new_tokens=6, method=method)
     start = len(PROMPT)
