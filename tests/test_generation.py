@@ -135,6 +135,10 @@ def test_other_families_are_refused():
         vocab_size=96, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)).eval()
     with pytest.raises(UnsupportedModelError, match="explain_generation explains decoder language models"):
         relevancy.explain_generation(bert, Characters(), PROMPT)
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=16, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)).eval()
+    with pytest.raises(UnsupportedModelError, match="not the .* family"):
+        relevancy.explain_generation(vit, Characters(), PROMPT)
 
 
 def test_terminal_rows(model, capsys):

@@ -14,6 +14,7 @@ from torch import nn
 
 from .api import prepared
 from .explanation import GenerationExplanation
+from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .families.causal_lm import CausalLMAdapter
 from .families.causal_lm.generation import generation_relevance
@@ -90,11 +91,11 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
         forced = _token_ids(tokenizer, continuation, special=False) if isinstance(continuation, str) else []
         if not 1 <= len(forced) <= MAX_NEW_TOKENS:
             raise ValueError(f"continuation must be a text of 1 to {MAX_NEW_TOKENS} tokens, got {len(forced)} tokens from {quoted(continuation)}")
+    family = adapter_for(model)
+    if not isinstance(family, CausalLMAdapter):
+        raise UnsupportedModelError(f"explain_generation explains decoder language models ({CausalLMAdapter.examples}), not the {family.family} family")
     with prepared(model, torch.tensor([prompt_ids]), attention_probabilities=False) as call:
-        adapter = call.adapter
-        if not isinstance(adapter, CausalLMAdapter):
-            raise UnsupportedModelError(f"explain_generation explains decoder language models ({CausalLMAdapter.examples}), not the {adapter.family} family")
-        ids = call.inputs.input_ids
+        adapter, ids = call.adapter, call.inputs.input_ids
         table = getattr(model.config, "n_positions", None)  # GPT-2's position table
         wanted = len(prompt_ids) + (len(forced) if forced is not None else max_new_tokens)
         if table is not None and wanted > table:
