@@ -147,3 +147,15 @@ def test_terminal_rows(model, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"1. {result.labels()[0]}" and lines[1] == PROMPT
     assert lines[2] == f"2. {result.labels()[1]}" and lines[3] == PROMPT + result.text[0]
+
+
+def test_threads_on_one_model_give_the_serial_results(model):
+    """Calls from several threads (serialised by the model's lock) give what serial calls give."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [("attnlrp", 3), ("input_x_gradient", 2), ("cp_lrp", 4)]
+    serial = [relevancy.explain_generation(model, Characters(), PROMPT, tokens, method) for method, tokens in jobs]
+    with ThreadPoolExecutor(3) as pool:
+        threaded = list(pool.map(lambda job: relevancy.explain_generation(model, Characters(), PROMPT, job[1], job[0]), jobs))
+    for one, other in zip(serial, threaded):
+        assert torch.equal(one.scores, other.scores) and torch.equal(one.generated_ids, other.generated_ids)
