@@ -2,7 +2,8 @@
 
 Four kinds, one per tab of the page: image classifiers (the shipped shapes ViT by default, the photo model
 when its package is installed), a text classifier (the shipped sentiment model), an image-text model (the
-shipped shapes CLIP) and a decoder language model (SmolLM2, when the `llm` extra is installed). A request names a model among those loaded; any other name is refused.
+shipped shapes CLIP) and a decoder language model (SmolLM2, when the `llm` extra is installed). A request names
+a model among those loaded; any other name is refused.
 """
 from __future__ import annotations
 
@@ -116,8 +117,8 @@ def load_catalog(image_names: Sequence[str] | None = None, text: str | None = No
                  language: str | None = None) -> Catalog:
     """Load the models. `image_names` None: the shapes ViT, and the photo model where it loads. `text`, `pairs`
     None: the shipped models where the `text` extra is installed; `language` None: SmolLM2 where the `llm` extra
-    is installed (else "smollm2" or a model folder, `relevancy.models.load_language_model`); "none": no such tab. A model asked for by name
-    that cannot load is an error; a default one that cannot is left out with a note."""
+    is installed (else "smollm2" or a model folder, `relevancy.models.load_language_model`); "none": no such tab.
+    A model asked for by name that cannot load is an error; a default one that cannot is left out with a note."""
     from ..extras import MissingExtraError
 
     notes: list[str] = []
