@@ -11,7 +11,7 @@ function relevancyGeneration(box, data) {
   text.style.lineHeight = '1.9';
   var spans = data.tokens.map(function (token, k) {
     var span = document.createElement(k < data.prompt_length ? 'span' : 'button');
-    span.textContent = token;
+    span.textContent = token.replace(/\n/g, '\u21b5\n');  // a line break shown, and kept
     span.dataset.position = k;
     if (k >= data.prompt_length) {
       span.type = 'button';
