@@ -3,6 +3,7 @@ tokenizer trained here (both load offline), and the real SmolLM2 (the `llm` extr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,15 @@ def test_smollm2_explains_a_short_generation(smollm2, capsys):
     assert numbers["text"].startswith(" Paris") and numbers["prompt_length"] == 5
     first = numbers["parts"]["text"][0][:4]  # why " Paris": the prompt before its last token " is"
     assert numbers["tokens"][first.index(max(first))] == " France"
+
+
+def test_colours_on_a_terminal(folder, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    code, out, _ = run(capsys, PROMPT, "--model", str(folder), "--max-new-tokens", "2")
+    assert code == 0 and "\x1b[" in out  # rich's colour codes
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", out).splitlines()
+    assert lines[0].startswith("1. ") and lines[1] == PROMPT and lines[2].startswith("2. ") and lines[3].startswith(PROMPT)
