@@ -33,7 +33,7 @@ LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_00
 
 @pytest.fixture(scope="module")
 def catalog():
-    return load_catalog(["shapes"])
+    return load_catalog(["shapes"], language="none")  # the text-generation tab: test_serve_generation.py
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_a_model_without_classes_is_explained_through_concepts(catalog, samples)
 
 def test_the_photo_model_explains_a_concept_of_photographs(samples):
     """The DINOv2 photo model of the `photos` extra (in the test extra): no classes, concepts, no token ablation."""
-    app = create_app(load_catalog(["photo"], text="none", pairs="none"), samples, LIMITS)
+    app = create_app(load_catalog(["photo"], text="none", pairs="none", language="none"), samples, LIMITS)
     photo = {"image": {"sample": "photo-chelsea"}}
     with TestClient(app) as test_client:
         entry = test_client.get("/api/info").json()["image_models"][0]
@@ -569,7 +569,7 @@ def test_the_per_client_count_is_kept_per_address():
 def test_serve_command_prints_its_url_and_serves(tmp_path):
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen([sys.executable, "-m", "relevancy.cli", "serve", "--port", "0", "--text-model", "none",
-                               "--clip-model", "none", "--max-running", "3"],
+                               "--clip-model", "none", "--language-model", "none", "--max-running", "3"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path)
     try:
         line = server.stdout.readline()

@@ -43,7 +43,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def url():
-    app = create_app(load_catalog(["shapes"], text="none", pairs="none"), make_samples(scenes=2, pairs=1))
+    app = create_app(load_catalog(["shapes"], text="none", pairs="none", language="none"), make_samples(scenes=2, pairs=1))
     with live_server(app) as address:
         yield address
 

@@ -22,7 +22,7 @@ LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_00
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(create_app(load_catalog(["shapes"]), make_samples(), LIMITS), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(load_catalog(["shapes"], language="none"), make_samples(), LIMITS), raise_server_exceptions=False) as test_client:
         yield test_client
 
 
@@ -197,6 +197,6 @@ def test_a_100_kb_path_is_a_404_that_quotes_it_short(server_port):
 
 @pytest.fixture(scope="module")
 def server_port():
-    app = create_app(load_catalog(["shapes"], text="none", pairs="none"), make_samples(scenes=2, pairs=1), LIMITS)
+    app = create_app(load_catalog(["shapes"], text="none", pairs="none", language="none"), make_samples(scenes=2, pairs=1), LIMITS)
     with live_server(app) as url:
         yield int(url.rstrip("/").rsplit(":", 1)[1])

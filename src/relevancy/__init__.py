@@ -9,16 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import explain
-    from .explanation import DetectionExplanation, Explanation, ImageExplanation, PairExplanation, RegionTextExplanation
+    from .explanation import DetectionExplanation, Explanation, GenerationExplanation, ImageExplanation, PairExplanation, RegionTextExplanation
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
     from .families.detr import detect
     from .families.causal_lm import Contrast
+    from .generation import explain_generation
     from .targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "METHODS"]
+__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "GenerationExplanation", "explain_generation", "METHODS"]
 __version__ = "0.1.0"
 
 
@@ -28,7 +29,9 @@ def __getattr__(name: str) -> Any:
         from .api import explain as value
     elif name == "Explanation":
         from .explanation import Explanation as value
-    elif name in ("ImageExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation"):
+    elif name == "explain_generation":
+        from .generation import explain_generation as value
+    elif name in ("ImageExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation", "GenerationExplanation"):
         from . import explanation
 
         value = getattr(explanation, name)

@@ -214,6 +214,71 @@ class TextExplanation(ColouredTexts, ImageExplanation):
 
 
 @dataclass
+class GenerationExplanation(Explanation):
+    """What a decoder language model read to write each token of a generation (`relevancy.explain_generation`).
+
+    `scores` `(G, T + G)`: row `g` is the relevance of every token before generated token `g` (the prompt's `T`
+    and the `g` generated before it) for that token's logit, raw and signed, 0 at the token itself and after it.
+    `tokens` are the `T + G` tokens' texts (each decoded alone), `prompt_length` is `T`, `generated_ids` (= `target`)
+    the `G` generated token ids, `text` the generated text, `logits` `(G, 1)` each explained logit, and
+    `relevance_total` (LRP methods, `(G,)`) the share of each logit that reaches the token embeddings.
+    """
+
+    scores: torch.Tensor
+    generated_ids: torch.Tensor
+    logits: torch.Tensor
+    method: str
+    signed: bool
+    tokens: list[str]
+    prompt_length: int
+    text: str
+    relevance_total: torch.Tensor | None = field(default=None, repr=False)
+
+    target = property(lambda self: self.generated_ids)
+
+    @property
+    def parts(self) -> dict[str, TextPart]:
+        """One text part, a row per generated token over the tokens before it (the rest masked)."""
+        length = len(self.tokens)
+        before = torch.arange(length)[None, :] < torch.arange(self.prompt_length, length)[:, None]
+        return {"text": TextPart(self.scores, self.signed, [self.tokens] * len(self.generated_ids), None, before)}
+
+    def token_scores(self, index: int = 0) -> list[tuple[str, float]]:
+        """`(token, score)` of every token before generated token `index`."""
+        return self.parts["text"].token_scores(index)
+
+    def labels(self) -> list[str]:
+        """A caption per generated token: its text and its logit."""
+        generated = self.tokens[self.prompt_length:]
+        return [f"{token!r} ({float(logit):.2f})" for token, logit in zip(generated, self.logits[:, 0])]
+
+    def to_json(self) -> dict:
+        """The protocol's JSON plus the tokens, the prompt length and the generated text."""
+        return {**super().to_json(), "tokens": self.tokens, "prompt_length": self.prompt_length, "text": self.text}
+
+    def show(self) -> None:
+        """Print each generated token's row, the earlier tokens on their colours (a terminal, through rich)."""
+        from .generation_page import show_rows
+
+        show_rows(self.parts["text"], self.labels())
+
+    def to_html(self) -> str:
+        """An HTML fragment: the prompt and the generation; choosing a generated token colours what it read."""
+        from .generation_page import generation_html
+
+        return generation_html(self.to_json())
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def save(self, path: str | Path, images: object = None) -> Path:
+        """Write the HTML page (plain inline script, nothing loaded from the internet); whole or not at all."""
+        from .files import write_atomic
+
+        return write_atomic(Path(path), html_page(f"{self.method}: generation", self.to_html()))
+
+
+@dataclass
 class PairExplanation(Explanation):
     """Relevance for the logit of each image-text pair: an image part and a text part (`parts`).
 

@@ -287,3 +287,31 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
         lambda ids: [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids],
         int(size), tuple(processor.image_mean), tuple(processor.image_std),
     )
+
+
+SHIPPED_LANGUAGE_MODEL = "smollm2"
+
+
+@lru_cache(maxsize=2)
+def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, object]:
+    """`(model, tokenizer)` of a decoder language model, loaded once per process: "smollm2" (SmolLM2-135M-Instruct
+    from the `llm` extra, offline) or a local folder of a transformers `...ForCausalLM` / `GPT2LMHeadModel` and its
+    tokenizer (`save_pretrained`). Errors are one line naming what was wrong."""
+    if name == SHIPPED_LANGUAGE_MODEL:
+        return smollm2()
+    wanted = "a decoder language model (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel) and its tokenizer"
+    if not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"--model {name}: not '{SHIPPED_LANGUAGE_MODEL}' and no such folder (a folder of {wanted}, save_pretrained)")
+    _check_saved_model(name, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")), wanted)
+    transformers = require("transformers", "llm")
+    folder = str(Path(name).expanduser())
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
+    from .families.causal_lm import CausalLMAdapter
+
+    if not CausalLMAdapter.supports(model):
+        raise ValueError(f"--model {name} holds a {type(model).__name__}; this command takes {wanted}")
+    return model, tokenizer

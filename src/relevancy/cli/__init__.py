@@ -1,4 +1,4 @@
-"""Command line: `relevancy explain | explain-text | explain-detections | explain-question | demo | evaluate | serve`.
+"""Command line: `relevancy explain | explain-text | explain-generation | explain-detections | explain-question | demo | evaluate | serve`.
 
 Every command's options are defined here, in a module that imports neither torch nor the model libraries, so
 `relevancy --help` answers at once; each handler imports what it needs when it runs. Handlers check the request
@@ -18,7 +18,7 @@ from typing import Callable, Iterator, NoReturn, Sequence
 from .. import __version__
 from ..extras import MissingExtraError
 from ..pictures import MAX_IMAGE_PIXELS
-from .common import DEFAULT_OUT, METHOD_NAMES, UsageError, read_image, warn
+from .common import DEFAULT_OUT, GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, METHOD_NAMES, UsageError, read_image, warn
 from .images import run_demo, run_explain
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:
@@ -73,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: per text and method the target, "
                                                        "its class name and logit, the tokens and their scores")
     p.set_defaults(handler=_lazy("relevancy.cli.text", "run_explain_text"))
+
+    p = commands.add_parser("explain-generation", help="explain every token a decoder language model generates",
+                            description="Generate greedily from a prompt with a decoder language model (or read a given "
+                                        "continuation, --target) and explain every generated token over the prompt and "
+                                        "the tokens before it: coloured rows in a terminal, token and score columns when "
+                                        "stdout is not a terminal, JSON with --json, an HTML page with --out (choose a "
+                                        "generated token to see what it read).")
+    p.add_argument("prompt", metavar="PROMPT", help="the prompt (quote it)")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (SmolLM2-135M-Instruct, offline, the 'llm' extra; default) or a local "
+                                                      "folder of a LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or "
+                                                      "GPT2LMHeadModel with its tokenizer (save_pretrained)")
+    p.add_argument("--method", default="attnlrp", help=f"one of {', '.join(GENERATION_METHOD_NAMES)} (default attnlrp)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=f"tokens to generate, 1 to {MAX_NEW_TOKENS} (default 32; "
+                                                                  "generation stops earlier after an end-of-text token)")
+    p.add_argument("--target", default=None, metavar="TEXT", help="explain this continuation of the prompt instead of "
+                                                                  f"generating (at most {MAX_NEW_TOKENS} tokens; mind the leading space)")
+    p.add_argument("--out", default=None, help="write the HTML page here (e.g. generation.html)")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: the tokens, the prompt length, the "
+                                                       "generated ids and text, the (G, T + G) scores and the relevance totals")
+    p.set_defaults(handler=_lazy("relevancy.cli.generation", "run_explain_generation"))
 
     p = commands.add_parser("explain-detections", help="explain every object a DETR model detects in each image",
                             description="Explain each object a transformers DetrForObjectDetection detects (best class "
@@ -178,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "without its lists: curves, per-class IoU)")
     p.set_defaults(handler=_lazy("relevancy.cli.evaluate", "evaluate"))
 
-    p = commands.add_parser("serve", help="serve a web page (and its JSON API) that explains images, texts and image-text pairs",
+    p = commands.add_parser("serve", help="serve a web page (and its JSON API) that explains images, texts, image-text pairs and generations",
                             description="Serve the web page: upload an image or pick a sample, choose methods and a target, "
-                                        "see the maps; a text tab and an image-text (CLIP) tab; the JSON API under it is "
+                                        "see the maps; a text tab, an image-text (CLIP) tab and a text-generation tab; the JSON API under it is "
                                         "documented at /docs. Needs the 'serve' extra. Models load once, at start.")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed at start)")
@@ -191,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "or 'none' (default: the shipped sentiment model, with the 'text' extra)")
     p.add_argument("--clip-model", default=None, help="the image-text tab's model: as `explain --text --model`, or 'none' "
                                                       "(default: the shipped shapes CLIP, with the 'text' extra)")
+    p.add_argument("--language-model", default=None, help="the text-generation tab's model: 'smollm2', a folder of a decoder "
+                                                          "language model (as `explain-generation --model`), or 'none' "
+                                                          "(default: SmolLM2, with the 'llm' extra)")
     p.add_argument("--max-running", type=int, default=2, help="explanations computed at once (default 2)")
     p.add_argument("--max-waiting", type=int, default=4, help="explanation requests that may wait for a slot; more are "
                                                               "answered 503 at once (default 4)")
@@ -202,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-image-mb", type=float, default=8.0, help="largest image file, MiB (default 8)")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request, MiB; images travel as base64 (default 16)")
     p.add_argument("--max-pixels", type=int, default=16_000_000, help="largest image, pixels, read before decoding (default 16,000,000)")
-    p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text or caption, characters (default 2,000)")
+    p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text, caption or prompt, characters (default 2,000)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=f"most tokens a text-generation request may generate, 1 to "
+                                                                  f"{MAX_NEW_TOKENS} (default 32; each costs a backward pass)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(handler=_lazy("relevancy.serve.command", "run_serve"))
     return parser

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 #: the built-in methods (`relevancy.METHODS`), named here so that the help loads no torch; a test keeps them equal
 METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
                 "partial_lrp", "lrp", "cdam", "token_ablation")
+#: the methods that explain a generation (`relevancy.generation.GENERATION_METHODS`) and the most new tokens, named
+#: here so that the help loads no torch; a test keeps them equal
+GENERATION_METHOD_NAMES = ("attnlrp", "cp_lrp", "input_x_gradient")
+MAX_NEW_TOKENS = 256
 DEFAULT_OUT = "relevancy-out"
 #: the most input files one command explains (each is a PNG and part of one batch in memory)
 MAX_FILES = 100

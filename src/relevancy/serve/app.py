@@ -23,16 +23,17 @@ from starlette.exceptions import HTTPException
 from .. import __version__
 from ..files import strict_json
 from .catalog import Catalog
-from .jobs import Job, check_image, check_pairs, check_text, pair_methods, registry
+from .jobs import Job, check_generation, check_image, check_pairs, check_text, generation_methods, pair_methods, registry
 from .limits import BodyLimit, Limits, RequestError
 from .queue import Admission, Gate
 from .samples import Sample
-from .schemas import ImageRequest, ImageResponse, PairRequest, PairResponse, TextRequest, TextResponse
+from .schemas import (GenerationRequest, GenerationResponse, ImageRequest, ImageResponse, PairRequest, PairResponse, TextRequest,
+                      TextResponse)
 
 log = logging.getLogger("relevancy.serve")
 
-EXPLAIN_PATHS = frozenset({"/api/explain", "/api/explain-text", "/api/explain-pairs"})
-PAGE_FILES = {"app.js": "text/javascript", "style.css": "text/css"}
+EXPLAIN_PATHS = frozenset({"/api/explain", "/api/explain-text", "/api/explain-pairs", "/api/explain-generation"})
+PAGE_FILES = {"app.js": "text/javascript", "generation.js": "text/javascript", "style.css": "text/css"}
 #: the page may load its own files only; inline styles are allowed for the coloured words of the text maps
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
@@ -90,7 +91,7 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     """The application for these models, samples and limits."""
     gate = Gate(limits.max_running, limits.max_waiting, limits.time_limit_s)
     app = FastAPI(title="relevancy", version=__version__, docs_url=None, redoc_url=None,
-                  description="Relevance maps of transformers: explain an image, a text or an image-text pair. "
+                  description="Relevance maps of transformers: explain an image, a text, an image-text pair or a generation. "
                               "Images travel as base64 inside the JSON. Every error is one line of JSON: `{\"error\": \"...\"}`.")
     app.state.gate = gate
     static = resources.files("relevancy.serve") / "static"
@@ -166,6 +167,9 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
             "text_model": None if catalog.text is None else
             {"name": catalog.text.name, "title": catalog.text.title, "classes": catalog.text.class_names},
             "pair_model": None if catalog.pairs is None else {"name": catalog.pairs.name, "title": catalog.pairs.title},
+            "language_model": None if catalog.language is None else
+            {"name": catalog.language.name, "title": catalog.language.title,
+             "methods": [{"name": n, "summary": summary} for n, summary in generation_methods().items()]},
             "methods": [{"name": n, "signed": m.signed, "summary": m.summary, "concept": m.accepts_concept,
                          "pairs": n in pair_methods()} for n, m in methods.items()],
             "samples": [{"id": key, "title": sample.title} for key, sample in samples.items()],
@@ -197,6 +201,11 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
               summary="Explain an image against captions (CLIP): per method and caption the image map and the coloured caption")
     async def explain_pairs(request: PairRequest) -> dict[str, Any]:
         return await answer(lambda: check_pairs(request, catalog, samples, limits))
+
+    @app.post("/api/explain-generation", response_model=GenerationResponse, responses=ERROR_RESPONSES,
+              summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it")
+    async def explain_generation(request: GenerationRequest) -> dict[str, Any]:
+        return await answer(lambda: check_generation(request, catalog, limits))
 
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
     app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS, per_client=limits.max_per_client)  # outermost: a turned-away body is never read

@@ -1,8 +1,9 @@
 """The models a server explains: loaded once when it starts, from its command line, never from a request.
 
-Three kinds, one per tab of the page: image classifiers (the shipped shapes ViT by default, the photo model
-when its package is installed), a text classifier (the shipped sentiment model) and an image-text model (the
-shipped shapes CLIP). A request names a model among those loaded; any other name is refused.
+Four kinds, one per tab of the page: image classifiers (the shipped shapes ViT by default, the photo model
+when its package is installed), a text classifier (the shipped sentiment model), an image-text model (the
+shipped shapes CLIP) and a decoder language model (SmolLM2, when the `llm` extra is installed). A request names
+a model among those loaded; any other name is refused.
 """
 from __future__ import annotations
 
@@ -59,6 +60,16 @@ class PairModel:
 
 
 @dataclass
+class LanguageModel:
+    """A decoder language model and its tokenizer (the text-generation tab)."""
+
+    name: str
+    title: str
+    model: nn.Module
+    tokenizer: object
+
+
+@dataclass
 class Catalog:
     """Everything a server explains; `notes` say what was left out and why (printed at start)."""
 
@@ -66,6 +77,7 @@ class Catalog:
     text: TextModel | None
     pairs: PairModel | None
     notes: list[str]
+    language: LanguageModel | None = None
 
 
 def _image_model(name: str) -> ImageModel:
@@ -101,10 +113,12 @@ def _image_model(name: str) -> ImageModel:
     return ImageModel(name, title, model, names, prepare, size, methods=tuple(REGISTRY))
 
 
-def load_catalog(image_names: Sequence[str] | None = None, text: str | None = None, pairs: str | None = None) -> Catalog:
+def load_catalog(image_names: Sequence[str] | None = None, text: str | None = None, pairs: str | None = None,
+                 language: str | None = None) -> Catalog:
     """Load the models. `image_names` None: the shapes ViT, and the photo model where it loads. `text`, `pairs`
-    None: the shipped models where the `text` extra is installed; "none": no such tab. A model asked for by name
-    that cannot load is an error; a default one that cannot is left out with a note."""
+    None: the shipped models where the `text` extra is installed; `language` None: SmolLM2 where the `llm` extra
+    is installed (else "smollm2" or a model folder, `relevancy.models.load_language_model`); "none": no such tab.
+    A model asked for by name that cannot load is an error; a default one that cannot is left out with a note."""
     from ..extras import MissingExtraError
 
     notes: list[str] = []
@@ -120,7 +134,7 @@ def load_catalog(image_names: Sequence[str] | None = None, text: str | None = No
             notes.append(f"{name} model not offered: {' '.join(str(error).split())}")
     if not images:
         raise ValueError("no image model loaded: pass --model shapes or another image model")
-    return Catalog(images, _text_model(text, notes), _pair_model(pairs, notes), notes)
+    return Catalog(images, _text_model(text, notes), _pair_model(pairs, notes), notes, _language_model(language, notes))
 
 
 def _text_model(name: str | None, notes: list[str]) -> TextModel | None:
@@ -157,3 +171,21 @@ def _pair_model(name: str | None, notes: list[str]) -> PairModel | None:
         return None
     title = "shapes CLIP (shipped; its words: colours, sizes, positions, the 12 shapes)" if name in (None, models.SHIPPED_CLIP) else name
     return PairModel(name or models.SHIPPED_CLIP, title, bundle)
+
+
+def _language_model(name: str | None, notes: list[str]) -> LanguageModel | None:
+    from .. import models
+    from ..extras import MissingExtraError
+
+    if name == NONE:
+        return None
+    try:
+        model, tokenizer = models.load_language_model(name or models.SHIPPED_LANGUAGE_MODEL)
+    except (MissingExtraError, ImportError) as error:
+        if name is not None:
+            raise
+        notes.append(f"text-generation tab not offered: {' '.join(str(error).split())}")
+        return None
+    shipped = name in (None, models.SHIPPED_LANGUAGE_MODEL)
+    return LanguageModel(name or models.SHIPPED_LANGUAGE_MODEL, "SmolLM2-135M-Instruct (weights dequantised from 4 bits)" if shipped else name,
+                         model, tokenizer)

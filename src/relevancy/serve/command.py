@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 from ..extras import require
-from ..cli.common import UsageError, at_most, warn
+from ..cli.common import MAX_NEW_TOKENS, UsageError, at_most, warn
 from ..pictures import MAX_IMAGE_PIXELS
 
 MIB = 2**20
@@ -20,7 +20,8 @@ RANGES = (
     ("--max-running", "max_running", 1, 64), ("--max-waiting", "max_waiting", 0, 1_024),
     ("--time-limit", "time_limit", 0.1, 3_600), ("--max-image-mb", "max_image_mb", 0.01, 256),
     ("--max-body-mb", "max_body_mb", 0.01, 1_024), ("--max-pixels", "max_pixels", 1, MAX_IMAGE_PIXELS),
-    ("--max-text-chars", "max_text_chars", 1, 100_000), ("--threads", "threads", 1, 1_024),
+    ("--max-text-chars", "max_text_chars", 1, 100_000), ("--max-new-tokens", "max_new_tokens", 1, MAX_NEW_TOKENS),
+    ("--threads", "threads", 1, 1_024),
 )
 
 
@@ -60,7 +61,7 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
         at_most(option, getattr(args, name), lowest, highest)
     try:
         limits = Limits(max_body_bytes=int(args.max_body_mb * MIB), max_image_bytes=int(args.max_image_mb * MIB),
-                        max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_running=args.max_running,
+                        max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_new_tokens=args.max_new_tokens, max_running=args.max_running,
                         max_waiting=args.max_waiting, time_limit_s=args.time_limit, max_per_client=args.max_per_client,
                         body_timeout_s=args.body_timeout)
     except ValueError as error:
@@ -73,7 +74,7 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
         torch.set_num_threads(args.threads)
     sock = open_socket(args.host, args.port)
     try:
-        catalog = load_catalog(args.model, args.text_model, args.clip_model)
+        catalog = load_catalog(args.model, args.text_model, args.clip_model, args.language_model)
         app = create_app(catalog, make_samples(), limits)
         for note in catalog.notes:
             warn("serve", note)
@@ -82,6 +83,7 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
         tabs = [f"image: {', '.join(catalog.images)}"]
         tabs += [f"text: {catalog.text.name}"] if catalog.text else []
         tabs += [f"image-text: {catalog.pairs.name}"] if catalog.pairs else []
+        tabs += [f"text generation: {catalog.language.name}"] if catalog.language else []
         print(f"relevancy serve: {url_of(sock)} ({'; '.join(tabs)}); Ctrl+C stops", flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
         server.run(sockets=[sock])

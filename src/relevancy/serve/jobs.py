@@ -15,7 +15,7 @@ from .limits import Limits, RequestError, image_bytes, open_image
 from .queue import Deadline
 from .render import image_map, picture_url
 from .samples import Sample
-from .schemas import ImageInput, ImageRequest, PairRequest, TextRequest
+from .schemas import GenerationRequest, ImageInput, ImageRequest, PairRequest, TextRequest
 
 TOP_CLASSES = 5
 Job = Callable[[Deadline], dict[str, Any]]
@@ -225,5 +225,44 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
                             "legend": text.legend(), "pairs": pairs, "seconds": seconds})
         return {"model": entry.name, "input": picture_url(first.parts["image"].pixels(images)[0]),
                 "results": results, "seconds": time.perf_counter() - started}
+
+    return job
+
+
+def generation_methods() -> dict[str, str]:
+    """The text-generation tab's methods and their summaries."""
+    from ..api import get_method
+    from ..generation import GENERATION_METHODS
+
+    return {name: get_method(name).summary for name in GENERATION_METHODS}
+
+
+def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limits) -> Job:
+    if catalog.language is None:
+        raise RequestError(404, "this server has no language model (it was started without one)")
+    entry = catalog.language
+    method = method_names([request.method], list(generation_methods()), "text generation")[0]
+    if not 1 <= request.max_new_tokens <= limits.max_new_tokens:
+        raise RequestError(400, f"max_new_tokens must be between 1 and {limits.max_new_tokens} on this server, got {request.max_new_tokens}")
+    check_text_length(request.prompt, limits, "the prompt")
+    if request.continuation is not None:
+        check_text_length(request.continuation, limits, "the continuation")
+        tokens = len(entry.tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
+        if tokens > limits.max_new_tokens:
+            raise RequestError(400, f"the continuation is {tokens} tokens; the limit is {limits.max_new_tokens} on this server")
+
+    def job(deadline: Deadline) -> dict[str, Any]:
+        from ..generation import explain_generation
+        from ..generation_page import generation_data
+
+        started = time.perf_counter()
+        deadline.check()
+        try:
+            result = explain_generation(entry.model, entry.tokenizer, request.prompt, max_new_tokens=request.max_new_tokens,
+                                        method=method, continuation=request.continuation)
+        except ValueError as error:  # e.g. a continuation longer than the model's positions
+            raise RequestError(400, str(error)) from error
+        return {"model": entry.name, "text": result.text, "generated_ids": result.generated_ids.tolist(),
+                **generation_data(result.to_json()), "seconds": time.perf_counter() - started}
 
     return job

@@ -57,6 +57,17 @@ class PairRequest(Strict):
     methods: list[NAME] = METHODS_FIELD
 
 
+class GenerationRequest(Strict):
+    """Generate greedily from a prompt with the server's decoder language model (or read a given continuation) and
+    explain every generated token over the tokens before it."""
+
+    prompt: str = Field(description="the prompt", examples=["The capital of France is"])
+    max_new_tokens: StrictInt = Field(16, description="tokens to generate, 1 to the server's limit (GET /api/info); "
+                                                      "generation stops earlier after an end-of-text token")
+    method: NAME = Field("attnlrp", description="attnlrp, cp_lrp or input_x_gradient (one forward for every token)")
+    continuation: Optional[str] = Field(None, description="explain this continuation of the prompt instead of generating")
+
+
 class ColourBar(BaseModel):
     colormap: str
     low: float
@@ -142,4 +153,20 @@ class PairResponse(BaseModel):
     model: str
     input: str
     results: list[PairResult]
+    seconds: float
+
+
+class GenerationResponse(BaseModel):
+    model: str
+    method: str
+    signed: bool
+    text: str = Field(description="the generated text (or the continuation)")
+    tokens: list[str] = Field(description="the prompt's and the generated tokens, each decoded alone")
+    prompt_length: int
+    generated_ids: list[int]
+    rows: list[list[Optional[float]]] = Field(description="per generated token g, the relevance of the prompt_length + g "
+                                                          "tokens before it for its logit (4 significant digits)")
+    logits: list[Optional[float]] = Field(description="each generated token's explained logit")
+    relevance_total: Optional[list[Optional[float]]] = Field(description="LRP methods: the share of each logit reaching the tokens")
+    palette: list[list[str]] = Field(description="[background, text colour] from -1 to 1 (signed) or 0 to 1 of each row's maximum")
     seconds: float

@@ -379,6 +379,51 @@ function setUpPairs() {
   });
 }
 
+// -- text-generation tab ------------------------------------------------------------------------------------
+function renderGeneration(data) {
+  relevancyGeneration($("generation-results"), data);  // generation.js: the saved pages' drawing, shared
+  status("generation", `${data.method}: ${data.generated_ids.length} token${data.generated_ids.length > 1 ? "s" : ""} explained in ${seconds(data.seconds)}. ` +
+         "Choose a generated token (dashed) to see what it read; hover a token for its relevance.", "done");
+}
+
+function setUpGeneration() {
+  const model = info.language_model;
+  if (!model) {
+    $("tab-generation").disabled = true;
+    $("tab-generation").title = "this server has no language model";
+    return;
+  }
+  $("generation-model").textContent = `Model: ${model.title}. At most ${info.limits.max_text_chars.toLocaleString()} characters.`;
+  $("generation-prompt").maxLength = info.limits.max_text_chars;
+  $("generation-tokens").max = info.limits.max_new_tokens;
+  const methods = $("generation-methods");
+  for (const method of model.methods) {
+    const radio = element("input", {type: "radio", value: method.name, name: "generation-method"});
+    radio.checked = method.name === model.methods[0].name;
+    methods.append(element("label", {className: "method", title: method.summary}, [radio, element("span", {text: method.name})]));
+  }
+  $("generation-forced").addEventListener("change", (event) => {
+    $("generation-continuation").disabled = !event.target.checked;
+    $("generation-tokens").disabled = event.target.checked;
+  });
+  $("generation-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const prompt = $("generation-prompt").value;
+    const tokens = Number($("generation-tokens").value);
+    if (!prompt.trim()) { status("generation", "Write a prompt first.", "error"); return; }
+    const body = {prompt, method: document.querySelector("input[name=generation-method]:checked").value};
+    if ($("generation-forced").checked) {
+      body.continuation = $("generation-continuation").value;
+      if (!body.continuation) { status("generation", "Write the continuation to explain, or untick it to generate.", "error"); return; }
+    } else if (!Number.isInteger(tokens) || tokens < 1 || tokens > info.limits.max_new_tokens) {
+      status("generation", `Tokens to generate: 1 to ${info.limits.max_new_tokens}.`, "error"); return;
+    } else {
+      body.max_new_tokens = tokens;
+    }
+    run("generation", "/api/explain-generation", body, renderGeneration);
+  });
+}
+
 async function start() {
   for (const tab of document.querySelectorAll("[role=tab]")) tab.addEventListener("click", () => showTab(tab.getAttribute("aria-controls")));
   try {
@@ -391,6 +436,7 @@ async function start() {
   setUpImage();
   setUpText();
   setUpPairs();
+  setUpGeneration();
   document.body.dataset.ready = "true";
 }
 

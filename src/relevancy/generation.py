@@ -1,0 +1,116 @@
+"""`explain_generation()`: what a decoder language model read to write each token of a generation.
+
+Greedy decoding (or a given continuation), then one forward over prompt + generated tokens and one backward per
+generated token (`families.causal_lm.generation`): a causal `(G, T + G)` matrix, row `g` the relevance of every
+token before generated token `g` for its logit.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import torch
+from torch import nn
+
+from .api import prepared
+from .explanation import GenerationExplanation
+from .families import adapter_for
+from .families.base import UnsupportedModelError
+from .families.causal_lm import CausalLMAdapter
+from .families.causal_lm.generation import generation_relevance
+from .lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
+from .messages import quoted
+from .methods.relevance import full_precision
+
+#: the methods that explain every generated token from one forward: their rule set (None: the plain gradient)
+GENERATION_METHODS: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
+#: the most tokens one call generates (or reads as a continuation): G backward passes, a (G, T + G) matrix
+MAX_NEW_TOKENS = 256
+
+
+def check_generation_method(method: object) -> RuleSet | None:
+    """The rule set of a generation method; a one-line error naming the valid ones otherwise."""
+    valid = ", ".join(GENERATION_METHODS)
+    if not isinstance(method, str) or method not in GENERATION_METHODS:
+        close = difflib.get_close_matches(method, list(GENERATION_METHODS), n=1) if isinstance(method, str) else []
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ValueError(f"explain_generation explains with one forward for every token: method must be one of {valid}, got {quoted(method)}.{hint}")
+    return GENERATION_METHODS[method]
+
+
+def check_max_new_tokens(value: object) -> int:
+    """`max_new_tokens` as an int in 1..MAX_NEW_TOKENS; a one-line error naming the range otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {value!r}")
+    return value
+
+
+def stop_tokens(model: nn.Module, tokenizer: Any) -> set[int]:
+    """The end-of-text token ids of the tokenizer and the model's generation config (greedy decoding stops there)."""
+    found = {getattr(tokenizer, "eos_token_id", None)}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    found.update(configured if isinstance(configured, (list, tuple)) else [configured])
+    return {int(token) for token in found if token is not None}
+
+
+def greedy(model: nn.Module, ids: torch.Tensor, max_new_tokens: int, stops: set[int]) -> torch.Tensor:
+    """`(1, T + G)`: `ids` and up to `max_new_tokens` greedily decoded tokens (transformers' `generate`, its KV
+    cache inside that call only), up to and including the first end-of-text token."""
+    from transformers import GenerationConfig
+
+    stop = sorted(stops) or None
+    settings = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=stop,
+                                pad_token_id=stop[0] if stop else 0)
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=settings)
+
+
+def _token_ids(tokenizer: Any, text: str, special: bool) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int = 32, method: str = "attnlrp",
+                       continuation: str | None = None) -> GenerationExplanation:
+    """Generate greedily from `prompt` (at most `max_new_tokens`, 1..256, stopping after an end-of-text token), or
+    read `continuation` instead (a forced continuation: why the model would write this text), then explain every
+    generated token over the prompt and the tokens generated before it.
+
+    `method`: `attnlrp`, `cp_lrp` or `input_x_gradient` (one forward for all tokens; the other methods are refused).
+    Returns a `GenerationExplanation`: `scores` `(G, T + G)`, row `g` the relevance of each earlier token for the
+    logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
+    equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
+    as it was; fp16 / bf16 models are explained through a float32 copy.
+    """
+    rules = check_generation_method(method)
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"prompt must be a non-empty text, got {quoted(prompt)}")
+    prompt_ids = _token_ids(tokenizer, prompt, special=True)
+    forced = None
+    if continuation is not None:
+        forced = _token_ids(tokenizer, continuation, special=False) if isinstance(continuation, str) else []
+        if not 1 <= len(forced) <= MAX_NEW_TOKENS:
+            raise ValueError(f"continuation must be a text of 1 to {MAX_NEW_TOKENS} tokens, got {len(forced)} tokens from {quoted(continuation)}")
+    family = adapter_for(model)
+    if not isinstance(family, CausalLMAdapter):
+        raise UnsupportedModelError(f"explain_generation explains decoder language models ({CausalLMAdapter.examples}), not the {family.family} family")
+    with prepared(model, torch.tensor([prompt_ids]), attention_probabilities=False) as call:
+        adapter, ids = call.adapter, call.inputs.input_ids
+        table = getattr(model.config, "n_positions", None)  # GPT-2's position table
+        wanted = len(prompt_ids) + (len(forced) if forced is not None else max_new_tokens)
+        if table is not None and wanted > table:
+            raise ValueError(f"the prompt's {len(prompt_ids)} tokens and {wanted - len(prompt_ids)} new ones exceed the model's {table} positions: shorten the prompt or generate fewer")
+        if forced is None:
+            ids = greedy(model, ids, max_new_tokens, stop_tokens(model, tokenizer))
+        else:
+            ids = torch.cat([ids, torch.tensor([forced], device=ids.device)], 1)
+        with full_precision(adapter, None) as (exact, _):
+            scores, explained = generation_relevance(exact, ids, len(prompt_ids), rules)
+    all_ids = ids[0].tolist()
+    generated = ids[0, len(prompt_ids):].cpu()
+    return GenerationExplanation(
+        scores=scores.cpu(), generated_ids=generated, logits=explained.cpu()[:, None], method=method, signed=True,
+        tokens=[tokenizer.decode([token]) for token in all_ids], prompt_length=len(prompt_ids),
+        text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
+        relevance_total=None if rules is None else scores.sum(1).cpu() / explained.cpu(),
+    )

@@ -1,0 +1,54 @@
+/* Draws a generation explained by relevancy (GenerationExplanation): the prompt, then the generated tokens as
+   buttons; choosing one colours every token before it by its relevance for that token (its row). Plain script,
+   no library, no network: used by saved pages and by the web page's text-generation tab. */
+function relevancyGeneration(box, data) {
+  var steps = data.signed ? (data.palette.length - 1) / 2 : data.palette.length - 1;
+  box.textContent = '';
+  var caption = document.createElement('div');
+  caption.className = 'generation-caption';
+  var text = document.createElement('div');
+  text.style.whiteSpace = 'pre-wrap';
+  text.style.lineHeight = '1.9';
+  var spans = data.tokens.map(function (token, k) {
+    var span = document.createElement(k < data.prompt_length ? 'span' : 'button');
+    span.textContent = token.replace(/\n/g, '\u21b5\n');  // a line break shown, and kept
+    span.dataset.position = k;
+    if (k >= data.prompt_length) {
+      span.type = 'button';
+      span.className = 'generated-token';
+      span.title = 'show what this token read';
+      span.style.cssText = 'font:inherit;border:1px dashed #888;background:none;padding:0 1px;margin:0;cursor:pointer;white-space:pre-wrap';
+      span.addEventListener('click', function () { choose(k - data.prompt_length); });
+    }
+    text.appendChild(span);
+    return span;
+  });
+  function colour(value, bound) {
+    var share = bound > 0 ? value / bound : 0;
+    var index = data.signed ? Math.round(steps + steps * share) : Math.round(steps * Math.max(share, 0));
+    return data.palette[Math.min(Math.max(index, 0), data.palette.length - 1)];
+  }
+  function choose(g) {
+    var row = data.rows[g];
+    var bound = row.reduce(function (most, v) { return Math.max(most, Math.abs(v)); }, 0);
+    spans.forEach(function (span, k) {
+      var pair = k < row.length ? colour(row[k], bound) : null;
+      span.style.background = pair ? pair[0] : 'none';
+      span.style.color = pair ? pair[1] : '';
+      span.style.outline = k === data.prompt_length + g ? '2px solid #000' : '';
+      if (k < row.length) { span.title = 'relevance ' + row[k]; span.dataset.relevance = row[k]; }
+      else {
+        delete span.dataset.relevance;
+        if (k >= data.prompt_length) { span.title = 'show what this token read'; } else { span.removeAttribute('title'); }
+      }
+    });
+    var total = data.relevance_total ? '; relevance total ' + data.relevance_total[g] : '';
+    caption.textContent = data.method + ': why ' + JSON.stringify(data.tokens[data.prompt_length + g]) +
+      ' (logit ' + data.logits[g] + total + ')' + (data.signed ? ' - red: for, blue: against' : '') +
+      '; choose another generated token (dashed) to see what it read';
+    box.dataset.chosen = g;
+  }
+  box.appendChild(caption);
+  box.appendChild(text);
+  if (data.rows.length) { choose(0); }
+}
