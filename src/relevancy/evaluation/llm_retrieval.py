@@ -30,7 +30,7 @@ evidence of the generated retrieval world (`relevancy.bench.llm_world`), and by 
      row that tells what a map blind to the evidence scores.
 
 All perturbed prompts (every prompt, direction and step; step 0 and the full deletion shared by both directions)
-are read in forwards of ``batch_size`` sequences, right-padded, the answer read at each one's last real token.
+are read in forwards of ``deletion_batch_size`` sequences, right-padded, the answer read at each one's last real token.
 """
 from __future__ import annotations
 
@@ -190,15 +190,20 @@ def _summary(per_prompt: Mapping[str, list[float]], select: Sequence[bool]) -> d
 def evaluate_llm_retrieval(
     model: nn.Module, tokenizer: Any, methods: Sequence[str] = DEFAULT_METHODS, n: int = 30, seed: int = 0,
     batch_size: int = 8, explainers: Mapping[str, Explainer] | None = None, progress: bool = False,
+    deletion_batch_size: int | None = None,
 ) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring), JSON-able (NaN where no prompt counts).
 
     ``methods``: relevancy method names; ``explainers``: more named maps computed outside relevancy, scored the
-    same way (the side-by-side benchmark's lxt, captum and inseq); a ``random`` row is always added."""
+    same way (the side-by-side benchmark's lxt, captum and inseq); a ``random`` row is always added.
+    ``batch_size``: prompts explained together; ``deletion_batch_size``: perturbed prompts read together (default
+    ``batch_size``)."""
     from ..api import explain
 
-    if n < 1 or batch_size < 1:
-        raise ValueError(f"n and batch_size must be at least 1, got n={n}, batch_size={batch_size}")
+    deletion_batch_size = deletion_batch_size or batch_size
+    if min(n, batch_size, deletion_batch_size) < 1:
+        raise ValueError(f"n and the batch sizes must be at least 1, got n={n}, batch_size={batch_size}, "
+                         f"deletion_batch_size={deletion_batch_size}")
     model.eval()
     items = llm_world.prompts("test", n, seed=seed)
     names = [*methods, *(explainers or {}), RANDOM]
@@ -241,7 +246,7 @@ def evaluate_llm_retrieval(
             else:
                 maps[name] = explainers[name](model, dict(inputs), answers).detach()
             seconds[name] += time.perf_counter() - began
-        clean, curves = deletion_curves(model, inputs, context, answers, maps, batch_size)
+        clean, curves = deletion_curves(model, inputs, context, answers, maps, deletion_batch_size)
         clean_all += clean.tolist()
         for name, scores in maps.items():
             for key, values in evidence_scores(scores * inputs["attention_mask"], context, evidence).items():
