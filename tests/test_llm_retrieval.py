@@ -120,3 +120,16 @@ def test_the_command_writes_the_table_and_leaves_nothing_on_bad_input(tiny_llama
     assert "valid methods: attnlrp, cp_lrp" in capsys.readouterr().err and not bad.exists()
     assert main(["evaluate", "--benchmark", "llm-retrieval", "--model", str(tmp_path / "none"), "--out", str(bad)]) == 2
     assert "'smollm2'" in capsys.readouterr().err and not bad.exists()
+
+
+def test_the_model_keeps_its_modes(tiny_llama, tokenizer):
+    tiny_llama.train()
+    tiny_llama.model.layers[0].eval()
+    try:
+        results = llm_retrieval.evaluate_llm_retrieval(tiny_llama, tokenizer, methods=("raw_attention",), n=1)
+        assert tiny_llama.training and not tiny_llama.model.layers[0].training and tiny_llama.model.layers[1].training
+    finally:
+        tiny_llama.eval()
+    assert list(results["methods"]) == ["raw_attention", "random"] and results["n"] == 1
+    with pytest.raises(ValueError, match="batch sizes must be at least 1"):
+        llm_retrieval.evaluate_llm_retrieval(tiny_llama, tokenizer, n=1, deletion_batch_size=0)

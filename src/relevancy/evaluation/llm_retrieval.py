@@ -197,29 +197,43 @@ def evaluate_llm_retrieval(
     ``methods``: relevancy method names; ``explainers``: more named maps computed outside relevancy, scored the
     same way (the side-by-side benchmark's lxt, captum and inseq); a ``random`` row is always added.
     ``batch_size``: prompts explained together; ``deletion_batch_size``: perturbed prompts read together (default
-    ``batch_size``)."""
-    from ..api import explain
-
-    deletion_batch_size = deletion_batch_size or batch_size
+    ``batch_size``). The model runs in eval mode; every module's mode is restored after."""
+    deletion_batch_size = batch_size if deletion_batch_size is None else deletion_batch_size
     if min(n, batch_size, deletion_batch_size) < 1:
         raise ValueError(f"n and the batch sizes must be at least 1, got n={n}, batch_size={batch_size}, "
                          f"deletion_batch_size={deletion_batch_size}")
+    modes = [(module, module.training) for module in model.modules()]  # each module's own, restored after
     model.eval()
+    try:
+        return _evaluate(model, tokenizer, tuple(methods), n, seed, batch_size, dict(explainers or {}), progress,
+                         deletion_batch_size)
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int, seed: int, batch_size: int,
+              explainers: dict[str, Explainer], progress: bool, deletion_batch_size: int) -> dict[str, Any]:
+    """`evaluate_llm_retrieval` on a model in eval mode."""
+    from ..api import explain
+
     items = llm_world.prompts("test", n, seed=seed)
-    names = [*methods, *(explainers or {}), RANDOM]
+    names = [*methods, *explainers, RANDOM]
     per_prompt = {name: {k: [] for k in _METRICS} for name in names}
     seconds = {name: 0.0 for name in names if name != RANDOM}
     forward_seconds, right, clean_all, curves_all = 0.0, [], [], {name: {d: [] for d in DIRECTIONS} for name in names}
     generator = torch.Generator().manual_seed(seed)
+
+    def explain_with(name: str, inputs: dict[str, torch.Tensor], answers: torch.Tensor) -> torch.Tensor:
+        if name in methods:
+            return explain(model, dict(inputs), method=name, target=answers.tolist()).scores.detach()
+        return explainers[name](model, dict(inputs), answers).detach()
+
     warm = encode(tokenizer, items[:1])[0]  # untimed: each method's and the forward's first call pays one-off costs
     with torch.no_grad():
         model(**warm, use_cache=False)
     for name in names[:-1]:
-        warm_target = answer_ids(tokenizer, items[:1], warm)
-        if name in methods:
-            explain(model, dict(warm), method=name, target=warm_target.tolist())
-        else:
-            explainers[name](model, dict(warm), warm_target)
+        explain_with(name, warm, answer_ids(tokenizer, items[:1], warm))
     starts = range(0, n, batch_size)
     if progress:
         from tqdm import tqdm
@@ -241,10 +255,7 @@ def evaluate_llm_retrieval(
             if name == RANDOM:
                 maps[name] = torch.rand(context.shape, generator=generator, dtype=torch.float64)
                 continue
-            if name in methods:
-                maps[name] = explain(model, dict(inputs), method=name, target=answers.tolist()).scores.detach()
-            else:
-                maps[name] = explainers[name](model, dict(inputs), answers).detach()
+            maps[name] = explain_with(name, inputs, answers)
             seconds[name] += time.perf_counter() - began
         clean, curves = deletion_curves(model, inputs, context, answers, maps, deletion_batch_size)
         clean_all += clean.tolist()
