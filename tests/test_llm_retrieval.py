@@ -108,6 +108,7 @@ def test_the_command_writes_the_table_and_leaves_nothing_on_bad_input(tiny_llama
     printed = json.loads(capsys.readouterr().out)
     written = json.loads((out / "results.json").read_text())
     assert printed == written and written["benchmark"] == "llm-retrieval" and written["n"] == 2
+    assert 0.1 < written["chance"] < 0.3  # one fact of six
     assert list(written["methods"]) == ["attnlrp", "raw_attention", "random"]
     for name, entry in written["methods"].items():
         assert 0 <= entry["share"] <= 1 and entry["pointing"] in (0, 0.5, 1)

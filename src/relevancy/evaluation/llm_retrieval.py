@@ -27,7 +27,8 @@ evidence of the generated retrieval world (`relevancy.bench.llm_world`), and by 
      house's question-answering test deletes tokens (`relevancy.evaluation.vqa_perturbation`).
      ``gap``: ``lerf - morf`` (higher is better), one number for both directions.
    * ``random``: the same metrics for scores drawn uniformly at random (a generator seeded with ``--seed``), the
-     row that tells what a map blind to the evidence scores.
+     row that tells what a map blind to the evidence scores. ``chance``: what a uniformly random ranking scores
+     in expectation on share and pointing, the evidence's fraction of the context tokens (mean over prompts).
 
 All perturbed prompts (every prompt, direction and step; step 0 and the full deletion shared by both directions)
 are read in forwards of ``deletion_batch_size`` sequences, right-padded, the answer read at each one's last real token.
@@ -222,6 +223,7 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int
     per_prompt = {name: {k: [] for k in _METRICS} for name in names}
     seconds = {name: 0.0 for name in names if name != RANDOM}
     forward_seconds, right, clean_all, curves_all = 0.0, [], [], {name: {d: [] for d in DIRECTIONS} for name in names}
+    evidence_fraction: list[float] = []
     generator = torch.Generator().manual_seed(seed)
 
     def explain_with(name: str, inputs: dict[str, torch.Tensor], answers: torch.Tensor) -> torch.Tensor:
@@ -243,6 +245,7 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int
         part = items[start:start + batch_size]
         inputs, context, evidence = encode(tokenizer, part)
         answers = answer_ids(tokenizer, part, inputs)
+        evidence_fraction += (evidence.sum(1) / context.sum(1)).tolist()
         began = time.perf_counter()
         with torch.no_grad():
             logits = model(**inputs, use_cache=False).logits
@@ -271,7 +274,8 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int
     everything = [True] * n
     results: dict[str, Any] = {
         "benchmark": "llm-retrieval", "n": n, "seed": seed, "units": UNITS, "steps": list(STEPS),
-        "accuracy": _mean(right), "answered": int(sum(right)), "clean_log_probability": _mean(clean_all), "methods": {},
+        "accuracy": _mean(right), "answered": int(sum(right)), "clean_log_probability": _mean(clean_all),
+        "chance": _mean(evidence_fraction), "methods": {},
     }
     for name in names:
         entry: dict[str, Any] = {**_summary(per_prompt[name], everything), "answered": _summary(per_prompt[name], right)}
@@ -318,5 +322,8 @@ def llm_report(results: Mapping[str, Any]) -> str:
         f"## All {results['n']} prompts",
         "",
         *header, *_rows(results["methods"], answered=False),
+        "",
+        f"A uniformly random ranking's expected evidence share and pointing (the supporting fact's fraction of the "
+        f"facts' tokens): {_cell(results['chance'])}.",
         "",
     ])
