@@ -315,11 +315,11 @@ def llm_report(results: Mapping[str, Any]) -> str:
         "area under the answer's log-probability (minus the unperturbed "
         f"{_cell(results['clean_log_probability'], 2)} nats on average) over the removed fraction 0..1.",
         "",
-        f"## The {results['answered']} prompts answered right",
+        f"## Prompts answered right ({results['answered']})",
         "",
         *header, *_rows(results["methods"], answered=True),
         "",
-        f"## All {results['n']} prompts",
+        f"## All prompts ({results['n']})",
         "",
         *header, *_rows(results["methods"], answered=False),
         "",
