@@ -32,7 +32,7 @@ DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200, "shapes
 DEFAULT_MODEL = {"llm-retrieval": "smollm2"}
 DEFAULT_SHIPPED = "shapes"
 #: llm-retrieval's prompts: test prompts 0 .. n-1 of llm_world seed S, drawn from seeds 1,000,003 + 7,919 S + i: with
-#: these bounds no two (S, i) share a seed, and none meets the train split's first 125 seeds
+#: these bounds no two (S, i) share a seed, and none meets a train prompt of seeds 0-125
 MAX_LLM_PROMPTS = 7_919
 MAX_LLM_SEED = 99
 #: shapes-detection renders its scenes at once (about 70 kB each)
