@@ -1,13 +1,13 @@
 """`relevancy evaluate`: the papers' evaluation protocols in one command.
 
-    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection|shapes-vqa
+    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection|shapes-vqa|llm-retrieval
                        [--data PATH] [--images DIR] [--model NAME] [--arch A] [--methods all|a,b,c] [--n N | -n N]
                        [--batch-size B] [--out DIR] [--seed S] [--threshold P] [--perturbation-n P] [--paper-settings]
                        [--threads T] [--workers W] [--json]
 
 Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
-only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser, shapes-detection
-and shapes-vqa write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
+only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser, shapes-detection,
+shapes-vqa and llm-retrieval write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
 :mod:`relevancy.cli`; the output folder is checked before any work. Under ``torchrun --nproc-per-node K``
 (``WORLD_SIZE`` set) each process explains every K-th batch, the metric accumulators are merged with the gloo
 backend and the numbers are exactly those of a single process.
@@ -26,7 +26,15 @@ from torch import nn
 
 __all__ = ["evaluate", "parse_methods"]
 
-DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200, "shapes-vqa": 300}  # imagenet, imagenet-seg: the whole data set
+DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200, "shapes-vqa": 300,  # imagenet, imagenet-seg: the whole data set
+             "llm-retrieval": 30}
+#: --model when not given: the shipped model of the benchmark's kind
+DEFAULT_MODEL = {"llm-retrieval": "smollm2"}
+DEFAULT_SHIPPED = "shapes"
+#: llm-retrieval's prompts: test prompts 0 .. n-1 of llm_world seed S, drawn from seeds 1,000,003 + 7,919 S + i: with
+#: these bounds no two (S, i) share a seed, and none meets a train prompt of seeds 0-125
+MAX_LLM_PROMPTS = 7_919
+MAX_LLM_SEED = 99
 #: shapes-detection renders its scenes at once (about 70 kB each)
 MAX_DETECTION_SCENES = 10_000
 #: shapes-detection's --seed S draws the scenes from DETECTION_TEST_SEED + S, below the detector's validation seed
@@ -79,6 +87,8 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         close = difflib.get_close_matches(benchmark, BENCHMARKS, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise _usage_error(f"unknown benchmark '{benchmark}'.{hint} Valid benchmarks: {', '.join(BENCHMARKS)}")
+    if args.model is None:
+        args.model = DEFAULT_MODEL.get(benchmark, DEFAULT_SHIPPED)
     n = args.n if args.n is not None else DEFAULT_N.get(benchmark)
     if n is not None and n < 1:
         raise _usage_error(f"--n must be at least 1, got {n}")
@@ -106,6 +116,8 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         _check_shapes_detection(args, n)
     elif benchmark == "shapes-vqa":
         _check_shapes_vqa(args, n)
+    elif benchmark == "llm-retrieval":
+        _check_llm_retrieval(args, n)
     elif benchmark == "coco-detr":
         if args.data is None or not Path(args.data).is_file():
             raise _usage_error("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
@@ -193,6 +205,23 @@ def _check_shapes_vqa(args: argparse.Namespace, n: int) -> None:
     vqa_model_path(args.model)
 
 
+def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
+    """The llm-retrieval request: generated prompts, SmolLM2 or a local folder of a causal language model."""
+    for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
+        if value is not None:
+            raise _usage_error(f"{option} is not used with --benchmark llm-retrieval (it generates its prompts; "
+                               "--model is 'smollm2' or a folder of a causal language model and its tokenizer)")
+    if args.paper_settings:
+        raise _usage_error("--paper-settings is not used with --benchmark llm-retrieval")
+    if n > MAX_LLM_PROMPTS:
+        raise _usage_error(f"--n must be at most {MAX_LLM_PROMPTS:,} on the llm-retrieval benchmark, got {n:,}")
+    if args.seed > MAX_LLM_SEED:
+        raise _usage_error(f"--seed must be at most {MAX_LLM_SEED} on the llm-retrieval benchmark, got {args.seed}")
+    if args.model != "smollm2" and not Path(args.model).is_dir():
+        raise _usage_error("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, the llm extra) or a local "
+                           f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
+
+
 def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
     """The model to evaluate and what its checkpoint says about itself (shapes checkpoints: steps, final, val).
 
@@ -264,6 +293,8 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
     from ..evaluation.report import summary
 
     benchmark, n = _check(args)
+    if benchmark == "llm-retrieval":  # decoder methods: its own list and check
+        return evaluate_llm_retrieval(args, n)
     methods = parse_methods(args.methods)
     if benchmark == "eraser":
         return evaluate_rationales(args, methods, n)
@@ -469,3 +500,51 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
 
         print_json(results)
     return written
+
+
+def evaluate_llm_retrieval(args: argparse.Namespace, n: int) -> list[Path]:
+    """Retrieval prompts of the generated text world explained by each decoder method, scored against their known
+    evidence and by the deletion test (`relevancy.evaluation.llm_retrieval`); writes results.json and report.md."""
+    from ..evaluation.llm_retrieval import DEFAULT_METHODS, llm_report
+    from ..evaluation.llm_retrieval import evaluate_llm_retrieval as run_benchmark
+
+    methods = DEFAULT_METHODS if args.methods.strip() == "all" else parse_llm_methods(args.methods)
+    model, tokenizer = load_causal_lm(args.model)
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        results = run_benchmark(model, tokenizer, methods=methods, n=n, seed=args.seed, batch_size=args.batch_size,
+                                progress=not args.quiet)
+    finally:
+        torch.set_num_threads(threads)
+    return _write_generated(args, results, args.model, llm_report)
+
+
+def parse_llm_methods(spec: str) -> tuple[str, ...]:
+    """A comma-separated list of the decoder methods llm-retrieval evaluates (order kept, duplicates dropped)."""
+    from ..evaluation.llm_retrieval import DEFAULT_METHODS
+
+    names = [name.strip() for name in spec.split(",")]
+    for name in names:
+        if name not in DEFAULT_METHODS:
+            raise _usage_error(f"method {name!r} is not evaluated by llm-retrieval; valid methods: "
+                               f"{', '.join(DEFAULT_METHODS)} (or 'all')")
+    return tuple(dict.fromkeys(names))
+
+
+def load_causal_lm(name: str) -> tuple[nn.Module, Any]:
+    """``(model, tokenizer)``: SmolLM2-135M-Instruct for 'smollm2', else a local folder's causal language model
+    (``AutoModelForCausalLM``, in eval mode) and its tokenizer."""
+    from ..extras import require
+    from ..models import smollm2
+
+    if name == "smollm2":
+        return smollm2()
+    transformers = require("transformers", "llm")
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(name).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError, KeyError) as error:
+        raise _usage_error(f"cannot load a causal language model and its tokenizer from {name}: {error}") from error
+    return model, tokenizer

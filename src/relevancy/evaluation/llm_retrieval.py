@@ -1,0 +1,329 @@
+"""`relevancy evaluate --benchmark llm-retrieval`: decoder language models' explanations scored against the known
+evidence of the generated retrieval world (`relevancy.bench.llm_world`), and by deleting what they rank first.
+
+1. **Prompts**: the first ``n`` test prompts of ``--seed`` (two people, six facts, a question asked first, the
+   answer sentence started). Every prompt explains the logit of its *true* answer's first token
+   (the token after the prompt when prompt and answer are tokenized together); ``accuracy`` is how often that
+   token is also the model's greedy next token. Every metric is given over all prompts and over those answered
+   right (``answered``): a map of a prompt the model got wrong explains a probability the model did not act on.
+2. **Maps**: each method explains a batch of prompts per `explain` call; ``time_ratio`` is its time over a plain
+   no-grad forward of the same batches (the forward computes the logits at every position), each method and the
+   forward having run once untimed on the first prompt.
+3. **Metrics**, per prompt, then means over prompts. The *context* is the facts' tokens (the question, the
+   ``Answer:`` line and special tokens never count); the *evidence* is the supporting fact's tokens.
+
+   * ``share``: positive relevance on the evidence over positive relevance on the context (0 for a map with no
+     positive value on the context). The evidence is about a sixth of the context.
+   * ``pointing``: whether the context token of highest relevance (the first on ties) is evidence.
+   * ``morf`` and ``lerf``: the deletion test. The context tokens are ranked by relevance, most relevant first
+     (MoRF) or least relevant first (LeRF, ties in position order); at each step of `STEPS` the first
+     ``int(step * C)`` of the ``C`` context tokens are **removed from the sequence** (the rest, question and answer
+     prefix included, keep their order) and the model reads the shortened prompt again. The curve is the answer
+     token's log-probability minus the unperturbed one (0 at step 0); the value is the trapezoid area under it
+     over the removed fraction 0..1 (like the image and question-answering perturbation tests, which plot against
+     the removed fraction). MoRF: lower is better (the model loses the answer fast); LeRF: higher is better.
+     Removal rather than replacement: a replacement token (padding, ``<unk>``, a space) is itself text the model
+     reads and reacts to, while removal leaves a shorter, still well-formed list of facts; it is also how the
+     house's question-answering test deletes tokens (`relevancy.evaluation.vqa_perturbation`).
+     ``gap``: ``lerf - morf`` (higher is better), one number for both directions.
+   * ``random``: the same metrics for scores drawn uniformly at random (a generator seeded with ``--seed``), the
+     row that tells what a map blind to the evidence scores. ``chance``: what a uniformly random ranking scores
+     in expectation on share and pointing, the evidence's fraction of the context tokens (mean over prompts).
+
+All perturbed prompts (every prompt, direction and step; step 0 and the full deletion shared by both directions)
+are read in forwards of ``deletion_batch_size`` sequences, right-padded, the answer read at each one's last real token.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..bench import llm_world
+
+__all__ = [
+    "DEFAULT_METHODS", "RANDOM", "STEPS", "UNITS", "Explainer", "answer_ids", "deletion_curves", "encode",
+    "evaluate_llm_retrieval", "evidence_scores", "llm_report",
+]
+
+#: relevancy's methods that explain decoder language models, in the order the report lists them
+DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "generic_attention", "attention_gradcam", "rollout",
+                   "raw_attention", "token_ablation")
+RANDOM = "random"
+STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+DIRECTIONS = ("morf", "lerf")
+UNITS = ("share, pointing, accuracy: fractions in [0, 1]; morf, lerf, gap: area under the answer token's "
+         "log-probability (nats, minus the unperturbed one) over the removed fraction of the facts' tokens (0..1); "
+         "clean_log_probability: nats; time_ratio: a method's time over a plain forward of the same batch")
+_METRICS = ("share", "pointing", "morf", "lerf", "gap")
+
+#: an explainer outside relevancy (lxt, captum, inseq in benchmarks/llm_retrieval.py): (model, inputs, target ids)
+#: -> (B, T) scores over the input tokens
+Explainer = Callable[[nn.Module, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def encode(tokenizer: Any, items: Sequence[llm_world.RetrievalPrompt]) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``(inputs, context, evidence)``: the prompts tokenized one by one and right-padded here (so neither the
+    tokenizer's padding side nor a pad token matters; ``input_ids``, ``attention_mask``), and the ``(B, T)`` bool
+    masks of the facts' tokens and of the supporting fact's tokens."""
+    rows = [tokenizer(item.text, return_offsets_mapping=True) for item in items]
+    width = max(len(row["input_ids"]) for row in rows)
+    ids = torch.zeros(len(items), width, dtype=torch.long)
+    context = torch.zeros(len(items), width, dtype=torch.bool)
+    evidence = torch.zeros(len(items), width, dtype=torch.bool)
+    for i, (item, row) in enumerate(zip(items, rows)):
+        length, offsets = len(row["input_ids"]), row["offset_mapping"]
+        start = item.text.index("\n") + 1
+        ids[i, :length] = torch.tensor(row["input_ids"])
+        context[i, :length] = torch.tensor(item.token_mask(offsets, (start, start + len(" ".join(item.facts)))))
+        evidence[i, :length] = torch.tensor(item.token_mask(offsets)) & context[i, :length]
+    lengths = torch.tensor([len(row["input_ids"]) for row in rows])
+    mask = (torch.arange(width)[None] < lengths[:, None]).long()
+    return {"input_ids": ids, "attention_mask": mask}, context, evidence
+
+
+def answer_ids(tokenizer: Any, items: Sequence[llm_world.RetrievalPrompt], inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``(B,)``: each true answer's first token, as the tokenizer splits prompt and answer written together."""
+    lengths = inputs["attention_mask"].sum(1).tolist()
+    ids = []
+    for item, length, row in zip(items, lengths, inputs["input_ids"].tolist()):
+        whole = tokenizer(item.text + item.answer)["input_ids"]
+        if whole[:length] != row[:length] or len(whole) <= length:
+            raise ValueError(f"the tokenizer joins the answer {item.answer!r} to the prompt's last token; "
+                             "llm-retrieval needs a tokenizer that starts a token at the answer's space")
+        ids.append(whole[length])
+    return torch.tensor(ids)
+
+
+def evidence_scores(scores: torch.Tensor, context: torch.Tensor, evidence: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per prompt, from ``(B, T)`` scores and masks: ``share`` (float64: positive relevance on the evidence over
+    positive relevance on the context) and ``pointing`` (float64 0/1: the best context token is evidence)."""
+    scores = scores.detach().double().cpu()
+    positive = scores.clamp(min=0)
+    total = (positive * context).sum(1)
+    share = torch.where(total > 0, (positive * evidence).sum(1) / total.clamp(min=1e-300), torch.zeros_like(total))
+    best = torch.where(context, scores, torch.tensor(-math.inf, dtype=scores.dtype)).argmax(1)
+    return {"share": share, "pointing": evidence.gather(1, best[:, None])[:, 0].double()}
+
+
+def _deletion_order(scores: torch.Tensor, context: torch.Tensor, direction: str) -> torch.Tensor:
+    """The context positions of one prompt, most relevant first (``morf``) or least relevant first (``lerf``);
+    ties in position order."""
+    positions = context.nonzero()[:, 0]
+    values = scores[positions].double()
+    return positions[torch.argsort(-values if direction == "morf" else values, stable=True)]
+
+
+@torch.no_grad()
+def _answer_log_probabilities(model: nn.Module, sequences: Sequence[torch.Tensor], answers: Sequence[int],
+                              batch_size: int) -> torch.Tensor:
+    """The log-probability of ``answers[i]`` after ``sequences[i]`` (1-D token ids), read right-padded in forwards
+    of ``batch_size`` sequences (padding id 0, masked)."""
+    out = torch.empty(len(sequences), dtype=torch.float64)
+    for start in range(0, len(sequences), batch_size):
+        part = sequences[start:start + batch_size]
+        lengths = torch.tensor([len(s) for s in part])
+        ids = torch.zeros(len(part), int(lengths.max()), dtype=torch.long)
+        for row, sequence in enumerate(part):
+            ids[row, :len(sequence)] = sequence
+        mask = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long()
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[torch.arange(len(part)), lengths - 1]
+        targets = torch.tensor(answers[start:start + batch_size])
+        out[start:start + len(part)] = logits.double().log_softmax(-1)[torch.arange(len(part)), targets]
+    return out
+
+
+def deletion_curves(model: nn.Module, inputs: Mapping[str, torch.Tensor], context: torch.Tensor, answers: torch.Tensor,
+                    maps: Mapping[str, torch.Tensor], batch_size: int,
+                    steps: Sequence[float] = STEPS) -> tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
+    """``(clean, curves)``: the answer's unperturbed log-probability ``(B,)`` and, per map name and direction
+    (``morf``, ``lerf``), the ``(B, len(steps))`` change of that log-probability as the context tokens are removed
+    in the map's order. Identical deletions (nothing removed, everything removed) are read once."""
+    lengths = inputs["attention_mask"].sum(1).tolist()
+    sequences: list[torch.Tensor] = []
+    answer_of: list[int] = []
+    slot: dict[tuple, int] = {}
+    plan: dict[str, dict[str, list[list[int]]]] = {}
+    for name, scores in maps.items():
+        plan[name] = {direction: [] for direction in DIRECTIONS}
+        for row, length in enumerate(lengths):
+            ids = inputs["input_ids"][row, :length]
+            for direction in DIRECTIONS:
+                order = _deletion_order(scores[row, :length], context[row, :length], direction)
+                slots = []
+                for step in steps:
+                    removed = order[:int(step * len(order))]
+                    key = (row, tuple(sorted(removed.tolist())))
+                    if key not in slot:
+                        keep = torch.ones(length, dtype=torch.bool)
+                        keep[removed] = False
+                        slot[key] = len(sequences)
+                        sequences.append(ids[keep])
+                        answer_of.append(int(answers[row]))
+                    slots.append(slot[key])
+                plan[name][direction].append(slots)
+    values = _answer_log_probabilities(model, sequences, answer_of, batch_size)
+    clean = values[[slot[(row, ())] for row in range(len(lengths))]]
+    curves = {name: {direction: values[torch.tensor(rows)] - clean[:, None] for direction, rows in by.items()}
+              for name, by in plan.items()}
+    return clean, curves
+
+
+def _area(curves: torch.Tensor, steps: Sequence[float] = STEPS) -> torch.Tensor:
+    """``(B,)`` trapezoid areas of ``(B, S)`` curves over ``steps``."""
+    x = torch.tensor(steps, dtype=torch.float64)
+    return ((x[1:] - x[:-1]) * (curves[:, 1:] + curves[:, :-1]) / 2).sum(1)
+
+
+def _mean(values: Sequence[float]) -> float:
+    values = [float(v) for v in values]
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _summary(per_prompt: Mapping[str, list[float]], select: Sequence[bool]) -> dict[str, float]:
+    return {k: _mean([v for v, keep in zip(per_prompt[k], select) if keep]) for k in _METRICS}
+
+
+def evaluate_llm_retrieval(
+    model: nn.Module, tokenizer: Any, methods: Sequence[str] = DEFAULT_METHODS, n: int = 30, seed: int = 0,
+    batch_size: int = 8, explainers: Mapping[str, Explainer] | None = None, progress: bool = False,
+    deletion_batch_size: int | None = None,
+) -> dict[str, Any]:
+    """The benchmark's numbers per method (see the module's docstring), JSON-able (NaN where no prompt counts).
+
+    ``methods``: relevancy method names; ``explainers``: more named maps computed outside relevancy, scored the
+    same way (the side-by-side benchmark's lxt, captum and inseq); a ``random`` row is always added.
+    ``batch_size``: prompts explained together; ``deletion_batch_size``: perturbed prompts read together (default
+    ``batch_size``). The model runs in eval mode; every module's mode is restored after."""
+    deletion_batch_size = batch_size if deletion_batch_size is None else deletion_batch_size
+    if min(n, batch_size, deletion_batch_size) < 1:
+        raise ValueError(f"n and the batch sizes must be at least 1, got n={n}, batch_size={batch_size}, "
+                         f"deletion_batch_size={deletion_batch_size}")
+    modes = [(module, module.training) for module in model.modules()]  # each module's own, restored after
+    model.eval()
+    try:
+        return _evaluate(model, tokenizer, tuple(methods), n, seed, batch_size, dict(explainers or {}), progress,
+                         deletion_batch_size)
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int, seed: int, batch_size: int,
+              explainers: dict[str, Explainer], progress: bool, deletion_batch_size: int) -> dict[str, Any]:
+    """`evaluate_llm_retrieval` on a model in eval mode."""
+    from ..api import explain
+
+    items = llm_world.prompts("test", n, seed=seed)
+    names = [*methods, *explainers, RANDOM]
+    per_prompt = {name: {k: [] for k in _METRICS} for name in names}
+    seconds = {name: 0.0 for name in names if name != RANDOM}
+    forward_seconds, right, clean_all, curves_all = 0.0, [], [], {name: {d: [] for d in DIRECTIONS} for name in names}
+    evidence_fraction: list[float] = []
+    generator = torch.Generator().manual_seed(seed)
+
+    def explain_with(name: str, inputs: dict[str, torch.Tensor], answers: torch.Tensor) -> torch.Tensor:
+        if name in methods:
+            return explain(model, dict(inputs), method=name, target=answers.tolist()).scores.detach()
+        return explainers[name](model, dict(inputs), answers).detach()
+
+    warm = encode(tokenizer, items[:1])[0]  # untimed: each method's and the forward's first call pays one-off costs
+    with torch.no_grad():
+        model(**warm, use_cache=False)
+    for name in names[:-1]:
+        explain_with(name, warm, answer_ids(tokenizer, items[:1], warm))
+    starts = range(0, n, batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc="llm-retrieval", unit="batch")
+    for start in starts:
+        part = items[start:start + batch_size]
+        inputs, context, evidence = encode(tokenizer, part)
+        answers = answer_ids(tokenizer, part, inputs)
+        evidence_fraction += (evidence.sum(1) / context.sum(1)).tolist()
+        began = time.perf_counter()
+        with torch.no_grad():
+            logits = model(**inputs, use_cache=False).logits
+        forward_seconds += time.perf_counter() - began
+        last = inputs["attention_mask"].sum(1) - 1
+        right += (logits[torch.arange(len(part)), last].argmax(-1) == answers).tolist()
+        maps: dict[str, torch.Tensor] = {}
+        for name in names:
+            began = time.perf_counter()
+            if name == RANDOM:
+                maps[name] = torch.rand(context.shape, generator=generator, dtype=torch.float64)
+                continue
+            maps[name] = explain_with(name, inputs, answers)
+            seconds[name] += time.perf_counter() - began
+        clean, curves = deletion_curves(model, inputs, context, answers, maps, deletion_batch_size)
+        clean_all += clean.tolist()
+        for name, scores in maps.items():
+            for key, values in evidence_scores(scores * inputs["attention_mask"], context, evidence).items():
+                per_prompt[name][key] += values.tolist()
+            morf, lerf = (_area(curves[name][d]) for d in DIRECTIONS)
+            per_prompt[name]["morf"] += morf.tolist()
+            per_prompt[name]["lerf"] += lerf.tolist()
+            per_prompt[name]["gap"] += (lerf - morf).tolist()
+            for d in DIRECTIONS:
+                curves_all[name][d] += curves[name][d].tolist()
+    everything = [True] * n
+    results: dict[str, Any] = {
+        "benchmark": "llm-retrieval", "n": n, "seed": seed, "units": UNITS, "steps": list(STEPS),
+        "accuracy": _mean(right), "answered": int(sum(right)), "clean_log_probability": _mean(clean_all),
+        "chance": _mean(evidence_fraction), "methods": {},
+    }
+    for name in names:
+        entry: dict[str, Any] = {**_summary(per_prompt[name], everything), "answered": _summary(per_prompt[name], right)}
+        entry["curves"] = {d: np.mean(curves_all[name][d], axis=0).tolist() for d in DIRECTIONS}
+        if name != RANDOM:
+            entry["time_ratio"] = seconds[name] / forward_seconds
+            entry["seconds_per_prompt"] = seconds[name] / n
+        results["methods"][name] = entry
+    return results
+
+
+def _cell(value: float, digits: int = 3) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _rows(methods: Mapping[str, Any], answered: bool) -> list[str]:
+    rows = []
+    for name, entry in methods.items():
+        values = entry["answered"] if answered else entry
+        label = "random scores" if name == RANDOM else (f"`{name}`" if " " not in name else name)
+        ratio = _cell(entry["time_ratio"], 2) if "time_ratio" in entry else ""
+        rows.append(f"| {label} | " + " | ".join(_cell(values[k]) for k in _METRICS) + f" | {ratio} |")
+    return rows
+
+
+def llm_report(results: Mapping[str, Any]) -> str:
+    """The results as Markdown: the prompts answered right, then all prompts."""
+    header = ["| method | evidence share ↑ | pointing ↑ | MoRF AUC ↓ | LeRF AUC ↑ | LeRF − MoRF ↑ | time / forward |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    return "\n".join([
+        f"# llm-retrieval ({results['n']} test prompts of seed {results['seed']}), model {results.get('model', '')}",
+        "",
+        f"The model's greedy next token is the answer on {results['answered']} of {results['n']} prompts (accuracy "
+        f"{_cell(results['accuracy'])}); every prompt's true answer is explained. Evidence share: positive relevance "
+        "on the supporting fact's tokens over positive relevance on all facts' tokens; pointing: the most relevant "
+        "fact token lies in the supporting fact. MoRF / LeRF: the facts' tokens removed most / least relevant first, "
+        "area under the answer's log-probability (minus the unperturbed "
+        f"{_cell(results['clean_log_probability'], 2)} nats on average) over the removed fraction 0..1.",
+        "",
+        f"## Prompts answered right ({results['answered']})",
+        "",
+        *header, *_rows(results["methods"], answered=True),
+        "",
+        f"## All prompts ({results['n']})",
+        "",
+        *header, *_rows(results["methods"], answered=False),
+        "",
+        f"A uniformly random ranking's expected evidence share and pointing (the supporting fact's fraction of the "
+        f"facts' tokens): {_cell(results['chance'])}.",
+        "",
+    ])
