@@ -507,9 +507,10 @@ def evaluate_llm_retrieval(args: argparse.Namespace, n: int) -> list[Path]:
     evidence and by the deletion test (`relevancy.evaluation.llm_retrieval`); writes results.json and report.md."""
     from ..evaluation.llm_retrieval import DEFAULT_METHODS, llm_report
     from ..evaluation.llm_retrieval import evaluate_llm_retrieval as run_benchmark
+    from ..models import load_language_model
 
     methods = DEFAULT_METHODS if args.methods.strip() == "all" else parse_llm_methods(args.methods)
-    model, tokenizer = load_causal_lm(args.model)
+    model, tokenizer = load_language_model(args.model)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -531,20 +532,3 @@ def parse_llm_methods(spec: str) -> tuple[str, ...]:
             raise _usage_error(f"method {name!r} is not evaluated by llm-retrieval; valid methods: "
                                f"{', '.join(DEFAULT_METHODS)} (or 'all')")
     return tuple(dict.fromkeys(names))
-
-
-def load_causal_lm(name: str) -> tuple[nn.Module, Any]:
-    """``(model, tokenizer)``: SmolLM2-135M-Instruct for 'smollm2', else a local folder's causal language model
-    (``AutoModelForCausalLM``, in eval mode) and its tokenizer."""
-    from ..extras import require
-    from ..models import smollm2
-
-    if name == "smollm2":
-        return smollm2()
-    transformers = require("transformers", "llm")
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(name).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError, KeyError) as error:
-        raise _usage_error(f"cannot load a causal language model and its tokenizer from {name}: {error}") from error
-    return model, tokenizer
