@@ -11,6 +11,19 @@ import torch
 from .parts import ImagePart, RegionPart, TextPart
 
 
+
+def named_scores(target: torch.Tensor, logits: torch.Tensor, class_names: Sequence[str] | None, kind: str) -> list[str]:
+    """A caption per row: the explained class's name (or `kind` and its index) with its logit; "custom target" for a
+    row whose target is not a class (index -1: a callable target)."""
+    captions = []
+    for i, k in enumerate(target.tolist()):
+        if k < 0:
+            captions.append("custom target")
+            continue
+        name = class_names[k] if class_names and k < len(class_names) else f"{kind} {k}"
+        captions.append(f"{name} ({logits[i, k]:.2f})")
+    return captions
+
 class Explanation:
     """What every `explain()` result is, whatever the family: one **part** per token stream (`parts`), the explained
     targets and logits, and the same protocol (`scores`, `save`, `to_json`).
@@ -91,14 +104,7 @@ class ImageExplanation(Explanation):
         """A caption per input: the concept, or the class name (or index) with its logit."""
         if self.concept is not None:
             return ["concept"] * len(self.target)
-        captions = []
-        for i, k in enumerate(self.target.tolist()):
-            if k < 0:
-                captions.append("custom target")
-                continue
-            name = self.class_names[k] if self.class_names and k < len(self.class_names) else f"class {k}"
-            captions.append(f"{name} ({self.logits[i, k]:.2f})")
-        return captions
+        return named_scores(self.target, self.logits, self.class_names, "class")
 
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """Normalised input images back to `[0, 1]` pictures `(B, H, W, 3)`."""
@@ -389,14 +395,7 @@ class RegionTextExplanation(ColouredTexts, Explanation):
 
     def labels(self) -> list[str]:
         """A caption per input: the explained answer's name (or index) with its score."""
-        captions = []
-        for i, k in enumerate(self.target.tolist()):
-            if k < 0:
-                captions.append("custom target")
-                continue
-            name = self.class_names[k] if self.class_names and k < len(self.class_names) else f"answer {k}"
-            captions.append(f"{name} ({self.logits[i, k]:.2f})")
-        return captions
+        return named_scores(self.target, self.logits, self.class_names, "answer")
 
     def save(self, path: str | Path, images: Sequence | None = None) -> Path:
         """A PNG of the regions (each box filled by its score over `images`, one picture per input as an

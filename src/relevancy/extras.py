@@ -6,6 +6,8 @@ protocols the `eval` extra. `require` is the one way an optional package is impo
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 #: what pip installs for a top-level module whose name differs from its package's
@@ -36,3 +38,16 @@ def require(module: str, extra: str) -> ModuleType:
             f'pip install "relevancy[{extra}]" (or pip install {package})',
             name=top,
         ) from None
+
+
+def packaged_file(module: str, name: str, extra: str) -> Path:
+    """The data file `name` shipped inside the installed package `module`, found without importing the package
+    (weights packages may load heavy libraries when imported); an error naming the extra when either is missing."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        require(module, extra)  # not installed: raises, naming the extra
+    path = Path(next(iter(spec.submodule_search_locations))) / name
+    if not path.is_file():
+        package = PACKAGES.get(module, module)
+        raise FileNotFoundError(f"the installed {package} has no {name} (at {path}); reinstall it: pip install \"relevancy[{extra}]\"")
+    return path

@@ -18,12 +18,13 @@ from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .families.causal_lm import CausalLMAdapter
 from .families.causal_lm.generation import generation_relevance
-from .lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
+from .lrp.attnlrp import RuleSet
 from .messages import quoted
+from .methods.language import INPUT_RELEVANCE_RULES
 from .methods.relevance import full_precision
 
-#: the methods that explain every generated token from one forward: their rule set (None: the plain gradient)
-GENERATION_METHODS: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
+#: the methods that explain every generated token from one forward: the decoders' input-relevance methods
+GENERATION_METHODS = INPUT_RELEVANCE_RULES
 #: the most tokens one call generates (or reads as a continuation): G backward passes, a (G, T + G) matrix
 MAX_NEW_TOKENS = 256
 

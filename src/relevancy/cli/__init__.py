@@ -250,7 +250,8 @@ def _short_lived_process(command: str) -> Iterator[None]:
     """For a command that runs in a process of its own and ends soon: Python's cycle collector off while it imports
     and runs, and everything frozen at the end. Importing torch, timm and matplotlib builds millions of objects, and
     the collector would walk them again and again while they load and once more when the interpreter exits: about
-    1.5 s of a 3.5 s `relevancy explain`. Explanations make no reference cycles, so nothing waits uncollected."""
+    1.3 s of a 3.6 s `relevancy explain` (`benchmarks/cold_start.py`). Explanations make no reference cycles
+    (`tests/test_cli.py`), so nothing waits uncollected."""
     if command in LONG_RUNNING:
         yield
         return

@@ -10,6 +10,9 @@ from ..families.causal_lm import CausalLMAdapter
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
 from .relevance import full_precision
 
+#: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
+INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
+
 
 def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str) -> tuple:
     """The method's `(scores, ids, logits[, fields])` on a decoder; the rule-based ones run fp16 / bf16 models
@@ -27,14 +30,14 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
 
 def attnlrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None) -> tuple[torch.Tensor, ...]:
     """AttnLRP (Achtibat et al., ICML 2024): relevance of each input token for the target logit."""
-    return _input_relevance(adapter, inputs, target, ATTNLRP, tokenizer, "attnlrp")
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, "attnlrp")
 
 
 def cp_lrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None) -> tuple[torch.Tensor, ...]:
     """CP-LRP (Ali et al., ICML 2022): AttnLRP's rules with no relevance through queries, keys and gates."""
-    return _input_relevance(adapter, inputs, target, CP_LRP, tokenizer, "cp_lrp")
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, "cp_lrp")
 
 
 def input_x_gradient(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None) -> tuple[torch.Tensor, ...]:
     """Input x gradient at the token embeddings, summed over the width."""
-    return _input_relevance(adapter, inputs, target, None, tokenizer, "input_x_gradient")
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, "input_x_gradient")
