@@ -14,6 +14,7 @@ from relevancy.families.clip.batch import ImageTextBatch
 from bimodal_golden import bimodal_case, build as build_bimodal, padded
 from hf_vit_models import tiny_dinov2_swiglu, tiny_hf
 from models import tiny_vit
+from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
 from test_detr_family import build as build_detr, images as detr_images, targets_per_image
 from test_text_adapter import tiny as tiny_text
@@ -78,6 +79,12 @@ def _detr_case() -> FamilyCase:
     )
 
 
+def _decoder_case(arch: str) -> FamilyCase:
+    """A right-padded batch of three prompts (a padded batch's columns start with each row's own tokens)."""
+    return FamilyCase(lambda: build_llm(arch), lambda: (llm_batch("right"), None),
+                      lambda: [(llm_batch(f"single{row}"), None) for row in range(3)])
+
+
 class GatedAttention(Attention):
     """timm's attention with its sigmoid output gate."""
 
@@ -99,4 +106,6 @@ FAMILIES: dict[str, FamilyCase] = {
     "lxmert": _bimodal_case("lxmert"),
     "visual_bert": _bimodal_case("visualbert"),
     "detr": _detr_case(),
+    "causal_lm_llama": _decoder_case("llama"),
+    "causal_lm_gpt2": _decoder_case("gpt2"),
 }

@@ -18,8 +18,10 @@ ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
 VOCAB = 96
 METHODS = LRP_METHODS + ("input_x_gradient",)
+#: the seeds' LRP methods, under the layouts' rule maps (families/causal_lm/rules.py)
+PROPAGATION_METHODS = ("transformer_attribution", "lrp", "partial_lrp")
 #: the image and text families' methods that decoders take (read at the last real token, under the causal mask)
-SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation")
+SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation") + PROPAGATION_METHODS
 
 
 def build(arch: str, dtype: torch.dtype = torch.float64, implementation: str = "sdpa") -> torch.nn.Module:
@@ -167,11 +169,48 @@ def test_other_families_refuse_the_language_methods():
         relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="attnlrp")
 
 
-def test_the_rule_based_seed_methods_are_refused_clearly(model):
-    from relevancy.families.base import UnsupportedModelError
+@pytest.mark.parametrize("method", ["transformer_attribution", "lrp"])
+def test_the_paper_rules_conserve_relevance_through_the_decoder(arch, model, method):
+    """The CVPR'21 rules conserve: the relevance reaching the first block's input is the explained 1, on every row
+    of a padded batch, with the stable default and with the reference's arithmetic (`exact=True`) alike, and the two
+    maps agree (they differ where sums cancel, e.g. in `q k^T`: the stable default holds those at a floor). (`lrp`'s
+    default is the vanilla baseline, which does not conserve: the paper's rules are asked for.)"""
+    options = {"rules": "paper"} if method == "lrp" else {}
+    maps = {}
+    for exact in (False, True):
+        explanation = relevancy.explain(model, batch("left"), method=method, exact=exact, **options)
+        assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6), (method, exact)
+        maps[exact] = explanation.scores
+    agreement = torch.nn.functional.cosine_similarity(maps[False], maps[True], dim=1)
+    assert (agreement > 0.99).all(), f"{method}: stable and exact maps disagree, cosine {agreement.tolist()}"
 
-    with pytest.raises(UnsupportedModelError, match="no relevance rules for the decoder language model family"):
-        relevancy.explain(model, batch("right"), method="transformer_attribution")
+
+def test_transformer_attribution_reads_the_past_only_and_differs_from_rollout(model):
+    """Under the causal mask the last real token's row covers the real tokens only; the relevance-weighted rollout
+    is not the plain rollout."""
+    mask = batch("right")["attention_mask"].bool()
+    attribution = relevancy.explain(model, batch("right"), method="transformer_attribution").scores
+    assert (attribution[~mask] == 0).all() and (attribution[mask] >= 0).all() and (attribution.sum(1) > 0).all()
+    rollout = relevancy.explain(model, batch("right"), method="rollout").scores
+    assert not torch.allclose(attribution / attribution.sum(1, keepdim=True), rollout / rollout.sum(1, keepdim=True))
+
+
+def test_the_rule_maps_cover_every_module_and_refuse_a_cache(arch, model):
+    """Every module of the model has a rule (the session refuses a module without one); a KV cache is refused by
+    name, and the model is left as it was."""
+    from relevancy.families.causal_lm import CausalLMAdapter
+    from relevancy.lrp import PAPER, relevance_session
+    from relevancy.lrp.engine import MissingRuleError
+
+    adapter = CausalLMAdapter(model)
+    before = snapshot(model)
+    ids = batch("single0")["input_ids"]
+    with relevance_session(model, adapter.relevance_rule_map(), PAPER) as session:
+        model(input_ids=ids, use_cache=False)
+        assert len(session.attentions) == len(adapter.attention_sites())
+        with pytest.raises(MissingRuleError, match="no KV cache"):
+            model(input_ids=ids, use_cache=True)
+    assert_same(before, snapshot(model))
 
 
 def test_rollout_reads_only_the_past(model):

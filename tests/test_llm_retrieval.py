@@ -117,7 +117,7 @@ def test_the_command_writes_the_table_and_leaves_nothing_on_bad_input(tiny_llama
         assert (name == "random") != ("time_ratio" in entry)
     assert "| `attnlrp` |" in (out / "report.md").read_text()
     bad = tmp_path / "bad"
-    assert main(["evaluate", "--benchmark", "llm-retrieval", "--model", str(folder), "--methods", "lrp", "--out", str(bad)]) == 2
+    assert main(["evaluate", "--benchmark", "llm-retrieval", "--model", str(folder), "--methods", "attn_lrp", "--out", str(bad)]) == 2
     assert "valid methods: attnlrp, cp_lrp" in capsys.readouterr().err and not bad.exists()
     assert main(["evaluate", "--benchmark", "llm-retrieval", "--model", str(tmp_path / "none"), "--out", str(bad)]) == 2
     assert "'smollm2'" in capsys.readouterr().err and not bad.exists()

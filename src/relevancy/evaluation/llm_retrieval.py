@@ -51,8 +51,8 @@ __all__ = [
 ]
 
 #: relevancy's methods that explain decoder language models, in the order the report lists them
-DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "generic_attention", "attention_gradcam", "rollout",
-                   "raw_attention", "token_ablation")
+DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "transformer_attribution", "generic_attention",
+                   "attention_gradcam", "rollout", "raw_attention", "partial_lrp", "lrp", "token_ablation")
 RANDOM = "random"
 STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 DIRECTIONS = ("morf", "lerf")

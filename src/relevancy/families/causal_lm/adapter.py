@@ -74,6 +74,7 @@ class CausalLMAdapter(Adapter):
             raise UnsupportedModelError(f"not a decoder language model of a known layout: {type(model).__name__}")
         self.layout: Layout = layout
         self.decoder: nn.Module = getattr(model, layout.decoder)
+        self.blocks = list(getattr(self.decoder, layout.layers))
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -120,6 +121,10 @@ class CausalLMAdapter(Adapter):
         """Each layer's causal self-attention; its second output is the probabilities under the exact attention."""
         return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
                 for layer in getattr(self.decoder, self.layout.layers)]
+
+    def relevance_rule_map(self) -> dict:
+        """The layout's rule map for the seeds' LRP methods (transformer attribution, LRP, partial LRP)."""
+        return self.layout.rule_map(self.model)
 
     def attention_inputs(self) -> dict[str, Hookable]:
         """The normalised tokens entering the last layer's attention (the output of the norm before it)."""

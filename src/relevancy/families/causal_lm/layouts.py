@@ -10,6 +10,8 @@ from torch import nn
 
 from ...lrp import attnlrp
 from ...lrp.attnlrp import RuleSet
+from ...lrp.engine import ForwardFactory
+from .rules import gpt2_rules, llama_rules
 
 #: a module and a rule set -> the forward that replaces the module's for one call
 RuleForward = Callable[[nn.Module, RuleSet], Callable[[torch.Tensor], torch.Tensor]]
@@ -19,8 +21,9 @@ RuleForward = Callable[[nn.Module, RuleSet], Callable[[torch.Tensor], torch.Tens
 class Layout:
     """One decoder layout: `model_types` (transformers' `config.model_type`), the attribute of the bare decoder on
     the `...ForCausalLM` model, of its token embeddings and its list of layers on the decoder, of the self-attention
-    and of the norm before it on a layer, and `rules`: which modules run under a
-    rule (a test on the module) and the forward they run instead (attention is switched through the config)."""
+    and of the norm before it on a layer, `rules`: which modules run under an AttnLRP rule set (a test on the module)
+    and the forward they run instead (attention is switched through the config), and `rule_map`: the model's rule
+    map for the seeds' LRP methods (see `rules.py`)."""
 
     name: str
     model_types: tuple[str, ...]
@@ -30,6 +33,7 @@ class Layout:
     attention: str
     attention_norm: str
     rules: tuple[tuple[Callable[[nn.Module], bool], RuleForward], ...]
+    rule_map: Callable[[nn.Module], dict[type, ForwardFactory]]
 
     def rule_forward(self, module: nn.Module) -> RuleForward | None:
         """The rule forward of `module`, None where it runs as it is."""
@@ -61,10 +65,12 @@ LLAMA = Layout(
     "llama", ("llama", "mistral", "qwen2"), decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
     attention_norm="input_layernorm",
     rules=((_has("gate_proj", "up_proj", "down_proj", "act_fn"), _gated_mlp), (_has("weight", "variance_epsilon"), _rms_norm)),
+    rule_map=llama_rules,
 )
 GPT2 = Layout(
     "gpt2", ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn", attention_norm="ln_1",
     rules=((_has("c_fc", "c_proj", "act"), _plain_mlp), (lambda module: isinstance(module, nn.LayerNorm), _layer_norm)),
+    rule_map=gpt2_rules,
 )
 LAYOUTS = (LLAMA, GPT2)
 
