@@ -1,21 +1,21 @@
 """Cost of the decoder methods on SmolLM2-135M-Instruct: time over a plain forward, and peak memory, per prompt length.
 
-    python benchmarks/llm_speed.py [--tokens 100 1000] [--methods attnlrp cp_lrp input_x_gradient generic_attention] [--repeats 2]
+    python benchmarks/llm_speed.py [--tokens 100 1000] [--methods attnlrp attnlrp+checkpoint ...] [--repeats 2]
 
 Each (length, method) runs in a fresh process (so that its peak resident memory is its own): the model is loaded,
 one prompt of `--tokens` tokens (the retrieval world's facts repeated up to that length, then its question) is
-run once as a plain no-grad forward that computes the next token's logits only (`logits_to_keep=1`) and once
-explained (after one warm-up of each); reported are the best of `--repeats` times, their ratio, and the peak
-resident memory during the first explanation above what the process held before it (after the plain forwards;
-later calls reuse what the allocator kept) (sampled every millisecond from
-/proc/self/statm: Linux).
+run as a plain no-grad forward that computes the next token's logits only (`logits_to_keep=1`, the model's own
+sdpa attention) and explained (after one warm-up of each); reported are the best of `--repeats` times, their
+ratio, the peak resident memory of the first plain forward and of the first explanation, each above what the
+process held before it (sampled every millisecond from /proc/self/statm: Linux), and the ratio of the process's
+two peaks (what it held with the model loaded, about 1 GB with torch, plus each).
+A method written `NAME+checkpoint` runs with `checkpoint=True` (each layer recomputed in the backward).
 One CPU thread. Results: benchmarks/results/llm_speed.txt.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import os
 import threading
 import subprocess
@@ -24,7 +24,11 @@ import time
 
 import torch
 
-METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "generic_attention")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import cpu_name, today  # noqa: E402
+
+METHODS = ("attnlrp", "attnlrp+checkpoint", "cp_lrp", "input_x_gradient", "input_x_gradient+checkpoint",
+           "generic_attention", "transformer_attribution")
 
 
 def prompt_ids(tokenizer, tokens: int) -> dict[str, torch.Tensor]:
@@ -85,11 +89,15 @@ def one(tokens: int, method: str, repeats: int) -> dict:
         with torch.no_grad():
             model(**inputs, use_cache=False, logits_to_keep=1)
 
-    forward()
+    name, _, option = method.partition("+")
+    options = {option: True} if option else {}
+    base = resident_bytes()  # the process with the model loaded
+    forward_peak = peak_above(forward)  # the first call: the warm-up
     plain = best_time(forward, repeats)
-    peak = peak_above(lambda: relevancy.explain(model, inputs, method=method))  # the first call: the warm-up
-    explained = best_time(lambda: relevancy.explain(model, inputs, method=method), repeats)
-    return {"tokens": tokens, "method": method, "forward_s": plain, "method_s": explained, "ratio": explained / plain, "peak_mb": peak / 2**20}
+    peak = peak_above(lambda: relevancy.explain(model, inputs, method=name, **options))  # the first call: the warm-up
+    explained = best_time(lambda: relevancy.explain(model, inputs, method=name, **options), repeats)
+    return {"tokens": tokens, "method": method, "forward_s": plain, "method_s": explained, "ratio": explained / plain,
+            "base_mb": base / 2**20, "forward_peak_mb": forward_peak / 2**20, "peak_mb": peak / 2**20}
 
 
 def main() -> None:
@@ -102,14 +110,16 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(int(args.one[0]), args.one[1], args.repeats)))
         return
-    print(f"SmolLM2-135M-Instruct, float32, {platform.processor() or platform.machine()}, 1 thread, best of {args.repeats}")
-    print(f"{'tokens':>6} {'method':<18} {'forward s':>9} {'method s':>9} {'ratio':>6} {'peak MB':>8}")
+    print(f"SmolLM2-135M-Instruct, float32, {cpu_name()}, 1 thread, best of {args.repeats}, {today()}")
+    print(f"{'tokens':>6} {'method':<28} {'forward s':>9} {'method s':>9} {'ratio':>6} {'fwd peak MB':>11} {'peak MB':>8} {'peak ratio':>10}")
     for tokens in args.tokens:
         for method in args.methods:
             out = subprocess.run([sys.executable, __file__, "--one", str(tokens), method, "--repeats", str(args.repeats)],
                                  capture_output=True, text=True, check=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
-            print(f"{r['tokens']:>6} {r['method']:<18} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} {r['peak_mb']:>8.0f}", flush=True)
+            print(f"{r['tokens']:>6} {r['method']:<28} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} "
+                  f"{r['forward_peak_mb']:>11.0f} {r['peak_mb']:>8.0f} "
+                  f"{(r['base_mb'] + r['peak_mb']) / (r['base_mb'] + r['forward_peak_mb']):>10.2f}", flush=True)
 
 
 if __name__ == "__main__":

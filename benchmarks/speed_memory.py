@@ -8,8 +8,11 @@ ViT-B/16 (timm `vit_base_patch16_224`) on 8 images; BERT-base (`BertForSequenceC
 one text of 512 tokens; CLIP ViT-B/32 (`CLIPModel`: image tower width 768 / patch 32 / 224 px, text tower width 512,
 77 tokens) on 8 image-text pairs; LXMERT-base (`LxmertForQuestionAnswering(LxmertConfig(num_qa_labels=3129))`) on
 8 questions of 20 tokens with 36 regions each; DETR-R50 (`DetrForObjectDetection(DetrConfig(
-use_pretrained_backbone=False))`) on one 800x1066 image, explaining one object. `--quick`: 2 images / pairs /
-questions, 128 tokens, a 480x640 image.
+use_pretrained_backbone=False))`) on one 800x1066 image, explaining one object; a decoder language model of
+SmolLM2-135M's shape (`LlamaForCausalLM`: 30 layers, width 576, 9 query and 3 key-value heads, vocabulary 49,152,
+tied embeddings) on one prompt of 1,000 tokens, its plain forward the model's own (sdpa attention) computing the
+next token's logits only. `--quick`: 2 images / pairs / questions, 128 tokens, a 480x640 image, a 128-token prompt.
+The decoder methods (attnlrp, cp_lrp, input_x_gradient) are measured on the decoder only.
 
 Every (family, method) runs in a fresh process (so that no measurement inherits another's heap): the model is
 built, the method and a plain forward (no gradients) run once to warm up, then each runs `--repeats` times,
@@ -38,7 +41,7 @@ from typing import Any, Callable
 from machine import cpu_name, today
 
 ROOT = Path(__file__).resolve().parent.parent
-FAMILIES = ("vit", "bert", "clip", "lxmert", "detr")
+FAMILIES = ("vit", "bert", "clip", "lxmert", "detr", "llm")
 #: the methods that propagate relevance through every layer (goal: at most 3x a forward's memory; the others 2x)
 LRP_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
 GOALS = {"attention": 2.0, "lrp": 3.0}
@@ -64,6 +67,7 @@ def describe(family: str, quick: bool) -> str:
         "clip": f"CLIP ViT-B/32, {batch} image-text pairs (77 tokens)",
         "lxmert": f"LXMERT-base, {batch} questions of 20 tokens, 36 regions",
         "detr": f"DETR-R50, 1 image {'480x640' if quick else '800x1066'}, 1 object",
+        "llm": f"decoder of SmolLM2-135M's shape, 1 prompt of {128 if quick else 1000} tokens",
     }[family]
 
 
@@ -116,6 +120,14 @@ def build(family: str, quick: bool, device: str) -> Workload:
         size = (480, 640) if quick else (800, 1066)
         pixels = {"pixel_values": torch.randn(1, 3, *size, generator=generator).to(device)}
         return Workload(model, pixels, [[(0, 1)]], lambda: model(**pixels))
+    if family == "llm":
+        config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                                          tie_word_embeddings=True, rope_theta=100000.0)
+        model = transformers.LlamaForCausalLM(config).eval().to(device)
+        ids = torch.randint(100, 49000, (1, 128 if quick else 1000), generator=generator).to(device)
+        prompt = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        return Workload(model, prompt, None, lambda: model(**prompt, use_cache=False, logits_to_keep=1))
     raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
 
 
@@ -299,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure_child(*args.child, args.quick, args.device, args.repeats, args.rows_at_once)))
         return
     from relevancy import METHODS
+    from relevancy.methods import LANGUAGE_REGISTRY
 
     methods = args.methods or [m for m in METHODS if m != "token_ablation"]
     unknown = sorted(set(methods) - set(METHODS))
@@ -308,6 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     for family in args.families:
         results[family] = {}
         for method in methods:
+            if method in LANGUAGE_REGISTRY and family != "llm":
+                continue  # the decoder methods: decoders only
             results[family][method] = measure(family, method, args)
             print(f"{family} {method}: {json.dumps(results[family][method])}", file=sys.stderr, flush=True)
     report = "\n".join(header(args) + table(results, args)) + "\n"

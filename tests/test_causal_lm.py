@@ -280,3 +280,15 @@ def test_threads_on_one_model_give_the_serial_maps(arch, model):
         threaded = list(pool.map(lambda job: relevancy.explain(model, batch(job[1]), method=job[0]).scores, jobs))
     for (method, name), one, other in zip(jobs, serial, threaded):
         assert torch.equal(one, other), f"{method} {name}"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_checkpointing_gives_the_same_map_and_is_removed_after(arch, model, method):
+    """`checkpoint=True` recomputes each layer in the backward (less memory on long prompts): the same map, and the
+    layers' forwards are the model's own again after the call."""
+    before = snapshot(model)
+    plain = relevancy.explain(model, batch("left"), method=method)
+    recomputed = relevancy.explain(model, batch("left"), method=method, checkpoint=True)
+    assert_close_to(recomputed.scores, plain.scores, f"{method} checkpointed", 1e-12)
+    assert all("forward" not in layer.__dict__ for layer in model.modules())
+    assert_same(before, snapshot(model))

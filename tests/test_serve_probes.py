@@ -186,7 +186,10 @@ def raw_exchange(port: int, request: bytes) -> bytes:
 def test_broken_http_on_a_real_socket_gets_a_one_line_400_and_the_server_carries_on(server_port, name, request_bytes):
     head, _, body = raw_exchange(server_port, request_bytes).partition(b"\r\n\r\n")
     text_lines = [line for line in body.split(b"\r\n") if line and not re.fullmatch(rb"[0-9a-f]+", line)]  # chunk sizes aside
-    assert head.startswith(b"HTTP/1.1 400 ") and text_lines == [b"Invalid HTTP request received."]
+    assert head.startswith(b"HTTP/1.1 400 ")
+    # a request larger than what the server reads before it answers may have its answer's body cut off: the server
+    # closes with unread bytes, and TCP's reset can drop what the client had not yet read (the head arrived)
+    assert text_lines == [b"Invalid HTTP request received."] or (len(request_bytes) > 65536 and text_lines == [])
     assert b'"status":"ok"' in raw_exchange(server_port, b"GET /api/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
 
 

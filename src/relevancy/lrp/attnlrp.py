@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 
 class _ScaledBackward(torch.autograd.Function):
@@ -138,3 +139,16 @@ def attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, val
     probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
     output = torch.matmul(probabilities, value.unsqueeze(2)).reshape(batch, heads, length, width)
     return output.transpose(1, 2).contiguous(), probabilities.flatten(1, 2)
+
+
+def fused_attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    """The same attention through torch's fused kernel (`scaled_dot_product_attention`), output `(B, T, H, d)`, no
+    probabilities: the rules only scale what flows back into queries, keys and values and the softmax keeps its
+    own gradient, so a pass that needs the input's relevance alone need not hold the `(T, T)` probabilities.
+    `mask`: transformers' sdpa mask (boolean, True where allowed), None for a plain causal one."""
+    if rules is not None:
+        query, key, value = rules.take(query, rules.query_key), rules.take(key, rules.query_key), rules.take(value, rules.value)
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None and query.shape[2] > 1,
+                                            scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+    return output.transpose(1, 2).contiguous()

@@ -14,30 +14,33 @@ from .relevance import full_precision
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
 
 
-def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str) -> tuple:
+def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str,
+                     checkpoint: bool) -> tuple:
     """The method's `(scores, ids, logits[, fields])` on a decoder; the rule-based ones run fp16 / bf16 models
-    through a float32 copy (the rules' ratios need the precision) and report `relevance_total`."""
+    through a float32 copy (the rules' ratios need the precision) and report `relevance_total`. `checkpoint`:
+    recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
+    one more forward of time; the same map)."""
     if not isinstance(adapter, CausalLMAdapter):
         raise UnsupportedModelError(f"method '{method}' explains decoder language models ({CausalLMAdapter.examples}), not the {adapter.family} family")
     if rules is None:
-        scores, ids, logits, _ = adapter.input_relevance(inputs, target, None, tokenizer)
+        scores, ids, logits, _ = adapter.input_relevance(inputs, target, None, tokenizer, checkpoint)
         return scores, ids, logits
     with full_precision(adapter, inputs) as (exact_adapter, exact_inputs):  # fp16 / bf16: through a float32 copy
-        scores, ids, logits, explained = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer)
+        scores, ids, logits, explained = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer, checkpoint)
     # the share of the explained score that reaches the token embeddings (biases and positions keep the rest)
     return scores, ids, logits, {"relevance_total": scores.sum(1) / explained}
 
 
-def attnlrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None) -> tuple[torch.Tensor, ...]:
+def attnlrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False) -> tuple[torch.Tensor, ...]:
     """AttnLRP (Achtibat et al., ICML 2024): relevance of each input token for the target logit."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, "attnlrp")
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, "attnlrp", checkpoint)
 
 
-def cp_lrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None) -> tuple[torch.Tensor, ...]:
+def cp_lrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False) -> tuple[torch.Tensor, ...]:
     """CP-LRP (Ali et al., ICML 2022): AttnLRP's rules with no relevance through queries, keys and gates."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, "cp_lrp")
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, "cp_lrp", checkpoint)
 
 
-def input_x_gradient(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None) -> tuple[torch.Tensor, ...]:
+def input_x_gradient(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False) -> tuple[torch.Tensor, ...]:
     """Input x gradient at the token embeddings, summed over the width."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, "input_x_gradient")
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, "input_x_gradient", checkpoint)

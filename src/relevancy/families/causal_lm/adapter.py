@@ -13,11 +13,12 @@ from dataclasses import replace
 from typing import Any, Iterator, Mapping
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ...conventions import Conventions, GradCamConventions
 from ...explanation import TextExplanation
-from ...lrp.attnlrp import RuleSet, attention
+from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import Adapter, UnsupportedModelError
@@ -31,17 +32,22 @@ from .targets import target_scores
 ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
 
 
-def _registered_attention(rules: RuleSet | None) -> str:
-    """The name under which the exact eager attention under `rules` (and transformers' eager mask) is registered."""
+def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
+    """The name under which the attention under `rules` is registered: with `probabilities`, the exact eager one
+    (and transformers' eager mask); without, torch's fused kernel (and transformers' sdpa mask), which keeps no
+    `(T, T)` matrix for the backward."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        return attention(rules, query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling)
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        if probabilities:
+            return attention(rules, query, key, value, attention_mask, scale)
+        return fused_attention(rules, query, key, value, attention_mask, scale), None
 
-    name = ATTENTION_NAMES[None if rules is None else rules.name]
+    name = ATTENTION_NAMES[None if rules is None else rules.name] + ("" if probabilities else "_fused")
     AttentionInterface.register(name, attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask if probabilities else sdpa_mask)
     return name
 
 
@@ -137,7 +143,7 @@ class CausalLMAdapter(Adapter):
         methods switch the attention per pass instead (`rules_applied`)."""
         with explaining_call(self.model, None):
             if attention_probabilities:
-                with self.rules_applied(None):
+                with self.rules_applied(None, probabilities=True):
                     yield
             else:
                 yield
@@ -146,14 +152,15 @@ class CausalLMAdapter(Adapter):
         return transformers_configs(self.model)
 
     @contextmanager
-    def rules_applied(self, rules: RuleSet | None) -> Iterator[None]:
-        """The exact eager attention under `rules` in every config and, with rules, the layout's rule forwards on
-        its MLPs and norms (instance attributes); everything restored after, also after an exception."""
+    def rules_applied(self, rules: RuleSet | None, probabilities: bool = False) -> Iterator[None]:
+        """The attention under `rules` in every config (the exact eager one where the call reads the
+        `probabilities`, else torch's fused kernel) and, with rules, the layout's rule forwards on its MLPs and norms
+        (instance attributes); everything restored after, also after an exception."""
         configs = transformers_configs(self.model)
         before = [c._attn_implementation for c in configs]
         patched: list[tuple[nn.Module, object]] = []
         try:
-            name = _registered_attention(rules)
+            name = _registered_attention(rules, probabilities)
             for config in configs:
                 config._attn_implementation = name
             if rules is not None:
@@ -199,16 +206,41 @@ class CausalLMAdapter(Adapter):
         last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
         return self.model.lm_head(last), last
 
-    def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None,
+                        checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`(scores (B, T), token ids (B,), logits (B, V), explained scores (B,))`: input x gradient of the target
         score at the token embeddings, summed over the width, with the backward under `rules` (None: the plain
-        gradient). One forward and one backward for the whole batch (rows are independent)."""
+        gradient). One forward and one backward for the whole batch (rows are independent); `checkpoint`: each
+        layer's activations recomputed in the backward instead of kept (`layers_recomputed`)."""
         embed = getattr(self.decoder, self.layout.embeddings)
         embeddings = embed(inputs.input_ids).detach().requires_grad_(True)
-        with self.rules_applied(rules):
+        with self.rules_applied(rules), self.layers_recomputed(checkpoint):
             logits, _ = self._next_token(embeddings, inputs.attention_mask)
             scores, ids = target_scores(logits, target, tokenizer)
             (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
         relevance = (embeddings * gradient).sum(-1) * inputs.attention_mask
         return relevance.detach(), ids, logits.detach(), scores.detach()
+
+    @contextmanager
+    def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:
+        """Gradient checkpointing for one call: each decoder layer keeps only its input for the backward and runs
+        again there (torch's non-reentrant checkpoint), so the activations held at once are one layer's, at about
+        one more forward of time. transformers' own switch acts in training mode only; this one acts in eval mode
+        and is removed after (instance attributes)."""
+        if not enabled:
+            yield
+            return
+        patched = []
+        try:
+            for layer in self.blocks:
+                own = layer.__dict__.get("forward")
+                run = layer.forward
+                layer.forward = lambda *args, _run=run, **kwargs: torch.utils.checkpoint.checkpoint(_run, *args, use_reentrant=False, **kwargs)
+                patched.append((layer, own))
+            yield
+        finally:
+            for layer, own in reversed(patched):
+                if own is None:
+                    del layer.forward
+                else:
+                    layer.forward = own
