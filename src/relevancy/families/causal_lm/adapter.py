@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 import torch.utils.checkpoint
@@ -158,24 +158,16 @@ class CausalLMAdapter(Adapter):
         (instance attributes); everything restored after, also after an exception."""
         configs = transformers_configs(self.model)
         before = [c._attn_implementation for c in configs]
-        patched: list[tuple[nn.Module, object]] = []
+        rule_forwards = [] if rules is None else [
+            (module, forward(module, rules)) for module in self.decoder.modules()
+            if (forward := self.layout.rule_forward(module)) is not None]
         try:
             name = _registered_attention(rules, probabilities)
             for config in configs:
                 config._attn_implementation = name
-            if rules is not None:
-                for module in self.decoder.modules():
-                    forward = self.layout.rule_forward(module)
-                    if forward is not None:
-                        patched.append((module, module.__dict__.get("forward")))
-                        module.forward = forward(module, rules)
-            yield
+            with forwards_replaced(rule_forwards):
+                yield
         finally:
-            for module, own in reversed(patched):
-                if own is None:
-                    del module.forward
-                else:
-                    module.forward = own
             for config, value in zip(configs, before):
                 if config._attn_implementation != value:
                     config._attn_implementation = value
@@ -227,20 +219,25 @@ class CausalLMAdapter(Adapter):
         again there (torch's non-reentrant checkpoint), so the activations held at once are one layer's, at about
         one more forward of time. transformers' own switch acts in training mode only; this one acts in eval mode
         and is removed after (instance attributes)."""
-        if not enabled:
+        recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
+            _run, *args, use_reentrant=False, **kwargs)) for layer in self.blocks] if enabled else []
+        with forwards_replaced(recomputed):
             yield
-            return
-        patched = []
-        try:
-            for layer in self.blocks:
-                own = layer.__dict__.get("forward")
-                run = layer.forward
-                layer.forward = lambda *args, _run=run, **kwargs: torch.utils.checkpoint.checkpoint(_run, *args, use_reentrant=False, **kwargs)
-                patched.append((layer, own))
-            yield
-        finally:
-            for layer, own in reversed(patched):
-                if own is None:
-                    del layer.forward
-                else:
-                    layer.forward = own
+
+
+@contextmanager
+def forwards_replaced(replacements: list[tuple[nn.Module, Callable[..., Any]]]) -> Iterator[None]:
+    """Each module's `forward` replaced by an instance attribute for the block; what the module had before (its
+    class's forward, or an instance attribute of its own) given back after, also after an exception."""
+    patched: list[tuple[nn.Module, object]] = []
+    try:
+        for module, forward in replacements:
+            patched.append((module, module.__dict__.get("forward")))
+            module.forward = forward
+        yield
+    finally:
+        for module, own in reversed(patched):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
