@@ -71,6 +71,19 @@ def chain(matrices: list[torch.Tensor], start_layer: int) -> torch.Tensor:
     return joint
 
 
+def readout_chain(matrices: list[torch.Tensor], stream: Stream, start_layer: int = 0) -> torch.Tensor:
+    """The readout row of `chain(matrices, start_layer)` at the content columns, `(B, N)`: the readout token's row of
+    the last matrix carried back through the earlier ones, a `(T, T)` vector product per block instead of the
+    `(T, T) @ (T, T)` product (long texts: 1,000 tokens make the full chain a tenth of a forward's work)."""
+    if not 0 <= start_layer < len(matrices):
+        raise ValueError(f"start_layer must be in 0..{len(matrices) - 1} for a model with {len(matrices)} blocks, got {start_layer}")
+    last = matrices[-1]
+    row = last[torch.arange(len(last), device=last.device), stream.readout.to(last.device)]
+    for matrix in reversed(matrices[start_layer:-1]):
+        row = torch.bmm(row.unsqueeze(1), matrix).squeeze(1)
+    return row[..., stream.prefix_tokens:]
+
+
 def with_identity(matrix: torch.Tensor) -> torch.Tensor:
     """`I + M`, the residual connection's share."""
     return matrix + torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
@@ -114,6 +127,6 @@ def rollout(
         matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]
         if row_normalize:
             matrices = [m / m.sum(-1, keepdim=True) for m in matrices]
-        return readout_row(chain(matrices, start_layer), stream)
+        return readout_chain(matrices, stream, start_layer)
 
     return per_stream(adapter, inputs, how, compute), fwd.indices, fwd.logits

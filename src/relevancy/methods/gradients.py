@@ -11,7 +11,7 @@ from ..families.base import Adapter
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
-from .attention import StartLayer, first_layer, per_stream, readout_row
+from .attention import StartLayer, first_layer, per_stream, readout_chain, readout_row, with_identity
 
 def attention_gradcam(
     adapter: Adapter, inputs: Any, target: Target, normalize: bool | None = None, region: str | None = None,
@@ -110,14 +110,10 @@ def generic_attention(
     flat = [a for name in streams for a in used[name]]
     grads = iter(fwd.gradients(flat))
 
-    relevance: dict[str, torch.Tensor] = {}
-    for name, attentions in used.items():
-        tokens = attentions[0].shape[-1]
-        matrix = torch.eye(tokens, dtype=attentions[0].dtype, device=attentions[0].device).expand(len(attentions[0]), tokens, tokens)
-        for attention in attentions:
-            matrix = matrix + (next(grads) * attention.detach()).clamp(min=0).mean(1) @ matrix
-        relevance[name] = matrix
-    scores = per_stream(adapter, inputs, how, lambda stream: readout_row(relevance[stream.name], stream))
+    # R = prod_l (I + E_h (G_l * A_l)^+), read at the readout row (carried back through the blocks: no (T, T) product)
+    updates = {name: [with_identity((next(grads) * attention.detach()).clamp(min=0).mean(1)) for attention in attentions]
+               for name, attentions in used.items()}
+    scores = per_stream(adapter, inputs, how, lambda stream: readout_chain(updates[stream.name], stream))
     return scores, fwd.indices, fwd.logits
 
 

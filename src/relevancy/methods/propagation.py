@@ -8,7 +8,7 @@ from ..conventions import given_or
 from ..families.base import Adapter, only_stream
 from ..lrp import GRADIENT, PAPER, RELEVANCE, relevance_session
 from ..targets import Target, resolve_target, target_score
-from .attention import StartLayer, chain, first_layer, readout_row, set_class_entry, with_identity
+from .attention import StartLayer, first_layer, readout_chain, readout_row, set_class_entry, with_identity
 from .relevance import (
     conservation, entering, full_precision, masked, per_stream_result, recording_block_inputs, rule_set_for, unit_seed,
     stream_attentions, stream_depths,
@@ -69,7 +69,7 @@ def transformer_attribution(
         stream_matrices = [next(pending) for _ in used[name]]
         if normalize:
             stream_matrices = [m / m.sum(-1, keepdim=True) for m in stream_matrices]
-        scores[name] = set_class_entry(readout_row(chain(stream_matrices, 0), stream), how, stream)
+        scores[name] = set_class_entry(readout_chain(stream_matrices, stream), how, stream)
         where = label if len(streams) == 1 else f"{label} ({name} stream)"
         totals.append(conservation(masked(stream, relevance), PAPER, where)["relevance_total"])
     return per_stream_result(scores, totals, fwd)
