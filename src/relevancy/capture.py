@@ -63,6 +63,30 @@ class Forward:
         return [torch.stack([grads[k] for grads in per_round])[rounds, self.sources] for k in range(len(tensors))]
 
 
+    def reduced_gradients(self, tensors: list[torch.Tensor], reduce: Combine, roots: list[torch.Tensor]) -> list[torch.Tensor]:
+        """`reduce(d score / d tensor, tensor)` for each tensor, computed as the backward reaches it (a tensor hook),
+        so that the full gradients (`(B, heads, T, T)` per block for attention maps) are never held together: one
+        backward to `roots` (per stream its earliest tensor: every later one lies on the way to it). `reduce` must
+        not write into the gradient, which the backward goes on with. Rows sharing a forward: `gradients` with
+        `reduce` as its combine."""
+        if self.sources is not None:
+            return self.gradients(tensors, combine=reduce)
+        reduced: list[torch.Tensor | None] = [None] * len(tensors)
+
+        def keeper(index: int) -> Callable[[torch.Tensor], None]:
+            def hook(gradient: torch.Tensor) -> None:
+                reduced[index] = reduce(gradient, tensors[index].detach())
+            return hook
+
+        handles = [tensor.register_hook(keeper(index)) for index, tensor in enumerate(tensors)]
+        try:
+            torch.autograd.grad(self.score.sum(), roots, allow_unused=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return [reduce(torch.zeros_like(t), t.detach()) if r is None else r for t, r in zip(tensors, reduced)]
+
+
 def _rounds(sources: torch.Tensor) -> torch.Tensor:
     """For each row, how many earlier rows read the same forward."""
     same = sources[:, None] == sources[None, :]
