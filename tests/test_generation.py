@@ -12,9 +12,9 @@ from test_causal_lm import GOLDEN, assert_close_to, build
 
 import relevancy
 from relevancy.families.causal_lm import generation
-from relevancy.generation import MAX_NEW_TOKENS
+from relevancy.generation import GENERATION_METHODS, MAX_NEW_TOKENS, SHARED_FORWARD_METHODS
 
-METHODS = ("attnlrp", "cp_lrp", "input_x_gradient")
+METHODS = GENERATION_METHODS
 
 
 class Characters:
@@ -53,10 +53,10 @@ def test_each_row_equals_explain_on_its_prefix(model, method, monkeypatch):
         assert int(alone.target[0]) == int(result.generated_ids[g])
         assert_close_to(result.scores[g, : start + g], alone.scores[0], f"{method} row {g}", 1e-10)
         assert (result.scores[g, start + g:] == 0).all()  # the token itself and what comes after it
-        if method == "input_x_gradient":
-            assert result.relevance_total is None
-        else:
+        if method in ("attnlrp", "cp_lrp"):
             assert torch.allclose(result.relevance_total[g], alone.relevance_total[0])
+        else:
+            assert result.relevance_total is None
     logits = model(ids[:, :-1]).logits[0, start - 1:].gather(1, ids[0, start:, None])
     assert torch.allclose(result.logits, logits)
 
@@ -96,6 +96,21 @@ def test_half_precision_is_explained_through_a_float32_copy():
     assert_same(before, snapshot(model))
 
 
+@pytest.mark.parametrize("method", SHARED_FORWARD_METHODS)
+def test_the_attention_methods_read_one_forward_for_every_token(model, method):
+    """The prefixes of the generated tokens are one forward of the whole sequence (`forward_shared`), unsigned
+    methods give unsigned rows."""
+    decoder = model.model if hasattr(model, "model") else model.transformer
+    forwards = []
+    handle = decoder.register_forward_hook(lambda _m, _i, _o: forwards.append(1))
+    try:
+        result = relevancy.explain_generation(model, Characters(), PROMPT, method=method, continuation="abcde")
+    finally:
+        handle.remove()
+    assert len(forwards) == 1 and result.scores.shape == (5, len(PROMPT) + 5)
+    assert result.signed == relevancy.api.get_method(method).signed
+
+
 def test_json_and_html(model, tmp_path):
     result = relevancy.explain_generation(model, Characters(), PROMPT, max_new_tokens=3, method="cp_lrp")
     numbers = json.loads(json.dumps(result.to_json()))
@@ -110,8 +125,9 @@ def test_json_and_html(model, tmp_path):
 
 def test_bad_requests_are_named(model):
     tokenizer = Characters()
-    with pytest.raises(ValueError, match="method must be one of attnlrp, cp_lrp, input_x_gradient, got 'rollout'"):
-        relevancy.explain_generation(model, tokenizer, PROMPT, method="rollout")
+    with pytest.raises(ValueError, match="method must be one of attnlrp, cp_lrp, input_x_gradient, raw_attention, rollout, "
+                                         "attention_gradcam, generic_attention, cdam, got 'transformer_attribution'"):
+        relevancy.explain_generation(model, tokenizer, PROMPT, method="transformer_attribution")
     with pytest.raises(ValueError, match="Did you mean 'attnlrp'"):
         relevancy.explain_generation(model, tokenizer, PROMPT, method="atnlrp")
     for bad in (0, MAX_NEW_TOKENS + 1, 2.0, True):

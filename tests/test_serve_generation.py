@@ -40,12 +40,13 @@ def client(catalog):
 def test_info_names_the_model_its_methods_and_the_limit(client, folder):
     info = client.get("/api/info").json()
     assert info["language_model"]["name"] == str(folder)
-    assert [m["name"] for m in info["language_model"]["methods"]] == ["attnlrp", "cp_lrp", "input_x_gradient"]
+    assert [m["name"] for m in info["language_model"]["methods"]] == ["attnlrp", "cp_lrp", "input_x_gradient", "raw_attention",
+                                                                     "rollout", "attention_gradcam", "generic_attention", "cdam"]
     assert info["limits"]["max_new_tokens"] == LIMITS.max_new_tokens == 32
     assert client.get("/static/generation.js").text.startswith("/* Draws a generation")
 
 
-@pytest.mark.parametrize("method", ["attnlrp", "input_x_gradient"])
+@pytest.mark.parametrize("method", ["attnlrp", "input_x_gradient", "generic_attention"])
 def test_the_rows_are_the_librarys(client, catalog, method):
     response = client.post("/api/explain-generation", json={"prompt": PROMPT, "max_new_tokens": 4, "method": method})
     assert response.status_code == 200, response.text
@@ -57,8 +58,9 @@ def test_the_rows_are_the_librarys(client, catalog, method):
     for g, row in enumerate(data["rows"]):
         wanted = expected.scores[g, : expected.prompt_length + g]
         assert torch.allclose(torch.tensor(row, dtype=wanted.dtype), wanted, rtol=1e-3, atol=1e-12)
-    assert (data["relevance_total"] is None) == (method == "input_x_gradient")
-    assert len(data["palette"]) == 101 and data["signed"]
+    assert (data["relevance_total"] is None) == (method != "attnlrp")
+    signed = method != "generic_attention"
+    assert data["signed"] == signed and len(data["palette"]) == (101 if signed else 51)  # unsigned: one half
 
 
 def test_a_continuation(client):
@@ -67,7 +69,7 @@ def test_a_continuation(client):
 
 
 @pytest.mark.parametrize("body, status, words", [
-    ({"prompt": PROMPT, "method": "rollout"}, 400, ("unknown method 'rollout'", "attnlrp, cp_lrp, input_x_gradient")),
+    ({"prompt": PROMPT, "method": "lrp"}, 400, ("unknown method 'lrp'", "attnlrp, cp_lrp, input_x_gradient, raw_attention")),
     ({"prompt": PROMPT, "method": "atnlrp"}, 400, ("did you mean attnlrp?",)),
     ({"prompt": PROMPT, "max_new_tokens": 0}, 400, ("max_new_tokens must be between 1 and 32",)),
     ({"prompt": PROMPT, "max_new_tokens": 33}, 400, ("max_new_tokens must be between 1 and 32",)),

@@ -1,8 +1,10 @@
 """`explain_generation()`: what a decoder language model read to write each token of a generation.
 
-Greedy decoding (or a given continuation), then one forward over prompt + generated tokens and one backward per
-generated token (`families.causal_lm.generation`): a causal `(G, T + G)` matrix, row `g` the relevance of every
-token before generated token `g` for its logit.
+Greedy decoding (or a given continuation), then one forward over prompt + generated tokens: a causal `(G, T + G)`
+matrix, row `g` the relevance of every token before generated token `g` for its logit. The input-relevance methods
+take batched backward passes of that forward (`families.causal_lm.generation`); the attention and gradient methods
+explain one row per generated token, the prefix before it, and the adapter runs those prefixes as the one forward
+(`CausalLMAdapter.forward_shared`) with one backward per token.
 """
 from __future__ import annotations
 
@@ -12,31 +14,33 @@ from typing import Any
 import torch
 from torch import nn
 
-from .api import prepared
+from .api import explain, get_method, prepared
 from .explanation import GenerationExplanation
 from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .families.causal_lm import CausalLMAdapter
-from .families.causal_lm.generation import generation_relevance
-from .lrp.attnlrp import RuleSet
+from .families.causal_lm.generation import causal_rows, generation_relevance
 from .messages import quoted
 from .methods.language import INPUT_RELEVANCE_RULES
 from .methods.relevance import full_precision
 
-#: the methods that explain every generated token from one forward: the decoders' input-relevance methods
-GENERATION_METHODS = INPUT_RELEVANCE_RULES
+#: the methods that read the attention and gradients of one forward shared by every generated token's prefix
+SHARED_FORWARD_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam")
+#: the methods that explain every generated token from one forward: the decoders' input-relevance methods (batched
+#: backward passes), then the shared-forward ones (a backward per token where they take gradients)
+GENERATION_METHODS = (*INPUT_RELEVANCE_RULES, *SHARED_FORWARD_METHODS)
 #: the most tokens one call generates (or reads as a continuation): G backward passes, a (G, T + G) matrix
 MAX_NEW_TOKENS = 256
 
 
-def check_generation_method(method: object) -> RuleSet | None:
-    """The rule set of a generation method; a one-line error naming the valid ones otherwise."""
+def check_generation_method(method: object) -> str:
+    """`method` if it explains generations; a one-line error naming the valid ones otherwise."""
     valid = ", ".join(GENERATION_METHODS)
     if not isinstance(method, str) or method not in GENERATION_METHODS:
         close = difflib.get_close_matches(method, list(GENERATION_METHODS), n=1) if isinstance(method, str) else []
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ValueError(f"explain_generation explains with one forward for every token: method must be one of {valid}, got {quoted(method)}.{hint}")
-    return GENERATION_METHODS[method]
+    return method
 
 
 def check_max_new_tokens(value: object) -> int:
@@ -76,13 +80,16 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     read `continuation` instead (a forced continuation: why the model would write this text), then explain every
     generated token over the prompt and the tokens generated before it.
 
-    `method`: `attnlrp`, `cp_lrp` or `input_x_gradient` (one forward for all tokens; the other methods are refused).
+    `method`: `attnlrp`, `cp_lrp`, `input_x_gradient` (one forward, batched backward passes), or `raw_attention`,
+    `rollout`, `attention_gradcam`, `generic_attention`, `cdam` (one forward shared by every token's prefix, a
+    backward per token where the method takes gradients); the LRP seeds' methods and token ablation, which need a
+    pass per token, are refused (explain a prefix with `relevancy.explain`).
     Returns a `GenerationExplanation`: `scores` `(G, T + G)`, row `g` the relevance of each earlier token for the
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models are explained through a float32 copy.
     """
-    rules = check_generation_method(method)
+    method = check_generation_method(method)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt must be a non-empty text, got {quoted(prompt)}")
@@ -105,13 +112,31 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
             ids = greedy(model, ids, max_new_tokens, stop_tokens(model, tokenizer))
         else:
             ids = torch.cat([ids, torch.tensor([forced], device=ids.device)], 1)
-        with full_precision(adapter, None) as (exact, _):
-            scores, explained = generation_relevance(exact, ids, len(prompt_ids), rules)
+        if method in INPUT_RELEVANCE_RULES:
+            rules = INPUT_RELEVANCE_RULES[method]
+            with full_precision(adapter, None) as (exact, _):
+                scores, explained = generation_relevance(exact, ids, len(prompt_ids), rules)
+            totals = None if rules is None else scores.sum(1).cpu() / explained.cpu()
+        else:
+            scores, explained = _shared_forward_rows(model, ids, len(prompt_ids), method)
+            totals = None
     all_ids = ids[0].tolist()
     generated = ids[0, len(prompt_ids):].cpu()
     return GenerationExplanation(
-        scores=scores.cpu(), generated_ids=generated, logits=explained.cpu()[:, None], method=method, signed=True,
-        tokens=[tokenizer.decode([token]) for token in all_ids], prompt_length=len(prompt_ids),
-        text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
-        relevance_total=None if rules is None else scores.sum(1).cpu() / explained.cpu(),
+        scores=scores.cpu(), generated_ids=generated, logits=explained.cpu()[:, None], method=method,
+        signed=get_method(method).signed, tokens=[tokenizer.decode([token]) for token in all_ids],
+        prompt_length=len(prompt_ids), text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
+        relevance_total=totals,
     )
+
+
+def _shared_forward_rows(model: nn.Module, ids: torch.Tensor, prompt_length: int, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(scores (G, N), explained logits (G,))` of a shared-forward method: `explain` on one row per generated token,
+    the sequence with the mask of the prefix before it (the adapter runs them as one forward), the token as target;
+    padding at 0 is the causal mask."""
+    length = ids.shape[1]
+    rows = causal_rows(prompt_length, length, ids.device).long()
+    generated = ids[0, prompt_length:]
+    explanation = explain(model, {"input_ids": ids.expand(len(generated), -1), "attention_mask": rows}, method=method,
+                          target=generated.tolist())
+    return explanation.scores, explanation.logits.gather(1, generated[:, None].to(explanation.logits.device))[:, 0]

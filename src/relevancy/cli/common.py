@@ -18,7 +18,8 @@ METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attent
                 "partial_lrp", "lrp", "cdam", "token_ablation")
 #: the methods that explain a generation (`relevancy.generation.GENERATION_METHODS`) and the most new tokens, named
 #: here so that the help loads no torch; a test keeps them equal
-GENERATION_METHOD_NAMES = ("attnlrp", "cp_lrp", "input_x_gradient")
+GENERATION_METHOD_NAMES = ("attnlrp", "cp_lrp", "input_x_gradient", "raw_attention", "rollout", "attention_gradcam",
+                           "generic_attention", "cdam")
 MAX_NEW_TOKENS = 256
 DEFAULT_OUT = "relevancy-out"
 #: the most input files one command explains (each is a PNG and part of one batch in memory)

@@ -191,6 +191,24 @@ class CausalLMAdapter(Adapter):
                 mask = mask.gather(1, positions["text"])
         return self._next_token(tokens["text"], mask)
 
+    def forward_shared(self, inputs: TextBatch, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Rows that are prefixes of one sequence (the same token ids in every row, each row's mask the start of the
+        longest's: `explain_generation`'s rows, one per generated token) read one forward of that sequence, each
+        at its own last real token: under the causal mask a position's hidden state depends on the positions
+        before it only, so this is each prefix's own forward. None for any other batch."""
+        ids, mask = inputs.input_ids, inputs.attention_mask
+        lengths = mask.sum(1)
+        prefixes = mask.bool() == (torch.arange(ids.shape[1], device=ids.device) < lengths[:, None])
+        if len(ids) < 2 or not bool(prefixes.all()) or not bool((ids == ids[:1]).all()):
+            return None
+        longest = int(lengths.argmax())
+        one = inputs.rows(slice(longest, longest + 1))
+        embeddings = self.embed(one, graph)["text"]
+        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=one.attention_mask,
+                              position_ids=position_ids(one.attention_mask), use_cache=False).last_hidden_state
+        read = hidden[0, lengths - 1]
+        return self.model.lm_head(read), read, torch.zeros(len(ids), dtype=torch.long, device=ids.device)
+
     def _next_token(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """From token embeddings and their mask, without a KV cache: `(logits (B, V), hidden (B, D))` after each
         row's last real token; the head runs on those rows only."""
