@@ -97,9 +97,9 @@ def test_half_precision_is_explained_through_a_float32_copy():
 
 
 @pytest.mark.parametrize("method", SHARED_FORWARD_METHODS)
-def test_the_attention_methods_read_one_forward_for_every_token(model, method):
+def test_the_attention_methods_read_one_forward_for_every_token(model, method, monkeypatch):
     """The prefixes of the generated tokens are one forward of the whole sequence (`forward_shared`), unsigned
-    methods give unsigned rows."""
+    methods give unsigned rows; rows beyond the memory budget take another forward."""
     decoder = model.model if hasattr(model, "model") else model.transformer
     forwards = []
     handle = decoder.register_forward_hook(lambda _m, _i, _o: forwards.append(1))
@@ -109,6 +109,16 @@ def test_the_attention_methods_read_one_forward_for_every_token(model, method):
         handle.remove()
     assert len(forwards) == 1 and result.scores.shape == (5, len(PROMPT) + 5)
     assert result.signed == relevancy.api.get_method(method).signed
+    # a long prompt's rows in groups that fit the memory budget: a forward per group, the same rows
+    sites = len(relevancy.families.adapter_for(model).attention_sites())
+    monkeypatch.setattr(relevancy.generation, "SHARED_ROWS_BYTES", 2 * sites * (len(PROMPT) + 5) ** 2 * 4)
+    forwards.clear()
+    handle = decoder.register_forward_hook(lambda _m, _i, _o: forwards.append(1))
+    try:
+        grouped = relevancy.explain_generation(model, Characters(), PROMPT, method=method, continuation="abcde")
+    finally:
+        handle.remove()
+    assert len(forwards) == 3 and torch.allclose(grouped.scores, result.scores, rtol=1e-10, atol=0)
 
 
 def test_json_and_html(model, tmp_path):

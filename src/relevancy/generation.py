@@ -29,6 +29,8 @@ SHARED_FORWARD_METHODS = ("raw_attention", "rollout", "attention_gradcam", "gene
 #: the methods that explain every generated token from one forward: the decoders' input-relevance methods (batched
 #: backward passes), then the shared-forward ones (a backward per token where they take gradients)
 GENERATION_METHODS = (*INPUT_RELEVANCE_RULES, *SHARED_FORWARD_METHODS)
+#: the memory the shared-forward methods' per-row attention matrices may take at once (rows beyond it: another forward)
+SHARED_ROWS_BYTES = 2**30
 #: the most tokens one call generates (or reads as a continuation): G backward passes, a (G, T + G) matrix
 MAX_NEW_TOKENS = 256
 
@@ -137,6 +139,9 @@ def _shared_forward_rows(model: nn.Module, ids: torch.Tensor, prompt_length: int
     length = ids.shape[1]
     rows = causal_rows(prompt_length, length, ids.device).long()
     generated = ids[0, prompt_length:]
+    # each row holds a (T, T) matrix per attention site: long prompts run the rows in groups that fit the budget,
+    # one forward per group
+    per_row = len(adapter_for(model).attention_sites()) * length * length * 4
     explanation = explain(model, {"input_ids": ids.expand(len(generated), -1), "attention_mask": rows}, method=method,
-                          target=generated.tolist())
+                          target=generated.tolist(), rows_at_once=max(1, SHARED_ROWS_BYTES // per_row))
     return explanation.scores, explanation.logits.gather(1, generated[:, None].to(explanation.logits.device))[:, 0]
