@@ -109,12 +109,15 @@ def record_forward(
     attention_inputs: bool = False,
     gradients: bool = False,
     share_rows: bool = False,
+    head_mean: bool = False,
 ) -> Forward:
     """Run the model once, recording the asked-for tensors (the adapter's `explaining` context must be active).
 
     `share_rows`: rows that explain scores of one forward pass (`Adapter.forward_shared`) run it once; the
     recorded tensors are then views per row and `Forward.gradients` gives each row its own gradient. For
-    methods that read attentions and gradients only (LRP needs a backward of its own per row)."""
+    methods that read attentions and gradients only (LRP needs a backward of its own per row).
+    `head_mean`: keep each attention's mean over its heads only, `(B, 1, T_query, T_key)`, as soon as it is made
+    (methods that read no gradient and no single head: a head's `(T, T)` map per block is not held)."""
     sites = adapter.attention_sites() if attentions else []
     recorded: list[torch.Tensor] = [None] * len(sites)  # type: ignore[list-item]
     entering = adapter.attention_inputs() if attention_inputs else {}
@@ -122,7 +125,7 @@ def record_forward(
     names = list(entering)
 
     def keep_attention(k: int, out: torch.Tensor) -> None:
-        recorded[k] = out
+        recorded[k] = out.mean(1, keepdim=True) if head_mean else out
 
     def keep_input(k: int, out: torch.Tensor) -> None:
         seen[names[k]] = out

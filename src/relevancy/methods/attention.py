@@ -103,7 +103,7 @@ def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str 
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
     Cross-attention models: `across.raw_attention`."""
     how = given_or(cls_entry, adapter.conventions.raw_attention.cls_entry)
-    fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True, head_mean=True)
     scores = per_stream(
         adapter, inputs, how,
         lambda stream: readout_row(fwd.self_attentions(stream.name)[-1].mean(1), stream),
@@ -121,7 +121,7 @@ def rollout(
     conventions = adapter.conventions.rollout
     row_normalize = given_or(row_normalize, conventions.row_normalize)
     how = given_or(cls_entry, conventions.cls_entry)
-    fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True, head_mean=True)
 
     def compute(stream: Stream) -> torch.Tensor:
         matrices = [with_identity(a.mean(1)) for a in fwd.self_attentions(stream.name)]
