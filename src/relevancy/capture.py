@@ -1,12 +1,14 @@
 """One forward pass that records what the methods read: attention probabilities and the last attentions' inputs."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from .families.base import Adapter, forward_hooks
+from .guard import this_thread_only
 from .streams import AttentionSite
 from .targets import Target, resolve_target, target_score
 
@@ -87,6 +89,41 @@ class Forward:
         return [reduce(torch.zeros_like(t), t.detach()) if r is None else r for t, r in zip(tensors, reduced)]
 
 
+@contextmanager
+def graph_from_last_block(blocks: list, recorded: dict[str, torch.Tensor]) -> Iterator[None]:
+    """During the block, the forward records no graph before the last of `blocks`, whose input becomes a leaf of the
+    graph (the values are the same; gradients inside the last block and at its input are the same). A tensor of
+    `recorded` that is that input (a post-norm block's attention input: the previous block's output) is replaced by
+    the leaf. Grad mode is left to the caller's `set_grad_enabled`, which restores it."""
+    if len(blocks) < 2:
+        yield
+        return
+
+    def before_first(_module, _args) -> None:
+        torch.set_grad_enabled(False)
+
+    def leaf(tokens: torch.Tensor) -> torch.Tensor:
+        made = tokens.detach().requires_grad_(True)
+        for name, tensor in list(recorded.items()):
+            if tensor is tokens:
+                recorded[name] = made
+        return made
+
+    def before_last(_module, args: tuple, kwargs: dict):
+        torch.set_grad_enabled(True)
+        if args:
+            return (leaf(args[0]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": leaf(kwargs["hidden_states"])}
+
+    handles = [blocks[0].register_forward_pre_hook(this_thread_only(before_first)),
+               blocks[-1].register_forward_pre_hook(this_thread_only(before_last), with_kwargs=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _rounds(sources: torch.Tensor) -> torch.Tensor:
     """For each row, how many earlier rows read the same forward."""
     same = sources[:, None] == sources[None, :]
@@ -110,6 +147,7 @@ def record_forward(
     gradients: bool = False,
     share_rows: bool = False,
     head_mean: bool = False,
+    last_block_graph: bool = False,
 ) -> Forward:
     """Run the model once, recording the asked-for tensors (the adapter's `explaining` context must be active).
 
@@ -117,7 +155,10 @@ def record_forward(
     recorded tensors are then views per row and `Forward.gradients` gives each row its own gradient. For
     methods that read attentions and gradients only (LRP needs a backward of its own per row).
     `head_mean`: keep each attention's mean over its heads only, `(B, 1, T_query, T_key)`, as soon as it is made
-    (methods that read no gradient and no single head: a head's `(T, T)` map per block is not held)."""
+    (methods that read no gradient and no single head: a head's `(T, T)` map per block is not held).
+    `last_block_graph`: with `gradients`, record the autograd graph from the last block's input on only (one-stream
+    families that name their `blocks`): for methods whose gradients are taken inside the last block, the backward
+    crosses one block and the graph of the others is never held."""
     sites = adapter.attention_sites() if attentions else []
     recorded: list[torch.Tensor] = [None] * len(sites)  # type: ignore[list-item]
     entering = adapter.attention_inputs() if attention_inputs else {}
@@ -132,7 +173,7 @@ def record_forward(
 
     with forward_hooks([s.probabilities for s in sites], keep_attention), forward_hooks(
         list(entering.values()), keep_input
-    ), torch.set_grad_enabled(gradients):
+    ), torch.set_grad_enabled(gradients), graph_from_last_block(adapter.blocks if gradients and last_block_graph else (), seen):
         shared = adapter.forward_shared(inputs, graph=gradients) if share_rows else None
         if shared is None:
             logits, pre_logits = adapter.forward(inputs, graph=gradients)

@@ -30,7 +30,7 @@ def attention_gradcam(
     normalize = given_or(normalize, conventions.normalize)
     region = check_choice("region", given_or(region, conventions.region), Region)
     how = given_or(cls_entry, conventions.cls_entry)
-    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True, last_block_graph=True)
     streams = adapter.streams(inputs)
     lasts = [fwd.self_attentions(name)[-1] for name in streams]
     grads = dict(zip(streams, fwd.gradients(lasts)))
@@ -123,7 +123,7 @@ def generic_attention(
 
 def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
     """Brocki & Chung: `sum_d X * dF/dX` at the normalised tokens entering each stream's last attention; signed."""
-    fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True, share_rows=True)
+    fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True, share_rows=True, last_block_graph=True)
     streams = adapter.streams(inputs)
     tokens = [fwd.attention_inputs[name] for name in streams]
     grads = fwd.gradients(tokens)
