@@ -292,3 +292,23 @@ def test_checkpointing_gives_the_same_map_and_is_removed_after(arch, model, meth
     assert_close_to(recomputed.scores, plain.scores, f"{method} checkpointed", 1e-12)
     assert all("forward" not in layer.__dict__ for layer in model.modules())
     assert_same(before, snapshot(model))
+
+
+def test_the_gradient_methods_match_transformers_own_attentions(arch):
+    """generic_attention from transformers' own eager attention (`output_attentions=True`, float64) and autograd,
+    independently of relevancy's attention: `R = prod_l (I + E_h (dy/dA_l * A_l)^+)`, the last token's row (the
+    attention relevancy records must be the one the output is computed from, or its gradient is nothing).
+    transformers' eager softmax runs in float32, hence the tolerance."""
+    model = build(arch, implementation="eager")
+    ids = batch("single0")["input_ids"]
+    out = model(input_ids=ids, output_attentions=True, use_cache=False)
+    attentions = out.attentions
+    target = out.logits[0, -1].argmax()
+    gradients = torch.autograd.grad(out.logits[0, -1, target], attentions)
+    tokens = ids.shape[1]
+    relevance = torch.eye(tokens, dtype=torch.float64)
+    for attention, gradient in zip(attentions, gradients):
+        relevance = relevance + (gradient * attention).clamp(min=0).mean(1)[0] @ relevance
+    explanation = relevancy.explain(model, batch("single0"), method="generic_attention")
+    assert_close_to(explanation.scores[0], relevance[-1].detach(), f"{arch} generic_attention", 1e-6)
+    assert (explanation.scores[0, :-1] > 0).any()

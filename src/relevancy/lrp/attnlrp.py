@@ -137,8 +137,9 @@ def attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, val
     if mask is not None:
         scores = scores.add_(mask[..., : key.shape[-2]].unsqueeze(2))  # in place: the product's backward keeps no copy of it
     probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
-    output = torch.matmul(probabilities, value.unsqueeze(2)).reshape(batch, heads, length, width)
-    return output.transpose(1, 2).contiguous(), probabilities.flatten(1, 2)
+    flat = probabilities.flatten(1, 2)  # (B, H, T, S): what is returned is what the output is computed from (on the graph)
+    output = torch.matmul(flat.view(probabilities.shape), value.unsqueeze(2)).reshape(batch, heads, length, width)
+    return output.transpose(1, 2).contiguous(), flat
 
 
 def fused_attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
