@@ -293,7 +293,7 @@ def header(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
-    parser.add_argument("--methods", nargs="+", default=None, help="default: every method but token_ablation")
+    parser.add_argument("--methods", nargs="+", default=None, help="default: every method but token_ablation (the decoder methods on the decoder only)")
     parser.add_argument("--quick", action="store_true", help="smaller batches, texts and images")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--rows-at-once", type=int, default=None, help="explain's rows_at_once (default: the whole batch)")
@@ -313,10 +313,11 @@ def main(argv: list[str] | None = None) -> None:
     from relevancy import METHODS
     from relevancy.methods import LANGUAGE_REGISTRY
 
-    methods = args.methods or [m for m in METHODS if m != "token_ablation"]
-    unknown = sorted(set(methods) - set(METHODS))
+    known = [*METHODS, *LANGUAGE_REGISTRY]
+    methods = args.methods or [m for m in known if m != "token_ablation"]
+    unknown = sorted(set(methods) - set(known))
     if unknown:
-        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        parser.error(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}")
     results: dict[str, dict[str, dict]] = {}
     for family in args.families:
         results[family] = {}
