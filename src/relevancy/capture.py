@@ -64,7 +64,6 @@ class Forward:
             return [torch.cat([grads[k] for grads in per_round]) for k in range(len(tensors))]
         return [torch.stack([grads[k] for grads in per_round])[rounds, self.sources] for k in range(len(tensors))]
 
-
     def reduced_gradients(self, tensors: list[torch.Tensor], reduce: Combine, roots: list[torch.Tensor]) -> list[torch.Tensor]:
         """`reduce(d score / d tensor, tensor)` for each tensor, computed as the backward reaches it (a tensor hook),
         so that the full gradients (`(B, heads, T, T)` per block for attention maps) are never held together: one
