@@ -43,7 +43,7 @@ from machine import cpu_name, today
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("vit", "bert", "clip", "lxmert", "detr", "llm")
 #: the methods that propagate relevance through every layer (goal: at most 3x a forward's memory; the others 2x)
-LRP_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
+LRP_METHODS = ("transformer_attribution", "partial_lrp", "lrp", "attnlrp", "cp_lrp")
 GOALS = {"attention": 2.0, "lrp": 3.0}
 FORWARD = "forward"
 
