@@ -25,7 +25,7 @@ class Forward:
     indices: torch.Tensor  # (B,) explained class per input, -1 for a concept or a callable target
     score: torch.Tensor  # (B,) the explained score, differentiable when recorded with gradients
     sites: list[AttentionSite] = field(default_factory=list)
-    attentions: list[torch.Tensor] = field(default_factory=list)  # per site (B, heads, T_query, T_key)
+    attentions: list[torch.Tensor | None] = field(default_factory=list)  # per site (B, heads, T_query, T_key); None: not kept
     attention_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # per stream (B, T, D), CDAM's X
     # with a shared forward: the batch entry each row reads (R,), and the recorded tensor behind each row view
     sources: torch.Tensor | None = None
@@ -147,6 +147,7 @@ def record_forward(
     share_rows: bool = False,
     head_mean: bool = False,
     last_block_graph: bool = False,
+    last_attention_only: bool = False,
 ) -> Forward:
     """Run the model once, recording the asked-for tensors (the adapter's `explaining` context must be active).
 
@@ -157,15 +158,20 @@ def record_forward(
     (methods that read no gradient and no single head: a head's `(T, T)` map per block is not held).
     `last_block_graph`: with `gradients`, record the autograd graph from the last block's input on only (one-stream
     families that name their `blocks`): for methods whose gradients are taken inside the last block, the backward
-    crosses one block and the graph of the others is never held."""
+    crosses one block and the graph of the others is never held. `last_attention_only`: keep each stream's last
+    self-attention only (the others are None), for methods that read nothing else."""
     sites = adapter.attention_sites() if attentions else []
     recorded: list[torch.Tensor] = [None] * len(sites)  # type: ignore[list-item]
     entering = adapter.attention_inputs() if attention_inputs else {}
     seen: dict[str, torch.Tensor] = {}
     names = list(entering)
 
+    last_of_stream = {site.query: k for k, site in enumerate(sites) if site.is_self}
+    kept = set(last_of_stream.values()) if last_attention_only else set(range(len(sites)))
+
     def keep_attention(k: int, out: torch.Tensor) -> None:
-        recorded[k] = out.mean(1, keepdim=True) if head_mean else out
+        if k in kept:
+            recorded[k] = out.mean(1, keepdim=True) if head_mean else out
 
     def keep_input(k: int, out: torch.Tensor) -> None:
         seen[names[k]] = out
@@ -189,7 +195,7 @@ def record_forward(
         return view
 
     if sources is not None:
-        recorded = [per_row(t) for t in recorded]
+        recorded = [None if t is None else per_row(t) for t in recorded]
         seen = {name: per_row(t) for name, t in seen.items()}
     return Forward(
         logits=logits.detach(),

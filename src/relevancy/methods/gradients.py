@@ -30,7 +30,8 @@ def attention_gradcam(
     normalize = given_or(normalize, conventions.normalize)
     region = check_choice("region", given_or(region, conventions.region), Region)
     how = given_or(cls_entry, conventions.cls_entry)
-    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True, last_block_graph=True)
+    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True, last_block_graph=True,
+                         last_attention_only=True)
     streams = adapter.streams(inputs)
     lasts = [fwd.self_attentions(name)[-1] for name in streams]
     grads = dict(zip(streams, fwd.gradients(lasts)))
