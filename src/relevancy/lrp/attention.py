@@ -13,7 +13,7 @@ from typing import Callable, Literal
 
 import torch
 
-from .engine import Session, add, matmul, passthrough, softmax
+from .engine import Session, add, matmul, passthrough, passthrough_rule, softmax, softmax_of
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,19 @@ def causal_mask(queries: int, keys: int, like: torch.Tensor) -> torch.Tensor:
     """The additive mask that keeps query `i` from keys after it, in `like`'s dtype and device."""
     blocked = torch.ones(queries, keys, dtype=torch.bool, device=like.device).triu(1)
     return torch.zeros(queries, keys, dtype=like.dtype, device=like.device).masked_fill(blocked, torch.finfo(like.dtype).min)
+
+
+def _passing(session: Session | None, steps: list[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor) -> torch.Tensor:
+    """`x` through `steps` in order, as one operation that passes relevance unchanged (`x` itself for no steps)."""
+    if not steps:
+        return x
+
+    def run(t: torch.Tensor) -> torch.Tensor:
+        for step in steps:
+            t = step(t)
+        return t
+
+    return passthrough(session, run, x)
 
 
 def _masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -74,17 +87,23 @@ def attend(
     if style.scale == "queries":
         q = passthrough(session, lambda t: t * scale, q)
     products = matmul(session, q, k.transpose(-2, -1))
+    # the element-wise steps between the product and the softmax pass relevance unchanged: run as one operation, so
+    # that one (T, T) tensor is kept for the backward instead of one per step (the same values, in the same order)
+    steps: list[Callable[[torch.Tensor], torch.Tensor]] = []
     if style.scale == "divide":
-        scores = passthrough(session, lambda t: t / scale, products)
+        steps.append(lambda t: t / scale)
     elif style.scale == "multiply":
-        scores = passthrough(session, lambda t: t * scale, products)
+        steps.append(lambda t: t * scale)
+    mask_added = style.mask == "add" and mask is not None and mask.dtype != torch.bool
+    if mask is not None and not mask_added:
+        steps.append(lambda t: _masked(t, mask))
+    if mask_added:
+        probabilities = softmax(session, add(session, _passing(session, steps, products), mask))
+    elif session is not None and session.rule_set.softmax is passthrough_rule:  # the softmax passes relevance too
+        probabilities = _passing(session, [*steps, softmax_of], products)
     else:
-        scores = products
-    if style.mask == "add" and mask is not None and mask.dtype != torch.bool:
-        scores = add(session, scores, mask)
-    elif mask is not None:
-        scores = passthrough(session, lambda t: _masked(t, mask), scores)
-    probabilities = dropout(softmax(session, scores))
+        probabilities = softmax(session, _passing(session, steps, products))
+    probabilities = dropout(probabilities)
     if session is not None:
         session.attentions.append(probabilities)
     return matmul(session, probabilities, v), probabilities

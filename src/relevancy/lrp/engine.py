@@ -211,10 +211,11 @@ def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor
 def softmax(session: Session | None, scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension (in float32 at least, back in the scores' dtype) under the rule set's
     softmax rule."""
-    return _apply(session, _SOFTMAX, _softmax, scores)
+    return _apply(session, _SOFTMAX, softmax_of, scores)
 
 
-def _softmax(scores: torch.Tensor) -> torch.Tensor:
+def softmax_of(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, in float32 at least, back in the scores' dtype."""
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
 
 
