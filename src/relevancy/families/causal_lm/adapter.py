@@ -18,6 +18,8 @@ from torch import nn
 
 from ...conventions import Conventions, GradCamConventions
 from ...explanation import TextExplanation
+from ...guard import this_thread_only
+from ...lrp.attention import causal_mask
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
@@ -42,13 +44,24 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         if probabilities:
-            return attention(rules, query, key, value, attention_mask, scale)
+            return attention(rules, query, key, value, additive_mask(attention_mask, query, key), scale)
         return fused_attention(rules, query, key, value, attention_mask, scale), None
 
     name = ATTENTION_NAMES[None if rules is None else rules.name] + ("" if probabilities else "_fused")
     AttentionInterface.register(name, attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask if probabilities else sdpa_mask)
     return name
+
+
+def additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """The decoder's mask as the eager attention adds it: transformers' eager mask as it is, an sdpa mask (boolean,
+    True where allowed; None for plainly causal) turned into one. A forward of the user's from another thread whose
+    mask was made before a call switched the config still gets its causal attention."""
+    if mask is None:
+        return causal_mask(query.shape[-2], key.shape[-2], query) if query.shape[-2] > 1 else None
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
+    return mask
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -245,13 +258,14 @@ class CausalLMAdapter(Adapter):
 
 @contextmanager
 def forwards_replaced(replacements: list[tuple[nn.Module, Callable[..., Any]]]) -> Iterator[None]:
-    """Each module's `forward` replaced by an instance attribute for the block; what the module had before (its
-    class's forward, or an instance attribute of its own) given back after, also after an exception."""
+    """Each module's `forward` replaced by an instance attribute for the block, in the calling thread only (a
+    forward of the user's from another thread runs the module's own); what the module had before (its class's
+    forward, or an instance attribute of its own) given back after, also after an exception."""
     patched: list[tuple[nn.Module, object]] = []
     try:
         for module, forward in replacements:
             patched.append((module, module.__dict__.get("forward")))
-            module.forward = forward
+            module.forward = this_thread_only(forward, otherwise=module.forward)
         yield
     finally:
         for module, own in reversed(patched):
