@@ -120,7 +120,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
                 scores, explained = generation_relevance(exact, ids, len(prompt_ids), rules)
             totals = None if rules is None else scores.sum(1).cpu() / explained.cpu()
         else:
-            scores, explained = _shared_forward_rows(model, ids, len(prompt_ids), method)
+            scores, explained = _shared_forward_rows(model, len(adapter.attention_sites()), ids, len(prompt_ids), method)
             totals = None
     all_ids = ids[0].tolist()
     generated = ids[0, len(prompt_ids):].cpu()
@@ -132,8 +132,10 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     )
 
 
-def _shared_forward_rows(model: nn.Module, ids: torch.Tensor, prompt_length: int, method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(scores (G, N), explained logits (G,))` of a shared-forward method: `explain` on one row per generated token,
+def _shared_forward_rows(model: nn.Module, sites: int, ids: torch.Tensor, prompt_length: int, method: str
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(scores (G, N), explained logits (G,))` of a shared-forward method on a model of `sites` attention sites:
+    `explain` on one row per generated token,
     the sequence with the mask of the prefix before it (the adapter runs them as one forward), the token as target;
     padding at 0 is the causal mask."""
     length = ids.shape[1]
@@ -141,7 +143,7 @@ def _shared_forward_rows(model: nn.Module, ids: torch.Tensor, prompt_length: int
     generated = ids[0, prompt_length:]
     # each row holds a (T, T) matrix per attention site: long prompts run the rows in groups that fit the budget,
     # one forward per group
-    per_row = len(adapter_for(model).attention_sites()) * length * length * 4
+    per_row = sites * length * length * 4
     explanation = explain(model, {"input_ids": ids.expand(len(generated), -1), "attention_mask": rows}, method=method,
                           target=generated.tolist(), rows_at_once=max(1, SHARED_ROWS_BYTES // per_row))
     return explanation.scores, explanation.logits.gather(1, generated[:, None].to(explanation.logits.device))[:, 0]

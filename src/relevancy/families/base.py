@@ -51,7 +51,8 @@ class Adapter:
         """Per stream, where the normalised tokens entering its last attention come out (CDAM's X)."""
         raise NotImplementedError
 
-    # one-stream families: the blocks the LRP methods propagate through (see `relevance_rule_map`)
+    # one-stream families: their blocks in order, where the LRP methods record what enters each block (see
+    # `relevance_rule_map`) and the last-block methods start their graph (`capture.record_forward`)
     blocks: Sequence[nn.Module] = ()
 
     def relevance_rule_map(self) -> dict:

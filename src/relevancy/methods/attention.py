@@ -61,10 +61,15 @@ def per_stream(adapter: Adapter, inputs: Any, how: ClassEntry, compute) -> dict[
     return {name: set_class_entry(compute(stream), how, stream) for name, stream in adapter.streams(inputs).items()}
 
 
+def check_start_layer(start_layer: int, blocks: int) -> None:
+    """A one-line error unless `start_layer` is a block index of a model with `blocks` blocks."""
+    if not 0 <= start_layer < blocks:
+        raise ValueError(f"start_layer must be in 0..{blocks - 1} for a model with {blocks} blocks, got {start_layer}")
+
+
 def chain(matrices: list[torch.Tensor], start_layer: int) -> torch.Tensor:
     """`M_last @ ... @ M_start`: how the first block's tokens reach the last block's output."""
-    if not 0 <= start_layer < len(matrices):
-        raise ValueError(f"start_layer must be in 0..{len(matrices) - 1} for a model with {len(matrices)} blocks, got {start_layer}")
+    check_start_layer(start_layer, len(matrices))
     joint = matrices[start_layer]
     for matrix in matrices[start_layer + 1:]:
         joint = matrix @ joint
@@ -75,8 +80,7 @@ def readout_chain(matrices: list[torch.Tensor], stream: Stream, start_layer: int
     """The readout row of `chain(matrices, start_layer)` at the content columns, `(B, N)`: the readout token's row of
     the last matrix carried back through the earlier ones, a `(T, T)` vector product per block instead of the
     `(T, T) @ (T, T)` product (long texts: 1,000 tokens make the full chain a tenth of a forward's work)."""
-    if not 0 <= start_layer < len(matrices):
-        raise ValueError(f"start_layer must be in 0..{len(matrices) - 1} for a model with {len(matrices)} blocks, got {start_layer}")
+    check_start_layer(start_layer, len(matrices))
     last = matrices[-1]
     row = last[torch.arange(len(last), device=last.device), stream.readout.to(last.device)]
     for matrix in reversed(matrices[start_layer:-1]):

@@ -139,10 +139,15 @@ def propagate(
     return relevance
 
 
+def weighted_head_mean(gradient: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """`mean_h (G * W)^+` of one attention (rule 5), `(B, T_query, T_key)`; neither input is written."""
+    return (gradient * weights).clamp_(min=0).mean(1)
+
+
 def gradient_weighted(gradients: list[torch.Tensor], multipliers: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`mean_h (G * W)^+` per attention (rule 5): `W` the attention `A` itself, or its LRP relevance (generic
-    attention's `weights="relevance"`, the authors' `use_lrp=True`; transformer attribution)."""
-    return [(g * w).clamp_(min=0).mean(1) for g, w in zip(gradients, multipliers)]
+    """`weighted_head_mean` per attention: `W` the attention `A` itself, or its LRP relevance (generic attention's
+    `weights="relevance"`, the authors' `use_lrp=True`; transformer attribution)."""
+    return [weighted_head_mean(g, w) for g, w in zip(gradients, multipliers)]
 
 
 def weighted_in_place(gradient: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -150,7 +155,7 @@ def weighted_in_place(gradient: torch.Tensor, weights: torch.Tensor) -> torch.Te
     tensor of the attention's size is allocated."""
     if gradient.is_contiguous() and gradient.shape == weights.shape:
         return gradient.mul_(weights).clamp_(min=0).mean(1)
-    return (gradient * weights).clamp_(min=0).mean(1)
+    return weighted_head_mean(gradient, weights)
 
 
 def real_pairs(reader: Stream, key: Stream, like: torch.Tensor) -> torch.Tensor:

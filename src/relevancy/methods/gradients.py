@@ -73,11 +73,6 @@ def check_generic_weights(weights: str, exact: bool) -> None:
         raise ValueError("exact applies to weights='relevance' only (the LRP arithmetic); weights='attention' computes no relevance")
 
 
-def positive_head_mean(gradient: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-    """`E_h (G * A)^+`, `(B, T, T)` from a block's `(B, heads, T, T)` gradient and attention (neither written)."""
-    return (gradient * attention).clamp_(min=0).mean(1)
-
-
 def generic_attention(
     adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None,
     residual_normalization: bool | None = None, bimodal_self_terms: bool | None = None, aggregate: bool | None = None,
@@ -116,7 +111,7 @@ def generic_attention(
     flat = [a for name in streams for a in used[name]]
     # R = prod_l (I + E_h (G_l * A_l)^+), read at the readout row (carried back through the blocks: no (T, T) product);
     # each block's E_h (G_l * A_l)^+ is taken as the backward reaches it, so no two full gradients are held at once
-    cams = iter(fwd.reduced_gradients(flat, positive_head_mean, [used[name][0] for name in streams]))
+    cams = iter(fwd.reduced_gradients(flat, coattention.weighted_head_mean, [used[name][0] for name in streams]))
     updates = {name: [with_identity(next(cams)) for _ in attentions] for name, attentions in used.items()}
     scores = per_stream(adapter, inputs, how, lambda stream: readout_chain(updates[stream.name], stream))
     return scores, fwd.indices, fwd.logits

@@ -143,7 +143,7 @@ class CausalLMAdapter(Adapter):
 
     def relevance_rule_map(self) -> dict:
         """The layout's rule map for the seeds' LRP methods (transformer attribution, LRP, partial LRP)."""
-        return self.layout.rule_map(self.model)
+        return self.layout.rule_map(self.model, self.decoder, self.blocks)
 
     def attention_inputs(self) -> dict[str, Hookable]:
         """The normalised tokens entering the last layer's attention (the output of the norm before it)."""
@@ -216,16 +216,18 @@ class CausalLMAdapter(Adapter):
             return None
         longest = int(lengths.argmax())
         one = inputs.rows(slice(longest, longest + 1))
-        embeddings = self.embed(one, graph)["text"]
-        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=one.attention_mask,
-                              position_ids=position_ids(one.attention_mask), use_cache=False).last_hidden_state
-        read = hidden[0, lengths - 1]
+        read = self.hidden_states(self.embed(one, graph)["text"], one.attention_mask)[0, lengths - 1]
         return self.model.lm_head(read), read, torch.zeros(len(ids), dtype=torch.long, device=ids.device)
 
+    def hidden_states(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden states `(B, T, D)` from token embeddings and their mask, without a KV cache,
+        positions counted over the real tokens."""
+        return self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+
     def _next_token(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """From token embeddings and their mask, without a KV cache: `(logits (B, V), hidden (B, D))` after each
-        row's last real token; the head runs on those rows only."""
-        hidden = self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        """From token embeddings and their mask: `(logits (B, V), hidden (B, D))` after each row's last real token;
+        the head runs on those rows only."""
+        hidden = self.hidden_states(embeddings, mask)
         last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
         return self.model.lm_head(last), last
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...lrp.attnlrp import RuleSet
-from .adapter import CausalLMAdapter, position_ids
+from .adapter import CausalLMAdapter
 
 
 def causal_rows(prompt_length: int, length: int, device: torch.device | None = None) -> torch.Tensor:
@@ -41,7 +41,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, prompt_len
     generated = ids[0, prompt_length:]
     rows = []
     with adapter.rules_applied(rules):
-        hidden = adapter.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        hidden = adapter.hidden_states(embeddings, mask)
         logits = adapter.model.lm_head(hidden[0, prompt_length - 1:])  # (G, V): the logits read before each generated token
         explained = logits.gather(1, generated[:, None])[:, 0]
         units = torch.eye(len(generated), dtype=explained.dtype, device=explained.device)

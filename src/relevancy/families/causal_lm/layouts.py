@@ -22,8 +22,8 @@ class Layout:
     """One decoder layout: `model_types` (transformers' `config.model_type`), the attribute of the bare decoder on
     the `...ForCausalLM` model, of its token embeddings and its list of layers on the decoder, of the self-attention
     and of the norm before it on a layer, `rules`: which modules run under an AttnLRP rule set (a test on the module)
-    and the forward they run instead (attention is switched through the config), and `rule_map`: the model's rule
-    map for the seeds' LRP methods (see `rules.py`)."""
+    and the forward they run instead (attention is switched through the config), and `rule_map`: the rule map
+    for the seeds' LRP methods from the model, its decoder and its layers (see `rules.py`)."""
 
     name: str
     model_types: tuple[str, ...]
@@ -33,7 +33,7 @@ class Layout:
     attention: str
     attention_norm: str
     rules: tuple[tuple[Callable[[nn.Module], bool], RuleForward], ...]
-    rule_map: Callable[[nn.Module], dict[type, ForwardFactory]]
+    rule_map: Callable[[nn.Module, nn.Module, list[nn.Module]], dict[type, ForwardFactory]]
 
     def rule_forward(self, module: nn.Module) -> RuleForward | None:
         """The rule forward of `module`, None where it runs as it is."""

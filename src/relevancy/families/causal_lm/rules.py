@@ -117,20 +117,16 @@ def _gpt2_block(block: nn.Module, session: Session) -> Replacements:
 CONV1D = leaf(lambda module: weight_rule(module.weight.t(), affine=True, bias=module.bias))
 
 
-def _rotary_and_containers(model: nn.Module, decoder: nn.Module) -> dict[type, ForwardFactory]:
-    """The modules whose ordinary forward and backward are right: the model, the decoder (its rotary embedding and
-    the mask it builds carry no relevance)."""
-    rotary = getattr(decoder, "rotary_emb", None)
-    return {**by_type([model, decoder, rotary], unchanged)}
+def _shared(model: nn.Module, decoder: nn.Module) -> dict[type, ForwardFactory]:
+    """What both layouts share: transformers' leaves, and the model and decoder as they are (the decoder's rotary
+    embedding and the mask it builds carry no relevance)."""
+    return {**transformers_leaves(), **by_type([model, decoder, getattr(decoder, "rotary_emb", None)], unchanged)}
 
 
-def llama_rules(model: nn.Module) -> dict[type, ForwardFactory]:
+def llama_rules(model: nn.Module, decoder: nn.Module, layers: list[nn.Module]) -> dict[type, ForwardFactory]:
     """The Llama layout (Llama, Qwen2, Mistral, SmolLM2), keyed by the types of the model's own modules."""
-    decoder = model.model
-    layers = list(decoder.layers)
     return {
-        **transformers_leaves(),
-        **_rotary_and_containers(model, decoder),
+        **_shared(model, decoder),
         **by_type(layers, _llama_layer),
         **by_type([layer.self_attn for layer in layers], _llama_attention),
         **by_type([layer.mlp for layer in layers], gated_mlp),
@@ -139,17 +135,14 @@ def llama_rules(model: nn.Module) -> dict[type, ForwardFactory]:
     }
 
 
-def gpt2_rules(model: nn.Module) -> dict[type, ForwardFactory]:
+def gpt2_rules(model: nn.Module, decoder: nn.Module, layers: list[nn.Module]) -> dict[type, ForwardFactory]:
     """GPT-2 (`GPT2LMHeadModel`), keyed by the types of the model's own modules."""
     from transformers.pytorch_utils import Conv1D
 
-    decoder = model.transformer
-    blocks = list(decoder.h)
     return {
-        **transformers_leaves(),
-        **_rotary_and_containers(model, decoder),
+        **_shared(model, decoder),
         Conv1D: CONV1D,
-        **by_type(blocks, _gpt2_block),
-        **by_type([block.attn for block in blocks], _gpt2_attention),
-        **by_type([block.mlp for block in blocks], unchanged),
+        **by_type(layers, _gpt2_block),
+        **by_type([block.attn for block in layers], _gpt2_attention),
+        **by_type([block.mlp for block in layers], unchanged),
     }
