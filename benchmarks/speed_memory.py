@@ -21,7 +21,9 @@ Peak memory: on a CPU the resident-set high-water mark (Linux VmHWM, reset befor
 resident size before the model was built, so the weights, the inputs and what the run allocates; on a GPU
 `torch.cuda.max_memory_allocated`, which counts the same things. The ratio is to the plain forward's peak measured
 the same way; a second ratio leaves the weights out of both (what the run allocates beyond the model).
-`--rows-at-once K` passes `rows_at_once=K` to `explain` (K rows at a time: the option that trades time for memory). token_ablation is left out (N+1 forwards by design; its memory is a forward's).
+`--rows-at-once K` passes `rows_at_once=K` to `explain` (K rows at a time: the option that trades time for memory);
+`--checkpoint` passes `checkpoint=True` (one-stream models: each block run again in the backward; methods without
+the option are listed as not run). token_ablation is left out (N+1 forwards by design; its memory is a forward's).
 """
 from __future__ import annotations
 
@@ -168,7 +170,8 @@ def peak_run(run: Callable[[], Any], device: str, zero_kib: int) -> tuple[float,
     return seconds, peak
 
 
-def measure_child(family: str, method: str, quick: bool, device: str, repeats: int, rows_at_once: int | None) -> dict:
+def measure_child(family: str, method: str, quick: bool, device: str, repeats: int, rows_at_once: int | None,
+                  checkpoint: bool = False) -> dict:
     """The medians of the forward's and the method's seconds and the peak of each, in this (fresh) process."""
     import timm  # noqa: F401  (the model libraries loaded before the zero point: their code is not the run's memory)
     import torch
@@ -187,7 +190,8 @@ def measure_child(family: str, method: str, quick: bool, device: str, repeats: i
             work.forward()
 
     def explain() -> None:
-        relevancy.explain(work.model, work.inputs, method=method, target=work.target, rows_at_once=rows_at_once)
+        options = {"checkpoint": True} if checkpoint else {}
+        relevancy.explain(work.model, work.inputs, method=method, target=work.target, rows_at_once=rows_at_once, **options)
 
     try:
         explain()  # warm-up: one-time allocations and first-call costs are not the method's
@@ -210,6 +214,8 @@ def measure(family: str, method: str, args: argparse.Namespace) -> dict:
     argv = [sys.executable, __file__, "--child", family, method, "--repeats", str(args.repeats), "--device", args.device]
     if args.rows_at_once:
         argv += ["--rows-at-once", str(args.rows_at_once)]
+    if args.checkpoint:
+        argv.append("--checkpoint")
     done = subprocess.run(argv + (["--quick"] if args.quick else []), capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -264,7 +270,8 @@ def write_into_page(page: Path, name: str, report: str) -> None:
 
 def variant(args: argparse.Namespace) -> str:
     """The options that change what is measured, for the title."""
-    return ("--quick, " if args.quick else "") + (f"rows_at_once={args.rows_at_once}, " if args.rows_at_once else "")
+    return (("--quick, " if args.quick else "") + (f"rows_at_once={args.rows_at_once}, " if args.rows_at_once else "")
+            + ("checkpoint=True, " if args.checkpoint else ""))
 
 
 def header(args: argparse.Namespace) -> list[str]:
@@ -297,6 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller batches, texts and images")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--rows-at-once", type=int, default=None, help="explain's rows_at_once (default: the whole batch)")
+    parser.add_argument("--checkpoint", action="store_true", help="explain's checkpoint=True (methods without it: not run)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/speed_memory_<device>[_quick].md")
     parser.add_argument("--page", type=Path, default=ROOT / "docs" / "speed.md",
@@ -308,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rows_at_once is not None and args.rows_at_once < 1:
         parser.error(f"--rows-at-once must be at least 1, got {args.rows_at_once}")
     if args.child:
-        print(json.dumps(measure_child(*args.child, args.quick, args.device, args.repeats, args.rows_at_once)))
+        print(json.dumps(measure_child(*args.child, args.quick, args.device, args.repeats, args.rows_at_once, args.checkpoint)))
         return
     from relevancy import METHODS
     from relevancy.methods import LANGUAGE_REGISTRY
@@ -327,7 +335,8 @@ def main(argv: list[str] | None = None) -> None:
             results[family][method] = measure(family, method, args)
             print(f"{family} {method}: {json.dumps(results[family][method])}", file=sys.stderr, flush=True)
     report = "\n".join(header(args) + table(results, args)) + "\n"
-    suffix = ("_quick" if args.quick else "") + (f"_rows{args.rows_at_once}" if args.rows_at_once else "")
+    suffix = (("_quick" if args.quick else "") + (f"_rows{args.rows_at_once}" if args.rows_at_once else "")
+              + ("_checkpoint" if args.checkpoint else ""))
     out = args.out or ROOT / "benchmarks" / "results" / f"speed_memory_{args.device}{suffix}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report)

@@ -92,8 +92,8 @@ def add_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: 
     return rules.add(*inputs, relevance, rescale=session.rule_set.rescale_residuals, exact=session.exact)
 
 
-def matmul_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return rules.matmul_halved(*inputs, relevance, exact=session.exact)
+def matmul_rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rules.matmul_halved(*inputs, relevance, exact=session.exact, product=output)
 
 
 def gate_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

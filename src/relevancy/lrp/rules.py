@@ -186,15 +186,20 @@ def matmul(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return u @ v
 
 
-def matmul_halved(u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor, exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`Z = u @ v` of two feature maps: `R_u = u * (R/Z) v^T`, `R_v = v * u^T (R/Z)`, each halved."""
+def matmul_halved(
+    u: torch.Tensor, v: torch.Tensor, relevance: torch.Tensor, exact: bool, product: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`Z = u @ v` of two feature maps: `R_u = u * (R/Z) v^T`, `R_v = v * u^T (R/Z)`, each halved. `product`: `Z` as
+    the forward computed it (`matmul(u, v)`, the same numbers), or None to compute it; it is not written."""
     v_t, u_t = v.transpose(-2, -1), u.transpose(-2, -1)
+    if product is None:
+        product = matmul(u, v)
     if exact:
-        half_s = safe_divide(relevance, matmul(u, v)).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
+        half_s = safe_divide(relevance, product).mul_(0.5)  # halving S halves both shares exactly (a power of 2)
         return u * matmul(half_s, v_t), v * matmul(u_t, half_s)
     u_abs, v_abs = u.abs(), v.abs()
     # both quotients are linear in the relevance: halving it halves them exactly
-    signed, unsigned = stable_quotients(relevance * 0.5, matmul(u, v), matmul(u_abs, v_abs))
+    signed, unsigned = stable_quotients(relevance * 0.5, product, matmul(u_abs, v_abs))
     r_u = matmul(signed, v_t).mul_(u).addcmul_(u_abs, matmul(unsigned, v_abs.transpose(-2, -1)))
     r_v = matmul(u_t, signed).mul_(v).addcmul_(v_abs, matmul(u_abs.transpose(-2, -1), unsigned))
     return r_u, r_v

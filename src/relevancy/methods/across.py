@@ -15,6 +15,7 @@ from ..capture import record_forward
 from ..conventions import ClassEntry, Region, check_choice, given_or
 from ..families.base import Adapter
 from ..lrp import PAPER, RuleSet
+from ..recompute import checkpoint_refused
 from ..targets import Target
 from . import coattention
 from .attention import StartLayer, chain, read_cross, with_identity
@@ -78,11 +79,13 @@ def attention_gradcam(
 def generic_attention(
     adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None,
     residual_normalization: bool | None = None, bimodal_self_terms: bool | None = None, aggregate: bool | None = None,
-    weights: str = "attention", exact: bool = False,
+    weights: str = "attention", exact: bool = False, checkpoint: bool = False,
 ) -> tuple:
     """The co-attention rules of `coattention.propagate` at every site (the paper's ablations default to on),
-    read at the readout row."""
+    read at the readout row. `checkpoint` is refused: it runs the blocks of one-stream models."""
     check_generic_weights(weights, exact)
+    if checkpoint:
+        raise checkpoint_refused(adapter)
     if start_layer is not None:
         raise ValueError("start_layer applies to self-attention models; the co-attention rules use every layer")
     rules = {"residual_normalization": residual_normalization, "bimodal_self_terms": bimodal_self_terms, "aggregate": aggregate}
@@ -109,13 +112,17 @@ def generic_attention(
 def transformer_attribution(
     adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: StartLayer = 0, weights: str = "gradient",
     blocks: str = "all", row_normalize: bool | None = None, cls_entry: str | None = None, exact: bool = False,
+    checkpoint: bool = False,
 ) -> tuple:
     """The authors' `generate_transformer_att`: `E_h (G * R)^+` of the readout stream's last attention into each
     stream, read at the readout row; where the family's convention `readout_rollout` is set (LXMERT), the readout
     stream's own map is the rollout `prod (I + E_h (G * R)^+)` over all of its self-attentions.
-    `relevance_total` `(B, streams)`: the relevance reaching each stream's input."""
+    `relevance_total` `(B, streams)`: the relevance reaching each stream's input. `checkpoint` is refused (see
+    `generic_attention`)."""
     one_of("weights", weights, WEIGHTS)
     one_of("blocks", blocks, BLOCKS)
+    if checkpoint:
+        raise checkpoint_refused(adapter)
     given = {"start_layer": start_layer != 0, "blocks": blocks != "all", "row_normalize": row_normalize is not None}
     if any(given.values()):
         raise ValueError(

@@ -7,7 +7,8 @@ import torch
 
 from ..capture import record_forward
 from ..conventions import Region, check_choice, given_or
-from ..families.base import Adapter
+from ..families.base import Adapter, forward_hooks
+from ..recompute import BlockRecompute, gradient_pass, passes_down
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
@@ -76,7 +77,7 @@ def check_generic_weights(weights: str, exact: bool) -> None:
 def generic_attention(
     adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer = None, cls_entry: str | None = None,
     residual_normalization: bool | None = None, bimodal_self_terms: bool | None = None, aggregate: bool | None = None,
-    weights: str = "attention", exact: bool = False,
+    weights: str = "attention", exact: bool = False, checkpoint: bool = False,
 ) -> tuple:
     """Chefer et al. ICCV'21 self-attention rule, per stream: `R = I; R += E_h (G * A)^+ @ R` from `start_layer` on;
     on models whose streams attend to each other (LXMERT, DETR), the co-attention rules (`across.generic_attention`).
@@ -90,6 +91,8 @@ def generic_attention(
     "attention" (the paper's method) or its LRP relevance "relevance" (`E_h (G * R_A)^+`, the authors' DETR and
     LXMERT `use_lrp=True`; `R_A` as in `partial_lrp`, paper rules); `exact`: the authors' LRP arithmetic (see
     relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
+    `checkpoint` (one-stream models): each block run again in the backward (`relevancy.recompute`), so that one
+    block's activations are held at a time, for about one forward more; the same map.
     """
     check_generic_weights(weights, exact)
     conventions = adapter.conventions.generic_attention
@@ -102,6 +105,8 @@ def generic_attention(
         )
     coattention.cross_options_error(cross)
     start_layer = given_or(start_layer, conventions.start_layer)
+    if checkpoint:
+        return generic_attention_block_by_block(adapter, inputs, target, start_layer, how)
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
     streams = adapter.streams(inputs)
     used = {}
@@ -114,6 +119,33 @@ def generic_attention(
     cams = iter(fwd.reduced_gradients(flat, coattention.weighted_head_mean, [used[name][0] for name in streams]))
     updates = {name: [with_identity(next(cams)) for _ in attentions] for name, attentions in used.items()}
     scores = per_stream(adapter, inputs, how, lambda stream: readout_chain(updates[stream.name], stream))
+    return scores, fwd.indices, fwd.logits
+
+
+def generic_attention_block_by_block(adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer, how) -> tuple:
+    """`generic_attention` with `checkpoint=True`: the forward keeps no block's activations; the gradient pass
+    crosses one block run again at a time, reduced to that block's `E_h (G * A)^+` there."""
+    recompute = BlockRecompute.of(adapter, inputs)
+    (stream,) = adapter.streams(inputs).values()
+    with recompute.recording():
+        fwd = record_forward(adapter, inputs, target, gradients=True)
+    first = first_layer(start_layer, stream, len(adapter.blocks))
+    made: list[torch.Tensor] = []
+    cams: dict[int, torch.Tensor] = {}
+
+    def keep(_index: int, probabilities: torch.Tensor) -> None:
+        if recompute.rerunning:
+            made.append(probabilities)
+
+    def reduce(index: int, attentions: list[torch.Tensor], found: dict[str, list[torch.Tensor]]) -> None:
+        (attention,) = attentions
+        cams[index] = with_identity(coattention.weighted_head_mean(found["gradient"][0], attention.detach()))
+
+    with forward_hooks([site.probabilities for site in adapter.attention_sites()], keep):
+        top = gradient_pass("gradient", fwd.score.sum(), [recompute.output], torch.ones_like(fwd.score.sum()))[0]
+        passes_down(recompute, first, {"gradient": top}, gradient_pass, made, reduce)
+    updates = [cams[index] for index in range(first, len(adapter.blocks))]
+    scores = per_stream(adapter, inputs, how, lambda s: readout_chain(updates, s))
     return scores, fwd.indices, fwd.logits
 
 

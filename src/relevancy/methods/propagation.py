@@ -1,12 +1,15 @@
 """Methods built on LRP relevance: transformer attribution (Chefer et al. CVPR'21), full LRP, partial LRP."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from ..capture import record_forward
 from ..conventions import given_or
 from ..families.base import Adapter, only_stream
-from ..lrp import GRADIENT, PAPER, RELEVANCE, relevance_session
+from ..lrp import GRADIENT, PAPER, RELEVANCE, Session, relevance_session
+from ..recompute import BlockRecompute, passes_down
 from ..targets import Target, resolve_target, target_score
 from .attention import StartLayer, first_layer, readout_chain, readout_row, set_class_entry, with_identity
 from .relevance import (
@@ -26,6 +29,7 @@ def one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
 def transformer_attribution(
     adapter: Adapter, inputs: torch.Tensor, target: Target, start_layer: StartLayer = 0, weights: str = "gradient",
     blocks: str = "all", row_normalize: bool | None = None, cls_entry: str | None = None, exact: bool = False,
+    checkpoint: bool = False,
 ) -> tuple:
     """`C = prod_b (I + E_h (G_b * R_b)^+)` read at the readout row, per stream; `R_b` is the paper-rule relevance
     at `A_b`.
@@ -38,10 +42,14 @@ def transformer_attribution(
     Several streams (CLIP): one relevance pass serves every stream; each stream's map reads its own attentions,
     and `relevance_total` is `(B, streams)`, the relevance reaching each stream's earliest block used (see the
     family's rules for what each stream receives; CLIP: 1 per tower).
+    `checkpoint`: one-stream models run each block again in the backward (`relevancy.recompute`), so one block's
+    rule graph is held at a time instead of every block's, for about one forward more; the same map.
     Models whose streams attend to each other (DETR, LXMERT): `across.transformer_attribution`.
     """
     one_of("weights", weights, WEIGHTS)
     one_of("blocks", blocks, BLOCKS)
+    if checkpoint:
+        BlockRecompute.of(adapter, inputs)  # refused before any work where it does not apply
     conventions = adapter.conventions.transformer_attribution
     how = given_or(cls_entry, conventions.cls_entry)
     streams = adapter.streams(inputs)
@@ -54,14 +62,18 @@ def transformer_attribution(
         model = adapter32.model
         with relevance_session(model, adapter32.relevance_rule_map(), PAPER.with_exact(exact)) as session, \
                 recording_block_inputs(adapter32, session, streams):
-            fwd = record_forward(adapter32, inputs32, target, gradients=True)
-            recorded = stream_attentions(adapter32, session, streams)
-            used = {name: recorded[name][first[name]:] if blocks == "all" else [recorded[name][first[name]]] for name in streams}
-            flat = [attention for name in streams for attention in used[name]]
-            seed = unit_seed(fwd.score)
-            factors = session.backward(GRADIENT, fwd.score.sum(), flat, seed) if weights == "gradient" else [a.detach() for a in flat]
-            tokens = [entering(session, name, first[name]) for name in streams]
-            matrices, arrived = combine_on_arrival(session, fwd.score.sum(), flat, seed, factors, tokens)
+            used = {name: list(range(first[name], depths[name])) if blocks == "all" else [first[name]] for name in streams}
+            if checkpoint:
+                (start,) = first.values()
+                fwd, matrices, arrived = attribution_block_by_block(adapter32, session, inputs32, target, start, used, weights)
+            else:
+                fwd = record_forward(adapter32, inputs32, target, gradients=True)
+                recorded = stream_attentions(adapter32, session, streams)
+                flat = [recorded[name][index] for name in streams for index in used[name]]
+                seed = unit_seed(fwd.score)
+                factors = session.backward(GRADIENT, fwd.score.sum(), flat, seed) if weights == "gradient" else [a.detach() for a in flat]
+                tokens = [entering(session, name, first[name]) for name in streams]
+                matrices, arrived = combine_on_arrival(session, fwd.score.sum(), flat, seed, factors, tokens)
     normalize = given_or(row_normalize, conventions.row_normalize)
     label = "transformer_attribution"
     scores, totals, pending = {}, [], iter(matrices)
@@ -87,7 +99,7 @@ def combine_on_arrival(
 
     def reducer(index: int):
         def hook(relevance: torch.Tensor) -> None:
-            matrices[index] = with_identity((factors[index] * relevance).clamp(min=0).mean(1))
+            matrices[index] = attribution_matrix(factors[index], relevance)
             factors[index] = None
 
         return hook
@@ -99,6 +111,47 @@ def combine_on_arrival(
         for handle in handles:
             handle.remove()
     return matrices, arrived
+
+
+def attribution_matrix(factor: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """One block's `I + E_h (F_b * R_b)^+`."""
+    return with_identity((factor * relevance).clamp(min=0).mean(1))
+
+
+def attribution_block_by_block(
+    adapter: Adapter, session: Session, inputs, target: Target, first: int, used: dict[str, list[int]], weights: str
+) -> tuple:
+    """`transformer_attribution`'s passes with `checkpoint=True` (one stream): the forward keeps no block's graph,
+    and the gradient and relevance passes cross one block run again at a time (`recompute.passes_down`), reduced
+    to its matrix there. `(forward, the used blocks' matrices, [relevance at the input of block first])`."""
+    recompute = BlockRecompute.of(adapter, inputs, forget=[session.attentions])
+    with recompute.recording():
+        fwd = record_forward(adapter, inputs, target, gradients=True)
+    modes = (GRADIENT, RELEVANCE) if weights == "gradient" else (RELEVANCE,)
+    seed = unit_seed(fwd.score)
+    at_output = {mode: session.backward(mode, fwd.score.sum(), [recompute.output], seed)[0] for mode in modes}
+    (blocks,) = used.values()
+    matrices: dict[int, torch.Tensor] = {}
+
+    def reduce(index: int, attentions: list[torch.Tensor], found: dict[str, list[torch.Tensor]]) -> None:
+        if index in blocks:
+            (attention,) = attentions
+            factor = found[GRADIENT][0] if weights == "gradient" else attention.detach()
+            matrices[index] = attribution_matrix(factor, found[RELEVANCE][0])
+
+    arrived = passes_down(recompute, first, at_output, session.backward, session.attentions, reduce)
+    return fwd, [matrices[index] for index in blocks], [arrived[RELEVANCE]]
+
+
+def relevance_to(session: Session, score: torch.Tensor, leaf: torch.Tensor, recompute: BlockRecompute | None) -> torch.Tensor:
+    """The relevance pass from `score` to `leaf` (the pixels, the token embeddings): at once, or with a
+    `recompute` whose recording ran the forward, block by block (`checkpoint=True`)."""
+    seed = unit_seed(score)
+    if recompute is None:
+        return session.backward(RELEVANCE, score.sum(), [leaf], seed)[0]
+    top = session.backward(RELEVANCE, score.sum(), [recompute.output], seed)[0]
+    below = passes_down(recompute, 0, {RELEVANCE: top}, session.backward, session.attentions)[RELEVANCE]
+    return session.backward(RELEVANCE, recompute.calls[0].entered, [leaf], below)[0]
 
 
 def partial_lrp(
@@ -115,13 +168,16 @@ def partial_lrp(
     how = given_or(cls_entry, adapter.conventions.partial_lrp.cls_entry)
     streams = adapter.streams(inputs)
     with full_precision(adapter, inputs) as (adapter32, inputs32):
-        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session, \
-                recording_block_inputs(adapter32, session, streams):
-            fwd = record_forward(adapter32, inputs32, target, gradients=True)
-            recorded = stream_attentions(adapter32, session, streams)
-            lasts = [recorded[name][-1] for name in streams]
-            tokens = [entering(session, name, -1) for name in streams]
-            found = session.backward(RELEVANCE, fwd.score.sum(), lasts + tokens, unit_seed(fwd.score))
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session:
+            if len(streams) == 1 and adapter32.blocks:
+                fwd, found = last_block_relevance(adapter32, session, inputs32, target)
+            else:
+                with recording_block_inputs(adapter32, session, streams):
+                    fwd = record_forward(adapter32, inputs32, target, gradients=True)
+                recorded = stream_attentions(adapter32, session, streams)
+                lasts = [recorded[name][-1] for name in streams]
+                tokens = [entering(session, name, -1) for name in streams]
+                found = session.backward(RELEVANCE, fwd.score.sum(), lasts + tokens, unit_seed(fwd.score))
     scores, totals = {}, []
     for (name, stream), relevance, arrived in zip(streams.items(), found[:len(streams)], found[len(streams):]):
         scores[name] = set_class_entry(readout_row(relevance.clamp(min=0).mean(1), stream), how, stream)
@@ -130,31 +186,48 @@ def partial_lrp(
     return per_stream_result(scores, totals, fwd)
 
 
+def last_block_relevance(adapter: Adapter, session: Session, inputs, target: Target) -> tuple:
+    """One-stream `partial_lrp`: the forward keeps no block's rule graph and the relevance pass crosses the last
+    block only, run again (`recompute`): `(forward, [relevance at its attention, at its input])`."""
+    recompute = BlockRecompute.of(adapter, inputs, forget=[session.attentions])
+    with recompute.recording():
+        fwd = record_forward(adapter, inputs, target, gradients=True)
+    top = session.backward(RELEVANCE, fwd.score.sum(), [recompute.output], unit_seed(fwd.score))[0]
+    at_attention: list[torch.Tensor] = []
+    arrived = passes_down(recompute, len(adapter.blocks) - 1, {RELEVANCE: top}, session.backward, session.attentions,
+                          lambda _index, _attentions, found: at_attention.append(found[RELEVANCE][0]))
+    return fwd, [*at_attention, arrived[RELEVANCE]]
+
+
 def lrp(
-    adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None, exact: bool = False
+    adapter: Adapter, inputs: torch.Tensor, target: Target, rules: str | None = None, cls_entry: str | None = None, exact: bool = False,
+    checkpoint: bool = False,
 ) -> tuple:
     """The paper's full-LRP baseline: vanilla rules down to the pixels (z^B at the patch embedding), `(B, H, W)`.
 
     Text models: relevance at the embedding output summed over the hidden dimension, `(B, T)` (the BERT
     reference's `generate_full_lrp`). `rules`: see `relevance.rule_set_for` (BERT: "paper"); `cls_entry`: see
-    `set_class_entry` (BERT: "zero"); `exact`: the authors' arithmetic.
+    `set_class_entry` (BERT: "zero"); `exact`: the authors' arithmetic. `checkpoint`: each block run again in the
+    backward, one block's rule graph held at a time (see `transformer_attribution`).
     """
     rule_set = rule_set_for(rules, adapter.conventions.lrp)
     stream = only_stream(adapter, inputs, "lrp")
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session:
+            recompute = BlockRecompute.of(adapter32, inputs32, forget=[session.attentions]) if checkpoint else None
+            recording = recompute.recording() if recompute else nullcontext()
             if stream.kind == "image":
                 pixels = inputs32.detach().requires_grad_(True)
-                fwd = record_forward(adapter32, pixels, target, gradients=True)
-                (relevance,) = session.backward(RELEVANCE, fwd.score.sum(), [pixels], unit_seed(fwd.score))
-                scores = relevance.sum(1)
+                with recording:
+                    fwd = record_forward(adapter32, pixels, target, gradients=True)
+                scores = relevance_to(session, fwd.score, pixels, recompute).sum(1)
                 return scores, fwd.indices, fwd.logits, conservation(scores, rule_set, "lrp")
-            with torch.enable_grad():
+            with torch.enable_grad(), recording:
                 tokens = adapter32.embed(inputs32)[stream.name].detach().requires_grad_(True)
                 logits, pre_logits = adapter32.forward_tokens(inputs32, {stream.name: tokens})
                 indices = resolve_target(target, logits)
                 score = target_score(target, indices, logits, pre_logits)
-            (relevance,) = session.backward(RELEVANCE, score.sum(), [tokens], unit_seed(score))
+            relevance = relevance_to(session, score, tokens, recompute)
     scores = masked(stream, relevance).sum(-1)
     details = conservation(scores, rule_set, "lrp")
     return set_class_entry(scores, given_or(cls_entry, adapter.conventions.lrp.cls_entry), stream), indices, logits.detach(), details

@@ -1,0 +1,131 @@
+"""`checkpoint=True` (transformer_attribution, lrp, generic_attention on one-stream models): each block runs again in
+the backward and the map is the one of the ordinary call, bit for bit in float64; the model is handed back as it
+was, also after a failure, and a user's forwards from another thread are untouched; families with several streams
+are refused by name. (partial_lrp on one-stream models always runs its last block this way: the golden tests check
+its maps against the authors'.)"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import relevancy
+from relevancy import recompute
+from relevancy.families import UnsupportedModelError
+from relevancy.lrp import engine
+from family_cases import FAMILIES
+from models import tiny_vit
+from test_model_unchanged import assert_same, snapshot
+from test_user_forwards import plain_output
+
+ONE_STREAM = ["timm_vit", "timm_vit_gated_attention", "timm_vit_swiglu", "hf_vit", "hf_dinov2_swiglu", "hf_bert",
+              "hf_roberta", "hf_distilbert", "causal_lm_llama", "causal_lm_gpt2"]
+CALLS = [
+    ("transformer_attribution", {}),
+    ("transformer_attribution", {"exact": True}),
+    ("transformer_attribution", {"blocks": "last"}),
+    ("transformer_attribution", {"weights": "attention", "start_layer": 1}),
+    ("lrp", {}),
+    ("lrp", {"exact": True}),
+    ("generic_attention", {}),
+    ("generic_attention", {"start_layer": -1}),
+]
+
+
+def assert_same_explanation(checkpointed, whole, what: str) -> None:
+    assert torch.equal(checkpointed.scores, whole.scores), what
+    assert torch.equal(checkpointed.logits, whole.logits), what
+    total = getattr(whole, "relevance_total", None)
+    if total is not None:
+        assert torch.equal(checkpointed.relevance_total, total), what
+
+
+@pytest.mark.parametrize("family", ONE_STREAM)
+def test_blocks_run_again_give_the_same_maps(family, monkeypatch):
+    case = FAMILIES[family]
+    model = case.build()
+    inputs, target = case.batch()
+    reruns = []
+    rerun = recompute.BlockRecompute.rerun
+    monkeypatch.setattr(recompute.BlockRecompute, "rerun", lambda self, index: reruns.append(index) or rerun(self, index))
+    for method, options in CALLS:
+        whole = relevancy.explain(model, inputs, method=method, target=target, **options)
+        reruns.clear()
+        checkpointed = relevancy.explain(model, inputs, method=method, target=target, checkpoint=True, **options)
+        assert_same_explanation(checkpointed, whole, f"{method} {options}")
+        assert reruns, f"{method} {options}: no block ran again"
+        assert reruns == sorted(reruns, reverse=True), "blocks run again from the last down"
+
+
+@pytest.mark.parametrize("family", ["clip_open_clip", "lxmert", "detr"])
+@pytest.mark.parametrize("method", ["transformer_attribution", "lrp", "generic_attention"])
+def test_families_with_several_streams_are_refused_by_name(family, method):
+    case = FAMILIES[family]
+    inputs, target = case.batch()
+    # lrp refuses these families whatever the options
+    expected = "one-stream|does not apply" if method == "lrp" else "checkpoint=True .* several token streams.*rows_at_once=1"
+    with pytest.raises(UnsupportedModelError, match=expected):
+        relevancy.explain(case.build(), inputs, method=method, target=target, checkpoint=True)
+
+
+@pytest.mark.parametrize("method", ["transformer_attribution", "lrp", "generic_attention"])
+def test_model_and_grad_mode_unchanged_after_a_failure_in_the_backward(method, monkeypatch):
+    model = tiny_vit()
+    before = snapshot(model)
+    rerun = recompute.BlockRecompute.rerun
+
+    def fail_after_rerun(self, index):
+        rerun(self, index)
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(recompute.BlockRecompute, "rerun", fail_after_rerun)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        relevancy.explain(model, torch.randn(2, 3, 32, 32), method=method, checkpoint=True)
+    assert_same(before, snapshot(model))
+    assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("method", ["transformer_attribution", "generic_attention"])
+def test_model_and_grad_mode_unchanged_after_a_failure_inside_a_block_of_the_forward(method):
+    model = tiny_vit()
+
+    def fail(*_args) -> None:
+        raise RuntimeError("injected failure")
+
+    handle = model.blocks[1].register_forward_hook(fail)  # the forward runs the block without a graph
+    try:
+        before = snapshot(model)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            relevancy.explain(model, torch.randn(2, 3, 32, 32), method=method, checkpoint=True)
+        assert_same(before, snapshot(model))
+        assert torch.is_grad_enabled()
+    finally:
+        handle.remove()
+
+
+def test_the_users_forwards_from_another_thread_are_untouched():
+    model = tiny_vit()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    expected = relevancy.explain(model, images, method="transformer_attribution").scores
+    normal = plain_output(model, images)
+    stop, outputs = threading.Event(), []
+
+    def users_forwards() -> None:
+        while not stop.is_set():
+            outputs.append(plain_output(model, images))
+
+    thread = threading.Thread(target=users_forwards)
+    thread.start()
+    try:
+        for _ in range(3):
+            for method in ("transformer_attribution", "lrp", "generic_attention"):
+                relevancy.explain(model, images, method=method, checkpoint=True)
+            scores = relevancy.explain(model, images, method="transformer_attribution", checkpoint=True).scores
+            torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-7)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert outputs
+    for output in outputs:
+        torch.testing.assert_close(output, normal, rtol=1e-4, atol=1e-4)
