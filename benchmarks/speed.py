@@ -1,12 +1,13 @@
 """Cost of each method in forward passes (method time / plain forward time, same batch, one process) and peak memory.
 
-    python benchmarks/speed.py [--batches 1 8] [--repeats 3] [--model vit_base_patch16_224] [--memory] [--exact]
+    python benchmarks/speed.py [--batches 1 8] [--repeats 3] [--model vit_base_patch16_224] [--memory] [--exact] [--checkpoint]
 
 Times are medians over `repeats`, methods interleaved with the plain forward so that machine load affects both.
 Peak memory (`--memory`) runs each measurement in a fresh subprocess (after one warm-up run, with the free heap
 handed back to the system) and reports the peak growth of resident memory during the run, as a ratio to a
 plain forward + backward (input and parameter gradients) measured the same way. `--exact` also times each LRP
-method with `exact=True` (the authors' arithmetic), interleaved with the rest.
+method with `exact=True` (the authors' arithmetic), `--checkpoint` each method that takes it with `checkpoint=True`,
+interleaved with the rest.
 """
 from __future__ import annotations
 
@@ -51,12 +52,18 @@ def seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_methods(model, batch: int, repeats: int, methods: list[str], exact: bool = False) -> dict:
+CHECKPOINT_METHODS = ("transformer_attribution", "lrp", "generic_attention")
+
+
+def time_methods(model, batch: int, repeats: int, methods: list[str], exact: bool = False, checkpoint: bool = False) -> dict:
     images = torch.randn(batch, 3, 224, 224)
     tokens = model.patch_embed.num_patches + model.num_prefix_tokens
     runs = {m: (lambda m=m: relevancy.explain(model, images, method=m)) for m in methods}
     if exact:
         runs.update({f"{m}, exact=True": (lambda m=m: relevancy.explain(model, images, method=m, exact=True)) for m in methods if m in LRP_METHODS})
+    if checkpoint:
+        runs.update({f"{m}, checkpoint=True": (lambda m=m: relevancy.explain(model, images, method=m, checkpoint=True))
+                     for m in methods if m in CHECKPOINT_METHODS})
     if "token_ablation" in methods:
         # the reference point for ablation: its N+1 sequences as plain batched forwards
         runs["n_plus_1_forwards"] = lambda: [plain_forward(model, images.expand(tokens, -1, -1, -1)[: tokens]) for _ in range(batch)]
@@ -119,6 +126,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(PATCH_METHODS))
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--exact", action="store_true", help="also time the LRP methods with exact=True")
+    parser.add_argument("--checkpoint", action="store_true", help="also time the methods that take checkpoint=True with it")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -132,7 +140,7 @@ def main() -> None:
     model = build(args.model)
     print(f"# {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     for batch in args.batches:
-        result = time_methods(model, batch, args.repeats, methods, args.exact)
+        result = time_methods(model, batch, args.repeats, methods, args.exact, args.checkpoint)
         print(f"batch {batch}: plain forward {result.pop('forward_seconds'):.3f} s")
         for name, ratio in result.items():
             print(f"  {name:40s} {ratio:6.2f} x forward")

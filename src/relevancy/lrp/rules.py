@@ -21,6 +21,8 @@ RELATIVE_FLOOR = 3e-2
 CANCELLATION_RATIO = 4.0
 # ... term by term in a row where one entry in this many at most cancels; beyond, the whole row
 CANCELLED_SHARE_LIMIT = 128
+# the Linear rule computes only the rows with relevance where they are at most this share of all rows
+LIVE_ROW_SHARE = 0.25
 
 
 def safe_divide(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
@@ -90,8 +92,15 @@ def linear_alpha1_beta0(
     conserves relevance; the vanilla rule divides each part by itself, which does not. `output`, when the caller
     has it from the forward pass, is `x W^T + bias` (`bias` None for none): on token sequences the paper's rule then
     takes the product from it instead of computing it again (`positive_part_sum`). Every term is a sum of non-negative products, to the precision that
-    `positive_part_sum` states.
+    `positive_part_sum` states. Where few rows (tokens) carry relevance (`live_rows`), only those are computed.
     """
+    live = live_rows(relevance) if x.ndim >= 3 else None
+    if live is not None:
+        flat_x, flat_r = x.reshape(-1, x.shape[-1]), relevance.reshape(-1, relevance.shape[-1])
+        shares = torch.zeros_like(flat_x)
+        # two-dimensional: the direct sum, so that the rows' numbers do not depend on which others run with them
+        shares[live] = linear_alpha1_beta0(flat_x[live], weight, flat_r[live], shared_denominator)
+        return shares.view(x.shape)
     if not shared_denominator:
         (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), sign_parts(weight)
         s_pos = safe_divide_into(relevance, F.linear(x_pos, w_pos))
@@ -108,6 +117,14 @@ def linear_alpha1_beta0(
     s = safe_divide_into(relevance, z)
     # x+ (s W+) + x- (s W-) with W+- = (W +- |W|) / 2: two products, against W and |W|
     return (s @ weight).mul_(x).addcmul_(x_abs, s @ w_abs).mul_(0.5)
+
+
+def live_rows(relevance: torch.Tensor) -> torch.Tensor | None:
+    """The indices of the rows (tokens, over every dimension but the last) with any relevance, where they are at most
+    `LIVE_ROW_SHARE` of all rows (the last block under a [CLS] readout: one row per input); None otherwise."""
+    live = relevance.reshape(-1, relevance.shape[-1]).ne(0).any(-1)
+    count = int(live.sum())
+    return live.nonzero().squeeze(1) if count <= LIVE_ROW_SHARE * len(live) else None
 
 
 def direct_positive_part_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
