@@ -94,18 +94,11 @@ def linear_alpha1_beta0(
     takes the product from it instead of computing it again (`positive_part_sum`). Every term is a sum of non-negative products, to the precision that
     `positive_part_sum` states. Where few rows (tokens) carry relevance (`live_rows`), only those are computed.
     """
-    live = live_rows(relevance) if x.ndim >= 3 else None
+    live = live_rows(relevance, len(x)) if x.ndim >= 3 else None
     if live is not None:
-        flat_x, flat_r = x.reshape(-1, x.shape[-1]), relevance.reshape(-1, relevance.shape[-1])
-        shares = torch.zeros_like(flat_x)
-        # two-dimensional: the direct sum, so that the rows' numbers do not depend on which others run with them
-        shares[live] = linear_alpha1_beta0(flat_x[live], weight, flat_r[live], shared_denominator)
-        return shares.view(x.shape)
+        return rows_one_at_a_time(x, weight, relevance, live, shared_denominator)
     if not shared_denominator:
-        (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), sign_parts(weight)
-        s_pos = safe_divide_into(relevance, F.linear(x_pos, w_pos))
-        s_neg = safe_divide_into(relevance, F.linear(x_neg, w_neg))
-        return (s_pos @ w_pos).mul_(x_pos).addcmul_(x_neg, s_neg @ w_neg)
+        return direct_rule(x, sign_parts(weight), relevance, shared_denominator)
     x_abs, w_abs = x.abs(), weight.abs()
     if output is None or x.ndim < 3:
         # no product to reuse, or one row per input (a head), where BLAS's few-row kernels would make a batch's
@@ -119,12 +112,37 @@ def linear_alpha1_beta0(
     return (s @ weight).mul_(x).addcmul_(x_abs, s @ w_abs).mul_(0.5)
 
 
-def live_rows(relevance: torch.Tensor) -> torch.Tensor | None:
-    """The indices of the rows (tokens, over every dimension but the last) with any relevance, where they are at most
-    `LIVE_ROW_SHARE` of all rows (the last block under a [CLS] readout: one row per input); None otherwise."""
+def live_rows(relevance: torch.Tensor, inputs: int) -> torch.Tensor | None:
+    """The indices of the rows (tokens, over every dimension but the last) with any relevance, where there are at
+    most as many as `inputs` and at most `LIVE_ROW_SHARE` of all rows (the last block under a readout row: one row
+    per input); None otherwise."""
     live = relevance.reshape(-1, relevance.shape[-1]).ne(0).any(-1)
     count = int(live.sum())
-    return live.nonzero().squeeze(1) if count <= LIVE_ROW_SHARE * len(live) else None
+    return live.nonzero().squeeze(1) if count <= min(inputs, LIVE_ROW_SHARE * len(live)) else None
+
+
+def rows_one_at_a_time(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, rows: torch.Tensor, shared_denominator: bool) -> torch.Tensor:
+    """The rule on the given rows only (zeros elsewhere), each row alone: a row's numbers do not depend on which
+    other rows a call runs (BLAS's kernels differ with the number of rows), so a batch gives each input's."""
+    flat_x, flat_r = x.reshape(-1, x.shape[-1]), relevance.reshape(-1, relevance.shape[-1])
+    shares, weight_parts = torch.zeros_like(flat_x), sign_parts(weight)
+    for row in rows.tolist():
+        shares[row] = direct_rule(flat_x[row:row + 1], weight_parts, flat_r[row:row + 1], shared_denominator)[0]
+    return shares.view(x.shape)
+
+
+def direct_rule(
+    x: torch.Tensor, weight_parts: tuple[torch.Tensor, torch.Tensor], relevance: torch.Tensor, shared_denominator: bool
+) -> torch.Tensor:
+    """The alpha1-beta0 rule from the positive and negative parts (`sign_parts` of the weight) directly: every sum is
+    of non-negative terms, nothing cancels."""
+    (x_pos, x_neg), (w_pos, w_neg) = sign_parts(x), weight_parts
+    z_pos, z_neg = F.linear(x_pos, w_pos), F.linear(x_neg, w_neg)
+    if shared_denominator:
+        s_pos = s_neg = safe_divide_into(relevance, z_pos.add_(z_neg))
+    else:
+        s_pos, s_neg = safe_divide_into(relevance, z_pos), safe_divide_into(relevance, z_neg)
+    return (s_pos @ w_pos).mul_(x_pos).addcmul_(x_neg, s_neg @ w_neg)
 
 
 def direct_positive_part_sum(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
