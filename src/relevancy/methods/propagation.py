@@ -60,14 +60,14 @@ def transformer_attribution(
         first[name] = {"all": start, "last": depths[name] - 1, "first": 0}[blocks]
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         model = adapter32.model
-        with relevance_session(model, adapter32.relevance_rule_map(), PAPER.with_exact(exact)) as session, \
-                recording_block_inputs(adapter32, session, streams):
+        with relevance_session(model, adapter32.relevance_rule_map(), PAPER.with_exact(exact)) as session:
             used = {name: list(range(first[name], depths[name])) if blocks == "all" else [first[name]] for name in streams}
             if checkpoint:
                 (start,) = first.values()
                 fwd, matrices, arrived = attribution_block_by_block(adapter32, session, inputs32, target, start, used, weights)
             else:
-                fwd = record_forward(adapter32, inputs32, target, gradients=True)
+                with recording_block_inputs(adapter32, session, streams):
+                    fwd = record_forward(adapter32, inputs32, target, gradients=True)
                 recorded = stream_attentions(adapter32, session, streams)
                 flat = [recorded[name][index] for name in streams for index in used[name]]
                 seed = unit_seed(fwd.score)
