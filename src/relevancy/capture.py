@@ -9,6 +9,7 @@ import torch
 
 from .families.base import Adapter, forward_hooks
 from .guard import this_thread_only
+from .recompute import tokens_in, with_tokens_in
 from .streams import AttentionSite
 from .targets import Target, resolve_target, target_score
 
@@ -110,9 +111,7 @@ def graph_from_last_block(blocks: list, recorded: dict[str, torch.Tensor]) -> It
 
     def before_last(_module, args: tuple, kwargs: dict):
         torch.set_grad_enabled(True)
-        if args:
-            return (leaf(args[0]), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": leaf(kwargs["hidden_states"])}
+        return with_tokens_in(args, kwargs, leaf(tokens_in(args, kwargs)))
 
     handles = [blocks[0].register_forward_pre_hook(this_thread_only(before_first)),
                blocks[-1].register_forward_pre_hook(this_thread_only(before_last), with_kwargs=True)]

@@ -24,11 +24,13 @@ from .guard import this_thread_only
 Backward = Callable[[str, torch.Tensor, list[torch.Tensor], torch.Tensor], list[torch.Tensor]]
 
 
-def _tokens_in(args: tuple, kwargs: dict) -> torch.Tensor:
+def tokens_in(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The tokens a block is called with: its first argument, or Hugging Face's `hidden_states` keyword."""
     return args[0] if args else kwargs["hidden_states"]
 
 
-def _with_tokens_in(args: tuple, kwargs: dict, tokens: torch.Tensor) -> tuple[tuple, dict]:
+def with_tokens_in(args: tuple, kwargs: dict, tokens: torch.Tensor) -> tuple[tuple, dict]:
+    """A block's call with other tokens in their place (see `tokens_in`)."""
     if args:
         return (tokens, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": tokens}
@@ -82,7 +84,7 @@ class BlockRecompute:
         def before(_module, args: tuple, kwargs: dict) -> None:
             if self.rerunning:
                 return
-            self.calls.append(BlockCall(args, kwargs, _tokens_in(args, kwargs), torch.is_grad_enabled()))
+            self.calls.append(BlockCall(args, kwargs, tokens_in(args, kwargs), torch.is_grad_enabled()))
             lengths[:] = [len(kept) for kept in self.forget]
             torch.set_grad_enabled(False)
 
@@ -118,7 +120,7 @@ class BlockRecompute:
         """Block `index` run again with its graph: `(its input, a leaf; its output tokens)`."""
         call = self.calls[index]
         tokens = call.entered.detach().requires_grad_(True)
-        args, kwargs = _with_tokens_in(call.args, call.kwargs, tokens)
+        args, kwargs = with_tokens_in(call.args, call.kwargs, tokens)
         self.rerunning = True
         try:
             with torch.enable_grad():
