@@ -142,16 +142,19 @@ def checkpoint_refused(adapter: Adapter) -> UnsupportedModelError:
 def passes_down(
     recompute: BlockRecompute,
     first: int,
-    at_output: dict[str, torch.Tensor],
+    score: torch.Tensor,
+    modes: tuple[str, ...],
     backward: Backward,
     made: list[torch.Tensor],
     visit: Callable[[int, list[torch.Tensor], dict[str, list[torch.Tensor]]], None] = lambda *_: None,
 ) -> dict[str, torch.Tensor]:
-    """Carry each pass (`at_output`: mode -> its values at the last block's output) down to the input of block
-    `first`, one block run again at a time. `made`: the list a rerun appends its attention probabilities to (read
-    and emptied after each block); `visit(block, those tensors, per mode the pass's values at them)`. Returns per
-    mode the values at the input of block `first`."""
-    at = dict(at_output)
+    """Each pass (`modes`, run by `backward`) from the explained `score` `(B,)`, recorded while `recompute` recorded
+    the forward, down to the input of block `first`: through the graph after the blocks to the last block's
+    output, then one block run again at a time. `made`: the list a rerun appends its attention probabilities to
+    (read and emptied after each block); `visit(block, those tensors, per mode the pass's values at them)`. Returns
+    per mode the values at the input of block `first`."""
+    total = score.sum()
+    at = {mode: backward(mode, total, [recompute.output], torch.ones_like(total))[0] for mode in modes}
     for index in reversed(range(first, len(recompute.blocks))):
         made.clear()
         tokens, output = recompute.rerun(index)

@@ -142,8 +142,7 @@ def generic_attention_block_by_block(adapter: Adapter, inputs: Any, target: Targ
         cams[index] = with_identity(coattention.weighted_head_mean(found["gradient"][0], attention.detach()))
 
     with forward_hooks([site.probabilities for site in adapter.attention_sites()], keep):
-        top = gradient_pass("gradient", fwd.score.sum(), [recompute.output], torch.ones_like(fwd.score.sum()))[0]
-        passes_down(recompute, first, {"gradient": top}, gradient_pass, made, reduce)
+        passes_down(recompute, first, fwd.score, ("gradient",), gradient_pass, made, reduce)
     updates = [cams[index] for index in range(first, len(adapter.blocks))]
     scores = per_stream(adapter, inputs, how, lambda s: readout_chain(updates, s))
     return scores, fwd.indices, fwd.logits

@@ -128,8 +128,6 @@ def attribution_block_by_block(
     with recompute.recording():
         fwd = record_forward(adapter, inputs, target, gradients=True)
     modes = (GRADIENT, RELEVANCE) if weights == "gradient" else (RELEVANCE,)
-    seed = unit_seed(fwd.score)
-    at_output = {mode: session.backward(mode, fwd.score.sum(), [recompute.output], seed)[0] for mode in modes}
     (blocks,) = used.values()
     matrices: dict[int, torch.Tensor] = {}
 
@@ -139,18 +137,16 @@ def attribution_block_by_block(
             factor = found[GRADIENT][0] if weights == "gradient" else attention.detach()
             matrices[index] = attribution_matrix(factor, found[RELEVANCE][0])
 
-    arrived = passes_down(recompute, first, at_output, session.backward, session.attentions, reduce)
+    arrived = passes_down(recompute, first, fwd.score, modes, session.backward, session.attentions, reduce)
     return fwd, [matrices[index] for index in blocks], [arrived[RELEVANCE]]
 
 
 def relevance_to(session: Session, score: torch.Tensor, leaf: torch.Tensor, recompute: BlockRecompute | None) -> torch.Tensor:
     """The relevance pass from `score` to `leaf` (the pixels, the token embeddings): at once, or with a
     `recompute` whose recording ran the forward, block by block (`checkpoint=True`)."""
-    seed = unit_seed(score)
     if recompute is None:
-        return session.backward(RELEVANCE, score.sum(), [leaf], seed)[0]
-    top = session.backward(RELEVANCE, score.sum(), [recompute.output], seed)[0]
-    below = passes_down(recompute, 0, {RELEVANCE: top}, session.backward, session.attentions)[RELEVANCE]
+        return session.backward(RELEVANCE, score.sum(), [leaf], unit_seed(score))[0]
+    below = passes_down(recompute, 0, score, (RELEVANCE,), session.backward, session.attentions)[RELEVANCE]
     return session.backward(RELEVANCE, recompute.calls[0].entered, [leaf], below)[0]
 
 
@@ -192,9 +188,8 @@ def last_block_relevance(adapter: Adapter, session: Session, inputs, target: Tar
     recompute = BlockRecompute.of(adapter, inputs, forget=[session.attentions])
     with recompute.recording():
         fwd = record_forward(adapter, inputs, target, gradients=True)
-    top = session.backward(RELEVANCE, fwd.score.sum(), [recompute.output], unit_seed(fwd.score))[0]
     at_attention: list[torch.Tensor] = []
-    arrived = passes_down(recompute, len(adapter.blocks) - 1, {RELEVANCE: top}, session.backward, session.attentions,
+    arrived = passes_down(recompute, len(adapter.blocks) - 1, fwd.score, (RELEVANCE,), session.backward, session.attentions,
                           lambda _index, _attentions, found: at_attention.append(found[RELEVANCE][0]))
     return fwd, [*at_attention, arrived[RELEVANCE]]
 
