@@ -119,3 +119,44 @@ def test_explanations_ignore_the_users_forwards_from_another_thread(family):
     scale = normal.abs().max().item()
     for output in outputs:
         torch.testing.assert_close(output, normal, rtol=1e-4, atol=1e-4 * max(scale, 1.0))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_generations_ignore_the_users_padded_forwards_and_generate_from_another_thread(arch):
+    """The user's padded batch (transformers' sdpa mask: boolean) and `generate()` (a KV cache, one query per step)
+    in another thread while `explain_generation` and `explain` switch the decoder's attention: the user's calls run
+    the model's own attention and mask whenever the switch happens, and give their normal outputs."""
+    from test_generation import Characters
+
+    model = build_llm(arch, implementation="sdpa")
+    padded = llm_batch("right")
+    prompt_ids = padded["input_ids"][:1, :5]
+    normal = plain_output(model, padded)
+    settings = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        generated = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), **settings)
+    stop, errors, calls = threading.Event(), [], [0]
+
+    def users_calls() -> None:
+        while not stop.is_set():
+            try:
+                torch.testing.assert_close(plain_output(model, padded), normal, rtol=1e-6, atol=1e-6)
+                with torch.no_grad():
+                    again = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), **settings)
+                assert torch.equal(again, generated)
+            except BaseException as error:  # reported below
+                errors.append(error)
+            calls[0] += 1
+
+    thread = threading.Thread(target=users_calls)
+    thread.start()
+    try:
+        for _ in range(ROUNDS * 2):
+            for method in ("generic_attention", "attnlrp"):
+                relevancy.explain_generation(model, Characters(), "abcdefgh", max_new_tokens=4, method=method)
+            relevancy.explain(model, padded, method="generic_attention")
+    finally:
+        stop.set()
+        thread.join(120)
+    assert calls[0] > 0, "the user's thread ran no call"
+    assert not errors, f"{len(errors)} of the user's {calls[0]} calls went wrong: {errors[0]!r}"

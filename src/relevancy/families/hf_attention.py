@@ -1,6 +1,13 @@
 """What the transformers families share: the eager attention relevancy registers under `EXACT_ATTENTION`, the
 switch of a model's configs to it for one call, and the leaf rules of transformers' modules.
 
+A config's attention implementation is read by every thread that runs the model, and the lock of a call does not
+hold back the user's own forwards from other threads. So every implementation relevancy switches a config to is
+registered thread-gated (`register_gated`): its attention and mask functions act in the thread that switched the
+config (`switch_attention`); in any other thread they run the config's own implementation (its mask and its
+attention), so a forward or `generate()` of the user's computes as if nothing were switched, whenever the switch
+happens between the mask and the attention of that forward.
+
 transformers' own eager attention computes the softmax in float32 even for float64 models (about 1e-8 off the
 authors' float64 code) and sdpa returns no probabilities. This one is relevancy's one attention
 (`lrp.attention.attend`, outside a session; the rule-aware forwards are the same function inside one): the softmax
@@ -10,8 +17,11 @@ a model's configs to it for a call and restore them after.
 """
 from __future__ import annotations
 
+import sys
+import threading
+import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +33,13 @@ from ._shared import eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
 EXACT_ATTENTION = "relevancy_exact_eager"
+# transformers' own eager attention of each model (and its eager mask), registered thread-gated under this name
+EAGER = "relevancy_eager"
+
+#: per switched config (by id): [the thread that holds the switch (None once given back), the config's own
+#: implementation, how many switches the thread holds on it]; an entry lives as long as its config
+_switches: dict[int, list[Any]] = {}
+_switches_lock = threading.Lock()
 
 
 def on_graph(probabilities: torch.Tensor) -> torch.Tensor:
@@ -56,13 +73,86 @@ def transformers_leaves() -> dict[type, ForwardFactory]:
     return {**default_leaves(), **{cls: ACTIVATION for cls in classes if isinstance(cls, type)}}
 
 
-def register_exact_attention() -> None:
-    """Register the exact eager attention and its mask function (transformers' eager mask) under EXACT_ATTENTION."""
+def _elsewhere(config: object) -> tuple[bool, str | None]:
+    """`(True, the config's own implementation)` in a thread other than the one holding a switch of `config`, else
+    `(False, None)`."""
+    entry = _switches.get(id(config))
+    if entry is None or entry[0] == threading.get_ident():
+        return False, None
+    return True, entry[1]
+
+
+def _own_attention(module: nn.Module, implementation: str | None) -> Callable[..., Any]:
+    """The attention function `module` runs under `implementation` (its modeling file's eager one for "eager")."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation not in (None, "eager") and implementation in ALL_ATTENTION_FUNCTIONS:
+        return ALL_ATTENTION_FUNCTIONS[implementation]
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def register_gated(name: str, attention: Callable[..., Any], mask: Callable[..., Any]) -> None:
+    """Register `attention` and its `mask` function under `name` in transformers' registries, acting only in the
+    thread that switched the config to `name` (`switch_attention`); in any other thread the config's own
+    implementation's attention and mask run instead."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
-    AttentionInterface.register(EXACT_ATTENTION, exact_eager_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(EXACT_ATTENTION, eager_mask)
+    def gated_attention(module, *args, **kwargs):
+        other, own = _elsewhere(getattr(module, "config", None))
+        return (_own_attention(module, own) if other else attention)(module, *args, **kwargs)
+
+    def gated_mask(*args, **kwargs):
+        other, own = _elsewhere(kwargs.get("config"))
+        return (ALL_MASK_ATTENTION_FUNCTIONS.get(own or "eager", eager_mask) if other else mask)(*args, **kwargs)
+
+    AttentionInterface.register(name, gated_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, gated_mask)
+
+
+def _eager(module, *args, **kwargs):
+    """transformers' own eager attention of `module`'s model."""
+    return _own_attention(module, "eager")(module, *args, **kwargs)
+
+
+def register_exact_attention() -> None:
+    """Register the exact eager attention under EXACT_ATTENTION and transformers' own eager one under EAGER, each
+    with transformers' eager mask, thread-gated."""
+    from transformers.masking_utils import eager_mask
+
+    register_gated(EXACT_ATTENTION, exact_eager_attention, eager_mask)
+    register_gated(EAGER, _eager, eager_mask)
+
+
+def switch_attention(configs: list, name: str) -> Callable[[], None]:
+    """Switch `configs` to the gated implementation `name` for the calling thread (other threads keep running each
+    config's own implementation); returns what gives every config back its implementation. Nested switches by one
+    thread keep the outermost's record of the config's own implementation."""
+    before = [getattr(c, "_attn_implementation", None) for c in configs]
+    owner = threading.get_ident()
+    with _switches_lock:
+        for config, own in zip(configs, before):
+            entry = _switches.get(id(config))
+            if entry is None:
+                entry = _switches[id(config)] = [None, own, 0]
+                weakref.finalize(config, _switches.pop, id(config), None)
+            if entry[2] == 0:
+                entry[0], entry[1] = owner, own
+            entry[2] += 1
+    for config in configs:
+        config._attn_implementation = name
+
+    def restore() -> None:
+        for config, value in zip(configs, before):  # parents first: a parent's setter also sets its sub-configs
+            if getattr(config, "_attn_implementation", None) != value:
+                config._attn_implementation = value
+        with _switches_lock:
+            for config in configs:
+                entry = _switches[id(config)]
+                entry[2] -= 1
+                if entry[2] == 0:
+                    entry[0] = None  # kept: a forward that read the name just before may still call in
+    return restore
 
 
 def attention_probabilities(output: object) -> torch.Tensor:
@@ -79,19 +169,16 @@ def attention_probabilities(output: object) -> torch.Tensor:
 
 @contextmanager
 def explaining_call(model: nn.Module, implementation: str | None) -> Iterator[None]:
-    """Eval mode and, with `implementation` (EXACT_ATTENTION, or "eager"), that attention in every config of the
-    model for one call; modes and implementations restored after, also after an exception."""
-    configs = transformers_configs(model)
-    before = [getattr(c, "_attn_implementation", None) for c in configs]
+    """Eval mode and, with `implementation` (EXACT_ATTENTION, or EAGER: transformers' own eager attention), that
+    attention in every config of the model for one call, in the calling thread (`switch_attention`); modes and
+    implementations restored after, also after an exception."""
     with eval_mode(model):
+        restore = None
         try:
             if implementation is not None:
-                if implementation == EXACT_ATTENTION:
-                    register_exact_attention()
-                for config in configs:
-                    config._attn_implementation = implementation
+                register_exact_attention()
+                restore = switch_attention(transformers_configs(model), implementation)
             yield
         finally:
-            for config, value in zip(configs, before):  # parents first: a parent's setter also sets its sub-configs
-                if getattr(config, "_attn_implementation", None) != value:
-                    config._attn_implementation = value
+            if restore is not None:
+                restore()

@@ -24,7 +24,7 @@ from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import Adapter, UnsupportedModelError
-from ..hf_attention import attention_probabilities, explaining_call
+from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
 from ..hf_bert.batch import TextBatch
 from .layouts import Layout, layout_of
@@ -38,8 +38,7 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
     """The name under which the attention under `rules` is registered: with `probabilities`, the exact eager one
     (and transformers' eager mask); without, torch's fused kernel (and transformers' sdpa mask), which keeps no
     `(T, T)` matrix for the backward."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
+    from transformers.masking_utils import eager_mask, sdpa_mask
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -48,15 +47,13 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
         return fused_attention(rules, query, key, value, attention_mask, scale), None
 
     name = ATTENTION_NAMES[None if rules is None else rules.name] + ("" if probabilities else "_fused")
-    AttentionInterface.register(name, attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask if probabilities else sdpa_mask)
+    register_gated(name, attention_forward, eager_mask if probabilities else sdpa_mask)
     return name
 
 
 def additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
     """The decoder's mask as the eager attention adds it: transformers' eager mask as it is, an sdpa mask (boolean,
-    True where allowed; None for plainly causal) turned into one. A forward of the user's from another thread whose
-    mask was made before a call switched the config still gets its causal attention."""
+    True where allowed; None for plainly causal) turned into one."""
     if mask is None:
         return causal_mask(query.shape[-2], key.shape[-2], query) if query.shape[-2] > 1 else None
     if mask.dtype == torch.bool:
@@ -169,21 +166,15 @@ class CausalLMAdapter(Adapter):
         """The attention under `rules` in every config (the exact eager one where the call reads the
         `probabilities`, else torch's fused kernel) and, with rules, the layout's rule forwards on its MLPs and norms
         (instance attributes); everything restored after, also after an exception."""
-        configs = transformers_configs(self.model)
-        before = [c._attn_implementation for c in configs]
         rule_forwards = [] if rules is None else [
             (module, forward(module, rules)) for module in self.decoder.modules()
             if (forward := self.layout.rule_forward(module)) is not None]
+        restore = switch_attention(transformers_configs(self.model), _registered_attention(rules, probabilities))
         try:
-            name = _registered_attention(rules, probabilities)
-            for config in configs:
-                config._attn_implementation = name
             with forwards_replaced(rule_forwards):
                 yield
         finally:
-            for config, value in zip(configs, before):
-                if config._attn_implementation != value:
-                    config._attn_implementation = value
+            restore()
 
     def embed(self, inputs: TextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
         """The token embeddings `(B, T, D)` (positions are added inside the decoder: RoPE, or GPT-2's table);

@@ -29,7 +29,7 @@ from torch import nn
 from ...guard import exclusive, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from .._shared import UnsupportedModelError, eval_mode, transformers_configs
-from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention
+from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention, switch_attention
 
 IMAGE, TEXT = "image", "text"
 TOWERS = (IMAGE, TEXT)
@@ -219,16 +219,7 @@ class _TransformersTowers(ClipTowers):
 
     def _install(self, recorder: Recorder, undo: list[Callable[[], None]]) -> None:
         register_exact_attention()
-        configs = transformers_configs(self.model)
-        saved = [(c, c._attn_implementation) for c in configs]
-
-        def restore() -> None:
-            for config, implementation in saved:  # parents first: a parent's setter also sets its sub-configs
-                config._attn_implementation = implementation
-
-        undo.append(restore)
-        for config in configs:
-            config._attn_implementation = EXACT_ATTENTION
+        undo.append(switch_attention(transformers_configs(self.model), EXACT_ATTENTION))
         for tower, blocks in self._blocks.items():
             for index, layer in enumerate(blocks):
                 hook = layer.self_attn.register_forward_hook(this_thread_only(

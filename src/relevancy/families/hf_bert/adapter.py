@@ -30,7 +30,7 @@ from ...lrp.engine import ForwardFactory
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import Adapter, UnsupportedModelError
-from ..hf_attention import attention_probabilities, explaining_call
+from ..hf_attention import EAGER, attention_probabilities, explaining_call
 from .batch import TextBatch
 from .rules import bert_rules, distilbert_rules, roberta_rules
 
@@ -283,7 +283,7 @@ class HFBertAdapter(Adapter):
     # -- running ------------------------------------------------------------------------------------------
     def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
         """Eval mode and, if asked, transformers' eager attention (it returns the probabilities) for one call."""
-        return explaining_call(self.model, "eager" if attention_probabilities else None)
+        return explaining_call(self.model, EAGER if attention_probabilities else None)
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""

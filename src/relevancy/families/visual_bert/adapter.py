@@ -35,7 +35,7 @@ from ...streams import AttentionSite, Hookable, Stream
 from ...guard import this_thread_only
 from .._shared import transformers_configs
 from ..base import Adapter, UnsupportedModelError
-from ..hf_attention import explaining_call
+from ..hf_attention import EAGER, explaining_call
 from ..regions import (
     METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
     class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
@@ -47,8 +47,6 @@ REQUIRED = ("input_ids", "visual_embeds")
 OPTIONAL = ("attention_mask", "token_type_ids", "visual_attention_mask", "visual_token_type_ids")
 # transformers' VisualBERT heads whose output is not one row of answer logits per input
 OTHER_HEADS = ("VisualBertForPreTraining", "VisualBertForMultipleChoice", "VisualBertForRegionToPhraseAlignment")
-# the attention implementation whose mask VisualBERT's hand-written attention adds to its scores
-EAGER = "eager"
 
 
 def _modeling() -> Any:
@@ -174,7 +172,7 @@ class VisualBertAdapter(Adapter):
     def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
         """Eval mode (dropout off: the dropout modules hand the softmax output on) and the eager attention mask (an
         additive float mask, what VisualBERT's attention adds to its scores) for the call; both restored after."""
-        return explaining_call(self.model, EAGER)
+        return explaining_call(self.model, EAGER)  # its mask is eager's, the one VisualBERT's attention adds
 
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
