@@ -111,7 +111,8 @@ def test_the_attention_methods_read_one_forward_for_every_token(model, method, m
     assert result.signed == relevancy.api.get_method(method).signed
     # a long prompt's rows in groups that fit the memory budget: a forward per group, the same rows
     sites = len(relevancy.families.adapter_for(model).attention_sites())
-    monkeypatch.setattr(relevancy.generation, "SHARED_ROWS_BYTES", 2 * sites * (len(PROMPT) + 5) ** 2 * 4)
+    forward, per_row = relevancy.generation.shared_forward_memory(model, sites, len(PROMPT) + 5, method)
+    monkeypatch.setattr(relevancy.generation, "MEMORY_BUDGET", forward + 2 * per_row)
     forwards.clear()
     handle = decoder.register_forward_hook(lambda _m, _i, _o: forwards.append(1))
     try:

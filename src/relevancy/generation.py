@@ -29,8 +29,21 @@ SHARED_FORWARD_METHODS = ("raw_attention", "rollout", "attention_gradcam", "gene
 #: the methods that explain every generated token from one forward: the decoders' input-relevance methods (batched
 #: backward passes), then the shared-forward ones (a backward per token where they take gradients)
 GENERATION_METHODS = (*INPUT_RELEVANCE_RULES, *SHARED_FORWARD_METHODS)
-#: the memory the shared-forward methods' per-row attention matrices may take at once (rows beyond it: another forward)
-SHARED_ROWS_BYTES = 2**30
+#: the memory a shared-forward method may take at once (`shared_forward_memory`): rows beyond it run in another
+#: forward; a call whose one forward alone exceeds it is refused, naming the estimate
+MEMORY_BUDGET = 2**30
+#: per shared-forward method, what it holds in `(T + G, T + G)` matrices of the explained dtype, measured on CPU
+#: (tests/test_generation_memory.py): `(for the forward: per attention site and head, per site; for each row: per
+#: site, per head of the last site)`. Generic attention keeps every site's probabilities and their gradient for the
+#: forward and a weighted head mean with its identity per row; Grad-CAM a full gradient of the last site per row;
+#: rollout and raw attention each site's head mean, rollout a chain per site and row, raw attention a row of it
+MATRICES = {
+    "generic_attention": (4, 0, 3, 0),
+    "attention_gradcam": (0, 0, 0, 3),
+    "rollout": (0, 2, 3, 0),
+    "raw_attention": (0, 3, 1, 0),
+    "cdam": (0, 0, 0, 1),
+}
 #: the most tokens one call generates (or reads as a continuation): G backward passes, a (G, T + G) matrix
 MAX_NEW_TOKENS = 256
 
@@ -141,9 +154,25 @@ def _shared_forward_rows(model: nn.Module, sites: int, ids: torch.Tensor, prompt
     length = ids.shape[1]
     rows = causal_rows(prompt_length, length, ids.device).long()
     generated = ids[0, prompt_length:]
-    # each row holds a (T, T) matrix per attention site: long prompts run the rows in groups that fit the budget,
-    # one forward per group
-    per_row = sites * length * length * 4
+    forward, per_row = shared_forward_memory(model, sites, length, method)
+    if forward + per_row > MEMORY_BUDGET:
+        raise ValueError(
+            f"explain_generation with {method} on {length} tokens needs about {(forward + per_row) / 2**20:,.0f} MiB for one "
+            f"forward's attention matrices, over the budget of {MEMORY_BUDGET / 2**20:,.0f} MiB "
+            f"(relevancy.generation.MEMORY_BUDGET): shorten the prompt, generate fewer tokens, or use "
+            f"{', '.join(INPUT_RELEVANCE_RULES)} (no (T, T) matrices)")
+    # long prompts run the rows in groups that fit the budget, one forward per group
     explanation = explain(model, {"input_ids": ids.expand(len(generated), -1), "attention_mask": rows}, method=method,
-                          target=generated.tolist(), rows_at_once=max(1, SHARED_ROWS_BYTES // per_row))
+                          target=generated.tolist(), rows_at_once=int((MEMORY_BUDGET - forward) // per_row) if per_row else None)
     return explanation.scores, explanation.logits.gather(1, generated[:, None].to(explanation.logits.device))[:, 0]
+
+
+def shared_forward_memory(model: nn.Module, sites: int, length: int, method: str) -> tuple[int, int]:
+    """`(bytes of the one forward, bytes per explained row)` that shared-forward `method` holds on a decoder of `sites`
+    attention sites over a sequence of `length` tokens: `MATRICES` in `(length, length)` matrices of the dtype it
+    is explained in (float32 for half precision), counted per head where the method keeps every head."""
+    heads = model.config.num_attention_heads
+    parameter = next(model.parameters())
+    matrix = length * length * torch.promote_types(parameter.dtype, torch.float32).itemsize
+    per_head_site, per_site, per_site_row, per_head_row = MATRICES[method]
+    return (per_head_site * heads + per_site) * sites * matrix, (per_site_row * sites + per_head_row * heads) * matrix
