@@ -152,9 +152,9 @@ def test_bad_targets_and_inputs_are_named(model):
         relevancy.explain(model, {"input_ids": torch.tensor([[1, 200]])}, method="attnlrp")
     with pytest.raises(ValueError, match="every row at least one real token"):
         relevancy.explain(model, {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.tensor([[0, 0]])}, method="attnlrp")
-    if model.config.model_type == "gpt2":
-        with pytest.raises(ValueError, match="a row has 17 real tokens but the model has positions for 16"):
-            relevancy.explain(model, {"input_ids": torch.ones(1, 17, dtype=torch.long)}, method="attnlrp")
+    # every position scheme: GPT-2's learned table and Llama's rotary window (16 positions each here)
+    with pytest.raises(ValueError, match="a row has 17 real tokens but the model's context window is 16 tokens"):
+        relevancy.explain(model, {"input_ids": torch.ones(1, 17, dtype=torch.long)}, method="attnlrp")
     with pytest.raises(ValueError, match="unknown method 'atnlrp'. Did you mean 'attnlrp'"):
         relevancy.explain(model, batch("right"), method="atnlrp")
 

@@ -148,9 +148,9 @@ def test_bad_requests_are_named(model):
         relevancy.explain_generation(model, tokenizer, "  ")
     with pytest.raises(ValueError, match="continuation must be a text of 1 to 256 tokens, got 0"):
         relevancy.explain_generation(model, tokenizer, PROMPT, continuation="")
-    if model.config.model_type == "gpt2":  # 16 positions
-        with pytest.raises(ValueError, match="exceed the model's 16 positions"):
-            relevancy.explain_generation(model, tokenizer, PROMPT, max_new_tokens=16)
+    # every position scheme: GPT-2's learned table and Llama's rotary window (16 positions each here)
+    with pytest.raises(ValueError, match="exceed the model's context window of 16 tokens"):
+        relevancy.explain_generation(model, tokenizer, PROMPT, max_new_tokens=16)
 
 
 def test_other_families_are_refused():

@@ -19,6 +19,7 @@ from .explanation import GenerationExplanation
 from .families import adapter_for
 from .families.base import UnsupportedModelError
 from .families.causal_lm import CausalLMAdapter
+from .families.causal_lm.adapter import context_window
 from .families.causal_lm.generation import causal_rows, generation_relevance
 from .messages import quoted
 from .methods.language import INPUT_RELEVANCE_RULES
@@ -119,10 +120,10 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
         raise UnsupportedModelError(f"explain_generation explains decoder language models ({CausalLMAdapter.examples}), not the {family.family} family")
     with prepared(model, torch.tensor([prompt_ids]), attention_probabilities=False) as call:
         adapter, ids = call.adapter, call.inputs.input_ids
-        table = getattr(model.config, "n_positions", None)  # GPT-2's position table
+        window = context_window(model)
         wanted = len(prompt_ids) + (len(forced) if forced is not None else max_new_tokens)
-        if table is not None and wanted > table:
-            raise ValueError(f"the prompt's {len(prompt_ids)} tokens and {wanted - len(prompt_ids)} new ones exceed the model's {table} positions: shorten the prompt or generate fewer")
+        if window is not None and wanted > window:
+            raise ValueError(f"the prompt's {len(prompt_ids)} tokens and {wanted - len(prompt_ids)} new ones exceed the model's context window of {window} tokens: shorten the prompt or generate fewer")
         if forced is None:
             ids = greedy(model, ids, max_new_tokens, stop_tokens(model, tokenizer))
         else:

@@ -232,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-text-chars", type=int, default=2_000, help="longest text, caption or prompt, characters (default 2,000)")
     p.add_argument("--max-new-tokens", type=int, default=32, help=f"most tokens a text-generation request may generate, 1 to "
                                                                   f"{MAX_NEW_TOKENS} (default 32; each costs a backward pass)")
+    p.add_argument("--max-prompt-tokens", type=int, default=512, help="longest text-generation prompt, tokens of the language "
+                                                                      "model's tokenizer, 1 to 100,000 (default 512)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(handler=_lazy("relevancy.serve.command", "run_serve"))
     return parser

@@ -245,6 +245,9 @@ def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limit
     if not 1 <= request.max_new_tokens <= limits.max_new_tokens:
         raise RequestError(400, f"max_new_tokens must be between 1 and {limits.max_new_tokens} on this server, got {request.max_new_tokens}")
     check_text_length(request.prompt, limits, "the prompt")
+    prompt_tokens = len(entry.tokenizer(request.prompt)["input_ids"])  # as explain_generation tokenises it
+    if prompt_tokens > limits.max_prompt_tokens:
+        raise RequestError(413, f"the prompt is {prompt_tokens:,} tokens; the limit is {limits.max_prompt_tokens:,} on this server")
     if request.continuation is not None:
         check_text_length(request.continuation, limits, "the continuation")
         tokens = len(entry.tokenizer(request.continuation, add_special_tokens=False)["input_ids"])

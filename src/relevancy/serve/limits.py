@@ -38,6 +38,7 @@ class Limits:
     max_pixels: int = 16_000_000  # one image, read from its header before decoding
     max_text_chars: int = 2_000  # one text, caption or prompt
     max_new_tokens: int = 32  # tokens one text-generation request may generate (each costs a backward pass)
+    max_prompt_tokens: int = 512  # tokens of a text-generation prompt (a (T, T) matrix per layer: 2,000 characters can be 8,000)
     max_captions: int = 8  # captions per image-text request
     max_concept_images: int = 16  # example images of a concept
     max_running: int = 2  # explanations computed at once (K)
@@ -47,7 +48,7 @@ class Limits:
     body_timeout_s: float = 10.0  # for a request body to arrive whole; a slower one gets 408 and frees its place
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_image_bytes", "max_pixels", "max_text_chars", "max_new_tokens", "max_captions",
+        for name in ("max_body_bytes", "max_image_bytes", "max_pixels", "max_text_chars", "max_new_tokens", "max_prompt_tokens", "max_captions",
                      "max_concept_images", "max_running", "max_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

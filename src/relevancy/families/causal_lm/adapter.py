@@ -61,6 +61,13 @@ def additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Ten
     return mask
 
 
+def context_window(model: nn.Module) -> int | None:
+    """The most positions the model reads, whatever its position scheme: GPT-2's learned table (`n_positions`), the
+    window RoPE was trained for (`max_position_embeddings`); None where the config names none."""
+    window = getattr(model.config, "max_position_embeddings", None)  # GPT-2's config maps it to n_positions
+    return window if isinstance(window, int) and window > 0 else None
+
+
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Position ids counting the real tokens only (0 at padding)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
@@ -116,9 +123,9 @@ class CausalLMAdapter(Adapter):
         vocab = self.model.config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
             raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}: was the text tokenised with this model's tokenizer?")
-        table = getattr(self.model.config, "n_positions", None)  # GPT-2's position table (RoPE models have none)
-        if table is not None and int(mask.sum(1).max()) > table:
-            raise ValueError(f"a row has {int(mask.sum(1).max())} real tokens but the model has positions for {table}: shorten the text")
+        window = context_window(self.model)
+        if window is not None and int(mask.sum(1).max()) > window:
+            raise ValueError(f"a row has {int(mask.sum(1).max())} real tokens but the model's context window is {window} tokens: shorten the text")
         device = next(self.model.parameters()).device
         return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
                        tokens=batch.tokens or _token_strings(ids, mask))
