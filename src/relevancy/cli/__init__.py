@@ -17,6 +17,7 @@ from typing import Callable, Iterator, NoReturn, Sequence
 
 from .. import __version__
 from ..extras import MissingExtraError
+from ..files import check_model_path
 from ..pictures import MAX_IMAGE_PIXELS
 from .common import DEFAULT_OUT, GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, METHOD_NAMES, UsageError, read_image, warn
 from .images import run_demo, run_explain
@@ -265,10 +266,25 @@ def _short_lived_process(command: str) -> Iterator[None]:
         gc.enable()
 
 
+#: the options that name a model (a name, a file or a folder), in every command that has them
+MODEL_OPTIONS = ("model", "arch", "text_model", "clip_model", "language_model")
+
+
+def check_model_options(args: argparse.Namespace) -> None:
+    """Every model a command names that is a special file (a FIFO, a device) or a folder holding one, refused by
+    what it is before any loader reads it (reading one may never end)."""
+    for name in MODEL_OPTIONS:
+        value = getattr(args, name, None)
+        for each in value if isinstance(value, list) else [value]:
+            if isinstance(each, (str, Path)):
+                check_model_path(str(each), "--" + name.replace("_", "-"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (2 for a bad request, nothing written)."""
     args = build_parser().parse_args(argv)
     try:
+        check_model_options(args)
         with warnings.catch_warnings():
             warnings.showwarning = lambda message, *_: warn(args.command, " ".join(str(message).split()))
             written = args.handler(args)
