@@ -225,8 +225,9 @@ class GenerationExplanation(Explanation):
 
     `scores` `(G, T + G)`: row `g` is the relevance of every token before generated token `g` (the prompt's `T`
     and the `g` generated before it) for that token's logit, raw and signed, 0 at the token itself and after it.
-    `tokens` are the `T + G` tokens' texts (each decoded alone), `prompt_length` is `T`, `generated_ids` (= `target`)
-    the `G` generated token ids, `text` the generated text, `logits` `(G, 1)` each explained logit, and
+    `tokens` are the `T + G` tokens' texts (a character whose bytes span several tokens written at the token that
+    completes it, the ones before it empty), `prompt_length` is `T`, `generated_ids` (= `target`) the `G` generated
+    token ids, `text` the generated text, `logits` `(G, 1)` each explained logit, and
     `relevance_total` (LRP methods, `(G,)`) the share of each logit that reaches the token embeddings.
     """
 
@@ -278,10 +279,11 @@ class GenerationExplanation(Explanation):
         return self.to_html()
 
     def save(self, path: str | Path, images: object = None) -> Path:
-        """Write the HTML page (plain inline script, nothing loaded from the internet); whole or not at all."""
-        from .files import write_atomic
+        """Write the HTML page (plain inline script, nothing loaded from the internet) to `path` (.html or .htm);
+        whole or not at all."""
+        from .files import check_html_path, write_atomic
 
-        return write_atomic(Path(path), html_page(f"{self.method}: generation", self.to_html()))
+        return write_atomic(check_html_path(path, "a generation"), html_page(f"{self.method}: generation", self.to_html()))
 
 
 @dataclass

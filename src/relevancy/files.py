@@ -89,7 +89,23 @@ def check_file(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{path} is a folder; give a file name")
-    check_folder(path.parent)
+    try:
+        check_folder(path.parent)
+    except OutputError as error:
+        raise OutputError(f"cannot write {path}: {error}") from None
+    return path
+
+
+#: the suffixes of an HTML page
+HTML_SUFFIXES = (".html", ".htm")
+
+
+def check_html_path(path: str | Path, what: str) -> Path:
+    """`path` for an HTML page of `what`: refused unless it ends in one of HTML_SUFFIXES (writing HTML into
+    `x.png` makes a file nothing opens)."""
+    path = Path(path)
+    if path.suffix.lower() not in HTML_SUFFIXES:
+        raise OutputError(f"{what} is saved as an HTML page: give a path ending in {' or '.join(HTML_SUFFIXES)}, got '{path.name}'")
     return path
 
 
@@ -110,8 +126,9 @@ def distinct_stems(paths: Sequence[str | Path]) -> list[str]:
 
 
 def write_atomic(path: str | Path, content: bytes | str) -> Path:
-    """Write `content` to `path` so that a failure leaves no partial file (and an older file untouched)."""
-    path = Path(path)
+    """Write `content` to `path` so that a failure leaves no partial file (and an older file untouched); a path
+    that is a folder, or below a file, is refused in one line (`check_file`)."""
+    path = check_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8") if isinstance(content, str) else content
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

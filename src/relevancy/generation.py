@@ -90,6 +90,23 @@ def _token_ids(tokenizer: Any, text: str, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
+def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each token's text, decoded so that a character whose bytes span several tokens (an emoji, CJK in a byte-level
+    or byte-fallback vocabulary) is written once, at the token that completes it, and the tokens before it are
+    empty, never U+FFFD: the tokens run decoded together until their text ends in a whole character. Each run
+    is decoded as the tokens alone were (a leading space kept as the tokenizer keeps it)."""
+    texts: list[str] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[start:end])
+        if text.endswith("\ufffd") and end < len(ids):  # bytes of a character still to come
+            texts.append("")
+            continue
+        texts.append(text)
+        start = end
+    return texts
+
+
 def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int = 32, method: str = "attnlrp",
                        continuation: str | None = None) -> GenerationExplanation:
     """Generate greedily from `prompt` (at most `max_new_tokens`, 1..256, stopping after an end-of-text token), or
@@ -140,7 +157,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     generated = ids[0, len(prompt_ids):].cpu()
     return GenerationExplanation(
         scores=scores.cpu(), generated_ids=generated, logits=explained.cpu()[:, None], method=method,
-        signed=get_method(method).signed, tokens=[tokenizer.decode([token]) for token in all_ids],
+        signed=get_method(method).signed, tokens=token_texts(tokenizer, all_ids),
         prompt_length=len(prompt_ids), text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
         relevance_total=totals,
     )
