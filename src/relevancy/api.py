@@ -56,6 +56,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
     with prepared(model, inputs, target, attention_probabilities=spec.needs_attention) as call:
         adapter, inputs, streams = call.adapter, call.inputs, call.streams
+        adapter.check_method_target(call.target, method, tuple(LANGUAGE_REGISTRY))
         # a cross-attention model reads every stream from its one readout stream's row
         across = streams_attend_to_each_other(adapter.attention_sites())
         pooled = [] if across else [name for name, s in streams.items() if s.readout is None]

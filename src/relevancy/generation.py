@@ -9,6 +9,7 @@ explain one row per generated token, the prefix before it, and the adapter runs 
 from __future__ import annotations
 
 import difflib
+from numbers import Integral
 from typing import Any
 
 import torch
@@ -60,10 +61,10 @@ def check_generation_method(method: object) -> str:
 
 
 def check_max_new_tokens(value: object) -> int:
-    """`max_new_tokens` as an int in 1..MAX_NEW_TOKENS; a one-line error naming the range otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NEW_TOKENS:
+    """`max_new_tokens` as an int in 1..MAX_NEW_TOKENS (numpy's integers too); a one-line error naming the range otherwise."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {value!r}")
-    return value
+    return int(value)
 
 
 def stop_tokens(model: nn.Module, tokenizer: Any) -> set[int]:
@@ -126,6 +127,10 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt must be a non-empty text, got {quoted(prompt)}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a decoder language model ({CausalLMAdapter.examples}), got {type(model).__name__}")
+    if not callable(tokenizer) or not callable(getattr(tokenizer, "decode", None)):
+        raise TypeError(f"tokenizer must be the model's tokenizer (called on a text, with decode), got {type(tokenizer).__name__}")
     prompt_ids = _token_ids(tokenizer, prompt, special=True)
     forced = None
     if continuation is not None:

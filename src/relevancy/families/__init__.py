@@ -36,13 +36,15 @@ def adapters() -> list[type[Adapter]]:
 
 def adapter_for(model: nn.Module) -> Adapter:
     """The adapter of the first family that recognises `model`; a clear error listing the families if none does."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module of a supported family, got {type(model).__name__}")
     for adapter in adapters():
         if adapter.supports(model):
             return adapter(model)
-    families = "; ".join(f"{a.family} ({a.examples})" for a in adapters())
+    families = "; ".join(a.family for a in adapters())
     raise UnsupportedModelError(
         f"relevancy does not support models of type {type(model).__module__}.{type(model).__name__}. "
-        f"Supported families: {families}."
+        f"Supported families: {families} (relevancy.families.adapters() with examples; docs/adding-a-family.md adds one)."
     )
 
 

@@ -75,6 +75,11 @@ class Adapter:
         line's `--target` takes them; families whose strings mean something else (a token) keep them."""
         return named_classes(target, self.class_names)
 
+    def check_method_target(self, target: Any, method: str, token_methods: Sequence[str]) -> None:
+        """Refuse a target that `method` cannot take on this family, naming the methods that can (`token_methods`:
+        the decoder language models' methods, which take token texts and contrasts); by default every target
+        goes on to the method's own checks."""
+
     def bind_target(self, inputs: Any, target: Any) -> tuple[Any, Any]:
         """The checked batch and target as the methods take them. Families whose target picks a token (DETR: a
         query per explained object) make one row per explained object here; the others change nothing."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -20,6 +20,7 @@ from ...conventions import Conventions, GradCamConventions
 from ...explanation import TextExplanation
 from ...guard import this_thread_only
 from ...lrp.attention import causal_mask
+from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
@@ -28,7 +29,7 @@ from ..hf_attention import attention_probabilities, explaining_call, register_ga
 from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
 from ..hf_bert.batch import TextBatch
 from .layouts import Layout, layout_of
-from .targets import target_scores
+from .targets import Contrast, target_scores
 
 #: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
 ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
@@ -89,6 +90,15 @@ class CausalLMAdapter(Adapter):
     def named_target(self, target: Any) -> Any:
         """Strings are tokens here, resolved with the tokenizer (see `targets`)."""
         return target
+
+    def check_method_target(self, target: Any, method: str, token_methods: Sequence[str]) -> None:
+        """The attention and gradient methods take token ids; token texts and `Contrast`s are the decoder methods'."""
+        entries = target if isinstance(target, (list, tuple)) else [target]
+        given = next((entry for entry in entries if isinstance(entry, (str, Contrast))), None)
+        if method not in token_methods and given is not None:
+            raise TypeError(f"method '{method}' takes token ids as targets on a decoder (an int, one per row, or a tensor of "
+                            f"ids), got {type(given).__name__} {quoted(given)}; token texts and Contrast targets are taken "
+                            f"by {', '.join(token_methods)} (texts with tokenizer=)")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
