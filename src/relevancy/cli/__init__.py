@@ -280,10 +280,32 @@ def check_model_options(args: argparse.Namespace) -> None:
                 check_model_path(str(each), "--" + name.replace("_", "-"))
 
 
+#: the arguments that are texts to explain or name (file names may hold any bytes; a text must be UTF-8)
+TEXT_ARGUMENTS = {"texts": "TEXT", "prompt": "PROMPT", "text": "--text", "target": "--target", "question": "--question"}
+
+
+def check_text_arguments(args: argparse.Namespace) -> None:
+    """A UsageError naming the argument and the byte when a text on the command line is not UTF-8 (Python keeps
+    such bytes as lone surrogates, which tokenizers refuse in their own words)."""
+    for name, shown in TEXT_ARGUMENTS.items():
+        value = getattr(args, name, None)
+        for each in value if isinstance(value, list) else [value]:
+            if not isinstance(each, str):
+                continue
+            try:
+                each.encode("utf-8")
+            except UnicodeEncodeError as error:
+                code = ord(each[error.start])  # surrogateescape keeps a byte b that is not UTF-8 as U+DC00 + b
+                what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+                raise UsageError(f"{shown} is not UTF-8 text: {what} at character {error.start + 1}; "
+                                 "write the text in UTF-8 (as a terminal set to a UTF-8 locale does)") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (2 for a bad request, nothing written)."""
     args = build_parser().parse_args(argv)
     try:
+        check_text_arguments(args)
         check_model_options(args)
         with warnings.catch_warnings():
             warnings.showwarning = lambda message, *_: warn(args.command, " ".join(str(message).split()))
