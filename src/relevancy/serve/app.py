@@ -99,8 +99,8 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     files = {name: ((static / name).read_bytes(), kind) for name, kind in PAGE_FILES.items()}
     files.update(_documentation_assets())
 
-    async def answer(check: Callable[[], Job]) -> dict[str, Any]:
-        return strict_json(await gate.run(check()))
+    async def answer(check: Callable[[], Job], *advice: str) -> dict[str, Any]:
+        return strict_json(await gate.run(check(), *advice))
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
@@ -205,7 +205,8 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     @app.post("/api/explain-generation", response_model=GenerationResponse, responses=ERROR_RESPONSES,
               summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it")
     async def explain_generation(request: GenerationRequest) -> dict[str, Any]:
-        return await answer(lambda: check_generation(request, catalog, limits))
+        return await answer(lambda: check_generation(request, catalog, limits),
+                            "ask for fewer new tokens, a shorter prompt or a faster method")
 
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
     app.add_middleware(Admission, gate=gate, paths=EXPLAIN_PATHS, per_client=limits.max_per_client)  # outermost: a turned-away body is never read

@@ -63,9 +63,9 @@ class Gate:
     def leave(self) -> None:
         self.admitted -= 1
 
-    async def run(self, job: Callable[[Deadline], T]) -> T:
+    async def run(self, job: Callable[[Deadline], T], advice: str = "ask for fewer methods, a faster method or fewer captions") -> T:
         """`job(deadline)` in a worker thread once a slot is free; 503 when none frees in time, 504 when the job
-        itself outlasts the limit."""
+        itself outlasts the limit (its message ends with `advice`, what asks for less work at this endpoint)."""
         deadline = Deadline(self.time_limit_s)
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:  # a semaphore belongs to one loop (tests start several)
@@ -82,8 +82,7 @@ class Gate:
             return await asyncio.wait_for(asyncio.shield(future), max(deadline.left(), 0))
         except (asyncio.TimeoutError, TimeUp):
             future.add_done_callback(_consume)
-            raise RequestError(504, f"the explanation took longer than the time limit of {self.time_limit_s:g} s; "
-                                    "ask for fewer methods, a faster method or fewer captions") from None
+            raise RequestError(504, f"the explanation took longer than the time limit of {self.time_limit_s:g} s; {advice}") from None
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
