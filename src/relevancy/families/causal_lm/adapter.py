@@ -19,7 +19,6 @@ from torch import nn
 from ...conventions import Conventions, GradCamConventions
 from ...explanation import TextExplanation
 from ...guard import this_thread_only
-from ...lrp.attention import causal_mask
 from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
@@ -44,22 +43,12 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         if probabilities:
-            return attention(rules, query, key, value, additive_mask(attention_mask, query, key), scale)
+            return attention(rules, query, key, value, attention_mask, scale)  # transformers' eager mask: additive
         return fused_attention(rules, query, key, value, attention_mask, scale), None
 
     name = ATTENTION_NAMES[None if rules is None else rules.name] + ("" if probabilities else "_fused")
     register_gated(name, attention_forward, eager_mask if probabilities else sdpa_mask)
     return name
-
-
-def additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
-    """The decoder's mask as the eager attention adds it: transformers' eager mask as it is, an sdpa mask (boolean,
-    True where allowed; None for plainly causal) turned into one."""
-    if mask is None:
-        return causal_mask(query.shape[-2], key.shape[-2], query) if query.shape[-2] > 1 else None
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
-    return mask
 
 
 def context_window(model: nn.Module) -> int | None:
