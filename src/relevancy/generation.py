@@ -94,8 +94,8 @@ def _token_ids(tokenizer: Any, text: str, special: bool) -> list[int]:
 def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
     """Each token's text, decoded so that a character whose bytes span several tokens (an emoji, CJK in a byte-level
     or byte-fallback vocabulary) is written once, at the token that completes it, and the tokens before it are
-    empty, never U+FFFD: the tokens run decoded together until their text ends in a whole character. Each run
-    is decoded as the tokens alone were (a leading space kept as the tokenizer keeps it)."""
+    empty, never U+FFFD: tokens are decoded together until their text ends in a whole character (a token that
+    ends in one decodes alone, as before). Joined, the texts are the decoded sequence."""
     texts: list[str] = []
     start = 0
     for end in range(1, len(ids) + 1):
