@@ -21,7 +21,7 @@ RANGES = (
     ("--time-limit", "time_limit", 0.1, 3_600), ("--max-image-mb", "max_image_mb", 0.01, 256),
     ("--max-body-mb", "max_body_mb", 0.01, 1_024), ("--max-pixels", "max_pixels", 1, MAX_IMAGE_PIXELS),
     ("--max-text-chars", "max_text_chars", 1, 100_000), ("--max-new-tokens", "max_new_tokens", 1, MAX_NEW_TOKENS),
-    ("--threads", "threads", 1, 1_024),
+    ("--threads", "threads", 1, 1_024), ("--max-memory-mb", "max_memory_mb", 1, 2**24),
 )
 
 
@@ -63,7 +63,7 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
         limits = Limits(max_body_bytes=int(args.max_body_mb * MIB), max_image_bytes=int(args.max_image_mb * MIB),
                         max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_new_tokens=args.max_new_tokens, max_running=args.max_running,
                         max_waiting=args.max_waiting, time_limit_s=args.time_limit, max_per_client=args.max_per_client,
-                        body_timeout_s=args.body_timeout)
+                        body_timeout_s=args.body_timeout, max_memory_mb=args.max_memory_mb)
     except ValueError as error:
         option = str(error).split()[0]
         flag = {"time_limit_s": "--time-limit", "body_timeout_s": "--body-timeout"}.get(option, "--" + option.replace("_", "-"))
