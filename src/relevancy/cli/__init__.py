@@ -148,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate explanation methods: perturbation and segmentation tests (Chefer et al.), class "
                     "discrimination, agreement with token ablation (Brocki & Chung). Writes results.json (percentages "
                     "in percent), report.md and perturbation.png to --out. Run under `torchrun --nproc-per-node K` to "
-                    "shard the images over K processes (gloo); the results are the same.",
+                    "shard any benchmark's items over K processes (gloo); the results are the same. Each finished "
+                    "batch is recorded in --out/partial/ as it goes: the same command run again after a kill "
+                    "continues where it stopped.",
     )
     p.add_argument("--benchmark", default="shapes",
                    help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "

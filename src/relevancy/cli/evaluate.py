@@ -8,9 +8,11 @@
 Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
 only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser, shapes-detection,
 shapes-vqa and llm-retrieval write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
-:mod:`relevancy.cli`; the output folder is checked before any work. Under ``torchrun --nproc-per-node K``
-(``WORLD_SIZE`` set) each process explains every K-th batch, the metric accumulators are merged with the gloo
-backend and the numbers are exactly those of a single process.
+:mod:`relevancy.cli`; the output folder is checked before any work. Every benchmark is a fixed list of batches
+(`relevancy.evaluation.shards`): under ``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains
+every K-th batch; each process records every finished batch in ``DIR/partial/`` as it goes, the same command run
+again computes only the batches not recorded, and the records are merged (gloo) in batch order, so the numbers are
+those of one uninterrupted process.
 """
 from __future__ import annotations
 

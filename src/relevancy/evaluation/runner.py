@@ -124,7 +124,7 @@ class Evaluation:
         self.agreement = AgreementTest() if "agreement" in self.sections else None
         #: summed over chunks: reference and agreement costs, model accuracy counts
         self.shared: dict[str, float] = {
-            "reference_seconds": 0.0, "agreement_seconds": 0.0, "wall_seconds": 0.0,
+            "reference_seconds": 0.0, "agreement_seconds": 0.0, "batch_seconds": 0.0,
             "single_correct": 0, "single_count": 0, "pair_top2_correct": 0, "pair_count": 0,
         }
 
@@ -292,7 +292,7 @@ class Evaluation:
             "timing": {
                 "reference_seconds": sh["reference_seconds"],
                 "agreement_seconds": sh["agreement_seconds"],
-                "wall_seconds": sh["wall_seconds"],
+                "batch_seconds": sh["batch_seconds"],
             },
         }
         if agreement is not None:
@@ -392,7 +392,7 @@ def run(model: nn.Module, settings: Settings, progress: bool = True, shards: Sha
                 evaluation.single_batch(items["images"], items["labels"][:, 0], items["masks"][:, 0].long())
             else:
                 evaluation.single_batch(items["images"], items.get("labels"), items.get("masks"))
-            evaluation.shared["wall_seconds"] = time.perf_counter() - started
+            evaluation.shared["batch_seconds"] = time.perf_counter() - started
             shards.save(k, evaluation.state())
             bar.update(len(batch.indices))
     evaluation.load(shards.collect(len(batches)))

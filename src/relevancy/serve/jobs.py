@@ -47,9 +47,9 @@ def attention_bytes(tokens: int, model: torch.nn.Module) -> int:
     return 4 * ATTENTION_COPIES * tokens ** 2 * config.num_attention_heads * config.num_hidden_layers
 
 
-def image_bytes_estimate(raws: Sequence[bytes]) -> int:
-    """BYTES_PER_PIXEL x the pixels of the uploaded images, read from their headers (an unreadable one counts 0:
-    the job names its problem)."""
+def image_bytes_estimate(raws: Sequence[bytes], limits: Limits) -> int:
+    """BYTES_PER_PIXEL x the pixels of the uploaded images, read from their headers (an unreadable one, or one over
+    the pixel limit, counts 0: the job names its problem)."""
     import io
 
     from PIL import Image
@@ -58,7 +58,7 @@ def image_bytes_estimate(raws: Sequence[bytes]) -> int:
     for raw in raws:
         try:
             with Image.open(io.BytesIO(raw)) as image:
-                pixels += image.width * image.height
+                pixels += image.width * image.height if image.width * image.height <= limits.max_pixels else 0
         except Exception:  # noqa: BLE001 - any failure to read a header is the job's error to name
             continue
     return BYTES_PER_PIXEL * pixels
@@ -143,7 +143,7 @@ def check_image(request: ImageRequest, catalog: Catalog, samples: dict[str, Samp
 
     upload = sample_or_upload(request.image, samples, limits, "image")
     examples_raw = [sample_or_upload(c, samples, limits, f"concept image {k + 1}") for k, c in enumerate(concept or [])]
-    check_memory(image_bytes_estimate([upload, *examples_raw]), "the images", limits)
+    check_memory(image_bytes_estimate([upload, *examples_raw], limits), "the images", limits)
 
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..targets import Concept
@@ -242,7 +242,7 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
         check_text_length(caption, limits, f"caption {k + 1}")
 
     upload = sample_or_upload(request.image, samples, limits, "image")
-    check_memory(image_bytes_estimate([upload]), "the image", limits)
+    check_memory(image_bytes_estimate([upload], limits), "the image", limits)
 
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..families.clip.batch import ImageTextBatch
