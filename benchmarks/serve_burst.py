@@ -71,7 +71,7 @@ def main() -> int:
                 except httpx.TimeoutException:
                     answers.append((leaves, "gave up"))
 
-        leaving = [True, True] + [k % 2 == 1 for k in range(args.requests - 2)]
+        leaving = [True, True] + [k % 2 == 1 for k in range(args.requests - 4)] + [False, False]  # half leave
         threads = [threading.Thread(target=client, args=(leaves,)) for leaves in leaving]
         started = time.monotonic()
         for k, thread in enumerate(threads):

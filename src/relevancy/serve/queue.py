@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
 from ..cancel import Cancelled
-
 from .limits import ASGIApp, Receive, RequestError, Scope, Send, respond
 
 T = TypeVar("T")
@@ -45,6 +44,7 @@ class Deadline:
         self._stop.set()
 
     def should_stop(self) -> bool:
+        """Whether the job should stop: asked to (`stop`) or out of time (the library's `should_stop` hook)."""
         return self._stop.is_set() or self.left() <= 0
 
     def check(self) -> None:
