@@ -55,6 +55,11 @@ def test_a_generation_stops_between_tokens_and_leaves_the_model_as_it_was(catalo
     with pytest.raises(Cancelled):  # and between backward rounds of a forced continuation (no tokens generated)
         relevancy.explain_generation(entry.model, entry.tokenizer, PROMPT, continuation=" the mat" * 6,
                                      should_stop=lambda: len(asked) > 5 or bool(asked.append(1)))
+    asked.clear()
+    with pytest.raises(Cancelled):  # and between the per-token backward rounds of an attention method's shared forward
+        relevancy.explain_generation(entry.model, entry.tokenizer, PROMPT, continuation=" the mat" * 3, method="generic_attention",
+                                     should_stop=lambda: len(asked) > 3 or bool(asked.append(1)))
+    assert len(asked) == 4  # answered False before the work and three tokens' rounds, True at the fourth round
     assert not entry.model.training and all(torch.equal(v, before[k]) for k, v in entry.model.state_dict().items())
     assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in entry.model.modules())
     whole = relevancy.explain_generation(entry.model, entry.tokenizer, PROMPT, max_new_tokens=4, should_stop=lambda: False)

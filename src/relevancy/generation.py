@@ -103,7 +103,8 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models are explained through a float32 copy.
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
-    backward round or group of rows; when it answers True the call raises `relevancy.cancel.Cancelled`.
+    backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
+    `relevancy.cancel.Cancelled`.
     """
     method = check_generation_method(method)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
