@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 from relevancy.cli import main
 from relevancy.evaluation import data as D
+from relevancy.evaluation.shards import Shards
 from models import tiny_vit
 from data_files import write_gtsegs
 
@@ -104,8 +105,8 @@ def test_shapes_paper_settings_and_reference_method(tmp_path, shapes_checkpoint)
 def test_scenes_are_per_index_and_shards_partition_the_batches():
     batches = D.plan_batches("single", range(7), 3) + D.plan_batches("pair", range(3), 3)
     assert [len(b.indices) for b in batches] == [3, 3, 1, 3]
-    shards = [D.shard(batches, r, 3) for r in range(3)]
-    assert sorted((b.kind, b.indices) for s in shards for b in s) == sorted((b.kind, b.indices) for b in batches)
+    shares = [Shards(None, r, 3).pending(len(batches)) for r in range(3)]
+    assert sorted(k for share in shares for k in share) == list(range(len(batches))) and shares[1] == [1]
     whole = D.shapes_batch(D.Batch("single", (0, 1, 2, 3)), seed=0)
     part = D.shapes_batch(D.Batch("single", (2, 3)), seed=0)
     assert torch.equal(whole["images"][2:], part["images"]) and torch.equal(whole["masks"][2:], part["masks"])
@@ -301,7 +302,11 @@ def test_failure_midway_leaves_no_files(tmp_path, shapes_checkpoint, monkeypatch
     monkeypatch.undo()
     monkeypatch.setattr("relevancy.evaluation.report._curves_png", lambda results: (_ for _ in ()).throw(RuntimeError("no png")))
     assert shapes(shapes_checkpoint, out, "--methods", "rollout", "-n", 2) == 2
-    assert sorted(p.name for p in out.iterdir()) == ["results.json"] and (out / "results.json").read_text() == "old"
+    assert sorted(p.name for p in out.iterdir()) == ["partial", "results.json"] and (out / "results.json").read_text() == "old"
+    # the finished batches' records stay for the same command run again, which writes the files and removes them
+    monkeypatch.undo()
+    assert shapes(shapes_checkpoint, out, "--methods", "rollout", "-n", 2) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["perturbation.png", "report.md", "results.json"]
 
 
 # ---------------------------------------------------------------------------------------------- processes

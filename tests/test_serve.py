@@ -355,7 +355,7 @@ def test_bodies_over_the_limit_are_refused_before_reading(client):
 def test_still_answering_after_hostile_requests(client):
     for body in (png_claiming(2**31 - 1, 2**31 - 1), b"\x89PNG\r\n\x1a\n" + os.urandom(300), b"GIF89a" + os.urandom(100)):
         assert client.post("/api/explain", json={**GOOD, "image": {"data": encoded(body)}}).status_code in (400, 413, 415)
-    assert client.get("/api/health").json() == {"status": "ok", "admitted": 0, "capacity": 3}
+    assert client.get("/api/health").json() == {"status": "ok", "admitted": 0, "running": 0, "capacity": 3}
     assert client.post("/api/explain", json=GOOD).status_code == 200
 
 
@@ -527,7 +527,7 @@ def test_one_client_holds_at_most_its_share_of_places(catalog, samples):
             started = time.perf_counter()
             for path in ("api/explain", "api/explain-text", "api/explain-pairs"):
                 refused(http.post(path, json=GOOD), 429, "too many requests from 127.0.0.1", "2 explanation requests")
-            assert time.perf_counter() - started < 2 and http.get("api/health").json() == {"status": "ok", "admitted": 2, "capacity": 6}
+            assert time.perf_counter() - started < 2 and http.get("api/health").json() == {"status": "ok", "admitted": 2, "running": 0, "capacity": 6}
         deadline = time.monotonic() + 10
         while http.get("api/health").json()["admitted"]:  # a closed connection gives its places back
             assert time.monotonic() < deadline, "the closed connections kept their places"

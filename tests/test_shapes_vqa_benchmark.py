@@ -221,10 +221,15 @@ def test_a_failure_midway_writes_nothing(tmp_path, capsys, monkeypatch, tiny_che
         return real(*args, **kwargs)
 
     monkeypatch.setattr(SV, "explain", fails_late)
-    assert run("evaluate", "--benchmark", "shapes-vqa", "--model", tiny_checkpoint, "-n", 4, "--batch-size", 2,
-               "--methods", "rollout", "--out", out, "--quiet") == 2
+    argv = ["evaluate", "--benchmark", "shapes-vqa", "--model", tiny_checkpoint, "-n", 4, "--batch-size", 2,
+            "--methods", "rollout", "--out", out, "--quiet"]
+    assert run(*argv) == 2
     assert "boom" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["results.json"] and (out / "results.json").read_text() == "old"
+    # the first batch's record stays (partial/) for the same command run again; results.json is untouched
+    assert sorted(p.name for p in out.iterdir()) == ["partial", "results.json"] and (out / "results.json").read_text() == "old"
+    monkeypatch.undo()
+    assert run(*argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["report.md", "results.json"]
 
 
 # ------------------------------------------------------------------------------------------------ explain-question

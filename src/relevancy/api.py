@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .cancel import checkpoint
 from .explanation import Explanation
 from .families import adapter_for
 from .families.base import Adapter, UnsupportedModelError
@@ -109,7 +110,7 @@ def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_pro
 def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict, rows_at_once: int | None = None) -> tuple:
     """`run(adapter, inputs, target, **options)`, once per group of rows the adapter says are cheaper apart
     (`Adapter.independent_groups`), else once per `rows_at_once` consecutive rows, the results joined back in row
-    order; at once where neither splits the batch."""
+    order; at once where neither splits the batch. `relevancy.cancel.checkpoint()` runs before each group."""
     groups = adapter.independent_groups(inputs)
     if groups is None and rows_at_once is not None and len(inputs) > rows_at_once and _per_row(target) in (None, len(inputs)):
         groups, start = [], 0
@@ -118,7 +119,10 @@ def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict, rows_at
             start += len(part)
     if groups is None:  # also where a target's entries do not match the rows: the whole batch's run names that
         return run(adapter, inputs, target, **options)
-    results = [run(adapter, group, _target_rows(target, rows), **options) for rows, group in groups]
+    results = []
+    for rows, group in groups:
+        checkpoint()  # a caller's should_stop (relevancy.cancel) is asked between groups
+        results.append(run(adapter, group, _target_rows(target, rows), **options))
     order = torch.cat([rows for rows, _ in groups]).argsort()
     return tuple(_joined([result[k] for result in results], order) for k in range(len(results[0])))
 

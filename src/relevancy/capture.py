@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .cancel import checkpoint
 from .families.base import Adapter, forward_hooks
 from .guard import this_thread_only
 from .recompute import tokens_in, with_tokens_in
@@ -57,6 +58,7 @@ class Forward:
         count = int(rounds.max()) + 1
         per_round = []
         for m in range(count):
+            checkpoint()  # a caller's should_stop (relevancy.cancel) is asked before each round
             output = (rounds == m).to(self.score.dtype)
             grads = torch.autograd.grad(self.score, originals, grad_outputs=output, retain_graph=m < count - 1,
                                         allow_unused=True)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .api import explain, get_method, prepared
+from .cancel import cancellable, checkpoint
 from .explanation import GenerationExplanation
 from .families import adapter_for
 from .families.base import UnsupportedModelError
@@ -78,13 +79,23 @@ def stop_tokens(model: nn.Module, tokenizer: Any) -> set[int]:
 def greedy(model: nn.Module, ids: torch.Tensor, max_new_tokens: int, stops: set[int]) -> torch.Tensor:
     """`(1, T + G)`: `ids` and up to `max_new_tokens` greedily decoded tokens (transformers' `generate`, its KV
     cache inside that call only), up to and including the first end-of-text token."""
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, StoppingCriteriaList
 
     stop = sorted(stops) or None
     settings = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=stop,
                                 pad_token_id=stop[0] if stop else 0)
     with torch.no_grad():
-        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=settings)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=settings,
+                              stopping_criteria=StoppingCriteriaList([_Checkpoint()]))
+
+
+class _Checkpoint:
+    """A stopping criterion that never stops a generation but asks the caller's should_stop after every token
+    (`relevancy.cancel.checkpoint`, which raises `Cancelled`)."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        checkpoint()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _token_ids(tokenizer: Any, text: str, special: bool) -> list[int]:
@@ -108,6 +119,7 @@ def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
     return texts
 
 
+@cancellable
 def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_tokens: int = 32, method: str = "attnlrp",
                        continuation: str | None = None) -> GenerationExplanation:
     """Generate greedily from `prompt` (at most `max_new_tokens`, 1..256, stopping after an end-of-text token), or
@@ -122,6 +134,9 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models are explained through a float32 copy.
+    `should_stop` (keyword): a callable asked before the work, after every generated token and before every
+    backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
+    `relevancy.cancel.Cancelled`.
     """
     method = check_generation_method(method)
     max_new_tokens = check_max_new_tokens(max_new_tokens)

@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate explanation methods: perturbation and segmentation tests (Chefer et al.), class "
                     "discrimination, agreement with token ablation (Brocki & Chung). Writes results.json (percentages "
                     "in percent), report.md and perturbation.png to --out. Run under `torchrun --nproc-per-node K` to "
-                    "shard the images over K processes (gloo); the results are the same.",
+                    "shard any benchmark's items over K processes (gloo); the results are the same. Each finished "
+                    "batch is recorded in --out/partial/ as it goes: the same command run again after a kill "
+                    "continues where it stopped.",
     )
     p.add_argument("--benchmark", default="shapes",
                    help="shapes (synthetic scenes with exact masks, offline; default), imagenet (perturbation on an "
@@ -227,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "more are answered 429 at once (default 2)")
     p.add_argument("--body-timeout", type=float, default=10.0, help="seconds for a request body to arrive whole; a slower "
                                                                     "one is answered 408 (default 10)")
+    p.add_argument("--max-memory-mb", type=int, default=4_096, help="memory the running explanations may take together, MiB; a "
+                                                                  "request estimated over its share (this / --max-running) is answered "
+                                                                  "413 before it starts (default 4,096; docs/serve.md)")
     p.add_argument("--max-image-mb", type=float, default=8.0, help="largest image file, MiB (default 8)")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request, MiB; images travel as base64 (default 16)")
     p.add_argument("--max-pixels", type=int, default=16_000_000, help="largest image, pixels, read before decoding (default 16,000,000)")

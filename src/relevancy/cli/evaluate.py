@@ -8,21 +8,28 @@
 Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
 only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser, shapes-detection,
 shapes-vqa and llm-retrieval write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
-:mod:`relevancy.cli`; the output folder is checked before any work. Under ``torchrun --nproc-per-node K``
-(``WORLD_SIZE`` set) each process explains every K-th batch, the metric accumulators are merged with the gloo
-backend and the numbers are exactly those of a single process.
+:mod:`relevancy.cli`; the output folder is checked before any work. Every benchmark is a fixed list of batches
+(`relevancy.evaluation.shards`): under ``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains
+every K-th batch; each process records every finished batch in ``DIR/partial/`` as it goes, the same command run
+again computes only the batches not recorded, and the records are merged (gloo) in batch order, so the numbers are
+those of one uninterrupted process.
 """
 from __future__ import annotations
 
 import argparse
 import difflib
 import json
+import math
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..evaluation.shards import Shards
 
 __all__ = ["evaluate", "parse_methods"]
 
@@ -284,45 +291,32 @@ def _distributed() -> tuple[int, int, bool]:
     return 0, 1, False
 
 
+#: options that change how a run goes, not its results: left out of the run's key (`run_key`)
+RUN_ONLY_OPTIONS = frozenset({"out", "threads", "workers", "quiet", "json", "handler", "command"})
+
+
+def run_key(args: argparse.Namespace, n: int | None) -> dict[str, Any]:
+    """What determines a run's results: every option but `RUN_ONLY_OPTIONS`, and the number of items."""
+    return {"n": n, **{k: v for k, v in sorted(vars(args).items())
+                       if k not in RUN_ONLY_OPTIONS and (v is None or isinstance(v, (str, int, float, bool)))}}
+
+
 def evaluate(args: argparse.Namespace) -> list[Path]:
-    """The `evaluate` command: check the request, evaluate (sharded under torchrun), rank 0 writes the files."""
+    """The `evaluate` command: check the request, evaluate the missing chunks (sharded under torchrun, each
+    process recording its chunks in --out as they finish), merge, rank 0 writes the files."""
     import torch.distributed as dist
 
-    from .common import print_json
-    from ..evaluation import Settings, run, write_outputs
-    from ..evaluation.report import summary
+    from ..evaluation.shards import Shards
 
     benchmark, n = _check(args)
-    if benchmark == "llm-retrieval":  # decoder methods: its own list and check
-        return evaluate_llm_retrieval(args, n)
-    methods = parse_methods(args.methods)
-    if benchmark == "eraser":
-        return evaluate_rationales(args, methods, n)
-    if benchmark == "shapes-clip":
-        return evaluate_shapes_clip(args, methods, n)
-    if benchmark == "coco-detr":
-        return evaluate_coco_detr(args, methods, n)
-    if benchmark == "shapes-detection":
-        return evaluate_shapes_detection(args, methods, n)
-    if benchmark == "shapes-vqa":
-        return evaluate_shapes_vqa(args, methods, n)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     rank, world, created = _distributed()
     try:
-        model, info = load_model(args.model, args.arch)
-        if benchmark == "shapes":
-            _check_shapes_model(model)
-        settings = Settings(benchmark=benchmark, methods=methods, n=n if n is not None else 2**62,
-                            batch_size=args.batch_size, seed=args.seed, paper_settings=args.paper_settings,
-                            data=args.data, workers=args.workers)
-        results = run(model, settings, rank=rank, world=world, progress=not args.quiet)
-        results = {"benchmark": results.pop("benchmark"), "model": args.model, "n": results.pop("n"),
-                   "methods": results.pop("methods"), "arch": args.arch, "model_info": info, **results}
-        written = write_outputs(results, args.out) if rank == 0 else []
-        if rank == 0 and args.json:
-            print_json(summary(results))
+        shards = Shards.at(args.out, {"benchmark": benchmark, **run_key(args, n)}, rank, world)
+        written = _evaluate(args, benchmark, n, shards)
+        shards.finish()
         if created:  # every rank leaves together: a rank tearing gloo down while another still runs can abort it
             dist.barrier()
         return written
@@ -332,14 +326,52 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
         torch.set_num_threads(threads)
 
 
-def evaluate_coco_detr(args: argparse.Namespace, methods: tuple[str, ...], n: int | None) -> list[Path]:
+def _evaluate(args: argparse.Namespace, benchmark: str, n: int | None, shards: Shards) -> list[Path]:
+    """The benchmark's evaluation over `shards`; the files written (rank 0)."""
+    from .common import print_json
+    from ..evaluation import Settings, run, write_outputs
+    from ..evaluation.report import summary
+
+    if benchmark == "llm-retrieval":  # decoder methods: its own list and check
+        return evaluate_llm_retrieval(args, n, shards)
+    methods = parse_methods(args.methods)
+    if benchmark == "eraser":
+        return evaluate_rationales(args, methods, n, shards)
+    if benchmark == "shapes-clip":
+        return evaluate_shapes_clip(args, methods, n, shards)
+    if benchmark == "coco-detr":
+        return evaluate_coco_detr(args, methods, n, shards)
+    if benchmark == "shapes-detection":
+        return evaluate_shapes_detection(args, methods, n, shards)
+    if benchmark == "shapes-vqa":
+        return evaluate_shapes_vqa(args, methods, n, shards)
+    model, info = load_model(args.model, args.arch)
+    if benchmark == "shapes":
+        _check_shapes_model(model)
+    settings = Settings(benchmark=benchmark, methods=methods, n=n if n is not None else 2**62,
+                        batch_size=args.batch_size, seed=args.seed, paper_settings=args.paper_settings,
+                        data=args.data, workers=args.workers)
+    results = run(model, settings, progress=not args.quiet, shards=shards)
+    results = {"benchmark": results.pop("benchmark"), "model": args.model, "n": results.pop("n"),
+               "methods": results.pop("methods"), "arch": args.arch, "model_info": info, **results}
+    if shards.rank != 0:
+        return []
+    written = write_outputs(results, args.out)
+    if args.json:
+        print_json(summary(results))
+    return written
+
+
+def evaluate_coco_detr(args: argparse.Namespace, methods: tuple[str, ...], n: int | None, shards: Shards) -> list[Path]:
     """The authors' DETR segmentation test (Otsu masks of each kept object's map, COCO APs from IoU 0.2)."""
     from ..evaluation.detection import evaluate_detection_segmentation, write_detection_report
     from ..extras import require
 
     model = require("transformers", "text").DetrForObjectDetection.from_pretrained(args.model).eval()
     images = args.images if args.images is not None else Path(args.data).parent
-    results = evaluate_detection_segmentation(model, args.data, images, methods, n)
+    results = evaluate_detection_segmentation(model, args.data, images, methods, n, shards, progress=not args.quiet)
+    if shards.rank != 0:
+        return []
     written = write_detection_report(results, args.out)
     if args.json:
         from .common import print_json
@@ -348,7 +380,7 @@ def evaluate_coco_detr(args: argparse.Namespace, methods: tuple[str, ...], n: in
     return written
 
 
-def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...], n: int) -> list[Path]:
+def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
     """Every object the shapes DETR detects, explained by each method and scored against its exact mask
     (`relevancy.evaluation.shapes_detection`); writes results.json and report.md."""
     from ..bench.detection import DETECTION_TEST_SEED, DETECTOR_WEIGHTS_PATH, load_detector
@@ -365,28 +397,24 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
         raise _usage_error(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
                            f"{path} has {model.config.num_labels}")
     threshold = args.threshold if getattr(args, "threshold", None) is not None else DETECTION_THRESHOLD
-    threads = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
-        supported = supported_methods(model)  # every registered method that explains this DETR
-        if args.methods.strip() == "all":
-            methods = tuple(m for m in methods if m in supported)
-        unsupported = [m for m in methods if m not in supported]
-        if unsupported:
-            raise _usage_error(f"method {unsupported[0]} does not explain DETR; shapes-detection takes {', '.join(supported)}")
-        results = run_benchmark(model, n=n, methods=methods, threshold=threshold, seed=DETECTION_TEST_SEED + args.seed,
-                                batch_size=args.batch_size, progress=not args.quiet)
-    finally:
-        torch.set_num_threads(threads)
-    return _write_generated(args, results, "shapes-detr (shipped)", detection_report)
+    supported = supported_methods(model)  # every registered method that explains this DETR
+    if args.methods.strip() == "all":
+        methods = tuple(m for m in methods if m in supported)
+    unsupported = [m for m in methods if m not in supported]
+    if unsupported:
+        raise _usage_error(f"method {unsupported[0]} does not explain DETR; shapes-detection takes {', '.join(supported)}")
+    results = run_benchmark(model, n=n, methods=methods, threshold=threshold, seed=DETECTION_TEST_SEED + args.seed,
+                            batch_size=args.batch_size, progress=not args.quiet, shards=shards)
+    return _write_generated(args, results, "shapes-detr (shipped)", detection_report, shards)
 
 
-def _write_generated(args: argparse.Namespace, results: dict, shipped: str, report) -> list[Path]:
+def _write_generated(args: argparse.Namespace, results: dict, shipped: str, report, shards: Shards) -> list[Path]:
     """results.json (strict JSON, the model named first) and report.md of a generated-data benchmark, written
-    atomically to --out; printed too with --json."""
+    atomically to --out by rank 0; printed too with --json."""
     from ..files import strict_json, write_atomic
 
+    if shards.rank != 0:
+        return []
     results = {"benchmark": results.pop("benchmark"), "model": shipped if args.model == "shapes" else args.model,
                **results}
     out = Path(args.out)
@@ -399,7 +427,7 @@ def _write_generated(args: argparse.Namespace, results: dict, shipped: str, repo
     return written
 
 
-def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: int) -> list[Path]:
+def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
     """Questions about unseen scenes answered by the shapes LXMERT, each explained by each method and scored against
     the regions and words of the object(s) it is about, plus the perturbation test
     (`relevancy.evaluation.shapes_vqa`); writes results.json and report.md."""
@@ -417,45 +445,53 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
     perturbation_n = getattr(args, "perturbation_n", None)
     perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
     seed = VQA_TEST_SEED + 3 * args.seed
-    threads = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
-        batch = make_questions(n, seed)
-        supported = supported_methods(model, batch)  # every registered method that explains this LXMERT
-        if args.methods.strip() == "all":
-            methods = tuple(m for m in methods if m in supported)
-        unsupported = [m for m in methods if m not in supported]
-        if unsupported:
-            raise _usage_error(f"method {unsupported[0]} does not explain LXMERT; shapes-vqa takes {', '.join(supported)}")
-        results = run_benchmark(model, n=n, methods=methods, seed=seed, batch_size=args.batch_size,
-                                perturbation_n=perturbation_n, progress=not args.quiet, batch=batch)
-    finally:
-        torch.set_num_threads(threads)
-    return _write_generated(args, results, "shapes-vqa-lxmert (shipped)", vqa_report)
+    batch = make_questions(n, seed)
+    supported = supported_methods(model, batch)  # every registered method that explains this LXMERT
+    if args.methods.strip() == "all":
+        methods = tuple(m for m in methods if m in supported)
+    unsupported = [m for m in methods if m not in supported]
+    if unsupported:
+        raise _usage_error(f"method {unsupported[0]} does not explain LXMERT; shapes-vqa takes {', '.join(supported)}")
+    results = run_benchmark(model, n=n, methods=methods, seed=seed, batch_size=args.batch_size,
+                            perturbation_n=perturbation_n, progress=not args.quiet, batch=batch, shards=shards)
+    return _write_generated(args, results, "shapes-vqa-lxmert (shipped)", vqa_report, shards)
 
 
-def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: int | None) -> list[Path]:
+def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: int | None, shards: Shards) -> list[Path]:
     """Token-F1 (ERASER, e.g. Movie Reviews) of each method with a text classifier; writes results.json, report.md."""
-    import time
-
     from ..files import write_atomic
-    from ..metrics.rationales import load_eraser
+    from ..metrics.rationales import RationaleTest, load_eraser
     from ..models import load_text_classifier
-    from ..text.rationales import RationaleSet, token_f1
+    from ..text.rationales import RationaleSet, rationale_test
 
     model, tokenizer = load_text_classifier(None if args.model == "shapes" else args.model)
     annotations, documents = load_eraser(args.data, args.split)
     data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     labels = data.labels(names)
-    results: dict[str, Any] = {"benchmark": "eraser", "model": args.model, "n": len(data.annotations), "split": args.split,
+
+    def chunk(rows: range) -> dict[str, Any]:
+        """Each method's token-F1 state and seconds on the annotations `rows`."""
+        record: dict[str, Any] = {}
+        for method in methods:
+            started = time.perf_counter()
+            state = rationale_test(model, tokenizer, method, data, rows, labels).state_dict()
+            record[method] = {"state": state, "seconds": time.perf_counter() - started}
+        return record
+
+    count = len(data.annotations)
+    chunks = shards.map([range(s, min(count, s + args.batch_size)) for s in range(0, count, args.batch_size)], chunk,
+                        not args.quiet, "eraser", "text", len)
+    if shards.rank != 0:
+        return []
+    results: dict[str, Any] = {"benchmark": "eraser", "model": args.model, "n": count, "split": args.split,
                                "units": RATIONALE_UNITS, "methods": {}}
     for method in methods:
-        started = time.perf_counter()
-        scores = token_f1(model, tokenizer, method, data, batch_size=args.batch_size, labels=labels)["scores"]
-        results["methods"][method] = {"token_f1": {str(k): v for k, v in scores.items()},
-                                      "seconds_per_text": (time.perf_counter() - started) / len(data.annotations)}
+        test = RationaleTest()
+        for record in chunks:
+            test.merge(RationaleTest.from_state(record[method]["state"]))
+        results["methods"][method] = {"token_f1": {str(k): v for k, v in test.compute()["scores"].items()},
+                                      "seconds_per_text": math.fsum(r[method]["seconds"] for r in chunks) / count}
     ks = list(next(iter(results["methods"].values()))["token_f1"])
     rows = [f"| `{m}` | " + " | ".join(f"{r['token_f1'][k]['macro']['f1']:.3f}" for k in ks) + " |" for m, r in results["methods"].items()]
     report = "\n".join([
@@ -472,7 +508,7 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
     return written
 
 
-def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: int) -> list[Path]:
+def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
     """Grounding of captions in two-object scenes by the shipped shapes CLIP (or a checkpoint of it); writes
     results.json and report.md."""
     from ..bench.clip_model import load_clip
@@ -488,9 +524,10 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     if args.model != "shapes" and not Path(args.model).is_file():
         raise _usage_error(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
     model, tokenizer = load_clip(None if args.model == "shapes" else args.model)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    results = evaluate_grounding(model, tokenizer, methods, n, seed=args.seed, batch_size=args.batch_size, progress=not args.quiet)
+    results = evaluate_grounding(model, tokenizer, methods, n, seed=args.seed, batch_size=args.batch_size, progress=not args.quiet,
+                                 shards=shards)
+    if shards.rank != 0:
+        return []
     results["model"] = "shapes-clip (shipped)" if args.model == "shapes" else args.model
     out = Path(args.out)
     written = [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"),
@@ -502,7 +539,7 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     return written
 
 
-def evaluate_llm_retrieval(args: argparse.Namespace, n: int) -> list[Path]:
+def evaluate_llm_retrieval(args: argparse.Namespace, n: int, shards: Shards) -> list[Path]:
     """Retrieval prompts of the generated text world explained by each decoder method, scored against their known
     evidence and by the deletion test (`relevancy.evaluation.llm_retrieval`); writes results.json and report.md."""
     from ..evaluation.llm_retrieval import DEFAULT_METHODS, llm_report
@@ -511,15 +548,9 @@ def evaluate_llm_retrieval(args: argparse.Namespace, n: int) -> list[Path]:
 
     methods = DEFAULT_METHODS if args.methods.strip() == "all" else parse_llm_methods(args.methods)
     model, tokenizer = load_language_model(args.model)
-    threads = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
-        results = run_benchmark(model, tokenizer, methods=methods, n=n, seed=args.seed, batch_size=args.batch_size,
-                                progress=not args.quiet)
-    finally:
-        torch.set_num_threads(threads)
-    return _write_generated(args, results, args.model, llm_report)
+    results = run_benchmark(model, tokenizer, methods=methods, n=n, seed=args.seed, batch_size=args.batch_size,
+                            progress=not args.quiet, shards=shards)
+    return _write_generated(args, results, args.model, llm_report, shards)
 
 
 def parse_llm_methods(spec: str) -> tuple[str, ...]:

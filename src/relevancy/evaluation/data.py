@@ -1,9 +1,9 @@
-"""The benchmarks' data: what each batch holds, and how the batches are split over processes.
+"""The image benchmarks' data: what each batch holds.
 
 Every benchmark is a fixed list of batches (a batch = a list of item indices). Process ``rank`` of ``world``
-takes batches ``rank, rank + world, ...``; the batches themselves do not depend on the number of processes,
-so every image is explained in exactly the same batch as in a single-process run and the merged metrics are
-exactly the single-process ones.
+takes batches ``rank, rank + world, ...`` (`relevancy.evaluation.shards`); the batches themselves do not depend
+on the number of processes, so every image is explained in exactly the same batch as in a single-process run and
+the merged metrics are exactly the single-process ones.
 
 * ``shapes``: scene ``i`` of each set is rendered alone from its own seed (:func:`scene_seed`), so any subset
   of scenes can be produced in any process. Set ``single`` (one object) and set ``pair`` (two objects).
@@ -28,7 +28,6 @@ __all__ = [
     "plan_batches",
     "scene_seed",
     "shapes_batch",
-    "shard",
 ]
 
 BENCHMARKS = ("shapes", "imagenet", "imagenet-seg", "eraser", "shapes-clip", "coco-detr", "shapes-detection", "shapes-vqa",
@@ -59,13 +58,6 @@ class Batch:
 def plan_batches(kind: str, indices: Sequence[int], batch_size: int) -> list[Batch]:
     """``indices`` cut into consecutive batches of ``batch_size`` (the last one may be shorter)."""
     return [Batch(kind, tuple(int(i) for i in indices[s : s + batch_size])) for s in range(0, len(indices), batch_size)]
-
-
-def shard(batches: Sequence[Batch], rank: int, world: int) -> list[Batch]:
-    """The batches process ``rank`` of ``world`` explains: every ``world``-th one, starting at ``rank``."""
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is not in 0..{world - 1}")
-    return list(batches[rank::world])
 
 
 def shapes_batch(batch: Batch, seed: int) -> Mapping[str, torch.Tensor]:

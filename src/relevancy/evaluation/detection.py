@@ -9,6 +9,7 @@ normalisation). The model's class indices must be the data set's category ids (t
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..api import explain
 from ..extras import require
+from .shards import Shards
 from ..metrics.detection_masks import (
     coco_evaluate, encode_masks, kept_queries, masks_at_size, otsu_mask, query_masks,
 )
@@ -52,8 +54,10 @@ def detection_results(model: nn.Module, pixel_values: torch.Tensor, image_id: in
 
 def evaluate_detection_segmentation(
     model: nn.Module, annotation_file: str | Path, images: str | Path, methods: tuple[str, ...], n: int | None = None,
+    shards: Shards | None = None, progress: bool = False,
 ) -> dict[str, Any]:
-    """Per method, the COCO segmentation APs of the Otsu masks of its maps over the first `n` images (all: None)."""
+    """Per method, the COCO segmentation APs of the Otsu masks of its maps over the first `n` images (all: None);
+    ``shards``: where each image's record goes as it finishes (`relevancy.evaluation.shards`; default in memory)."""
     from PIL import Image
 
     COCO = require("pycocotools.coco", "eval").COCO
@@ -61,21 +65,28 @@ def evaluate_detection_segmentation(
     catalogue = COCO(str(annotation_file))
     image_ids = sorted(catalogue.getImgIds())[:n]
     model_dtype = next(model.parameters()).dtype
+
+    def chunk(image_id: int) -> dict[str, Any]:
+        """One image's COCO result entries and seconds per method."""
+        info = catalogue.loadImgs(image_id)[0]
+        with Image.open(Path(images) / info["file_name"]) as picture:
+            rgb = picture.convert("RGB")
+        batch = processor(images=rgb, return_tensors="pt")
+        pixel_values = batch["pixel_values"].to(model_dtype)
+        size = tuple(pixel_values.shape[-2:])
+        record: dict[str, Any] = {}
+        for method in methods:
+            started = time.perf_counter()
+            entries = detection_results(model, pixel_values, image_id, size, (info["height"], info["width"]), method)
+            record[method] = {"entries": entries, "seconds": time.perf_counter() - started}
+        return record
+
+    records = (Shards() if shards is None else shards).map(image_ids, chunk, progress, "coco-detr", "img")
     results: dict[str, Any] = {"benchmark": "coco-detr", "annotations": str(annotation_file), "n": len(image_ids), "methods": {}}
     for method in methods:
-        started = time.perf_counter()
-        entries: list[dict] = []
-        for image_id in image_ids:
-            info = catalogue.loadImgs(image_id)[0]
-            with Image.open(Path(images) / info["file_name"]) as picture:
-                rgb = picture.convert("RGB")
-            batch = processor(images=rgb, return_tensors="pt")
-            pixel_values = batch["pixel_values"].to(model_dtype)
-            size = tuple(pixel_values.shape[-2:])
-            entries += detection_results(model, pixel_values, image_id, size, (info["height"], info["width"]), method)
         results["methods"][method] = {
-            "segm": coco_evaluate(str(annotation_file), entries),
-            "seconds_per_image": (time.perf_counter() - started) / max(len(image_ids), 1),
+            "segm": coco_evaluate(str(annotation_file), [e for r in records for e in r[method]["entries"]]),
+            "seconds_per_image": math.fsum(r[method]["seconds"] for r in records) / max(len(image_ids), 1),
         }
     return results
 

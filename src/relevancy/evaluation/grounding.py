@@ -15,6 +15,7 @@ and its shape):
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -24,6 +25,7 @@ from torch import nn
 
 from ..metrics.segmentation import normalised_maps
 from .data import scene_seed
+from .shards import Shards, fsum_dicts
 
 #: (label, method, options): `generic_attention` in both of the authors' settings
 VARIANTS = {
@@ -99,34 +101,36 @@ def token_f1(text_scores: torch.Tensor, ends: torch.Tensor, naming: list[set[int
 
 def evaluate_grounding(
     model: nn.Module, tokenizer, methods: Sequence[str], n: int, seed: int = 0, batch_size: int = 16, progress: bool = False,
+    shards: Shards | None = None,
 ) -> dict[str, Any]:
-    """The benchmark's numbers per method (means over `n` scenes, fractions in [0, 1]) and seconds per pair."""
+    """The benchmark's numbers per method (means over `n` scenes, fractions in [0, 1]) and seconds per pair;
+    ``shards``: where each batch's record goes as it finishes (`relevancy.evaluation.shards`; default in memory)."""
     from ..api import explain
     from ..families.clip.batch import ImageTextBatch
 
     variants = [v for m in methods for v in VARIANTS.get(m, ((m, m, {}),))]
-    sums: dict[str, dict[str, float]] = {label: {} for label, _, _ in variants}
-    seconds = {label: 0.0 for label, _, _ in variants}
-    areas = {"named": 0.0, "other": 0.0}
-    batches = [range(s, min(n, s + batch_size)) for s in range(0, n, batch_size)]
-    if progress:
-        from tqdm import tqdm
 
-        batches = tqdm(batches, desc="shapes-clip", unit="batch")
-    for indices in batches:
+    def chunk(indices: range) -> dict[str, Any]:
+        """The record of one batch of scenes: the objects' areas, each variant's sums and seconds."""
         data = grounding_scenes(indices, seed, tokenizer)
         encoded = tokenizer.encode(data.captions)
         batch = ImageTextBatch.of(data.images, encoded)
-        areas["named"] += float(data.named.flatten(1).double().mean(1).sum())
-        areas["other"] += float(data.other.flatten(1).double().mean(1).sum())
+        record: dict[str, Any] = {"named": float(data.named.flatten(1).double().mean(1).sum()),
+                                  "other": float(data.other.flatten(1).double().mean(1).sum()), "sums": {}, "seconds": {}}
         for label, method, options in variants:
             started = time.perf_counter()
             expl = explain(model, batch, method=method, **options)
-            seconds[label] += time.perf_counter() - started
+            record["seconds"][label] = time.perf_counter() - started
             values = image_scores(expl.heatmap().cpu(), data.named, data.other)
             values["token_f1"] = token_f1(expl.parts["text"].scores.cpu(), expl.readout, data.naming_positions)
-            for name, per_scene in values.items():
-                sums[label][name] = sums[label].get(name, 0.0) + float(per_scene.sum())
+            record["sums"][label] = {name: float(per_scene.sum()) for name, per_scene in values.items()}
+        return record
+
+    batches = [range(s, min(n, s + batch_size)) for s in range(0, n, batch_size)]
+    records = (Shards() if shards is None else shards).map(batches, chunk, progress, "shapes-clip", "scene", len)
+    sums = {label: fsum_dicts([r["sums"][label] for r in records]) for label, _, _ in variants}
+    seconds = {label: math.fsum(r["seconds"][label] for r in records) for label, _, _ in variants}
+    areas = {key: math.fsum(r[key] for r in records) for key in ("named", "other")}
     chance = {"named": areas["named"] / n, "other": areas["other"] / n}
     return {
         "benchmark": "shapes-clip", "n": n, "seed": seed,

@@ -26,7 +26,8 @@ evidence of the generated retrieval world (`relevancy.bench.llm_world`), and by 
      reads and reacts to, while removal leaves a shorter, still well-formed list of facts; it is also how the
      house's question-answering test deletes tokens (`relevancy.evaluation.vqa_perturbation`).
      ``gap``: ``lerf - morf`` (higher is better), one number for both directions.
-   * ``random``: the same metrics for scores drawn uniformly at random (a generator seeded with ``--seed``), the
+   * ``random``: the same metrics for scores drawn uniformly at random (each batch's generator seeded from ``--seed`` and
+     its first prompt, so the draws do not depend on how the batches are shared out), the
      row that tells what a map blind to the evidence scores. ``chance``: what a uniformly random ranking scores
      in expectation on share and pointing, the evidence's fraction of the context tokens (mean over prompts).
 
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 
 from ..bench import llm_world
+from .shards import Shards
 
 __all__ = [
     "DEFAULT_METHODS", "RANDOM", "STEPS", "UNITS", "Explainer", "answer_ids", "deletion_curves", "encode",
@@ -56,6 +58,8 @@ DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "transformer_attribu
 RANDOM = "random"
 STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 DIRECTIONS = ("morf", "lerf")
+#: the random row's generator of the batch starting at prompt ``i`` is seeded ``seed * MAX_PROMPTS + i``
+MAX_PROMPTS = 1_000_000
 UNITS = ("share, pointing, accuracy: fractions in [0, 1]; morf, lerf, gap: area under the answer token's "
          "log-probability (nats, minus the unperturbed one) over the removed fraction of the facts' tokens (0..1); "
          "clean_log_probability: nats; time_ratio: a method's time over a plain forward of the same batch")
@@ -191,14 +195,15 @@ def _summary(per_prompt: Mapping[str, list[float]], select: Sequence[bool]) -> d
 def evaluate_llm_retrieval(
     model: nn.Module, tokenizer: Any, methods: Sequence[str] = DEFAULT_METHODS, n: int = 30, seed: int = 0,
     batch_size: int = 8, explainers: Mapping[str, Explainer] | None = None, progress: bool = False,
-    deletion_batch_size: int | None = None,
+    deletion_batch_size: int | None = None, shards: Shards | None = None,
 ) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring), JSON-able (NaN where no prompt counts).
 
     ``methods``: relevancy method names; ``explainers``: more named maps computed outside relevancy, scored the
     same way (the side-by-side benchmark's lxt, captum and inseq); a ``random`` row is always added.
     ``batch_size``: prompts explained together; ``deletion_batch_size``: perturbed prompts read together (default
-    ``batch_size``). The model runs in eval mode; every module's mode is restored after."""
+    ``batch_size``); ``shards``: where each batch's record goes as it finishes (`relevancy.evaluation.shards`;
+    default in memory, one process). The model runs in eval mode; every module's mode is restored after."""
     deletion_batch_size = batch_size if deletion_batch_size is None else deletion_batch_size
     if min(n, batch_size, deletion_batch_size) < 1:
         raise ValueError(f"n and the batch sizes must be at least 1, got n={n}, batch_size={batch_size}, "
@@ -207,51 +212,47 @@ def evaluate_llm_retrieval(
     model.eval()
     try:
         return _evaluate(model, tokenizer, tuple(methods), n, seed, batch_size, dict(explainers or {}), progress,
-                         deletion_batch_size)
+                         deletion_batch_size, Shards() if shards is None else shards)
     finally:
         for module, training in modes:
             module.training = training
 
 
 def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int, seed: int, batch_size: int,
-              explainers: dict[str, Explainer], progress: bool, deletion_batch_size: int) -> dict[str, Any]:
-    """`evaluate_llm_retrieval` on a model in eval mode."""
+              explainers: dict[str, Explainer], progress: bool, deletion_batch_size: int, shards: Shards) -> dict[str, Any]:
+    """`evaluate_llm_retrieval` on a model in eval mode: each batch of prompts is a chunk of `shards`."""
     from ..api import explain
 
     items = llm_world.prompts("test", n, seed=seed)
     names = [*methods, *explainers, RANDOM]
-    per_prompt = {name: {k: [] for k in _METRICS} for name in names}
-    seconds = {name: 0.0 for name in names if name != RANDOM}
-    forward_seconds, right, clean_all, curves_all = 0.0, [], [], {name: {d: [] for d in DIRECTIONS} for name in names}
-    evidence_fraction: list[float] = []
-    generator = torch.Generator().manual_seed(seed)
+    warmed = []
 
     def explain_with(name: str, inputs: dict[str, torch.Tensor], answers: torch.Tensor) -> torch.Tensor:
         if name in methods:
             return explain(model, dict(inputs), method=name, target=answers.tolist()).scores.detach()
         return explainers[name](model, dict(inputs), answers).detach()
 
-    warm = encode(tokenizer, items[:1])[0]  # untimed: each method's and the forward's first call pays one-off costs
-    with torch.no_grad():
-        model(**warm, use_cache=False)
-    for name in names[:-1]:
-        explain_with(name, warm, answer_ids(tokenizer, items[:1], warm))
-    starts = range(0, n, batch_size)
-    if progress:
-        from tqdm import tqdm
-
-        starts = tqdm(starts, desc="llm-retrieval", unit="batch")
-    for start in starts:
+    def batch(start: int) -> dict[str, Any]:
+        """One batch's record: per prompt values, the batch's timings."""
+        if not warmed:  # untimed: each method's and the forward's first call in this process pays one-off costs
+            warm = encode(tokenizer, items[:1])[0]
+            with torch.no_grad():
+                model(**warm, use_cache=False)
+            for name in names[:-1]:
+                explain_with(name, warm, answer_ids(tokenizer, items[:1], warm))
+            warmed.append(True)
         part = items[start:start + batch_size]
         inputs, context, evidence = encode(tokenizer, part)
         answers = answer_ids(tokenizer, part, inputs)
-        evidence_fraction += (evidence.sum(1) / context.sum(1)).tolist()
+        record: dict[str, Any] = {"evidence_fraction": (evidence.sum(1) / context.sum(1)).tolist(), "seconds": {},
+                                  "per_prompt": {}, "curves": {}}
         began = time.perf_counter()
         with torch.no_grad():
             logits = model(**inputs, use_cache=False).logits
-        forward_seconds += time.perf_counter() - began
+        record["forward_seconds"] = time.perf_counter() - began
         last = inputs["attention_mask"].sum(1) - 1
-        right += (logits[torch.arange(len(part)), last].argmax(-1) == answers).tolist()
+        record["right"] = (logits[torch.arange(len(part)), last].argmax(-1) == answers).tolist()
+        generator = torch.Generator().manual_seed(seed * MAX_PROMPTS + start)  # the same draws however the batches are shared
         maps: dict[str, torch.Tensor] = {}
         for name in names:
             began = time.perf_counter()
@@ -259,30 +260,35 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int
                 maps[name] = torch.rand(context.shape, generator=generator, dtype=torch.float64)
                 continue
             maps[name] = explain_with(name, inputs, answers)
-            seconds[name] += time.perf_counter() - began
+            record["seconds"][name] = time.perf_counter() - began
         clean, curves = deletion_curves(model, inputs, context, answers, maps, deletion_batch_size)
-        clean_all += clean.tolist()
+        record["clean"] = clean.tolist()
         for name, scores in maps.items():
-            for key, values in evidence_scores(scores * inputs["attention_mask"], context, evidence).items():
-                per_prompt[name][key] += values.tolist()
+            values = {key: v.tolist() for key, v in evidence_scores(scores * inputs["attention_mask"], context, evidence).items()}
             morf, lerf = (_area(curves[name][d]) for d in DIRECTIONS)
-            per_prompt[name]["morf"] += morf.tolist()
-            per_prompt[name]["lerf"] += lerf.tolist()
-            per_prompt[name]["gap"] += (lerf - morf).tolist()
-            for d in DIRECTIONS:
-                curves_all[name][d] += curves[name][d].tolist()
+            record["per_prompt"][name] = {**values, "morf": morf.tolist(), "lerf": lerf.tolist(), "gap": (lerf - morf).tolist()}
+            record["curves"][name] = {d: curves[name][d].tolist() for d in DIRECTIONS}
+        return record
+
+    starts = list(range(0, n, batch_size))
+    records = shards.map(starts, batch, progress, "llm-retrieval", "prompt", lambda start: len(items[start:start + batch_size]))
+    right = [v for r in records for v in r["right"]]
+    clean_all = [v for r in records for v in r["clean"]]
+    forward_seconds = math.fsum(r["forward_seconds"] for r in records)
     everything = [True] * n
     results: dict[str, Any] = {
         "benchmark": "llm-retrieval", "n": n, "seed": seed, "units": UNITS, "steps": list(STEPS),
         "accuracy": _mean(right), "answered": int(sum(right)), "clean_log_probability": _mean(clean_all),
-        "chance": _mean(evidence_fraction), "methods": {},
+        "chance": _mean([v for r in records for v in r["evidence_fraction"]]), "methods": {},
     }
     for name in names:
-        entry: dict[str, Any] = {**_summary(per_prompt[name], everything), "answered": _summary(per_prompt[name], right)}
-        entry["curves"] = {d: np.mean(curves_all[name][d], axis=0).tolist() for d in DIRECTIONS}
+        per_prompt = {k: [v for r in records for v in r["per_prompt"][name][k]] for k in _METRICS}
+        entry: dict[str, Any] = {**_summary(per_prompt, everything), "answered": _summary(per_prompt, right)}
+        entry["curves"] = {d: np.mean([row for r in records for row in r["curves"][name][d]], axis=0).tolist() for d in DIRECTIONS}
         if name != RANDOM:
-            entry["time_ratio"] = seconds[name] / forward_seconds
-            entry["seconds_per_prompt"] = seconds[name] / n
+            seconds = math.fsum(r["seconds"][name] for r in records)
+            entry["time_ratio"] = seconds / forward_seconds
+            entry["seconds_per_prompt"] = seconds / n
         results["methods"][name] = entry
     return results
 

@@ -205,7 +205,10 @@ def render_report(results: dict[str, Any]) -> str:
     lines += [f"- {n}" for n in _notes(results)]
     timing = results.get("timing") or {}
     if timing:
-        lines.append(f"- Wall time {timing.get('wall_seconds', 0):.1f} s; token ablation computed as the agreement "
+        spent = (f"Time in the batches {timing['batch_seconds']:.1f} s (summed over processes and over the runs of a "
+                 "resumed evaluation)" if "batch_seconds" in timing else  # results written before runs could resume
+                 f"Wall time {timing.get('wall_seconds', 0):.1f} s")
+        lines.append(f"- {spent}; token ablation computed as the agreement "
                      f"reference only: {timing.get('reference_seconds', 0):.1f} s; agreement bookkeeping "
                      f"{timing.get('agreement_seconds', 0):.1f} s.")
     return "\n".join(lines) + "\n"

@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from .. import metrics
 from ..api import explain
 from ..extras import require
 from ..metrics import AgreementTest, DiscriminationTest, PerturbationTest, SegmentationTest, perturbation_test
 from . import data as D
+from .shards import Shards, progress_bar
 
 __all__ = ["PAPER_OPTIONS", "REFERENCE", "SECTIONS", "Evaluation", "Settings", "run"]
 
@@ -71,6 +70,10 @@ class Settings:
         return max(1, self.n // 2)
 
 
+#: the accumulators of a method's record
+_ACCUMULATORS = ("perturbation", "perturbation_target", "segmentation", "discrimination")
+
+
 @dataclass
 class _Record:
     """One method's accumulators and timings."""
@@ -92,34 +95,36 @@ def pool_to_grid(maps: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
 
 
 class Evaluation:
-    """The accumulators of one process; :meth:`gather` merges them over processes, :meth:`results` reads them."""
+    """The accumulators of one chunk (:meth:`reset`, :meth:`state`) or of the whole run (:meth:`load` merges the
+    chunks' states in order), :meth:`results` reads them."""
 
     def __init__(self, model: nn.Module, settings: Settings, mean: Sequence[float], std: Sequence[float]) -> None:
         self.model = model
         self.settings = settings
         self.sections = SECTIONS[settings.benchmark]
-        forward_batch = max(32, 4 * settings.batch_size)
+        self.forward_batch = max(32, 4 * settings.batch_size)
         self.mean, self.std = tuple(mean), tuple(std)
+        if "segmentation" in self.sections:
+            require("sklearn.metrics", extra="eval")  # imported here, not inside the first method's timing
+        self.reset()
 
-        def perturbation() -> PerturbationTest:
-            return PerturbationTest(mean=self.mean, std=self.std, batch_size=forward_batch)
-
+    def reset(self) -> None:
+        """Empty accumulators and timings (each chunk of the run is recorded from empty ones)."""
         self.records: dict[str, _Record] = {}
-        for m in settings.methods:
+        for m in self.settings.methods:
             r = _Record()
             if "perturbation" in self.sections:
-                r.perturbation, r.perturbation_target = perturbation(), perturbation()
+                r.perturbation, r.perturbation_target = (PerturbationTest(mean=self.mean, std=self.std, batch_size=self.forward_batch)
+                                                         for _ in range(2))
             if "segmentation" in self.sections:
                 r.segmentation = SegmentationTest()
             if "discrimination" in self.sections:
                 r.discrimination = DiscriminationTest()
             self.records[m] = r
         self.agreement = AgreementTest() if "agreement" in self.sections else None
-        if "segmentation" in self.sections:
-            require("sklearn.metrics", extra="eval")  # imported here, not inside the first method's timing
-        #: summed over processes: reference and agreement costs, model accuracy counts
+        #: summed over chunks: reference and agreement costs, model accuracy counts
         self.shared: dict[str, float] = {
-            "reference_seconds": 0.0, "agreement_seconds": 0.0, "wall_seconds": 0.0,
+            "reference_seconds": 0.0, "agreement_seconds": 0.0, "batch_seconds": 0.0,
             "single_correct": 0, "single_count": 0, "pair_top2_correct": 0, "pair_count": 0,
         }
 
@@ -211,23 +216,26 @@ class Evaluation:
                 self._metric(m, lambda: r.discrimination.update(maps, target_masks, other_masks))
 
     # ------------------------------------------------------------------ merging and reading
-    def gather(self) -> None:
-        """Merge every accumulator over the ``torch.distributed`` processes (no-op in a single process)."""
-        for r in self.records.values():
-            for name in ("perturbation", "perturbation_target", "segmentation", "discrimination"):
-                acc = getattr(r, name)
-                if acc is not None:
-                    setattr(r, name, metrics.all_gather(acc))
-        if self.agreement is not None:
-            self.agreement = metrics.all_gather(self.agreement)
-        if dist.is_available() and dist.is_initialized():
-            state = {"shared": self.shared, "timing": {m: r.timing for m, r in self.records.items()}}
-            states: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(states, state)
-            self.shared = {k: sum(s["shared"][k] for s in states) for k in self.shared}
-            self.shared["wall_seconds"] = max(s["shared"]["wall_seconds"] for s in states)
+    def state(self) -> dict[str, Any]:
+        """Every accumulator's and timing's plain state (a chunk's record)."""
+        return {"methods": {m: {"timing": r.timing, **{name: getattr(r, name).state_dict() for name in _ACCUMULATORS
+                                                       if getattr(r, name) is not None}} for m, r in self.records.items()},
+                "agreement": None if self.agreement is None else self.agreement.state_dict(), "shared": self.shared}
+
+    def load(self, states: Sequence[dict[str, Any]]) -> None:
+        """Empty accumulators, then every state of `states` (chunk records, in chunk order) merged into them."""
+        self.reset()
+        for state in states:
             for m, r in self.records.items():
-                r.timing = {k: sum(s["timing"][m][k] for s in states) for k in r.timing}
+                own = state["methods"][m]
+                r.timing = {k: v + own["timing"][k] for k, v in r.timing.items()}
+                for name in _ACCUMULATORS:
+                    acc = getattr(r, name)
+                    if acc is not None:
+                        acc.merge(type(acc).from_state(own[name]))
+            if self.agreement is not None:
+                self.agreement.merge(AgreementTest.from_state(state["agreement"]))
+            self.shared = {k: v + state["shared"][k] for k, v in self.shared.items()}
 
     def results(self) -> dict[str, Any]:
         """The ``methods`` part of ``results.json`` plus shared figures (see :func:`run`)."""
@@ -284,7 +292,7 @@ class Evaluation:
             "timing": {
                 "reference_seconds": sh["reference_seconds"],
                 "agreement_seconds": sh["agreement_seconds"],
-                "wall_seconds": sh["wall_seconds"],
+                "batch_seconds": sh["batch_seconds"],
             },
         }
         if agreement is not None:
@@ -292,19 +300,9 @@ class Evaluation:
         return {"methods": methods, **extra}
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    import sys
-
-    from tqdm import tqdm
-
-    interactive = sys.stderr.isatty()
-    return tqdm(total=total, disable=not enabled, desc=desc, unit="img", dynamic_ncols=True,
-                mininterval=0.5 if interactive else 30.0)
-
-
 @dataclass
 class _Work:
-    """This process's batches, how to read them, the number of benchmark items in all, notes for ``splits``."""
+    """The benchmark's batches, how to read some of them, the number of benchmark items in all, notes for ``splits``."""
 
     batches: list[D.Batch]
     read: Callable[[list[D.Batch]], Iterable[tuple[D.Batch, dict[str, torch.Tensor]]]]
@@ -312,7 +310,7 @@ class _Work:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def _work(settings: Settings, model: nn.Module, rank: int, world: int) -> _Work:
+def _work(settings: Settings, model: nn.Module) -> _Work:
     s = settings
     if s.benchmark == "shapes":
         batches = D.plan_batches("single", range(s.n), s.batch_size) + D.plan_batches("pair", range(s.pairs), s.batch_size)
@@ -321,7 +319,7 @@ def _work(settings: Settings, model: nn.Module, rank: int, world: int) -> _Work:
             for b in mine:
                 yield b, dict(D.shapes_batch(b, s.seed))
 
-        return _Work(D.shard(batches, rank, world), read_scenes, s.n + s.pairs)
+        return _Work(batches, read_scenes, s.n + s.pairs)
     if s.benchmark == "imagenet":
         from ..datasets import imagenet_folder
 
@@ -334,7 +332,7 @@ def _work(settings: Settings, model: nn.Module, rank: int, world: int) -> _Work:
             for b, (x, y) in zip(mine, D.loader(folder, mine, s.workers)):
                 yield b, {"images": x, "labels": y}
 
-        return _Work(D.shard(batches, rank, world), read_folder, len(order), {"labels": labels})
+        return _Work(batches, read_folder, len(order), {"labels": labels})
     if s.benchmark == "imagenet-seg":
         from ..datasets import ImageNetSegmentation
 
@@ -347,7 +345,7 @@ def _work(settings: Settings, model: nn.Module, rank: int, world: int) -> _Work:
             for b, (x, y) in zip(mine, D.loader(segs, mine, s.workers)):
                 yield b, {"images": x, "masks": y}
 
-        return _Work(D.shard(batches, rank, world), read_segs, count)
+        return _Work(batches, read_segs, count)
     raise ValueError(f"unknown benchmark {s.benchmark!r}")
 
 
@@ -367,9 +365,11 @@ def data_config(model: nn.Module, paper: bool = False) -> dict[str, Any]:
     return cfg
 
 
-def run(model: nn.Module, settings: Settings, rank: int = 0, world: int = 1, progress: bool = True) -> dict[str, Any]:
-    """Evaluate this process's shard and merge over processes; every process returns the merged results:
+def run(model: nn.Module, settings: Settings, progress: bool = True, shards: Shards | None = None) -> dict[str, Any]:
+    """Evaluate this process's missing batches (recorded in `shards` as each finishes; default: in memory, one
+    process) and merge every batch's record in order; every process returns the merged results:
     ``{"benchmark", "n", "splits", "settings", "methods": {...}, "accuracy", "timing", ...}``."""
+    shards = Shards() if shards is None else shards
     model.eval()
     if settings.benchmark == "shapes":
         from ..bench import MEAN, STD
@@ -379,20 +379,23 @@ def run(model: nn.Module, settings: Settings, rank: int = 0, world: int = 1, pro
         cfg = data_config(model, settings.paper_settings)
         mean, std = cfg["mean"], cfg["std"]
     evaluation = Evaluation(model, settings, mean, std)
-    work = _work(settings, model, rank, world)
-    mine, total = work.batches, work.total
-    started = time.perf_counter()
-    with _progress(sum(len(b.indices) for b in mine), rank == 0 and progress, settings.benchmark) as bar:
-        for batch, items in work.read(mine):
+    work = _work(settings, model)
+    batches, total = work.batches, work.total
+    todo = shards.pending(len(batches))
+    with progress_bar(sum(len(batches[k].indices) for k in todo), shards.rank == 0 and progress, settings.benchmark, "img") as bar:
+        for k, (batch, items) in zip(todo, work.read([batches[k] for k in todo])):
+            evaluation.reset()
+            started = time.perf_counter()
             if batch.kind == "pair":
                 evaluation.pair_batch(items["images"], items["labels"], items["masks"])
             elif settings.benchmark == "shapes":
                 evaluation.single_batch(items["images"], items["labels"][:, 0], items["masks"][:, 0].long())
             else:
                 evaluation.single_batch(items["images"], items.get("labels"), items.get("masks"))
+            evaluation.shared["batch_seconds"] = time.perf_counter() - started
+            shards.save(k, evaluation.state())
             bar.update(len(batch.indices))
-    evaluation.shared["wall_seconds"] = time.perf_counter() - started
-    evaluation.gather()
+    evaluation.load(shards.collect(len(batches)))
     out = evaluation.results()
     splits: dict[str, Any]
     if settings.benchmark == "shapes":
@@ -410,7 +413,7 @@ def run(model: nn.Module, settings: Settings, rank: int = 0, world: int = 1, pro
             "batch_size": settings.batch_size,
             "paper_settings": settings.paper_settings,
             "method_options": {m: settings.options(m) for m in settings.methods if settings.options(m)},
-            "world_size": world,
+            "world_size": shards.world,
             "mean": list(mean),
             "std": list(std),
         },

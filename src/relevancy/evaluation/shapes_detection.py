@@ -77,6 +77,7 @@ from ..metrics.detection_masks import coco_evaluate, encode_masks, masks_at_size
 from ..metrics.discrimination import class_discrimination
 from ..extras import require
 from ..metrics.segmentation import SegmentationTest, normalised_maps
+from .shards import Shards
 from .support import supported_methods as probe_methods
 
 __all__ = [
@@ -172,7 +173,6 @@ class _MethodRecord:
         self.coco: list[dict] = []
         self.seconds = 0.0
         self.objects = 0
-        self.warm = False
 
     def add(self, maps: torch.Tensor, own: torch.Tensor, others: torch.Tensor, multi: torch.Tensor) -> None:
         counts = _counts(otsu_masks(maps, tuple(own.shape[-2:])), own)
@@ -187,6 +187,25 @@ class _MethodRecord:
             self.values[key].extend(float(v) for v in s[key].tolist())
         for key in self.multi:
             self.multi[key].extend(float(v) for v, m in zip(s[key].tolist(), multi.tolist()) if m)
+
+    def state(self) -> dict[str, Any]:
+        """Plain state (a chunk's record of this method)."""
+        return {"otsu": self.otsu, "mean_threshold": self.mean_threshold.state_dict(), "values": self.values,
+                "multi": self.multi, "coco": self.coco, "seconds": self.seconds, "objects": self.objects}
+
+    def merge(self, state: dict[str, Any]) -> None:
+        """Add a chunk's :meth:`state` (chunks merged in order give the one-process lists)."""
+        for key in ("correct", "labeled"):
+            self.otsu[key] += state["otsu"][key]
+        for key in ("intersection", "union"):
+            self.otsu[key] = [a + b for a, b in zip(self.otsu[key], state["otsu"][key])]
+        self.mean_threshold.merge(SegmentationTest.from_state(state["mean_threshold"]))
+        for own, other in ((self.values, state["values"]), (self.multi, state["multi"])):
+            for key in own:
+                own[key].extend(other[key])
+        self.coco.extend(state["coco"])
+        self.seconds += state["seconds"]
+        self.objects += state["objects"]
 
     def results(self, coco: dict[str, float]) -> dict[str, Any]:
         o = self.otsu
@@ -229,10 +248,11 @@ def _truth_file(folder: Path, scenes, size: tuple[int, int]) -> Path:
 
 def evaluate_shapes_detection(
     model: nn.Module, n: int = 200, methods: Sequence[str] | None = None, threshold: float = DETECTION_THRESHOLD,
-    seed: int = DETECTION_TEST_SEED, batch_size: int = 16, progress: bool = False,
+    seed: int = DETECTION_TEST_SEED, batch_size: int = 16, progress: bool = False, shards: Shards | None = None,
 ) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring); JSON-able, NaN where nothing was matched.
-    ``methods``: default every method that explains the model (:func:`supported_methods`)."""
+    ``methods``: default every method that explains the model (:func:`supported_methods`); ``shards``: where each
+    batch's record goes as it finishes (`relevancy.evaluation.shards`; default in memory, one process)."""
     if n < 1 or batch_size < 1:
         raise ValueError(f"n and batch_size must be at least 1, got n={n}, batch_size={batch_size}")
     if methods is None:
@@ -240,22 +260,19 @@ def evaluate_shapes_detection(
     model.eval()
     scenes = make_detection_scenes(n, seed)
     size = tuple(scenes.images.shape[-2:])
-    records = {m: _MethodRecord() for m in methods}
-    counts = {"objects": sum(len(x) for x in scenes.labels), "detected": 0, "matched": 0, "class_correct": 0,
-              "matched_in_multi_object_scenes": 0}
-    areas: dict[str, list[float]] = {"own": [], "background": [], "other": []}
-    starts = range(0, n, batch_size)
-    if progress:
-        from tqdm import tqdm
+    warm: set[str] = set()
 
-        starts = tqdm(starts, desc="shapes-detection", unit="batch")
-    for start in starts:
+    def chunk(start: int) -> dict[str, Any]:
+        """The record of the scenes ``start .. start + batch_size - 1``: counts, areas, each method's state."""
+        records = {m: _MethodRecord() for m in methods}
+        counts = dict.fromkeys(("detected", "matched", "class_correct", "matched_in_multi_object_scenes"), 0)
+        areas: dict[str, list[float]] = {"own": [], "background": [], "other": []}
         index = list(range(start, min(n, start + batch_size)))
         inputs = detector_inputs(scenes.images[index])
         found = detect(model, inputs, threshold)
         with_objects = [j for j, per_image in enumerate(found) if per_image]
         if not with_objects:
-            continue
+            return {"counts": counts, "areas": areas, "methods": {m: r.state() for m, r in records.items()}}
         # per explained row: scene, detection, matched object (or None)
         rows: list[tuple[int, Any, int | None]] = []
         for j in with_objects:
@@ -281,9 +298,9 @@ def evaluate_shapes_detection(
         sub = {k: v[with_objects] for k, v in inputs.items()}
         targets = [[(d.query, d.label) for d in found[j]] for j in with_objects]
         for method, record in records.items():
-            if not record.warm:  # one-off costs of a method's first call stay out of its timing
+            if method not in warm:  # one-off costs of a method's first call in this process stay out of its timing
                 explain(model, sub, method=method, target=targets)
-                record.warm = True
+                warm.add(method)
             started = time.perf_counter()
             expl = explain(model, sub, method=method, target=targets)
             record.seconds += time.perf_counter() - started
@@ -295,6 +312,22 @@ def evaluate_shapes_detection(
                 record.coco.append({"image_id": i, "category_id": d.label, "score": d.score, "segmentation": rle})
             if matched:
                 record.add(maps[matched], own, others, multi)
+        return {"counts": counts, "areas": areas, "methods": {m: r.state() for m, r in records.items()}}
+
+    starts = list(range(0, n, batch_size))
+    chunks = (Shards() if shards is None else shards).map(starts, chunk, progress, "shapes-detection", "scene",
+                                                        lambda start: len(range(start, min(n, start + batch_size))))
+    records = {m: _MethodRecord() for m in methods}
+    counts = {"objects": sum(len(x) for x in scenes.labels), "detected": 0, "matched": 0, "class_correct": 0,
+              "matched_in_multi_object_scenes": 0}
+    areas: dict[str, list[float]] = {"own": [], "background": [], "other": []}
+    for record in chunks:
+        for key, value in record["counts"].items():
+            counts[key] += value
+        for key, value in record["areas"].items():
+            areas[key] += value
+        for method, state in record["methods"].items():
+            records[method].merge(state)
     with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints
         truth = str(_truth_file(Path(folder), scenes, size))
         coco = {m: coco_evaluate(truth, r.coco) for m, r in records.items()}

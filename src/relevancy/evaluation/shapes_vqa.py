@@ -59,7 +59,8 @@ from ..bench.vqa_model import VQA_TEST_SEED, evaluate_vqa
 from ..metrics.discrimination import class_discrimination
 from .grounding import token_f1
 from .support import supported_methods as probe_methods
-from .vqa_perturbation import STEPS, perturbation_test
+from .shards import Shards
+from .vqa_perturbation import STEPS, perturbation_test, trapezoid_area
 
 __all__ = [
     "DEFAULT_PERTURBATION_N", "UNITS", "evaluate_shapes_vqa", "naming_f1", "perturbation_samples", "probe_inputs",
@@ -125,6 +126,20 @@ def perturbation_samples(batch: VqaBatch, indices: Sequence[int]) -> list[tuple[
              {int(batch.answers[i]): 1.0}) for i in indices]
 
 
+def _perturbation(parts: Sequence[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The four perturbation runs over all questions from those of each chunk (accuracies weighted by questions)."""
+    runs: dict[str, Any] = {}
+    for modality in ("text", "image"):
+        runs[modality] = {}
+        for sign in ("positive", "negative"):
+            own = [part[f"{modality} {sign}"] for part in parts]
+            count = sum(r["n"] for r in own)
+            curve = [math.fsum(r["accuracy"][s] * r["n"] for r in own) / max(count, 1) for s in range(len(own[0]["steps"]))]
+            runs[modality][sign] = {"auc": trapezoid_area(own[0]["steps"], curve), "accuracy": curve}
+            runs[modality]["steps"] = own[0]["steps"]
+    return runs
+
+
 def _mean(values: torch.Tensor | np.ndarray | list) -> float:
     values = [float(v) for v in values if not math.isnan(float(v))]
     return math.fsum(values) / len(values) if values else math.nan
@@ -138,12 +153,14 @@ def _grounding(values: dict[str, torch.Tensor], select: np.ndarray) -> dict[str,
 def evaluate_shapes_vqa(
     model: nn.Module, n: int = 300, methods: Sequence[str] | None = None, seed: int = VQA_TEST_SEED,
     batch_size: int = 50, perturbation_n: int | None = None, progress: bool = False, batch: VqaBatch | None = None,
+    shards: Shards | None = None,
 ) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring); JSON-able (NaN where no question counts).
 
     ``methods``: default every method that explains the model (:func:`supported_methods`); ``perturbation_n``:
     questions of the perturbation test (default ``min(n, DEFAULT_PERTURBATION_N)``, 0: skip it); ``batch``: the
-    questions (default ``make_questions(n, seed)``)."""
+    questions (default ``make_questions(n, seed)``); ``shards``: where each batch's record goes as it finishes
+    (`relevancy.evaluation.shards`; default in memory, one process)."""
     if n < 1 or batch_size < 1:
         raise ValueError(f"n and batch_size must be at least 1, got n={n}, batch_size={batch_size}")
     perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
@@ -159,53 +176,49 @@ def evaluate_shapes_vqa(
     has_target = np.asarray(batch.has_target, bool)
     other = object_regions(batch) & ~batch.target_regions
     types = np.asarray(batch.qtype)
-    starts = list(range(0, n, batch_size))
-    results: dict[str, Any] = {}
-    for method in methods:
-        if progress:
-            from tqdm import tqdm
+    warm: set[str] = set()
 
-            starts_shown = tqdm(starts, desc=f"shapes-vqa {method}", unit="batch")
-        else:
-            starts_shown = starts
-        explain(model, {k: v[:batch_size] for k, v in inputs.items()}, method=method)  # warm-up, untimed
-        seconds, text, image, answers = 0.0, [], [], []
-        for start in starts_shown:
-            part = {k: v[start : start + batch_size] for k, v in inputs.items()}
+    def chunk(start: int) -> dict[str, Any]:
+        """The record of questions ``start .. start + batch_size - 1``: per method its maps, answers and timings,
+        and the perturbation runs of those among the first ``perturbation_n``."""
+        part = {k: v[start : start + batch_size] for k, v in inputs.items()}
+        record: dict[str, Any] = {}
+        for method in methods:
+            if method not in warm:  # untimed: a method's first call in this process pays one-off costs
+                explain(model, {k: v[:batch_size] for k, v in inputs.items()}, method=method)
+                warm.add(method)
             started = time.perf_counter()
             expl = explain(model, part, method=method)  # the predicted answer
-            seconds += time.perf_counter() - started
-            text.append(expl.parts["text"].scores.detach().cpu())
-            image.append(expl.parts["image"].scores.detach().cpu())
-            answers.append(expl.target.cpu())
-        values = region_scores(torch.cat(image), batch.target_regions, other)
-        values["token_f1"] = naming_f1(torch.cat(text), batch.attention_mask, batch.target_tokens)
-        correct = (torch.cat(answers) == batch.answers).numpy()
+            record[method] = {"seconds": time.perf_counter() - started, "text": expl.parts["text"].scores.detach().cpu(),
+                              "image": expl.parts["image"].scores.detach().cpu(), "answers": expl.target.cpu()}
+            perturbed = range(start, min(start + batch_size, perturbation_n))
+            if len(perturbed):
+                started = time.perf_counter()
+                samples = perturbation_samples(batch, perturbed)
+                record[method]["perturbation"] = {f"{modality} {sign}": perturbation_test(model, samples, method, modality=modality,
+                                                                                           positive=sign == "positive")
+                                                  for modality in ("text", "image") for sign in ("positive", "negative")}
+                record[method]["perturbation_seconds"] = time.perf_counter() - started
+        return record
+
+    starts = list(range(0, n, batch_size))
+    chunks = (Shards() if shards is None else shards).map(starts, chunk, progress, "shapes-vqa", "question",
+                                                        lambda start: len(range(start, min(n, start + batch_size))))
+    results: dict[str, Any] = {}
+    for method in methods:
+        own = [c[method] for c in chunks]
+        values = region_scores(torch.cat([c["image"] for c in own]), batch.target_regions, other)
+        values["token_f1"] = naming_f1(torch.cat([c["text"] for c in own]), batch.attention_mask, batch.target_tokens)
+        correct = (torch.cat([c["answers"] for c in own]) == batch.answers).numpy()
         record = {**_grounding(values, has_target), "empty_maps": int(values["empty"][torch.from_numpy(has_target)].sum()),
-                  "seconds_per_question": seconds / n}
+                  "seconds_per_question": math.fsum(c["seconds"] for c in own) / n}
         record.pop("n")
         record["per_type"] = {name: _grounding(values, has_target & (types == t)) for t, name in enumerate(QUESTION_TYPES)}
         record["correct"] = _grounding(values, has_target & correct)
+        if perturbation_n:
+            record["perturbation"] = _perturbation([c["perturbation"] for c in own if "perturbation" in c])
+            record["perturbation"]["seconds_per_question"] = math.fsum(c.get("perturbation_seconds", 0.0) for c in own) / perturbation_n
         results[method] = record
-    if perturbation_n:
-        samples = perturbation_samples(batch, range(perturbation_n))
-        for method in methods:
-            started = time.perf_counter()
-            runs: dict[str, Any] = {}
-            for modality in ("text", "image"):
-                runs[modality] = {}
-                for positive in (True, False):
-                    shown = samples
-                    if progress:
-                        from tqdm import tqdm
-
-                        shown = tqdm(samples, desc=f"perturbation {method} {modality} {'pos' if positive else 'neg'}",
-                                     unit="question")
-                    r = perturbation_test(model, shown, method, modality=modality, positive=positive)
-                    runs[modality]["positive" if positive else "negative"] = {"auc": r["auc"], "accuracy": r["accuracy"]}
-                    runs[modality]["steps"] = r["steps"]
-            runs["seconds_per_question"] = (time.perf_counter() - started) / perturbation_n
-            results[method]["perturbation"] = runs
     # chance: a uniform random ranking, over the same questions
     sel = torch.from_numpy(has_target)
     words = (batch.attention_mask.sum(1) - 2).double()

@@ -22,7 +22,7 @@ removes every region the image side is skipped for LXMERT (the authors' fork ran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -125,7 +125,12 @@ def perturbation_test(
         count += 1
     curve = totals / max(count, 1)
     measured = [s for s, step in enumerate(steps) if modality == "text" or protocol.zero_regions or step < 1.0]
-    xs, ys = np.array(steps)[measured], curve[measured]
-    area = float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2))
     return {"method": method, "modality": modality, "positive": positive, "n": count,
-            "steps": [steps[s] for s in measured], "accuracy": [float(curve[s]) for s in measured], "auc": area}
+            "steps": [steps[s] for s in measured], "accuracy": [float(curve[s]) for s in measured],
+            "auc": trapezoid_area([steps[s] for s in measured], curve[measured])}
+
+
+def trapezoid_area(steps: Sequence[float], accuracy: Sequence[float]) -> float:
+    """The area under an accuracy curve over the removed fraction (trapezoids)."""
+    xs, ys = np.asarray(steps, dtype=np.float64), np.asarray(accuracy, dtype=np.float64)
+    return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2))

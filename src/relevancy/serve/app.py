@@ -25,7 +25,7 @@ from ..files import strict_json
 from .catalog import Catalog
 from .jobs import Job, check_generation, check_image, check_pairs, check_text, generation_methods, pair_methods, registry
 from .limits import BodyLimit, Limits, RequestError
-from .queue import Admission, Gate
+from .queue import Admission, Gate, until_disconnect
 from .samples import Sample
 from .schemas import (GenerationRequest, GenerationResponse, ImageRequest, ImageResponse, PairRequest, PairResponse, TextRequest,
                       TextResponse)
@@ -44,7 +44,7 @@ PAGE_HEADERS = {
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": text, "content": {"application/json": {"example": {"error": "one line saying what is wrong"}}}}
     for code, text in {400: "a bad request (unknown method or model, target out of range, empty text, ...)",
-                       413: "too large (body, image bytes or pixels, text)", 415: "not an accepted image format",
+                       413: "too large (body, image bytes or pixels, text, estimated memory over the server's budget)", 415: "not an accepted image format",
                        422: "the JSON does not match the schema",
                        408: "the request body did not arrive in time", 429: "too many requests from this client at once", 503: "busy: try again (Retry-After)",
                        504: "the explanation took longer than the time limit"}.items()
@@ -99,8 +99,8 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     files = {name: ((static / name).read_bytes(), kind) for name, kind in PAGE_FILES.items()}
     files.update(_documentation_assets())
 
-    async def answer(check: Callable[[], Job], *advice: str) -> dict[str, Any]:
-        return strict_json(await gate.run(check(), *advice))
+    async def answer(check: Callable[[], Job], http: Request, *advice: str) -> dict[str, Any]:
+        return strict_json(await gate.run(check(), lambda: until_disconnect(http.receive), *advice))
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
@@ -176,9 +176,9 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
             "limits": asdict(limits),
         }
 
-    @app.get("/api/health", summary="Whether the server answers, and how many explanation requests it holds")
+    @app.get("/api/health", summary="Whether the server answers, how many explanation requests it holds and how many jobs run")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "admitted": gate.admitted, "capacity": gate.capacity}
+        return {"status": "ok", "admitted": gate.admitted, "running": gate.running, "capacity": gate.capacity}
 
     @app.get("/api/samples/{sample_id}", summary="A sample picture (PNG)", response_class=Response,
              responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[400] | {"description": "no such sample"}})
@@ -189,23 +189,23 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
 
     @app.post("/api/explain", response_model=ImageResponse, responses=ERROR_RESPONSES,
               summary="Explain an image: one map per method, the top classes, the time taken")
-    async def explain_image(request: ImageRequest) -> dict[str, Any]:
-        return await answer(lambda: check_image(request, catalog, samples, limits))
+    async def explain_image(request: ImageRequest, http: Request) -> dict[str, Any]:
+        return await answer(lambda: check_image(request, catalog, samples, limits), http)
 
     @app.post("/api/explain-text", response_model=TextResponse, responses=ERROR_RESPONSES,
               summary="Explain a text: coloured tokens per method, the classes' probabilities")
-    async def explain_text(request: TextRequest) -> dict[str, Any]:
-        return await answer(lambda: check_text(request, catalog, limits))
+    async def explain_text(request: TextRequest, http: Request) -> dict[str, Any]:
+        return await answer(lambda: check_text(request, catalog, limits), http)
 
     @app.post("/api/explain-pairs", response_model=PairResponse, responses=ERROR_RESPONSES,
               summary="Explain an image against captions (CLIP): per method and caption the image map and the coloured caption")
-    async def explain_pairs(request: PairRequest) -> dict[str, Any]:
-        return await answer(lambda: check_pairs(request, catalog, samples, limits))
+    async def explain_pairs(request: PairRequest, http: Request) -> dict[str, Any]:
+        return await answer(lambda: check_pairs(request, catalog, samples, limits), http)
 
     @app.post("/api/explain-generation", response_model=GenerationResponse, responses=ERROR_RESPONSES,
               summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it")
-    async def explain_generation(request: GenerationRequest) -> dict[str, Any]:
-        return await answer(lambda: check_generation(request, catalog, limits),
+    async def explain_generation(request: GenerationRequest, http: Request) -> dict[str, Any]:
+        return await answer(lambda: check_generation(request, catalog, limits), http,
                             "ask for fewer new tokens, a shorter prompt or a faster method")
 
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)

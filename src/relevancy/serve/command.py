@@ -22,7 +22,7 @@ RANGES = (
     ("--max-body-mb", "max_body_mb", 0.01, 1_024), ("--max-pixels", "max_pixels", 1, MAX_IMAGE_PIXELS),
     ("--max-text-chars", "max_text_chars", 1, 100_000), ("--max-new-tokens", "max_new_tokens", 1, MAX_NEW_TOKENS),
     ("--max-prompt-tokens", "max_prompt_tokens", 1, 100_000),
-    ("--threads", "threads", 1, 1_024),
+    ("--threads", "threads", 1, 1_024), ("--max-memory-mb", "max_memory_mb", 1, 2**24),
 )
 
 
@@ -65,7 +65,7 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
                         max_pixels=args.max_pixels, max_text_chars=args.max_text_chars, max_new_tokens=args.max_new_tokens,
                         max_prompt_tokens=args.max_prompt_tokens, max_running=args.max_running,
                         max_waiting=args.max_waiting, time_limit_s=args.time_limit, max_per_client=args.max_per_client,
-                        body_timeout_s=args.body_timeout)
+                        body_timeout_s=args.body_timeout, max_memory_mb=args.max_memory_mb)
     except ValueError as error:
         option = str(error).split()[0]
         flag = {"time_limit_s": "--time-limit", "body_timeout_s": "--body-timeout"}.get(option, "--" + option.replace("_", "-"))

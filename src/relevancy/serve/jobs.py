@@ -10,9 +10,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .catalog import Catalog, ImageModel
-from .limits import Limits, RequestError, image_bytes, open_image
-from .queue import Deadline
+from .catalog import Catalog, ImageModel, LanguageModel
+from .limits import Limits, RequestError, image_bytes, megabytes, open_image
+from ..cancel import Cancelled
+from .queue import Deadline, TimeUp
 from .render import image_map, picture_url
 from .samples import Sample
 from .schemas import GenerationRequest, ImageInput, ImageRequest, PairRequest, TextRequest
@@ -29,6 +30,46 @@ def method_names(requested: Sequence[str], allowed: Sequence[str], what: str) ->
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise RequestError(400, f"unknown method '{name}'{hint} for {what}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(requested))
+
+
+#: float32 copies of each attention matrix an explanation of a decoder holds at its peak (probabilities, their
+#: gradients, relevance, a transient): 4 bytes x 4 copies x tokens^2 x heads x layers matches the 6 GB measured for
+#: generic_attention on a 1,162-token SmolLM2 generation (issue 35)
+ATTENTION_COPIES = 4
+#: bytes an image takes per pixel while it is decoded and converted (8-bit RGB(A) and a float copy)
+BYTES_PER_PIXEL = 16
+
+
+def attention_bytes(tokens: int, model: torch.nn.Module) -> int:
+    """The estimated peak memory of explaining a decoder over `tokens` tokens: 4 B x ATTENTION_COPIES x tokens^2
+    x heads x layers (from the model's config)."""
+    config = model.config
+    return 4 * ATTENTION_COPIES * tokens ** 2 * config.num_attention_heads * config.num_hidden_layers
+
+
+def image_bytes_estimate(raws: Sequence[bytes], limits: Limits) -> int:
+    """BYTES_PER_PIXEL x the pixels of the uploaded images, read from their headers (an unreadable one, or one over
+    the pixel limit, counts 0: the job names its problem)."""
+    import io
+
+    from PIL import Image
+
+    pixels = 0
+    for raw in raws:
+        try:
+            with Image.open(io.BytesIO(raw)) as image:
+                pixels += image.width * image.height if image.width * image.height <= limits.max_pixels else 0
+        except Exception:  # noqa: BLE001 - any failure to read a header is the job's error to name
+            continue
+    return BYTES_PER_PIXEL * pixels
+
+
+def check_memory(estimate: int, what: str, limits: Limits) -> None:
+    """413 when a request's estimated memory is over its share of the server's budget (`Limits.request_bytes`)."""
+    if estimate > limits.request_bytes:
+        raise RequestError(413, f"{what} would take about {megabytes(estimate)} of memory; this server's budget is "
+                                f"{limits.max_memory_mb:,} MiB for {limits.max_running} explanations at once, "
+                                f"{megabytes(limits.request_bytes)} each")
 
 
 def registry() -> dict:
@@ -100,15 +141,19 @@ def check_image(request: ImageRequest, catalog: Catalog, samples: dict[str, Samp
             verb = "explains" if len(refused) == 1 else "explain"
             raise RequestError(400, f"{', '.join(refused)} {verb} classes, not a concept; the concept methods are {valid}")
 
+    upload = sample_or_upload(request.image, samples, limits, "image")
+    examples_raw = [sample_or_upload(c, samples, limits, f"concept image {k + 1}") for k, c in enumerate(concept or [])]
+    check_memory(image_bytes_estimate([upload, *examples_raw], limits), "the images", limits)
+
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..targets import Concept
 
         started = time.perf_counter()
-        batch = entry.prepare([_picture(request.image, entry, samples, limits, "image")])
+        batch = entry.prepare([_picture(upload, entry, limits, "image")])
         target: Any = request.target
         if concept is not None:
-            examples = torch.cat([entry.prepare([_picture(c, entry, samples, limits, f"concept image {k + 1}")])
-                                  for k, c in enumerate(concept)])
+            examples = torch.cat([entry.prepare([_picture(raw, entry, limits, f"concept image {k + 1}")])
+                                  for k, raw in enumerate(examples_raw)])
             deadline.check()
             target = Concept(entry.model, examples)
         results, first = [], None
@@ -136,9 +181,9 @@ def check_image(request: ImageRequest, catalog: Catalog, samples: dict[str, Samp
     return job
 
 
-def _picture(source: ImageInput, entry: ImageModel | None, samples: dict[str, Sample], limits: Limits, what: str):
+def _picture(raw: bytes, entry: ImageModel | None, limits: Limits, what: str):
     draft = 2 * max(entry.input_size) if entry is not None else None
-    return open_image(sample_or_upload(source, samples, limits, what), limits, what, draft)
+    return open_image(raw, limits, what, draft)
 
 
 def check_text_length(text: str, limits: Limits, what: str) -> None:
@@ -196,6 +241,9 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
     for k, caption in enumerate(request.captions):
         check_text_length(caption, limits, f"caption {k + 1}")
 
+    upload = sample_or_upload(request.image, samples, limits, "image")
+    check_memory(image_bytes_estimate([upload], limits), "the image", limits)
+
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..families.clip.batch import ImageTextBatch
 
@@ -205,7 +253,7 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
             encoded = bundle.encode(list(request.captions))
         except ValueError as error:  # the shipped tokenizer names the words it does not know
             raise RequestError(400, str(error)) from error
-        images = entry.prepare([_picture(request.image, None, samples, limits, "image")])
+        images = entry.prepare([_picture(upload, None, limits, "image")])
         batch = ImageTextBatch.grid(images, encoded, tokens=bundle.token_strings(encoded["input_ids"]))  # cut at each end
         results, first = [], None
         for method in methods:
@@ -237,6 +285,17 @@ def generation_methods() -> dict[str, str]:
     return {name: get_method(name).summary for name in GENERATION_METHODS}
 
 
+def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int:
+    """The estimated peak memory of a generation request: `attention_bytes` of the prompt's tokens plus the tokens
+    to generate (or the continuation's)."""
+    tokens = len(entry.tokenizer(request.prompt)["input_ids"])
+    if request.continuation is not None:
+        tokens += len(entry.tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
+    else:
+        tokens += request.max_new_tokens
+    return attention_bytes(tokens, entry.model)
+
+
 def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limits) -> Job:
     if catalog.language is None:
         raise RequestError(404, "this server has no language model (it was started without one)")
@@ -254,6 +313,8 @@ def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limit
         if tokens > limits.max_new_tokens:
             raise RequestError(400, f"the continuation is {tokens} tokens; the limit is {limits.max_new_tokens} on this server")
 
+    check_memory(estimate_generation(request, entry), "this generation", limits)
+
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..generation import explain_generation
         from ..generation_page import generation_data
@@ -262,9 +323,11 @@ def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limit
         deadline.check()
         try:
             result = explain_generation(entry.model, entry.tokenizer, request.prompt, max_new_tokens=request.max_new_tokens,
-                                        method=method, continuation=request.continuation)
+                                        method=method, continuation=request.continuation, should_stop=deadline.should_stop)
         except ValueError as error:  # e.g. a continuation longer than the model's positions
             raise RequestError(400, str(error)) from error
+        except Cancelled:  # between two tokens or backward rounds: time up or the client gone
+            raise TimeUp from None
         return {"model": entry.name, "text": result.text, "generated_ids": result.generated_ids.tolist(),
                 **generation_data(result.to_json()), "seconds": time.perf_counter() - started}
 

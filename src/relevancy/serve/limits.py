@@ -46,10 +46,16 @@ class Limits:
     time_limit_s: float = 30.0  # per request, waiting included
     max_per_client: int = 2  # explanation requests one client address may have admitted at once; more get 429
     body_timeout_s: float = 10.0  # for a request body to arrive whole; a slower one gets 408 and frees its place
+    max_memory_mb: int = 4_096  # what the running explanations may take together; each request max_memory_mb / max_running
+
+    @property
+    def request_bytes(self) -> int:
+        """One request's share of the memory budget: a request estimated over it is refused with 413."""
+        return self.max_memory_mb * 2**20 // self.max_running
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_image_bytes", "max_pixels", "max_text_chars", "max_new_tokens", "max_prompt_tokens", "max_captions",
-                     "max_concept_images", "max_running", "max_per_client"):
+        for name in ("max_body_bytes", "max_image_bytes", "max_pixels", "max_text_chars", "max_new_tokens", "max_prompt_tokens",
+                     "max_captions", "max_concept_images", "max_running", "max_per_client", "max_memory_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_waiting < 0:

@@ -171,20 +171,27 @@ def token_f1(
     As the papers' protocol: the map of the *true* class, clamped at 0, from word pieces to whitespace words
     (max over each word's characters), top-k words for each k. Returns `RationaleTest.compute()`.
     """
+    labels = list(labels) if labels is not None else rationales.labels()
+    test = RationaleTest() if ks is None else RationaleTest(ks)
+    for start in range(0, len(rationales.annotations), batch_size):
+        test.merge(rationale_test(model, tokenizer, method, rationales, range(start, start + batch_size), labels, ks, **options))
+    return test.compute()
+
+
+def rationale_test(model, tokenizer, method: str, rationales: RationaleSet, rows: range, labels: Sequence[int],
+                   ks: Sequence[int] | None = None, **options) -> RationaleTest:
+    """The token-F1 accumulator of the annotations `rows` (one `explain` call; see `token_f1`)."""
     from .. import explain
     from .model import encode
 
     test = RationaleTest() if ks is None else RationaleTest(ks)
-    texts = rationales.texts()
-    labels = list(labels) if labels is not None else rationales.labels()
-    for start in range(0, len(texts), batch_size):
-        chunk = rationales.annotations[start:start + batch_size]
-        batch = encode(tokenizer, texts[start:start + batch_size], model=model)
-        expl = explain(model, batch, method=method, target=labels[start:start + batch_size], **options)
-        scores = []
-        for row, annotation in enumerate(chunk):
-            pieces = [token for token, _ in expl.token_scores(row)]
-            values = [score for _, score in expl.token_scores(row)]
-            scores.append(word_scores(rationales.documents[annotation.docid], pieces, values))
-        test.update(chunk, scores)
-    return test.compute()
+    chunk = rationales.annotations[rows.start:rows.stop]
+    texts = [" ".join(rationales.documents[a.docid]) for a in chunk]
+    expl = explain(model, encode(tokenizer, texts, model=model), method=method, target=list(labels[rows.start:rows.stop]), **options)
+    scores = []
+    for row, annotation in enumerate(chunk):
+        pieces = [token for token, _ in expl.token_scores(row)]
+        values = [score for _, score in expl.token_scores(row)]
+        scores.append(word_scores(rationales.documents[annotation.docid], pieces, values))
+    test.update(chunk, scores)
+    return test

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ...cancel import checkpoint
 from ...lrp.attnlrp import RuleSet
 from .adapter import CausalLMAdapter
 
@@ -46,6 +47,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, prompt_len
         explained = logits.gather(1, generated[:, None])[:, 0]
         units = torch.eye(len(generated), dtype=explained.dtype, device=explained.device)
         for start in range(0, len(generated), ROWS_PER_BACKWARD):
+            checkpoint()  # a caller's should_stop (relevancy.cancel) is asked before each backward round
             (gradient,) = torch.autograd.grad(explained, embeddings, grad_outputs=units[start: start + ROWS_PER_BACKWARD],
                                               retain_graph=start + ROWS_PER_BACKWARD < len(generated), is_grads_batched=True)
             rows.append((embeddings * gradient).sum(-1)[:, 0].detach())
