@@ -9,11 +9,11 @@ import pytest
 import torch
 import transformers
 from bimodal_golden import assert_same, snapshot
+from language_models import GOLDEN, build
 
 import relevancy
 from relevancy.families.causal_lm.layouts import LLAMA
 
-GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_reference.pt", weights_only=False)
 ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
 VOCAB = 96
@@ -22,19 +22,6 @@ METHODS = LRP_METHODS + ("input_x_gradient",)
 PROPAGATION_METHODS = ("transformer_attribution", "lrp", "partial_lrp")
 #: the image and text families' methods that decoders take (read at the last real token, under the causal mask)
 SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation") + PROPAGATION_METHODS
-
-
-def build(arch: str, dtype: torch.dtype = torch.float64, implementation: str = "sdpa") -> torch.nn.Module:
-    """The golden file's model of `arch`, with the given attention implementation."""
-    entry = GOLDEN["models"][arch]
-    config_class, model_class = ((transformers.LlamaConfig, transformers.LlamaForCausalLM) if arch == "llama"
-                                 else (transformers.GPT2Config, transformers.GPT2LMHeadModel))
-    config = config_class.from_dict(entry["config"])
-    config._attn_implementation = implementation
-    model = model_class(config).to(dtype).eval()
-    model.load_state_dict({k: v.to(dtype) for k, v in entry["state_dict"].items()}, strict=False)
-    model.tie_weights()
-    return model
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -13,13 +13,13 @@ if TYPE_CHECKING:
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
     from .families.detr import detect
-    from .families.causal_lm import Contrast
+    from .families.causal_lm import Contrast, Span
     from .generation import explain_generation
     from .targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "GenerationExplanation", "explain_generation", "METHODS"]
+__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "Span", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "GenerationExplanation", "explain_generation", "METHODS"]
 __version__ = "0.1.0"
 
 
@@ -43,8 +43,10 @@ def __getattr__(name: str) -> Any:
         from .families.detr import detect as value
     elif name == "Concept":
         from .targets import Concept as value
-    elif name == "Contrast":
-        from .families.causal_lm import Contrast as value
+    elif name in ("Contrast", "Span"):
+        from .families import causal_lm
+
+        value = getattr(causal_lm, name)
     elif name == "METHODS":
         from .methods import REGISTRY
 

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from .parts import ImagePart, RegionPart, TextPart
+from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, sink_shares
 
 
 
@@ -217,6 +217,90 @@ class TextExplanation(ColouredTexts, ImageExplanation):
         from .files import write_atomic
 
         return write_atomic(Path(path), html_page(self.method, self.to_html(by_word, special)))
+
+
+@dataclass
+class DecoderExplanation(TextExplanation):
+    """A decoder language model's explanation: relevance of each prompt token (`scores` `(B, T)`) for the explained
+    next token, answer span or function of the logits (`target`: its first token per row, -1 for a callable).
+
+    `span` (a `SpanRelevance`, span targets only): the span's tokens and the relevance of its own earlier tokens,
+    reported apart from the prompt's; `latent` (a `LatentRelevance`, `latent=` asked): relevance per layer, neuron
+    and attention head; `sink_share` `(B, 2)`: the share of positive relevance on each row's first and last shown
+    token. `excluding(...)` (or `explain(..., exclude=...)`) leaves tokens out of the map, its colour scale and its
+    rendering: `excluded` marks them and `relevance_total_kept` is `relevance_total` without them.
+    """
+
+    span: SpanRelevance | None = field(default=None, repr=False)
+    latent: LatentRelevance | None = field(default=None, repr=False)
+    excluded: torch.Tensor | None = field(default=None, repr=False)
+    relevance_total_kept: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def sink_share(self) -> torch.Tensor:
+        """`(B, 2)`: per row the share of the positive relevance on its first and on its last shown token."""
+        part = self.parts["text"]
+        return sink_shares(part.scores, part.attention_mask if part.attention_mask is not None else torch.ones_like(part.scores))
+
+    def excluding(self, exclude: object) -> "DecoderExplanation":
+        """The same explanation with tokens left out (see `parts.excluded_positions`: "first", "last", "bos",
+        "special", "template", positions among each row's real tokens, or a `(B, T)` bool tensor): their scores set
+        to 0 and masked, so maps, colour scales, words and `sink_share` skip them; `relevance_total` stays the
+        total with them and `relevance_total_kept` is the total without."""
+        mask = self.attention_mask if self.attention_mask is not None else torch.ones(self.scores.shape, dtype=torch.long)
+        dropped = excluded_positions(self.tokens or [[] for _ in range(len(mask))], mask, exclude)
+        if self.excluded is not None:
+            dropped = dropped | self.excluded
+        kept = mask.bool().cpu() & ~dropped
+        tokens = None if self.tokens is None else [[t for t, drop in zip(row, dropped[i][mask[i].bool().cpu()].tolist()) if not drop]
+                                                   for i, row in enumerate(self.tokens)]
+        word_ids = None if self.word_ids is None else [[w for w, drop in zip(row, dropped[i][mask[i].bool().cpu()].tolist()) if not drop]
+                                                       for i, row in enumerate(self.word_ids)]
+        scores = self.scores * kept.to(self.scores.device)
+        total = self.relevance_total
+        kept_total = None
+        if total is not None:
+            explained = self.scores.sum(1) + (0 if self.span is None else self.span.scores.sum(1) + self.span.foil_scores.sum(1))
+            share = torch.where(explained != 0, (explained - (self.scores - scores).sum(1)) / explained, torch.zeros_like(explained))
+            kept_total = total * share.to(total.device)
+        latent = self.latent
+        if latent is not None and latent.width:
+            columns = torch.cat([kept, torch.ones(len(kept), latent.width - kept.shape[1], dtype=torch.bool)], 1)
+            latent = latent.masked(columns)
+        return replace(self, scores=scores, attention_mask=kept.long(), tokens=tokens, word_ids=word_ids, excluded=dropped,
+                       relevance_total_kept=kept_total, latent=latent)
+
+    def to_html(self, by_word: bool = True, special: bool = False) -> str:
+        """The coloured prompts, then per row the span's tokens and the latent heat maps where there are."""
+        out = super().to_html(by_word, special)
+        for row in range(len(self.scores)):
+            if self.span is not None:
+                length = int((self.span.ids[row] >= 0).sum())
+                shown = TextPart(self.span.scores[row:row + 1, :length], self.signed,
+                                 None if self.span.tokens is None else [self.span.tokens[row][:length]])
+                out += texts_html(shown, [f"row {row}: the answer span's own tokens (each read to predict the next)"], by_word=False)
+            if self.latent is not None:
+                out += self.latent.html(row, self._column_labels(row))
+        return out
+
+    def _column_labels(self, row: int) -> list[str]:
+        """The token text of each column of row `row`'s latent maps ("" at padding and excluded tokens)."""
+        mask = self.attention_mask[row].bool().tolist() if self.attention_mask is not None else [True] * self.scores.shape[1]
+        names = iter(self.tokens[row] if self.tokens else [])
+        labels = [next(names, "") if keep else "" for keep in mask]
+        if self.span is not None:
+            for ids, texts in ((self.span.ids, self.span.tokens), (self.span.foil_ids, None)):
+                width = ids.shape[1]
+                labels += ((texts[row] if texts else []) + [""] * width)[:width]
+        return labels
+
+    def to_json(self) -> dict:
+        """The protocol's JSON plus the span, the latent relevance, the excluded tokens and the sink shares."""
+        return {**super().to_json(), "tokens": self.tokens, "span": None if self.span is None else self.span.to_json(),
+                "latent": None if self.latent is None else self.latent.to_json(),
+                "excluded": None if self.excluded is None else self.excluded.tolist(),
+                "relevance_total_kept": None if self.relevance_total_kept is None else self.relevance_total_kept.tolist(),
+                "sink_share": self.sink_share.tolist()}
 
 
 @dataclass

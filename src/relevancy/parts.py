@@ -161,3 +161,147 @@ class RegionPart:
         row = self.scores[index]
         keep = range(len(row)) if self.valid is None else self.valid[index].nonzero().flatten().tolist()
         return [(int(k), float(row[k])) for k in keep]
+
+
+#: a token that a tokenizer adds or a chat template writes (`<|im_start|>`, `<s>`, `[CLS]`, ...), not text
+MARKUP_TOKEN = re.compile(r"^(<\|[^|]*\|>|<[a-z_/]+>|\[[A-Z]+\])$")
+#: what `DecoderExplanation.excluding` takes by name
+EXCLUDABLE = ("first", "last", "bos", "special", "template")
+
+
+def excluded_positions(tokens: list[list[str]], valid: torch.Tensor, exclude: object) -> torch.Tensor:
+    """`(B, T)` bool: the real tokens `exclude` names. `exclude`: a name of `EXCLUDABLE` or a tuple of them and of
+    positions among each row's real tokens (ints, negative from the end), or a `(B, T)` bool tensor.
+    "first" / "last": each row's first / last real token; "bos": the first real token where it is a special token
+    (a BOS the tokenizer added); "special": every special token (`MARKUP_TOKEN`: BOS, EOS, `<|im_start|>`, ...);
+    "template": the special tokens and each role header a chat template writes after one (the tokens up to and
+    including the first newline after it, e.g. `<|im_start|>user\\n`)."""
+    valid = valid.bool().cpu()
+    if isinstance(exclude, torch.Tensor):
+        if exclude.dtype != torch.bool or exclude.shape != valid.shape:
+            raise ValueError(f"exclude as a tensor must be bool of the scores' shape {tuple(valid.shape)}, got {exclude.dtype} {tuple(exclude.shape)}")
+        return exclude.cpu() & valid
+    items = exclude if isinstance(exclude, (list, tuple)) else (exclude,)
+    out = torch.zeros_like(valid)
+    for row, (row_tokens, row_valid) in enumerate(zip(tokens, valid)):
+        columns = row_valid.nonzero()[:, 0]
+        special = [bool(MARKUP_TOKEN.match(t)) for t in row_tokens]
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, (int, str)) or isinstance(item, str) and item not in EXCLUDABLE:
+                raise ValueError(f"exclude takes {', '.join(EXCLUDABLE)}, token positions (ints) or a (B, T) bool tensor, got {item!r}")
+            if isinstance(item, int):
+                if not -len(columns) <= item < len(columns):
+                    raise ValueError(f"exclude position {item} is outside row {row}'s {len(columns)} real tokens")
+                picked = [item % len(columns)]
+            elif item in ("first", "last"):
+                picked = [0 if item == "first" else len(columns) - 1]
+            elif item == "bos":
+                picked = [0] if special[0] else []
+            else:
+                picked = [k for k, s in enumerate(special) if s]
+                if item == "template":
+                    picked += [k for k in _role_headers(row_tokens, special)]
+            out[row, columns[picked]] = True
+    return out
+
+
+def _role_headers(tokens: list[str], special: list[bool]) -> list[int]:
+    """The tokens after each special token up to and including the first newline within `ROLE_HEADER` tokens (a chat
+    role header, `user\\n`); none where no newline comes first (text after a BOS)."""
+    picked: list[int] = []
+    for k in (k for k, is_special in enumerate(special) if is_special):
+        for j in range(k + 1, min(k + 1 + ROLE_HEADER, len(tokens))):
+            if special[j]:
+                break
+            if "\n" in tokens[j] or "\u010a" in tokens[j]:
+                picked += range(k + 1, j + 1)
+                break
+    return picked
+
+
+#: the most tokens a chat role header takes (`<|start_header_id|>assistant<|end_header_id|>\n\n`: 3)
+ROLE_HEADER = 4
+
+
+def sink_shares(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`(B, 2)`: per row the share of the positive relevance on its first and on its last shown token (0 where a
+    row has no positive relevance): where an attention sink draws relevance."""
+    valid = valid.bool().to(scores.device)
+    positive = scores.detach().clamp(min=0) * valid
+    total = positive.sum(1)
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    first = torch.where(valid, columns, scores.shape[1]).argmin(1)
+    last = torch.where(valid, columns, -1).argmax(1)
+    picked = torch.stack([positive.gather(1, first[:, None])[:, 0], positive.gather(1, last[:, None])[:, 0]], 1)
+    return torch.where(total[:, None] > 0, picked / total.clamp(min=torch.finfo(positive.dtype).tiny)[:, None], torch.zeros_like(picked))
+
+
+@dataclass
+class SpanRelevance:
+    """An answer span explained teacher-forced after the prompt: `ids` `(B, S)` its tokens (-1 past a row's end),
+    `scores` `(B, S)` the relevance of each as an input (token `j` is read to predict token `j + 1`; the last is
+    only predicted, so 0), and for a `Contrast` whose foil has several tokens the same for the foil (`foil_ids`,
+    `foil_scores` `(B, F)`, read in a forward of its own; F = 0 otherwise); `tokens` the span's token texts."""
+
+    ids: torch.Tensor
+    scores: torch.Tensor
+    foil_ids: torch.Tensor
+    foil_scores: torch.Tensor
+    tokens: list[list[str]] | None = None
+
+    def to_json(self) -> dict:
+        return {"ids": self.ids.tolist(), "scores": self.scores.tolist(), "foil_ids": self.foil_ids.tolist(),
+                "foil_scores": self.foil_scores.tolist(), "tokens": self.tokens}
+
+
+@dataclass
+class LatentRelevance:
+    """Relevance inside the decoder, from the same backward pass as the input's: `layers` `(L + 1, B, W)` the
+    residual stream's relevance per token (0: the token embeddings, equal to the input scores; l: the output of
+    decoder layer l), `neurons` `(L + 1, B, W, D)` the same per hidden dimension, `heads` `(L, B, H)` each attention
+    head's share (input x gradient at its output before the output projection, summed over tokens). `W` is the
+    prompt's tokens, then the span's and the foil's (`SpanRelevance`). Parts not asked for are None."""
+
+    layers: torch.Tensor | None = None
+    neurons: torch.Tensor | None = None
+    heads: torch.Tensor | None = None
+
+    @property
+    def width(self) -> int:
+        """`W`, the columns of the layer and neuron maps (0 where neither was asked for)."""
+        found = self.layers if self.layers is not None else self.neurons
+        return 0 if found is None else found.shape[2]
+
+    def masked(self, keep: torch.Tensor) -> "LatentRelevance":
+        """The maps with the columns where `keep` `(B, W)` is False set to 0 (tokens left out of an explanation)."""
+        keep = keep.to(self.layers.device if self.layers is not None else self.neurons.device if self.neurons is not None else keep.device)
+        return LatentRelevance(None if self.layers is None else self.layers * keep,
+                               None if self.neurons is None else self.neurons * keep[..., None], self.heads)
+
+    def to_json(self) -> dict:
+        return {name: None if value is None else value.tolist() for name, value in
+                (("layers", self.layers), ("neurons", self.neurons), ("heads", self.heads))}
+
+    def html(self, index: int, tokens: list[str]) -> str:
+        """HTML heat maps of row `index`: layers x tokens (rows: layer 0 = embeddings up to the last layer) and layers
+        x heads, signed colours centred on 0, each cell's value in its tooltip."""
+        tables = []
+        if self.layers is not None:
+            tables.append(("residual stream, layer x token", self.layers[:, index], tokens))
+        if self.heads is not None:
+            tables.append(("attention heads, layer x head", self.heads[:, index], [f"h{h}" for h in range(self.heads.shape[-1])]))
+        return "".join(_heat_table(title, values, columns) for title, values, columns in tables)
+
+
+def _heat_table(title: str, values: torch.Tensor, columns: list[str]) -> str:
+    """A `(rows, columns)` table of coloured cells (the signed palette, bound by the table's largest |value|)."""
+    values = values[:, :len(columns)]
+    colours = TextPart(values, signed=True).colours(values.flatten().tolist())
+    head = "".join(f'<th style="font-weight:normal;padding:0 2px">{html.escape(c)}</th>' for c in columns)
+    body = ""
+    for layer, row in enumerate(values.tolist()):
+        cells = "".join(f'<td title="{v:.4g}" style="background:{colours[layer * len(columns) + k][0]};min-width:1.2em;height:1em"></td>'
+                        for k, v in enumerate(row))
+        body += f"<tr><th style=\"font-weight:normal;text-align:right;padding-right:4px\">{layer}</th>{cells}</tr>"
+    return (f'<div style="margin:0.6em 0;font-family:sans-serif;font-size:small"><div style="font-weight:bold">{html.escape(title)}</div>'
+            f'<table style="border-collapse:collapse"><tr><th></th>{head}</tr>{body}</table></div>')

@@ -1,46 +1,71 @@
-"""The methods of decoder language models: AttnLRP, CP-LRP and input x gradient at the token embeddings."""
+"""The methods of decoder language models: AttnLRP, CP-LRP and input x gradient at the token embeddings, for a next
+token, an answer span or a function of the logits, with the relevance inside the decoder on request (`latent`)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..families.base import Adapter, UnsupportedModelError
 from ..families.causal_lm import CausalLMAdapter
+from ..families.causal_lm.adapter import LATENT_PARTS
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
+from ..messages import quoted
 from .relevance import full_precision
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
 
 
+def latent_parts(latent: object) -> frozenset[str]:
+    """`latent=` as the parts of `LatentRelevance` it asks for: False / None (none), True (all), a part's name or a
+    tuple of names; a one-line error otherwise."""
+    if latent is None or latent is False:
+        return frozenset()
+    if latent is True:
+        return frozenset(LATENT_PARTS)
+    names = (latent,) if isinstance(latent, str) else latent
+    if not isinstance(names, (tuple, list)) or not names or any(name not in LATENT_PARTS for name in names):
+        raise ValueError(f"latent must be True, False or some of {', '.join(LATENT_PARTS)} (a name or a tuple), got {quoted(latent)}")
+    return frozenset(names)
+
+
 def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str,
-                     checkpoint: bool) -> tuple:
-    """The method's `(scores, ids, logits[, fields])` on a decoder; the rule-based ones run fp16 / bf16 models
+                     checkpoint: bool, score: object, latent: object) -> tuple:
+    """The method's `(scores, ids, logits, fields)` on a decoder; the rule-based ones run fp16 / bf16 models
     through a float32 copy (the rules' ratios need the precision) and report `relevance_total`. `checkpoint`:
     recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
     one more forward of time; the same map)."""
     if not isinstance(adapter, CausalLMAdapter):
         raise UnsupportedModelError(f"method '{method}' explains decoder language models ({CausalLMAdapter.examples}), not the {adapter.family} family")
+    parts = latent_parts(latent)
+    if checkpoint and "heads" in parts:
+        raise ValueError("latent heads are read inside each layer, which checkpoint=True runs again in the backward: ask for them without checkpoint")
     if rules is None:
-        scores, ids, logits, _ = adapter.input_relevance(inputs, target, None, tokenizer, checkpoint)
-        return scores, ids, logits
-    with full_precision(adapter, inputs) as (exact_adapter, exact_inputs):  # fp16 / bf16: through a float32 copy
-        scores, ids, logits, explained = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer, checkpoint)
-    # the share of the explained score that reaches the token embeddings (biases and positions keep the rest)
-    return scores, ids, logits, {"relevance_total": scores.sum(1) / explained}
+        found = adapter.input_relevance(inputs, target, None, tokenizer, checkpoint, score, parts)
+    else:
+        with full_precision(adapter, inputs) as (exact_adapter, exact_inputs):  # fp16 / bf16: through a float32 copy
+            found = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer, checkpoint, score, parts)
+    fields: dict[str, Any] = {name: value for name, value in (("span", found.span), ("latent", found.latent)) if value is not None}
+    if rules is not None:  # the share of the explained score that reaches the tokens read (biases and positions keep the rest)
+        fields["relevance_total"] = found.total / found.explained
+    return found.scores, found.ids, found.logits, fields
 
 
-def attnlrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False) -> tuple[torch.Tensor, ...]:
-    """AttnLRP (Achtibat et al., ICML 2024): relevance of each input token for the target logit."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, "attnlrp", checkpoint)
+def attnlrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False,
+            score: str | Callable = "logit", latent: bool | str | tuple = False) -> tuple[torch.Tensor, ...]:
+    """AttnLRP (Achtibat et al., ICML 2024): relevance of each input token for the target's score."""
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, "attnlrp", checkpoint, score, latent)
 
 
-def cp_lrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False) -> tuple[torch.Tensor, ...]:
+def cp_lrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False,
+           score: str | Callable = "logit", latent: bool | str | tuple = False) -> tuple[torch.Tensor, ...]:
     """CP-LRP (Ali et al., ICML 2022): AttnLRP's rules with no relevance through queries, keys and gates."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, "cp_lrp", checkpoint)
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, "cp_lrp", checkpoint, score, latent)
 
 
-def input_x_gradient(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False) -> tuple[torch.Tensor, ...]:
+def input_x_gradient(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False,
+                     score: str | Callable = "logit", latent: bool | str | tuple = False) -> tuple[torch.Tensor, ...]:
     """Input x gradient at the token embeddings, summed over the width."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, "input_x_gradient", checkpoint)
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, "input_x_gradient",
+                            checkpoint, score, latent)

@@ -1,5 +1,5 @@
 """Decoder language models: the Llama layout (Llama, Qwen2, Mistral, SmolLM2) and GPT-2."""
 from .adapter import CausalLMAdapter
-from .targets import Contrast
+from .targets import Contrast, Span
 
-__all__ = ["CausalLMAdapter", "Contrast"]
+__all__ = ["CausalLMAdapter", "Contrast", "Span"]

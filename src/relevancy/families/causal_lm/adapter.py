@@ -9,7 +9,7 @@ under the rule set and the MLPs and norms run the rule set's forwards (instance 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -17,7 +17,8 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ...conventions import Conventions, GradCamConventions
-from ...explanation import TextExplanation
+from ...explanation import DecoderExplanation
+from ...parts import LatentRelevance, SpanRelevance
 from ...guard import this_thread_only
 from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
@@ -28,7 +29,7 @@ from ..hf_attention import attention_probabilities, explaining_call, register_ga
 from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
 from ..hf_bert.batch import TextBatch
 from .layouts import Layout, layout_of
-from .targets import Contrast, target_scores
+from .targets import Contrast, RowTarget, reading, row_targets, token_score
 
 #: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
 ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
@@ -68,10 +69,51 @@ def last_real(mask: torch.Tensor) -> torch.Tensor:
     return mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
 
 
+#: what `latent=` asks for, in `LatentRelevance`'s order
+LATENT_PARTS = ("layers", "neurons", "heads")
+
+
+@dataclass
+class Recorded:
+    """The tensors `CausalLMAdapter.latent_recorded` keeps during one forward: layer outputs and heads' outputs."""
+
+    hidden: list[torch.Tensor]
+    heads: list[torch.Tensor]
+    on: bool = True
+
+    def keep(self, found: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        if self.on:
+            found.append(tensor)
+
+
+@dataclass
+class InputRelevance:
+    """What `CausalLMAdapter.input_relevance` finds: `scores` `(B, T)` over the prompt, `ids` `(B,)` each row's first
+    explained token (-1 for a callable target), `logits` `(B, V)` the next-token logits, `explained` `(B,)` the
+    explained scores, `total` `(B,)` the relevance reaching every token read (prompt and span), `span` and `latent`
+    where asked for."""
+
+    scores: torch.Tensor
+    ids: torch.Tensor
+    logits: torch.Tensor
+    explained: torch.Tensor
+    total: torch.Tensor
+    span: SpanRelevance | None
+    latent: LatentRelevance | None
+
+
+def _span_texts(ids: torch.Tensor, tokenizer: object | None) -> list[list[str]]:
+    """Each row's span tokens as the tokenizer writes them (`[id]` without one)."""
+    rows = [[int(i) for i in row if i >= 0] for row in ids.tolist()]
+    if tokenizer is None or not hasattr(tokenizer, "convert_ids_to_tokens"):
+        return [[f"[{i}]" for i in row] for row in rows]
+    return [list(tokenizer.convert_ids_to_tokens(row)) for row in rows]
+
+
 class CausalLMAdapter(Adapter):
     family = "decoder language model"
     examples = "transformers LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
-    explanation_class = TextExplanation
+    explanation_class = DecoderExplanation
     #: Grad-CAM averages the gradient over the real token pairs, so that padding cannot change a row's map
     # Grad-CAM over the real (query, key) pairs, as for BERT: padding does not change a row's map
     conventions = Conventions(attention_gradcam=GradCamConventions(region="matrix"))
@@ -229,19 +271,93 @@ class CausalLMAdapter(Adapter):
         return self.model.lm_head(last), last
 
     def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None,
-                        checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(scores (B, T), token ids (B,), logits (B, V), explained scores (B,))`: input x gradient of the target
-        score at the token embeddings, summed over the width, with the backward under `rules` (None: the plain
-        gradient). One forward and one backward for the whole batch (rows are independent); `checkpoint`: each
-        layer's activations recomputed in the backward instead of kept (`layers_recomputed`)."""
+                        checkpoint: bool = False, score: object = "logit", latent: frozenset[str] = frozenset()) -> InputRelevance:
+        """Input x gradient of the explained score at the token embeddings, summed over the width, with the backward
+        under `rules` (None: the plain gradient). The target (`targets.row_targets`: a token, a span read
+        teacher-forced after the prompt, a `Contrast`; or a callable `f(next-token logits (B, V)) -> (B,)`) is
+        scored per explained token by `score` ("logit", "log_prob" or `f(logits (N, V), ids (N,)) -> (N,)`) and
+        summed per row. One forward and one backward for the whole batch (rows are independent); `checkpoint`: each
+        layer's activations recomputed in the backward instead of kept (`layers_recomputed`); `latent`: the parts
+        of `LatentRelevance` ("layers", "neurons", "heads") read in the same backward."""
+        vocab = self.model.config.vocab_size
+        function = callable(target) and not isinstance(target, torch.Tensor)
+        if function and score != "logit":
+            raise ValueError("score= scores token targets; a callable target is its own score: give one or the other")
+        scorer = token_score(score)
+        mask = inputs.attention_mask
+        plan = reading(inputs.input_ids, mask, last_real(mask), [RowTarget(())] * len(inputs) if function
+                       else row_targets(target, len(inputs), tokenizer, vocab))
         embed = getattr(self.decoder, self.layout.embeddings)
-        embeddings = embed(inputs.input_ids).detach().requires_grad_(True)
-        with self.rules_applied(rules), self.layers_recomputed(checkpoint):
-            logits, _ = self._next_token(embeddings, inputs.attention_mask)
-            scores, ids = target_scores(logits, target, tokenizer)
-            (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
-        relevance = (embeddings * gradient).sum(-1) * inputs.attention_mask
-        return relevance.detach(), ids, logits.detach(), scores.detach()
+        embeddings = embed(plan.ids).detach().requires_grad_(True)
+        rows = len(inputs)
+        with self.rules_applied(rules), self.layers_recomputed(checkpoint), self.latent_recorded(latent) as recorded:
+            hidden = self.hidden_states(embeddings, plan.mask)
+            recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
+            logits = self.model.lm_head(hidden[plan.term_rows, plan.term_positions])  # (N, V): what predicts each token
+            next_token = logits[:rows]  # each row's first term: its next-token logits
+            if function:
+                explained = target(next_token)
+                if not isinstance(explained, torch.Tensor) or explained.shape != (rows,):
+                    got = f"shape {tuple(explained.shape)}" if isinstance(explained, torch.Tensor) else type(explained).__name__
+                    raise ValueError(f"a callable target must return one score per sequence, a tensor of shape ({rows},); got {got}")
+                ids = torch.full((rows,), -1, dtype=torch.long, device=logits.device)
+            else:
+                predicted = plan.term_ids < 0  # the target None: each row's most probable next token
+                term_ids = torch.where(predicted, logits.detach().argmax(-1), plan.term_ids)
+                values = scorer(logits, term_ids)
+                if not isinstance(values, torch.Tensor) or values.shape != term_ids.shape:
+                    got = f"shape {tuple(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
+                    raise ValueError(f"score= as a callable must return one score per explained token, shape ({len(term_ids)},); got {got}")
+                explained = values.new_zeros(rows).index_add(0, plan.source[plan.term_rows], values * plan.term_signs)
+                plan.span_ids[:, 0] = torch.where(plan.span_ids[:, 0] < 0, term_ids[:rows], plan.span_ids[:, 0])
+                ids = plan.span_ids[:, 0]
+            gradients = torch.autograd.grad(explained.sum(), [embeddings, *recorded.hidden, *recorded.heads])
+        read = plan.mask[..., None].to(embeddings.dtype)
+        relevance = plan.gathered(((embeddings * gradients[0]) * read).sum(-1).detach())
+        length = inputs.input_ids.shape[1]
+        span = None
+        if plan.ids.shape[1] > length:
+            size = plan.span_ids.shape[1]
+            span = SpanRelevance(plan.span_ids, relevance[:, length:length + size], plan.foil_ids, relevance[:, length + size:],
+                                 _span_texts(plan.span_ids, tokenizer))
+        found = None
+        if latent:
+            hidden_gradients, head_gradients = gradients[1:1 + len(recorded.hidden)], gradients[1 + len(recorded.hidden):]
+            states = [plan.gathered((h * g * read).detach()) for h, g in
+                      zip([embeddings, *recorded.hidden], [gradients[0], *hidden_gradients])] if recorded.hidden else []
+            heads = None
+            if recorded.heads:
+                count = self.model.config.num_attention_heads
+                per_head = [(x * g * read).detach().view(*x.shape[:2], count, -1).sum((1, 3)) for x, g in zip(recorded.heads, head_gradients)]
+                heads = torch.stack([h.new_zeros(rows, count).index_add(0, plan.source, h) for h in per_head])
+            neurons = torch.stack(states) if states else None
+            found = LatentRelevance(layers=None if neurons is None or "layers" not in latent else neurons.sum(-1),
+                                    neurons=neurons if "neurons" in latent else None, heads=heads)
+        return InputRelevance(relevance[:, :length], ids, next_token.detach(), explained.detach(),
+                              relevance.sum(1), span, found)
+
+    @contextmanager
+    def latent_recorded(self, parts: frozenset[str]) -> Iterator[Recorded]:
+        """Forward hooks (this thread only, removed after, also after an exception) that keep each decoder layer's
+        output ("layers", "neurons") and each attention's heads' outputs, the input of its output projection
+        ("heads"), while `Recorded.on`."""
+        recorded = Recorded([], [])
+        if parts & {"layers", "neurons"}:
+            hidden_hooks = [(layer, lambda _m, _i, out: recorded.keep(recorded.hidden, out[0] if isinstance(out, tuple) else out))
+                            for layer in self.blocks]
+        else:
+            hidden_hooks = []
+        projections = [getattr(getattr(layer, self.layout.attention), self.layout.attention_output) for layer in self.blocks] if "heads" in parts else []
+        handles = []
+        try:
+            for module, hook in hidden_hooks:
+                handles.append(module.register_forward_hook(this_thread_only(hook)))
+            for module in projections:
+                handles.append(module.register_forward_pre_hook(this_thread_only(lambda _m, args: recorded.keep(recorded.heads, args[0]))))
+            yield recorded
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @contextmanager
     def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:

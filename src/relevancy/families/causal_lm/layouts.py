@@ -1,5 +1,5 @@
 """The decoder layouts relevancy knows, as small maps of their differences: where the decoder, its embeddings, its
-MLPs and its norms are, and how each MLP and norm runs under a relevance rule set (see `lrp.attnlrp`)."""
+attention's output projection, its MLPs and its norms are, and how each MLP and norm runs under a relevance rule set (see `lrp.attnlrp`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +21,8 @@ RuleForward = Callable[[nn.Module, RuleSet], Callable[[torch.Tensor], torch.Tens
 class Layout:
     """One decoder layout: `model_types` (transformers' `config.model_type`), the attribute of the bare decoder on
     the `...ForCausalLM` model, of its token embeddings and its list of layers on the decoder, of the self-attention
-    and of the norm before it on a layer, `rules`: which modules run under an AttnLRP rule set (a test on the module)
+    and of the norm before it on a layer, of the attention's output projection on the attention (its input: the
+    heads' outputs side by side), `rules`: which modules run under an AttnLRP rule set (a test on the module)
     and the forward they run instead (attention is switched through the config), and `rule_map`: the rule map
     for the seeds' LRP methods from the model, its decoder and its layers (see `rules.py`)."""
 
@@ -32,6 +33,7 @@ class Layout:
     layers: str
     attention: str
     attention_norm: str
+    attention_output: str
     rules: tuple[tuple[Callable[[nn.Module], bool], RuleForward], ...]
     rule_map: Callable[[nn.Module, nn.Module, list[nn.Module]], dict[type, ForwardFactory]]
 
@@ -63,12 +65,13 @@ def _layer_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], t
 
 LLAMA = Layout(
     "llama", ("llama", "mistral", "qwen2"), decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
-    attention_norm="input_layernorm",
+    attention_norm="input_layernorm", attention_output="o_proj",
     rules=((_has("gate_proj", "up_proj", "down_proj", "act_fn"), _gated_mlp), (_has("weight", "variance_epsilon"), _rms_norm)),
     rule_map=llama_rules,
 )
 GPT2 = Layout(
     "gpt2", ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn", attention_norm="ln_1",
+    attention_output="c_proj",
     rules=((_has("c_fc", "c_proj", "act"), _plain_mlp), (lambda module: isinstance(module, nn.LayerNorm), _layer_norm)),
     rule_map=gpt2_rules,
 )
