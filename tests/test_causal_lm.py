@@ -3,8 +3,6 @@ AttnLRP and CP-LRP equal to lxt's own maps (tests/golden/llm_lxt_reference.pt, m
 benchmarks/llm_lxt_reference.py), batched equal to single, targets, the model unchanged after every call."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import transformers
@@ -126,8 +124,8 @@ def test_token_text_targets_need_the_tokenizer(model):
     assert contrast.target.tolist() == [5]
     with pytest.raises(ValueError, match="is text: pass the tokenizer too"):
         relevancy.explain(model, inputs, method="cp_lrp", target="%")
-    with pytest.raises(ValueError, match=r"is 2 tokens \['%', '&'\], not one"):
-        relevancy.explain(model, inputs, method="cp_lrp", target="%&", tokenizer=Characters())
+    # a text of several tokens is an answer span (tests/test_causal_lm_spans.py)
+    assert relevancy.explain(model, inputs, method="cp_lrp", target="%&", tokenizer=Characters()).span.ids.tolist() == [[5, 6]]
 
 
 def test_bad_targets_and_inputs_are_named(model):

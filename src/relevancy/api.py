@@ -37,7 +37,7 @@ def get_method(name: str):
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
-            rows_at_once: int | None = None, **options: Any) -> Explanation:
+            rows_at_once: int | None = None, exclude: Any = None, **options: Any) -> Explanation:
     """Explain `model`'s prediction on a batch: relevance of every patch (or pixel, for `lrp`) for `target`.
 
     Returns an `Explanation` (`scores`, `target`, `logits`, `heatmap()`, `save()`; text models: a
@@ -46,6 +46,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     float rounding. The gradient and relevance methods keep every layer's activations of the rows they run, so
     their peak memory grows with the rows run together; fewer trade a little time (on a CPU next to none) for
     memory (docs/speed.md). None (the default): the whole batch at once.
+    `exclude` (decoder language models): tokens left out of the map, its colour scale and its rendering ("first",
+    "last", "bos", "special", "template", positions, or a bool mask; `DecoderExplanation.excluding`).
     The inputs, targets, methods and options accepted are listed below (generated from the method registry).
     """
     if rows_at_once is not None and (isinstance(rows_at_once, bool) or not isinstance(rows_at_once, int) or rows_at_once < 1):
@@ -71,7 +73,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             scores = {next(iter(streams)): scores}
         if not spec.pixels:
             scores = {name: adapter.arrange(streams[name], values) for name, values in scores.items()}
-        return adapter.explanation(
+        explanation = adapter.explanation(
             {name: values.detach() for name, values in scores.items()},
             inputs,
             target=indices,
@@ -81,6 +83,11 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             concept=call.target if isinstance(call.target, Concept) else None,
             **(details[0] if details else {}),
         )
+    if exclude is None:
+        return explanation
+    if not hasattr(explanation, "excluding"):
+        raise ValueError(f"exclude= leaves tokens out of a decoder language model's explanation; a {type(explanation).__name__} has none to leave out")
+    return explanation.excluding(exclude)
 
 
 @dataclass(frozen=True)
@@ -152,7 +159,13 @@ def _target_rows(target: Any, rows: torch.Tensor) -> Any:
 def _joined(values: list, order: torch.Tensor) -> Any:
     """Per-group results (tensors, or dicts of them) concatenated along rows and put back in row order."""
     if isinstance(values[0], dict):
+        keys = set().union(*values)
+        if any(key not in value for value in values for key in keys):
+            raise ValueError(f"rows_at_once: the row groups' results differ ({', '.join(sorted(keys))}); explain the batch at once")
         return {key: _joined([value[key] for value in values], order) for key in values[0]}
+    if not all(isinstance(value, torch.Tensor) for value in values):
+        raise ValueError(f"rows_at_once cannot join a {type(values[0]).__name__} (answer spans, latent relevance) over row groups; "
+                         "explain the batch at once, or one call per group of rows")
     joined = torch.cat(values)
     return joined[order.to(joined.device)]
 

@@ -334,6 +334,13 @@ class GenerationExplanation(Explanation):
         before = torch.arange(length)[None, :] < torch.arange(self.prompt_length, length)[:, None]
         return {"text": TextPart(self.scores, self.signed, [self.tokens] * len(self.generated_ids), None, before)}
 
+    @property
+    def sink_share(self) -> torch.Tensor:
+        """`(G, 2)`: per generated token the share of its positive relevance on the first token and on the token
+        just before it (the last it read)."""
+        part = self.parts["text"]
+        return sink_shares(part.scores, part.attention_mask)
+
     def token_scores(self, index: int = 0) -> list[tuple[str, float]]:
         """`(token, score)` of every token before generated token `index`."""
         return self.parts["text"].token_scores(index)

@@ -29,7 +29,7 @@ from ..hf_attention import attention_probabilities, explaining_call, register_ga
 from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
 from ..hf_bert.batch import TextBatch
 from .layouts import Layout, layout_of
-from .targets import Contrast, RowTarget, reading, row_targets, token_score
+from .targets import Contrast, RowTarget, Span, reading, row_targets, token_score
 
 #: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
 ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
@@ -123,13 +123,14 @@ class CausalLMAdapter(Adapter):
         return target
 
     def check_method_target(self, target: Any, method: str, token_methods: Sequence[str]) -> None:
-        """The attention and gradient methods take token ids; token texts and `Contrast`s are the decoder methods'."""
+        """The attention and gradient methods take token ids (one next-token logit); token texts, answer spans (a
+        `Span`, a row's list of ids) and `Contrast`s are the decoder methods'."""
         entries = target if isinstance(target, (list, tuple)) else [target]
-        given = next((entry for entry in entries if isinstance(entry, (str, Contrast))), None)
+        given = next((entry for entry in entries if isinstance(entry, (str, Span, Contrast, list, tuple))), None)
         if method not in token_methods and given is not None:
             raise TypeError(f"method '{method}' takes token ids as targets on a decoder (an int, one per row, or a tensor of "
-                            f"ids), got {type(given).__name__} {quoted(given)}; token texts and Contrast targets are taken "
-                            f"by {', '.join(token_methods)} (texts with tokenizer=)")
+                            f"ids), got {type(given).__name__} {quoted(given)}; token texts, answer spans and Contrast targets "
+                            f"are taken by {', '.join(token_methods)} (texts with tokenizer=)")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -321,9 +322,10 @@ class CausalLMAdapter(Adapter):
             span = SpanRelevance(plan.span_ids, relevance[:, length:length + size], plan.foil_ids, relevance[:, length + size:],
                                  _span_texts(plan.span_ids, tokenizer))
         found = None
+        width = plan.width if span is not None else length  # the prompt's columns, then the span's and the foil's
         if latent:
             hidden_gradients, head_gradients = gradients[1:1 + len(recorded.hidden)], gradients[1 + len(recorded.hidden):]
-            states = [plan.gathered((h * g * read).detach()) for h, g in
+            states = [plan.gathered((h * g * read).detach())[:, :width] for h, g in
                       zip([embeddings, *recorded.hidden], [gradients[0], *hidden_gradients])] if recorded.hidden else []
             heads = None
             if recorded.heads:
