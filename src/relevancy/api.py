@@ -194,7 +194,10 @@ Inputs, by model family:
   transformers LlamaForCausalLM (Qwen2, Mistral, SmolLM2: relevancy.models.smollm2()) / GPT2LMHeadModel: the
       tokenizer's output (input_ids, attention_mask; left or right padding). Explains a logit of the next token after
       each row's last real token; target: a token id, a token's text (with tokenizer=), one per row, or
-      relevancy.Contrast(token, foil). Methods: attnlrp, cp_lrp, input_x_gradient and the attention methods.
+      relevancy.Contrast(token, foil). attnlrp, cp_lrp and input_x_gradient also explain answer spans read
+      teacher-forced (a text of several tokens, relevancy.Span(ids)), score="logit" / "log_prob" / a callable per
+      token, and latent=True (relevance of layers, neurons and heads). Returns a DecoderExplanation (span, latent,
+      sink_share, excluding()). Methods: attnlrp, cp_lrp, input_x_gradient and the attention methods.
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit
