@@ -259,3 +259,16 @@ def test_rows_at_once_refuses_spans_and_latents(model):
         relevancy.explain(model, batch("right"), method="attnlrp", target=[[11, 22, 33], 44, [55, 66]], rows_at_once=1)
     plain = relevancy.explain(model, batch("right"), method="attnlrp", target=[3, 4, 5], rows_at_once=1)
     assert_close_to(plain.scores, relevancy.explain(model, batch("right"), method="attnlrp", target=[3, 4, 5]).scores, "rows", 1e-10)
+
+
+def test_a_generation_reports_its_sink_shares(model):
+    """Each generated token's row: the share of its positive relevance on the first token and on the token just
+    before it (the last it read)."""
+    from test_generation import PROMPT, Characters as GenerationCharacters
+
+    result = relevancy.explain_generation(model, GenerationCharacters(), PROMPT, method="attnlrp", continuation="abc")
+    positive = result.scores.clamp(min=0)
+    last = positive[torch.arange(3), result.prompt_length - 1 + torch.arange(3)]  # row g reads up to the token before g
+    assert result.sink_share.shape == (3, 2)
+    assert torch.allclose(result.sink_share[:, 0], positive[:, 0] / positive.sum(1))
+    assert torch.allclose(result.sink_share[:, 1], last / positive.sum(1))
