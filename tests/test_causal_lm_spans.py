@@ -272,3 +272,13 @@ def test_a_generation_reports_its_sink_shares(model):
     assert result.sink_share.shape == (3, 2)
     assert torch.allclose(result.sink_share[:, 0], positive[:, 0] / positive.sum(1))
     assert torch.allclose(result.sink_share[:, 1], last / positive.sum(1))
+
+
+def test_exclude_is_refused_by_name_where_there_are_no_tokens():
+    import transformers
+
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        num_labels=3)).eval()
+    with pytest.raises(ValueError, match="exclude= leaves tokens out of a decoder language model's explanation; this ImageExplanation"):
+        relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="rollout", exclude="first")

@@ -86,7 +86,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     if exclude is None:
         return explanation
     if not hasattr(explanation, "excluding"):
-        raise ValueError(f"exclude= leaves tokens out of a decoder language model's explanation; a {type(explanation).__name__} has none to leave out")
+        raise ValueError(f"exclude= leaves tokens out of a decoder language model's explanation; this {type(explanation).__name__} has none to leave out")
     return explanation.excluding(exclude)
 
 
