@@ -162,14 +162,16 @@ def test_callables(model):
 
 def test_bad_span_targets_are_named(model):
     inputs = batch("single0")
-    with pytest.raises(ValueError, match=r"Contrast\(5, 5\) sets a target against itself"):
+    with pytest.raises(ValueError, match=r"Contrast\(5, 5\) sets token 5 against itself: the score is 0 whatever the input; give a foil other than the token"):
         relevancy.explain(model, inputs, method="attnlrp", target=relevancy.Contrast(5, 5))
-    with pytest.raises(ValueError, match="sets a target against itself"):
+    with pytest.raises(ValueError, match=r"sets span \[11, 22\] against itself: .* give a foil other than the span"):
         relevancy.explain(model, inputs, method="attnlrp", target=relevancy.Contrast("+6", SPAN.__class__([11, 22])), tokenizer=Characters())
     with pytest.raises(ValueError, match="needs at least one token id"):
         relevancy.explain(model, inputs, method="attnlrp", target=relevancy.Span([]))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         relevancy.explain(model, inputs, method="attnlrp", target=relevancy.Span([1, 500]))
+    with pytest.raises(ValueError, match="take 17 positions but the model's context window is 16 tokens"):
+        relevancy.explain(model, torch.ones(1, 15, dtype=torch.long), method="attnlrp", target=relevancy.Span([1, 2, 3]))
     for method in ("rollout", "generic_attention", "transformer_attribution", "lrp"):
         with pytest.raises(TypeError, match=f"method '{method}' takes token ids.*answer spans and Contrast targets are taken by attnlrp, cp_lrp, input_x_gradient"):
             relevancy.explain(model, inputs, method=method, target=SPAN)

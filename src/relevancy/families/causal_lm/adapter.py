@@ -288,6 +288,10 @@ class CausalLMAdapter(Adapter):
         mask = inputs.attention_mask
         plan = reading(inputs.input_ids, mask, last_real(mask), [RowTarget(())] * len(inputs) if function
                        else row_targets(target, len(inputs), tokenizer, vocab))
+        window, read_length = context_window(self.model), int(plan.mask.sum(1).max())
+        if window is not None and read_length > window:
+            raise ValueError(f"a row's prompt and the span's tokens read after it take {read_length} positions but the model's "
+                             f"context window is {window} tokens: shorten the prompt or the span")
         embed = getattr(self.decoder, self.layout.embeddings)
         embeddings = embed(plan.ids).detach().requires_grad_(True)
         rows = len(inputs)
