@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Sequence
+from dataclasses import fields, replace
+from typing import Any, ClassVar, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from ..guard import this_thread_only
 from ._shared import UnsupportedModelError
+from .base import Adapter
 
 
 # -- running --------------------------------------------------------------------------------------------------
@@ -83,6 +85,87 @@ def answer_logits(output: object, batch: int | None = None) -> torch.Tensor:
     if batch is not None and (logits.ndim != 2 or len(logits) != batch):
         raise UnsupportedModelError(f"the model's answer logits must be (B, K) = ({batch}, K), got shape {tuple(logits.shape)}")
     return logits
+
+
+# -- the typed batch and the adapter both families build on ----------------------------------------------------------
+Batch = TypeVar("Batch", bound="RegionBatch")
+
+
+class RegionBatch:
+    """What the question-and-regions batches share (each a frozen dataclass of the model's keyword inputs plus
+    `tokens`): the fields named in `REGION_FIELDS` are per region `(B, N, ...)`, every other tensor per question token
+    `(B, T)`."""
+
+    REGION_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The keyword arguments of the model's forward: every field that is set, but the token strings."""
+        values = ((f.name, getattr(self, f.name)) for f in fields(self) if f.name != "tokens")
+        return {name: value for name, value in values if value is not None}
+
+    def rows(self: Batch, part: slice) -> Batch:
+        """The inputs of `part`, every field sliced alike."""
+        return replace(self, **{f.name: _cut(getattr(self, f.name), part) for f in fields(self)})
+
+    def select(self: Batch, rows: torch.Tensor, text: torch.Tensor | None = None, regions: torch.Tensor | None = None) -> Batch:
+        """The inputs of batch rows `rows` `(R,)`, each keeping the question tokens at `text[r]` and the regions at
+        `regions[r]` (`(R, T')`, `(R, N')`; None: all): what the model's forward takes for a token-ablated batch."""
+        return type(self)(**{
+            f.name: gather_tokens(getattr(self, f.name), rows, regions if f.name in self.REGION_FIELDS else text)
+            for f in fields(self) if f.name != "tokens"
+        })
+
+
+def _cut(value: Any, part: slice) -> Any:
+    return None if value is None else value[part]
+
+
+class RegionAdapter(Adapter):
+    """The adapter both question-and-regions families build on: the model is supported when it holds the one inner
+    transformers model of the family (`inner`), batches are runs of consecutive rows, and a tokenised question is
+    checked alike."""
+
+    @classmethod
+    def inner(cls, model: nn.Module) -> nn.Module | None:
+        """The family's one transformers model inside `model` (itself included); None when there is none."""
+        raise NotImplementedError
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        try:
+            return cls.inner(model) is not None
+        except UnsupportedModelError:
+            return True  # the constructor names the problem
+
+    def batches(self, inputs: Batch, size: int) -> Iterator[Batch]:
+        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
+
+    def question(
+        self, inputs: object, batch_type: type, required: Sequence[str], optional: Sequence[str], minimum: int, family: str,
+    ) -> tuple[dict[str, object], list[list[str]] | None, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """`(fields, tokens, input_ids, attention_mask, token_type_ids)` of the inputs (a `batch_type` or the model's
+        keyword inputs), the question checked against the model's config (at least `minimum` real tokens each);
+        tokens None where the inputs are not a batch already."""
+        if isinstance(inputs, batch_type):
+            given, tokens = inputs.model_inputs(), inputs.tokens
+        else:
+            given, tokens = input_fields(inputs, required, optional, family), None
+        ids = lift(integer_tensor(given["input_ids"], "input_ids"), 2)
+        mask = lift(mask_tensor(given["attention_mask"], "attention_mask"), 2) if "attention_mask" in given else torch.ones_like(ids)
+        types = lift(integer_tensor(given["token_type_ids"], "token_type_ids"), 2) if "token_type_ids" in given else None
+        check_question(ids, mask, types, self.config, minimum, family)
+        return given, tokens, ids, mask, types
+
+    def region_mask(self, given: dict[str, object], shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor | None:
+        """The checked `visual_attention_mask` `(B, N)` on the model's device, None where not given."""
+        if "visual_attention_mask" not in given:
+            return None
+        regions = lift(mask_tensor(given["visual_attention_mask"], "visual_attention_mask"), 2).to(like.device)
+        check_region_mask(regions, shape, "visual_attention_mask")
+        return regions
 
 
 # -- inputs -------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -41,11 +41,11 @@ from ...conventions import (
 from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ...guard import this_thread_only
-from ..base import Adapter, UnsupportedModelError
+from ..base import UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (
-    METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
-    class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
+    METHODS, InputPart, RegionAdapter, answer_logits, check_regions, class_names, feature_tensor, inner_model, lift,
+    on_graph, token_strings,
 )
 from .batch import LxmertBatch
 
@@ -107,7 +107,7 @@ class ModuleCall:
         return f"ModuleCall({type(self.module).__name__}, call {self.call} of {self.calls} per {type(self.owner).__name__})"
 
 
-class LxmertAdapter(Adapter):
+class LxmertAdapter(RegionAdapter):
     """LXMERT question answering over image regions (see the module docstring).
 
     `conventions`, where the authors' LXMERT code differs from their ViT code (every entry but `readout_rollout`
@@ -133,12 +133,7 @@ class LxmertAdapter(Adapter):
         token_ablation=ReadoutConventions(cls_entry="zero"),
     )
 
-    @classmethod
-    def supports(cls, model: nn.Module) -> bool:
-        try:
-            return lxmert_model(model) is not None
-        except UnsupportedModelError:
-            return True  # the constructor names the problem
+    inner = staticmethod(lxmert_model)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -197,14 +192,7 @@ class LxmertAdapter(Adapter):
     def check_inputs(self, inputs: object) -> LxmertBatch:
         """An `LxmertBatch` from the model's keyword inputs (the tokenizer's output plus `visual_feats`,
         `visual_pos` and optionally `visual_attention_mask`; one question without the batch dimension accepted)."""
-        if isinstance(inputs, LxmertBatch):
-            fields, tokens = inputs.model_inputs(), inputs.tokens
-        else:
-            fields, tokens = input_fields(inputs, REQUIRED, OPTIONAL, "LXMERT"), None
-        ids = lift(integer_tensor(fields["input_ids"], "input_ids"), 2)
-        mask = lift(mask_tensor(fields["attention_mask"], "attention_mask"), 2) if "attention_mask" in fields else torch.ones_like(ids)
-        types = lift(integer_tensor(fields["token_type_ids"], "token_type_ids"), 2) if "token_type_ids" in fields else None
-        check_question(ids, mask, types, self.config, 1, "LXMERT")
+        fields, tokens, ids, mask, types = self.question(inputs, LxmertBatch, REQUIRED, OPTIONAL, 1, "LXMERT")
         like = next(self.model.parameters())
         feats = lift(feature_tensor(fields["visual_feats"], "visual_feats", like), 3)
         boxes = lift(feature_tensor(fields["visual_pos"], "visual_pos", like), 3)
@@ -212,19 +200,13 @@ class LxmertAdapter(Adapter):
         check_regions(boxes, "visual_pos", len(ids), self.config.visual_pos_dim)
         if boxes.shape[1] != feats.shape[1]:
             raise ValueError(f"visual_pos must give one box per region of visual_feats ({feats.shape[1]}), got {boxes.shape[1]}")
-        regions = None
-        if "visual_attention_mask" in fields:
-            regions = lift(mask_tensor(fields["visual_attention_mask"], "visual_attention_mask"), 2).to(like.device)
-            check_region_mask(regions, tuple(feats.shape[:2]), "visual_attention_mask")
+        regions = self.region_mask(fields, tuple(feats.shape[:2]), like)
         if tokens is None:
             tokens = token_strings(inputs, ids, mask)
         device = like.device
         return LxmertBatch(
             ids.to(device), mask.to(device), feats, boxes, None if types is None else types.to(device), regions, tokens,
         )
-
-    def batches(self, inputs: LxmertBatch, size: int) -> Iterator[LxmertBatch]:
-        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
 
     # -- running --------------------------------------------------------------------------------------------
     def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,11 +34,11 @@ from ...explanation import RegionTextExplanation
 from ...streams import AttentionSite, Hookable, Stream
 from ...guard import this_thread_only
 from .._shared import transformers_configs
-from ..base import Adapter, UnsupportedModelError
+from ..base import UnsupportedModelError
 from ..hf_attention import EAGER, explaining_call
 from ..regions import (
-    METHODS, InputPart, answer_logits, inner_model, check_question, check_region_mask, check_regions,
-    class_names, feature_tensor, input_fields, integer_tensor, lift, mask_tensor, on_graph, token_strings,
+    METHODS, InputPart, RegionAdapter, answer_logits, check_regions, class_names, feature_tensor, inner_model,
+    integer_tensor, lift, on_graph, token_strings,
 )
 from .batch import VisualBertBatch
 
@@ -59,7 +59,7 @@ def visual_bert_model(model: nn.Module) -> nn.Module | None:
     return inner_model(model, "transformers.models.visual_bert.modeling_visual_bert", "VisualBertModel")
 
 
-class VisualBertAdapter(Adapter):
+class VisualBertAdapter(RegionAdapter):
     """VisualBERT over a question and image regions (see the module docstring).
 
     `conventions`, where the authors' VisualBERT code differs from their ViT code (every entry is also a
@@ -80,12 +80,7 @@ class VisualBertAdapter(Adapter):
         token_ablation=ReadoutConventions(cls_entry="zero"),
     )
 
-    @classmethod
-    def supports(cls, model: nn.Module) -> bool:
-        try:
-            return visual_bert_model(model) is not None
-        except UnsupportedModelError:
-            return True  # the constructor names the problem
+    inner = staticmethod(visual_bert_model)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -133,23 +128,15 @@ class VisualBertAdapter(Adapter):
         """A `VisualBertBatch` from the model's keyword inputs (the tokenizer's output plus `visual_embeds` and
         optionally `visual_attention_mask`, `visual_token_type_ids`; one question without the batch dimension
         accepted)."""
-        if isinstance(inputs, VisualBertBatch):
-            fields, tokens = inputs.model_inputs(), inputs.tokens
-        else:
-            fields, tokens = input_fields(inputs, REQUIRED, OPTIONAL, "VisualBERT"), None
-        ids = lift(integer_tensor(fields["input_ids"], "input_ids"), 2)
-        mask = lift(mask_tensor(fields["attention_mask"], "attention_mask"), 2) if "attention_mask" in fields else torch.ones_like(ids)
-        types = lift(integer_tensor(fields["token_type_ids"], "token_type_ids"), 2) if "token_type_ids" in fields else None
         # the question-answering head reads position attention_mask.sum(1) - 2: a [CLS] ... [SEP] question of 2+ tokens
-        check_question(ids, mask, types, self.config, 2 if self.gathers else 1, "VisualBERT")
+        fields, tokens, ids, mask, types = self.question(
+            inputs, VisualBertBatch, REQUIRED, OPTIONAL, 2 if self.gathers else 1, "VisualBERT",
+        )
         like = next(self.model.parameters())
         embeds = lift(feature_tensor(fields["visual_embeds"], "visual_embeds", like), 3)
         check_regions(embeds, "visual_embeds", len(ids), self.config.visual_embedding_dim)
         shape = tuple(embeds.shape[:2])
-        regions = visual_types = None
-        if "visual_attention_mask" in fields:
-            regions = lift(mask_tensor(fields["visual_attention_mask"], "visual_attention_mask"), 2).to(like.device)
-            check_region_mask(regions, shape, "visual_attention_mask")
+        regions, visual_types = self.region_mask(fields, shape, like), None
         if "visual_token_type_ids" in fields:
             visual_types = lift(integer_tensor(fields["visual_token_type_ids"], "visual_token_type_ids"), 2).to(like.device)
             kinds = self.config.type_vocab_size
@@ -164,9 +151,6 @@ class VisualBertAdapter(Adapter):
             ids.to(device), mask.to(device), embeds, None if types is None else types.to(device), regions, visual_types,
             tokens,
         )
-
-    def batches(self, inputs: VisualBertBatch, size: int) -> Iterator[VisualBertBatch]:
-        return (inputs.rows(slice(start, start + size)) for start in range(0, len(inputs), size))
 
     # -- running --------------------------------------------------------------------------------------------
     def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
