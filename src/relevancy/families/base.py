@@ -12,7 +12,7 @@ from ..explanation import Explanation, ImageExplanation
 from ..guard import this_thread_only
 from ..streams import AttentionSite, Hookable, Stream
 from ..class_names import named_classes
-from ._shared import UnsupportedModelError
+from ._shared import UnsupportedModelError, checked_images
 
 
 class Adapter:
@@ -170,3 +170,18 @@ def forward_hooks(modules: Sequence[Hookable], hook: Callable[[int, torch.Tensor
     finally:
         for h in handles:
             h.remove()
+
+
+class ImageAdapter(Adapter):
+    """An adapter whose inputs are one tensor of images `(B, C, H, W)` (the vision transformers): checked against
+    the model by `check_image_shape`, run in batches of consecutive images."""
+
+    def check_image_shape(self, shape: tuple[int, ...]) -> None:
+        """A one-line error where the model cannot take images of `shape`."""
+        raise NotImplementedError
+
+    def check_inputs(self, inputs: object) -> torch.Tensor:
+        return checked_images(inputs, self.model, self.check_image_shape)
+
+    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+        return iter(inputs.split(size))

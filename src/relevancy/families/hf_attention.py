@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..lrp.attention import attend
-from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, default_leaves, gate
+from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, add, default_leaves, gate
 from ._shared import eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
@@ -63,6 +63,16 @@ def gated_mlp(mlp: nn.Module, session: Session) -> Replacements:
     """transformers' gated feed-forward (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: DINOv2's SwiGLU, Llama's
     MLP): the gating product under the gate rule, the projections under their own entries."""
     return {"forward": lambda x: mlp.down_proj(gate(session, mlp.up_proj(x), mlp.act_fn(mlp.gate_proj(x))))}
+
+
+def post_norm_residual(module: nn.Module, session: Session) -> Replacements:
+    """BERT's `...SelfOutput` / `...Output` (LXMERT's alike): `LayerNorm(dropout(dense(h)) + input)`, the add under
+    the add rule."""
+
+    def forward(hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
+        return module.LayerNorm(add(session, module.dropout(module.dense(hidden_states)), input_tensor))
+
+    return {"forward": forward}
 
 
 def transformers_leaves() -> dict[type, ForwardFactory]:

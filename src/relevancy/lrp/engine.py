@@ -45,6 +45,14 @@ class Session:
         """Whether the rule set reproduces the reference's arithmetic (see `RuleSet.exact`)."""
         return self.rule_set.exact
 
+    def stream_input(self, stream: str, tokens: torch.Tensor) -> torch.Tensor:
+        """A stream's input tokens as a leaf of the session's graph, recorded in `block_inputs`: relevance is measured
+        there and goes no further (into the embeddings, a region encoder or a backbone), and frozen weights still
+        give a graph."""
+        leaf = tokens.detach().requires_grad_(True)
+        self.block_inputs.setdefault(stream, []).append(leaf)
+        return leaf
+
     def apply(self, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
         """`fn(*inputs)`, differentiated by autograd in gradient mode and by `rule` in relevance mode."""
         return RuleFunction.apply(self, rule, fn, *inputs)

@@ -26,8 +26,7 @@ from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
-from ..hf_bert.adapter import _from_encoding, _token_strings, _token_tensor
-from ..hf_bert.batch import TextBatch
+from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
 from .layouts import Layout, layout_of
 from .targets import Contrast, RowTarget, Span, reading, row_targets, token_score
 
@@ -149,9 +148,9 @@ class CausalLMAdapter(Adapter):
     def check_inputs(self, inputs: object) -> TextBatch:
         """A `TextBatch` on the model's device from the tokenizer's output (or `input_ids` alone: no padding)."""
         if isinstance(inputs, Mapping):
-            batch = _from_encoding(inputs, None)
+            batch = from_encoding(inputs, None)
         elif isinstance(inputs, torch.Tensor) and not inputs.is_floating_point():
-            ids = _token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
+            ids = token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
             batch = TextBatch(ids, torch.ones_like(ids))
         else:
             raise TypeError(
@@ -170,7 +169,7 @@ class CausalLMAdapter(Adapter):
             raise ValueError(f"a row has {int(mask.sum(1).max())} real tokens but the model's context window is {window} tokens: shorten the text")
         device = next(self.model.parameters()).device
         return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
-                       tokens=batch.tokens or _token_strings(ids, mask))
+                       tokens=batch.tokens or placeholder_tokens(ids, mask))
 
     def describe_inputs(self, inputs: TextBatch) -> dict:
         return {"input_size": (inputs.input_ids.shape[1],), "tokens": inputs.tokens, "word_ids": inputs.word_ids,

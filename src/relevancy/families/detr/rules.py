@@ -154,19 +154,12 @@ def _decoder_layer(first: nn.Module) -> ForwardFactory:
     return factory
 
 
-def _stream_input(session: Session, stream: str, tokens: torch.Tensor) -> torch.Tensor:
-    """The stream's input tokens as a leaf of the session's graph, recorded: relevance is measured there and goes
-    no further (nor into the backbone), and frozen weights still give a graph."""
-    leaf = tokens.detach().requires_grad_(True)
-    session.block_inputs.setdefault(stream, []).append(leaf)
-    return leaf
-
 
 def _encoder(encoder: nn.Module, session: Session) -> Replacements:
     original = encoder.forward
 
     def forward(inputs_embeds: torch.Tensor | None = None, *args, **kwargs):
-        return original(_stream_input(session, IMAGE, inputs_embeds), *args, **kwargs)
+        return original(session.stream_input(IMAGE, inputs_embeds), *args, **kwargs)
 
     return {"forward": forward}
 
@@ -178,7 +171,7 @@ def _decoder(decoder: nn.Module, session: Session) -> Replacements:
 
     def forward(inputs_embeds: torch.Tensor | None = None, *args, encoder_hidden_states: torch.Tensor | None = None, **kwargs):
         memory = branch(session, branch(session, encoder_hidden_states))
-        return original(_stream_input(session, QUERIES, inputs_embeds), *args, encoder_hidden_states=memory, **kwargs)
+        return original(session.stream_input(QUERIES, inputs_embeds), *args, encoder_hidden_states=memory, **kwargs)
 
     return {"forward": forward}
 

@@ -10,13 +10,11 @@ cover every token, [CLS] included (`num_prefix_tokens = 0`), and are 0 at paddin
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -31,7 +29,7 @@ from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import Adapter, UnsupportedModelError
 from ..hf_attention import EAGER, attention_probabilities, explaining_call
-from .batch import TextBatch
+from ..text_batch import TextBatch, from_encoding, mask_from_padding, placeholder_tokens, token_tensor
 from .rules import bert_rules, distilbert_rules, roberta_rules
 
 
@@ -212,12 +210,12 @@ class HFBertAdapter(Adapter):
         if isinstance(inputs, TextBatch):
             batch = inputs
         elif isinstance(inputs, Mapping):
-            batch = _from_encoding(inputs, self._pad_id())
+            batch = from_encoding(inputs, self._pad_id())
         elif isinstance(inputs, torch.Tensor):
             if inputs.is_floating_point():
                 raise TypeError("inputs must be token ids (a LongTensor) or the tokenizer's output, not a float tensor")
-            ids = _token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
-            batch = TextBatch(ids, _mask_from_padding(ids, self._pad_id()))
+            ids = token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
+            batch = TextBatch(ids, mask_from_padding(ids, self._pad_id()))
         elif isinstance(inputs, str) or isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str):
             raise TypeError(
                 "inputs must be tokenised: pass the tokenizer's output, e.g. "
@@ -277,7 +275,7 @@ class HFBertAdapter(Adapter):
             input_ids=ids.to(device),
             attention_mask=mask.to(device),
             token_type_ids=batch.token_type_ids.to(device) if batch.token_type_ids is not None else None,
-            tokens=batch.tokens or _token_strings(batch.input_ids, batch.attention_mask),
+            tokens=batch.tokens or placeholder_tokens(batch.input_ids, batch.attention_mask),
         )
 
     # -- running ------------------------------------------------------------------------------------------
@@ -317,71 +315,3 @@ class HFBertAdapter(Adapter):
         for layer in self.blocks:
             hidden = _first(layer(hidden, additive))
         return self.layout.head(self.model, hidden)
-
-
-def _from_encoding(encoding: Mapping, pad_id: int | None) -> TextBatch:
-    if "input_ids" not in encoding:
-        raise ValueError(f"the tokenizer's output must hold 'input_ids' (got keys {sorted(encoding.keys())}); inputs_embeds are not supported")
-    ids = _token_tensor(encoding["input_ids"], "input_ids")
-    single = ids.ndim == 1
-    ids = ids[None] if single else ids
-    fields = {}
-    for name in ("attention_mask", "token_type_ids"):
-        value = encoding.get(name)
-        if value is not None:
-            value = _token_tensor(value, name)
-            fields[name] = value[None] if single and value.ndim == 1 else value
-    mask = fields.get("attention_mask")
-    if mask is None:
-        mask = _mask_from_padding(ids, pad_id)
-    elif mask.shape != ids.shape:
-        raise ValueError(f"attention_mask must have the shape of input_ids {tuple(ids.shape)}, got {tuple(mask.shape)}")
-    types = fields.get("token_type_ids")
-    tokens = word_ids = None
-    if getattr(encoding, "encodings", None) and not single:  # a fast tokenizer's BatchEncoding
-        valid = mask.bool()
-        tokens = [[t for t, v in zip(encoding.tokens(i), valid[i]) if v] for i in range(len(ids))]
-        word_ids = [[w for w, v in zip(encoding.word_ids(i), valid[i]) if v] for i in range(len(ids))]
-    return TextBatch(ids.long(), mask, types, tokens, word_ids)
-
-
-def _token_tensor(value: object, name: str) -> torch.Tensor:
-    """Token ids, an attention mask or token types (tensor, array, list of rows) as a long tensor; one-line errors
-    for rows of different lengths and for anything but integers."""
-    rows = isinstance(value, (list, tuple)) and len(value) > 0 and all(
-        isinstance(row, (list, tuple)) or isinstance(row, (torch.Tensor, np.ndarray)) and row.ndim > 0 for row in value
-    )
-    if rows and len({len(row) for row in value}) > 1:
-        raise ValueError(
-            f"{name} rows have different lengths {[len(row) for row in value]}: pad the batch (relevancy.text.encode("
-            "tokenizer, texts) or tokenizer(texts, padding=True, return_tensors='pt')) or explain one text at a time"
-        )
-    try:
-        tensor = torch.stack([torch.as_tensor(row) for row in value]) if rows else torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):  # strings, objects
-        tensor = None
-    if tensor is not None and tensor.numel() == 0:
-        return tensor.long()  # `[]` converts to float; the empty-batch check names the problem
-    if tensor is None or tensor.is_floating_point() or tensor.is_complex() or (tensor.dtype == torch.bool and name != "attention_mask"):
-        got = type(value).__name__ if tensor is None else str(tensor.dtype)
-        raise TypeError(f"{name} must be integers (a tensor, array or list of rows of ints, as the tokenizer returns), got {got}")
-    return tensor.long()
-
-
-def _mask_from_padding(ids: torch.Tensor, pad_id: int | None) -> torch.Tensor:
-    """The attention mask of `input_ids` given without one: 0 at the pad ids that end a row, with a warning."""
-    if pad_id is None or ids.ndim != 2:  # a wrong shape is named by the shape check
-        return torch.ones_like(ids)
-    trailing = (ids == pad_id).long().flip(1).cumprod(1).flip(1).bool()
-    if trailing.any():
-        padded = int(trailing.any(1).sum())
-        warnings.warn(
-            f"input_ids of {padded} text(s) end in the pad id {pad_id} but no attention_mask was given: relevancy treats "
-            "those positions as padding; pass the tokenizer's attention_mask to say which tokens are real"
-        )
-    return (~trailing).long()
-
-
-def _token_strings(ids: torch.Tensor, mask: torch.Tensor) -> list[list[str]]:
-    """Placeholder token strings (`[id]`) when the tokenizer did not say which strings the ids stand for."""
-    return [[f"[{int(t)}]" for t, v in zip(row, valid) if v] for row, valid in zip(ids.tolist(), mask.bool().tolist())]

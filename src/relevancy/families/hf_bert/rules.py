@@ -26,7 +26,7 @@ from torch import nn
 from ...lrp import engine
 from ...lrp.attention import AttentionStyle, attend
 from ...lrp.engine import ForwardFactory, Replacements, Session, add, branch, by_type, first_token, passthrough, unchanged
-from ..hf_attention import transformers_leaves
+from ..hf_attention import post_norm_residual, transformers_leaves
 
 # the authors' BERT divides the products by sqrt(d) and adds the mask under the add rule (the mask's share dropped)
 _BERT_ATTENTION = AttentionStyle(scale="divide", mask="add")
@@ -102,14 +102,6 @@ def _pooler(pooler: nn.Module, session: Session) -> Replacements:
     return {"forward": lambda hidden_states: pooler.activation(pooler.dense(first_token(session, hidden_states)))}
 
 
-def _residual_output(module: nn.Module, session: Session) -> Replacements:
-    """`BertSelfOutput` / `BertOutput`: `LayerNorm(dropout(dense(h)) + input)`, the add under the add rule."""
-
-    def forward(hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return module.LayerNorm(add(session, module.dropout(module.dense(hidden_states)), input_tensor))
-
-    return {"forward": forward}
-
 
 def _roberta_embeddings(embeddings: nn.Module, session: Session) -> Replacements:
     """`RobertaEmbeddings`: `(word + token type) + position` under the add rule, positions counted from the
@@ -175,9 +167,9 @@ def _encoder_rules(model: nn.Module, encoder: nn.Module, embeddings: ForwardFact
         **by_type([encoder.encoder], unchanged), **by_type(layers, _layer),
         **by_type([layer.attention for layer in layers], _branched_input),
         **by_type([layer.attention.self for layer in layers], _self_attention),
-        **by_type([layer.attention.output for layer in layers], _residual_output),
+        **by_type([layer.attention.output for layer in layers], post_norm_residual),
         **by_type([layer.intermediate for layer in layers], unchanged),
-        **by_type([layer.output for layer in layers], _residual_output),
+        **by_type([layer.output for layer in layers], post_norm_residual),
     }
 
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import inspect
 from contextlib import AbstractContextManager
-from typing import Iterator
 
 import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
-from .._shared import OutputPart, checked_images, transformers_configs
-from ..base import Adapter, UnsupportedModelError
+from .._shared import OutputPart, transformers_configs
+from ..base import ImageAdapter, UnsupportedModelError
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .heads import HEADS, PLAIN_OPS, supported_class
 
@@ -39,7 +38,7 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-class HFViTAdapter(Adapter):
+class HFViTAdapter(ImageAdapter):
     family = "Hugging Face vision transformer"
     examples = ("ViTModel, ViTForImageClassification, DeiT* (with teacher too), Dinov2Model, Dinov2ForImageClassification, "
                 "Dinov2WithRegisters*")
@@ -109,12 +108,6 @@ class HFViTAdapter(Adapter):
         return [str(labels.get(i, labels.get(str(i), f"class {i}"))) for i in range(count)]
 
     # -- inputs ---------------------------------------------------------------------------------------------
-    def check_inputs(self, inputs: object) -> torch.Tensor:
-        return checked_images(inputs, self.model, self.check_image_shape)
-
-    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
-        return iter(inputs.split(size))
-
     def check_image_shape(self, shape: tuple[int, ...]) -> None:
         """Channels from the config; height and width multiples of the patch size (position embeddings are
         interpolated for sizes other than the model's own)."""

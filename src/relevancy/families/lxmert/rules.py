@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from ...lrp.attention import AttentionStyle, attend
-from ...lrp.engine import ACTIVATION, ForwardFactory, MissingRuleError, Replacements, Session, add, branch, default_leaves, first_token, unchanged
+from ...lrp.engine import ACTIVATION, ForwardFactory, MissingRuleError, Replacements, Session, branch, default_leaves, first_token, unchanged
+from ..hf_attention import post_norm_residual
 
 _DIVIDED = AttentionStyle(scale="divide")  # the authors' LXMERT divides the products by sqrt(d)
 
@@ -82,14 +83,6 @@ def _cross_attention_layer(layer: nn.Module, session: Session) -> Replacements:
     return {"forward": forward}
 
 
-def _residual_output(module: nn.Module, session: Session) -> Replacements:
-    """`LxmertAttentionOutput` / `LxmertOutput`: `LayerNorm(dropout(dense(h)) + input)`, the add under the add rule."""
-
-    def forward(hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-        return module.LayerNorm(add(session, module.dropout(module.dense(hidden_states)), input_tensor))
-
-    return {"forward": forward}
-
 
 def _layer(layer: nn.Module, session: Session) -> Replacements:
     """`LxmertLayer` (language and relation layers): the attention output feeds the FFN and its residual."""
@@ -121,20 +114,13 @@ def _cross_layer(layer: nn.Module, session: Session) -> Replacements:
     return {"cross_att": cross_att, "output_fc": output_fc}
 
 
-def _stream_input(session: Session, stream: str, tokens: torch.Tensor) -> torch.Tensor:
-    """The stream's input tokens as a leaf of the session's graph, recorded: relevance is measured there and goes no
-    further (the embeddings and the region encoder get none), and frozen weights still give a graph."""
-    leaf = tokens.detach().requires_grad_(True)
-    session.block_inputs.setdefault(stream, []).append(leaf)
-    return leaf
-
 
 def _encoder(encoder: nn.Module, session: Session) -> Replacements:
     """`LxmertEncoder`: the embedded question enters the text stream."""
     original = encoder.forward
 
     def forward(lang_feats: torch.Tensor, *args, **kwargs):
-        return original(_stream_input(session, TEXT, lang_feats), *args, **kwargs)
+        return original(session.stream_input(TEXT, lang_feats), *args, **kwargs)
 
     return {"forward": forward}
 
@@ -142,7 +128,7 @@ def _encoder(encoder: nn.Module, session: Session) -> Replacements:
 def _region_encoder(module: nn.Module, session: Session) -> Replacements:
     """`LxmertVisualFeatureEncoder`: its output (features and boxes encoded) enters the image stream."""
     original = module.forward
-    return {"forward": lambda visual_feats, visual_pos: _stream_input(session, IMAGE, original(visual_feats, visual_pos))}
+    return {"forward": lambda visual_feats, visual_pos: session.stream_input(IMAGE, original(visual_feats, visual_pos))}
 
 
 def _pooler(pooler: nn.Module, session: Session) -> Replacements:
@@ -180,8 +166,8 @@ def rule_map(model: nn.Module) -> dict[type, ForwardFactory]:
         lx.LxmertSelfAttentionLayer: _self_attention_layer,
         lx.LxmertCrossAttentionLayer: _cross_attention_layer,
         lx.LxmertAttention: _attention,
-        lx.LxmertAttentionOutput: _residual_output,
-        lx.LxmertOutput: _residual_output,
+        lx.LxmertAttentionOutput: post_norm_residual,
+        lx.LxmertOutput: post_norm_residual,
         lx.LxmertIntermediate: unchanged,
         lx.LxmertPooler: _pooler,
         lx.LxmertVisualAnswerHead: unchanged,

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
-from .._shared import checked_images, eval_mode
-from ..base import Adapter
+from .._shared import eval_mode
+from ..base import ImageAdapter
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -20,7 +20,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
     return isinstance(model, VisionTransformer)
 
 
-class TimmViTAdapter(Adapter):
+class TimmViTAdapter(ImageAdapter):
     family = "timm VisionTransformer"
     examples = "vit_*, deit_*, deit_*_distilled_*, vit_*_dinov2, vit_*_reg*, any image size"
 
@@ -60,12 +60,6 @@ class TimmViTAdapter(Adapter):
         if getattr(self.model, "dynamic_img_size", False) or getattr(patch_embed, "dynamic_img_pad", False):
             return tuple(patch_embed.dynamic_feat_size(tuple(inputs.shape[-2:])))
         return tuple(patch_embed.grid_size)
-
-    def check_inputs(self, inputs: object) -> torch.Tensor:
-        return checked_images(inputs, self.model, self.check_image_shape)
-
-    def batches(self, inputs: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
-        return iter(inputs.split(size))
 
     def check_image_shape(self, shape: tuple[int, ...]) -> None:
         """Channels from the patch embedding; size as timm takes it: the model's own image size, or with
