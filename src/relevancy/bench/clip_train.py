@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -56,7 +55,7 @@ from .captions import (COLORS, Tokenizer, attribute_arrays, caption_truth, confu
 from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
                          load_clip)
 from .model import EVAL_SEED_BASE
-from .train import _log, aux_weight, learning_rate, run_training_command, start_run, training_parser
+from .train import Run, _log, adamw, aux_weight, fit, machine, run_training_command, start_run, step_loader, training_parser
 from .scenes import CLASSES, PATCH_SIZE, make_scenes
 
 VAL_SEED = EVAL_SEED_BASE + 10_000  # quick validation during training, disjoint from the test seeds
@@ -204,40 +203,22 @@ def train(args) -> None:
     aux_scene = torch.nn.Linear(width, len(CLASSES) * (1 + len(COLORS))).to(device)
     named = list(model.named_parameters()) + [("aux." + n, p) for n, p in aux.named_parameters()] \
         + [("aux_scene." + n, p) for n, p in aux_scene.named_parameters()]
-    is_decay = lambda n, p: p.ndim >= 2 and "embedding" not in n  # noqa: E731
-    opt = torch.optim.AdamW(
-        [{"params": [p for n, p in named if is_decay(n, p)], "weight_decay": args.weight_decay},
-         {"params": [p for n, p in named if not is_decay(n, p)], "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    optimizer = adamw(named, lambda n, p: p.ndim >= 2 and "embedding" not in n, args, betas=(0.9, 0.98), eps=1e-6)
     n_pair = int(round(args.batch_size * args.pair_fraction))
     n_single = args.batch_size - n_pair
-    budget = args.minutes * 60.0 if args.steps is None else None
     _log(log, f"start training seed={args.seed} config={json.dumps(config)} "
               f"params={sum(p.numel() for p in model.parameters())} batch={n_single}+{n_pair} "
               f"captions/scene={args.captions} hard_negatives/scene={args.hard_negatives} aux_weight={args.aux_weight} aux_end={args.aux_end} "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
-              f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} device={args.device} "
-              f"threads={args.threads} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
-              f"host={platform.node()} cpu={platform.processor() or platform.machine()}")
+              f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
+              f"threads={args.threads} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} {machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, pair_fraction=args.pair_fraction,
                 captions_per_scene=args.captions, hard_negatives_per_scene=args.hard_negatives,
                 aux_weight=args.aux_weight, aux_end=args.aux_end,
                 lr=args.lr)
-    loader = None
-    if args.workers > 0:
-        if args.steps is None:
-            raise SystemExit("--workers needs --steps (workers cannot follow wall-clock progress)")
-        loader = iter(torch.utils.data.DataLoader(_Batches(args, n_single, n_pair), batch_size=None,
-                                                  num_workers=args.workers, prefetch_factor=4))
-    t0 = last_ckpt = time.time()
-    step, ema = 0, None
-    while True:
-        progress = (time.time() - t0) / budget if budget else step / args.steps
-        if progress >= 1.0:
-            break
-        lr = learning_rate(args, progress)
-        for g in opt.param_groups:
-            g["lr"] = lr
+    loader = step_loader(args, _Batches(args, n_single, n_pair))
+
+    def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         if loader is not None:
             batch = next(loader)
         else:
@@ -258,34 +239,20 @@ def train(args) -> None:
             total = loss + w * (ce(tok[..., :n_shape], tok_target[..., :n_shape])
                                 + ce(tok[..., n_shape:], tok_target[..., n_shape:])
                                 + ce(glob[:, :S], scene_target[:, :S]) + ce(glob[:, S:], scene_target[:, S:]))
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
+        return total, {"loss": loss.item(), "scale": model.logit_scale.exp().item()}
+
+    def clamp_scale() -> None:
         with torch.no_grad():
             model.logit_scale.clamp_(0.0, math.log(100.0))
-        step += 1
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        if step % args.log_every == 0:
-            el = time.time() - t0
-            _log(log, f"step {step} loss {ema:.4f} scale {model.logit_scale.exp().item():.1f} lr {lr:.2e} "
-                      f"progress {progress:.3f} elapsed {el / 60:.1f} min "
-                      f"({step * args.batch_size / el:.0f} img/s)")
-        if time.time() - last_ckpt > args.ckpt_minutes * 60:
-            acc = evaluate_clip(model, tokenizer, n=args.val_n, seed=VAL_SEED)
-            model.train()
-            save_clip(model, tokenizer, config, out / CLIP_WEIGHTS_PATH.name,
-                      dict(meta, steps=step, train_seconds=round(time.time() - t0), val=acc, final=False))
-            _log(log, f"checkpoint step {step}: val zero_shot_top1 {acc['zero_shot_top1']:.4f} "
-                      f"retrieval_at1 {acc['retrieval_at1']:.4f} (n={acc['n']}, seeds {acc['seeds']})")
-            last_ckpt = time.time()
-    train_s = time.time() - t0
-    model.eval()
-    acc = evaluate_clip(model, tokenizer, n=args.val_n, seed=VAL_SEED)
-    save_clip(model, tokenizer, config, out / CLIP_WEIGHTS_PATH.name,
-              dict(meta, steps=step, train_seconds=round(train_s), val=acc, final=True))
-    _log(log, f"done: {step} steps, {step * args.batch_size} scenes, {train_s / 60:.1f} min; "
-              f"val zero_shot_top1 {acc['zero_shot_top1']:.4f} retrieval_at1 {acc['retrieval_at1']:.4f}")
+
+    def checkpoint(step: int, seconds: float, final: bool) -> None:
+        acc = evaluate_clip(model, tokenizer, n=args.val_n, seed=VAL_SEED)
+        save_clip(model, tokenizer, config, out / CLIP_WEIGHTS_PATH.name,
+                  dict(meta, steps=step, train_seconds=round(seconds), val=acc, final=final))
+        _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val zero_shot_top1 "
+                  f"{acc['zero_shot_top1']:.4f} retrieval_at1 {acc['retrieval_at1']:.4f} (n={acc['n']}, seeds {acc['seeds']})")
+
+    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size, "img", after_step=clamp_scale))
 
 
 def evaluate(args) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -32,8 +31,8 @@ from .detection import (DETECTION_TEST_SEED, DETECTOR_CONFIG, build_detector, de
                         load_detector, make_detection_scenes)
 from .model import EVAL_SEED_BASE
 from .scenes import CLASSES
-from .train import (_log, aux_weight, curriculum, learning_rate, run_training_command, save_weights, start_run,
-                    training_parser)
+from .train import (Run, _log, adamw, aux_weight, curriculum, fit, machine, run_training_command, save_weights,
+                    start_run, training_parser)
 
 STRIDE = 8  # the image tokens' cell size in pixels
 VAL_SEED = EVAL_SEED_BASE + 31_000  # quick validation during training, disjoint from the test scenes
@@ -68,65 +67,42 @@ def train(args) -> None:
     # auxiliary token labelling on the encoder's output (training only, not shipped)
     aux = torch.nn.Linear(model.config.d_model, len(CLASSES) + 1).to(device)
     named = list(model.named_parameters()) + [("aux." + n, p) for n, p in aux.named_parameters()]
-    decay = [p for n, p in named if p.ndim >= 2]
-    no_decay = [p for n, p in named if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
-    budget = args.minutes * 60.0 if args.steps is None else None
+    optimizer = adamw(named, lambda n, p: p.ndim >= 2, args)
     _log(log, f"start training seed={args.seed} params={sum(p.numel() for p in model.parameters())} "
               f"batch={args.batch_size} lr={args.lr} wd={args.weight_decay} warmup={args.warmup} clip={args.clip} "
-              f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} threads={args.threads} "
-              f"device={args.device} host={platform.node()} cpu={platform.processor() or platform.machine()}")
+              f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} threads={args.threads} "
+              f"device={args.device} {machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, lr=args.lr)
-    t0 = last_check = time.time()
-    step, ema = 0, None
     rng = np.random.default_rng(args.seed)
-    while True:
-        progress = (time.time() - t0) / budget if budget else step / args.steps
-        if progress >= 1.0:
-            break
-        lr = learning_rate(args, progress)
-        for group in opt.param_groups:
-            group["lr"] = lr
+
+    def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         clutter = float(curriculum(progress, 1, rng)[0])
         scenes = make_detection_scenes(args.batch_size, args.seed * 10**8 + step, clutter=clutter)
         targets = [{k: v.to(device) for k, v in t.items()} for t in scenes.hf_targets()]
         result = model(**{k: v.to(device) for k, v in detector_inputs(scenes.images).items()}, labels=targets)
         total = result.loss
+        parts = {k: v.item() for k, v in result.loss_dict.items() if k in ("loss_ce", "loss_bbox", "loss_giou")}
         weight = aux_weight(progress, args.aux_weight, args.aux_end)
+        parts["aux"] = 0.0
         if weight > 0:
             tokens = aux(result.encoder_last_hidden_state).log_softmax(-1)
             aux_loss = -(token_targets(scenes, STRIDE).to(device) * tokens).sum(-1).mean()
             total = total + weight * aux_loss
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        step += 1
-        parts = {k: v.item() for k, v in result.loss_dict.items() if k in ("loss_ce", "loss_bbox", "loss_giou")}
-        parts["aux"] = aux_loss.item() if weight > 0 else 0.0
-        ema = parts if ema is None else {k: 0.98 * ema[k] + 0.02 * v for k, v in parts.items()}
-        if step % args.log_every == 0:
-            elapsed = time.time() - t0
-            _log(log, f"step {step} " + " ".join(f"{k} {v:.4f}" for k, v in ema.items())
-                 + f" lr {lr:.2e} clutter {clutter:.2f} progress {progress:.3f} elapsed {elapsed / 60:.1f} min "
-                   f"({step * args.batch_size / elapsed:.0f} scenes/s)")
-        if time.time() - last_check > args.ckpt_minutes * 60:
-            _checkpoint(model, out, log, meta, step, t0, args.val_n, final=False)
-            model.to(device).train()
-            last_check = time.time()
-    _checkpoint(model, out, log, meta, step, t0, args.val_n, final=True)
+            parts["aux"] = aux_loss.item()
+        return total, {**parts, "clutter": clutter}
 
+    def checkpoint(step: int, seconds: float, final: bool) -> None:
+        """Validate on the CPU, save, log; the model goes back to its device to train on."""
+        model.cpu()
+        scores = evaluate_detector(model, n=args.val_n, seed=VAL_SEED)
+        save_detector(model, out / WEIGHTS_NAME, dict(meta, steps=step, train_seconds=round(seconds), val=scores, final=final))
+        _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val AP50 {scores['ap50']:.4f} "
+                  f"AP {scores['ap']:.4f} recall50 {scores['recall50']:.4f} class accuracy {scores['class_accuracy']:.4f} "
+                  f"(n={args.val_n}, seed {VAL_SEED})")
+        if not final:
+            model.to(device)
 
-def _checkpoint(model, out: Path, log: Path, meta: dict, step: int, t0: float, n: int, final: bool) -> None:
-    """Validate on the CPU, save, log (the model is left on the CPU in eval mode)."""
-    train_s = round(time.time() - t0)
-    model.cpu()
-    scores = evaluate_detector(model, n=n, seed=VAL_SEED)
-    save_detector(model, out / WEIGHTS_NAME, dict(meta, steps=step, train_seconds=train_s, val=scores, final=final))
-    _log(log, f"{'done' if final else 'checkpoint'} step {step} ({train_s / 60:.1f} min): val AP50 {scores['ap50']:.4f} "
-              f"AP {scores['ap']:.4f} recall50 {scores['recall50']:.4f} class accuracy {scores['class_accuracy']:.4f} "
-              f"(n={n}, seed {VAL_SEED})")
+    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size, "scenes"))
 
 
 def evaluate(args) -> dict:

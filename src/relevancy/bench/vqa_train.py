@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 
 from .captions import Tokenizer
 from .model import EVAL_SEED_BASE
-from .train import _log, learning_rate, run_training_command, start_run, training_parser
+from .train import Run, _log, adamw, fit, machine, run_training_command, start_run, training_parser
 from .vqa import ANSWERS, MAX_LENGTH, QUESTION_TYPES, make_questions, question_tokenizer
 from .vqa_model import (VQA_CONFIG, VQA_TEST_SEED, VQA_VAL_SEED, VQA_WEIGHTS_PATH, build_vqa_lxmert,
                         evaluate_vqa, load_vqa_lxmert)
@@ -77,59 +76,33 @@ def train(args) -> None:
     from .vqa import _vit
 
     vit = _vit().to(device)
-    named = list(model.named_parameters())
-    is_decay = lambda n, p: p.ndim >= 2 and "embeddings" not in n  # noqa: E731
-    opt = torch.optim.AdamW(
-        [{"params": [p for n, p in named if is_decay(n, p)], "weight_decay": args.weight_decay},
-         {"params": [p for n, p in named if not is_decay(n, p)], "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    optimizer = adamw(model.named_parameters(), lambda n, p: p.ndim >= 2 and "embeddings" not in n, args,
+                      betas=(0.9, 0.98), eps=1e-6)
     q = args.questions_per_scene
     scenes = max(1, args.batch_size // q)
-    budget = args.minutes * 60.0 if args.steps is None else None
     _log(log, f"start training seed={args.seed} config={json.dumps(config)} "
               f"params={sum(p.numel() for p in model.parameters())} batch={scenes}x{q} questions "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
-              f"{'minutes=%s' % args.minutes if budget else 'steps=%d' % args.steps} device={args.device} "
-              f"threads={args.threads} host={platform.node()} cpu={platform.processor() or platform.machine()}")
+              f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
+              f"threads={args.threads} {machine()}")
     meta = dict(seed=args.seed, batch_size=scenes * q, questions_per_scene=q, lr=args.lr)
     val_batch = make_questions(args.val_n, VQA_VAL_SEED, vit=vit)
-    t0 = last_ckpt = time.time()
-    step, ema, ema_acc = 0, None, None
-    while True:
-        progress = (time.time() - t0) / budget if budget else step / args.steps
-        if progress >= 1.0:
-            break
-        lr = learning_rate(args, progress)
-        for g in opt.param_groups:
-            g["lr"] = lr
+
+    def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         batch = make_questions(scenes, step_seed(args.seed, step), questions_per_scene=q, vit=vit,
                                tokenizer=tokenizer)
         labels = batch.answers.to(device)
         res = model(**batch.model_inputs(device), labels=labels)
-        opt.zero_grad(set_to_none=True)
-        res.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        step += 1
         acc = (res.question_answering_score.argmax(-1) == labels).float().mean().item()
-        ema = res.loss.item() if ema is None else 0.98 * ema + 0.02 * res.loss.item()
-        ema_acc = acc if ema_acc is None else 0.98 * ema_acc + 0.02 * acc
-        if step % args.log_every == 0:
-            el = time.time() - t0
-            _log(log, f"step {step} loss {ema:.4f} acc {ema_acc:.4f} lr {lr:.2e} progress {progress:.3f} "
-                      f"elapsed {el / 60:.1f} min ({step / el:.2f} steps/s)")
-        if time.time() - last_ckpt > args.ckpt_minutes * 60:
-            val = evaluate_vqa(model, seed=VQA_VAL_SEED, batch=val_batch)
-            save_vqa(model, tokenizer, config, out / VQA_WEIGHTS_PATH.name,
-                     dict(meta, steps=step, train_seconds=round(time.time() - t0), val=val, final=False))
-            _log(log, f"checkpoint step {step}: val {_fmt(val)}")
-            last_ckpt = time.time()
-    train_s = time.time() - t0
-    model.eval()
-    val = evaluate_vqa(model, seed=VQA_VAL_SEED, batch=val_batch)
-    save_vqa(model, tokenizer, config, out / VQA_WEIGHTS_PATH.name,
-             dict(meta, steps=step, train_seconds=round(train_s), val=val, final=True))
-    _log(log, f"done: {step} steps, {step * scenes * q} questions, {train_s / 60:.1f} min; val {_fmt(val)}")
+        return res.loss, {"loss": res.loss.item(), "acc": acc}
+
+    def checkpoint(step: int, seconds: float, final: bool) -> None:
+        val = evaluate_vqa(model, seed=VQA_VAL_SEED, batch=val_batch)
+        save_vqa(model, tokenizer, config, out / VQA_WEIGHTS_PATH.name,
+                 dict(meta, steps=step, train_seconds=round(seconds), val=val, final=final))
+        _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val {_fmt(val)}")
+
+    fit(args, log, Run(model, optimizer, loss, checkpoint, scenes * q, "questions"))
 
 
 def evaluate(args) -> dict:
