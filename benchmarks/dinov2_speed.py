@@ -21,10 +21,11 @@ import torch
 
 import relevancy
 from relevancy.photos import dinov2_small
+from relevancy.families.base import SEED_METHODS
 from speed import plain_forward, seconds
 
 SIZE = 224
-PATCH_METHODS = [m for m in relevancy.METHODS if m != "token_ablation"]
+PATCH_METHODS = [m for m in SEED_METHODS if m != "token_ablation"]
 
 
 def cpu_name() -> str:

@@ -26,8 +26,9 @@ import timm
 import torch
 
 import relevancy
+from relevancy.families.base import SEED_METHODS
 
-PATCH_METHODS = [m for m in relevancy.METHODS if m != "token_ablation"]
+PATCH_METHODS = [m for m in SEED_METHODS if m != "token_ablation"]
 LRP_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
 
 

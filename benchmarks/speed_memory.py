@@ -318,10 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(measure_child(*args.child, args.quick, args.device, args.repeats, args.rows_at_once, args.checkpoint)))
         return
-    from relevancy import METHODS
-    from relevancy.methods import LANGUAGE_REGISTRY
+    from relevancy import METHODS as known
+    from relevancy.families.base import SEED_METHODS
 
-    known = [*METHODS, *LANGUAGE_REGISTRY]
     methods = args.methods or [m for m in known if m != "token_ablation"]
     unknown = sorted(set(methods) - set(known))
     if unknown:
@@ -330,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     for family in args.families:
         results[family] = {}
         for method in methods:
-            if method in LANGUAGE_REGISTRY and family != "llm":
+            if method not in SEED_METHODS and family != "llm":
                 continue  # the decoder methods: decoders only
             results[family][method] = measure(family, method, args)
             print(f"{family} {method}: {json.dumps(results[family][method])}", file=sys.stderr, flush=True)

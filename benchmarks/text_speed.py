@@ -16,6 +16,7 @@ import torch
 
 import relevancy
 from relevancy.text import encode, load_model
+from relevancy.families.base import SEED_METHODS
 
 
 def texts(count: int, length: int, tokenizer) -> list[str]:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--methods", nargs="*", default=list(relevancy.METHODS))
+    parser.add_argument("--methods", nargs="*", default=list(SEED_METHODS))
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

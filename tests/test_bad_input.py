@@ -12,6 +12,7 @@ import torch
 import relevancy
 from models import TINY, tiny_registers, tiny_vit
 from relevancy.extras import MissingExtraError, require
+from relevancy.families.base import SEED_METHODS
 from test_text_adapter import SEQUENCES, batch, tiny
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -49,7 +50,7 @@ def test_normalised_gradcam_of_a_constant_text_map_is_zero_not_nan():
 
 # -- images -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 def test_non_finite_images_are_refused_naming_the_image(method, bad):
     images = IMAGES.repeat(2, 1, 1, 1).clone()
     images[2, 1, 5, 7] = bad
@@ -58,14 +59,14 @@ def test_non_finite_images_are_refused_naming_the_image(method, bad):
     assert "must be finite" in one_line(error)
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 def test_an_empty_batch_is_refused_by_every_method(method):
     with pytest.raises(ValueError, match=r"the batch holds no images \(shape \(0, 3, 32, 32\)\): .*at least one example") as error:
         relevancy.explain(tiny_vit(), torch.zeros(0, 3, 32, 32), method=method)
     one_line(error)
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 def test_an_empty_text_batch_is_refused_by_every_method(method):
     with pytest.raises(ValueError, match=r"the batch holds no texts .*at least one example, a tokenised text"):
         relevancy.explain(tiny("bert"), {"input_ids": torch.zeros(0, 5, dtype=torch.long)}, method=method)

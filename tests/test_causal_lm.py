@@ -150,7 +150,7 @@ def test_other_families_refuse_the_language_methods():
     vit = transformers.ViTForImageClassification(transformers.ViTConfig(
         image_size=32, patch_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
         num_labels=3)).eval()
-    with pytest.raises(UnsupportedModelError, match="method 'attnlrp' explains decoder language models"):
+    with pytest.raises(UnsupportedModelError, match="method 'attnlrp' does not apply to the Hugging Face vision transformer family.*'attnlrp' explains: decoder language model"):
         relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="attnlrp")
 
 

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 import relevancy
 from relevancy.families import UnsupportedModelError
 from relevancy.cli import main
+from relevancy.families.base import SEED_METHODS
 from models import tiny_vit
 
 ARCH = "vit_tiny_patch16_224"
@@ -286,7 +287,7 @@ def test_json_prints_the_numbers(tmp_path, photo, capsys, monkeypatch):
     assert not (tmp_path / "relevancy-out").exists()  # --json alone writes no PNGs
     assert [image["file"] for image in numbers["images"]] == [str(photo)] * 2
     for image in numbers["images"]:
-        assert list(image["methods"]) == list(relevancy.METHODS)
+        assert list(image["methods"]) == list(SEED_METHODS)
         for method, m in image["methods"].items():
             assert m["target"] == 3 and m["class"] is None and isinstance(m["logit"], float)
             rows, cols = (32, 32) if method == "lrp" else (4, 4)

@@ -14,11 +14,12 @@ import transformers
 
 import relevancy
 from relevancy import guard
+from relevancy.families.base import SEED_METHODS
 from models import tiny_vit
 from test_model_unchanged import assert_same, snapshot
 
 THREADS = 4
-CONCEPT_METHODS = [name for name in relevancy.METHODS if name in ("cdam", "token_ablation")]
+CONCEPT_METHODS = [name for name in SEED_METHODS if name in ("cdam", "token_ablation")]
 
 
 def tiny_bert(config: transformers.BertConfig | None = None) -> torch.nn.Module:
@@ -80,7 +81,7 @@ def assert_same_map(actual: torch.Tensor, expected: torch.Tensor, what: str) -> 
 
 def serial_maps(model: torch.nn.Module, inputs: object) -> dict[str, torch.Tensor]:
     """Every method's map (predicted classes), and the concept methods on a concept of the inputs."""
-    maps = {method: relevancy.explain(model, inputs, method=method).scores for method in relevancy.METHODS}
+    maps = {method: relevancy.explain(model, inputs, method=method).scores for method in SEED_METHODS}
     concept = relevancy.Concept(model, inputs)
     maps["concept vector"] = concept.vector
     for method in CONCEPT_METHODS:
@@ -112,7 +113,7 @@ def run_in_threads(jobs: list[Callable[[], None]], timeout: float = 300) -> None
 def check_against(model: torch.nn.Module, inputs: object, expected: dict[str, torch.Tensor], offset: int) -> Callable[[], None]:
     """A thread's job: every method (in an order of its own) and a concept, each compared with the serial map."""
     def job() -> None:
-        methods = list(relevancy.METHODS)
+        methods = list(SEED_METHODS)
         for method in methods[offset:] + methods[:offset]:
             assert_same_map(relevancy.explain(model, inputs, method=method).scores, expected[method], method)
         concept = relevancy.Concept(model, inputs)
@@ -230,7 +231,7 @@ def test_every_method_in_an_autograd_context_gives_the_maps_made_outside(family,
     expected = serial_maps(model, batch)
     grad_mode = torch.is_grad_enabled()
     with CONTEXTS[context]():
-        for method in relevancy.METHODS:
+        for method in SEED_METHODS:
             explanation = relevancy.explain(model, batch, method=method)
             assert_same_map(explanation.scores, expected[method], f"{method} in {context}")
             assert_ordinary(explanation)
@@ -266,7 +267,7 @@ def test_inputs_and_concepts_made_in_inference_mode_work_later(family, later):
         }
     assert concepts["from an inference vector"].vector.is_inference()
     with torch.inference_mode() if later == "inference_mode" else nullcontext():
-        for method in relevancy.METHODS:
+        for method in SEED_METHODS:
             explanation = relevancy.explain(model, inference_batch, method=method)
             assert_same_map(explanation.scores, expected[method], f"{method} on inference inputs")
             assert_ordinary(explanation)

@@ -12,7 +12,10 @@ from test_causal_lm import GOLDEN, assert_close_to, build
 
 import relevancy
 from relevancy.families.causal_lm import generation
-from relevancy.generation import GENERATION_METHODS, MAX_NEW_TOKENS, SHARED_FORWARD_METHODS
+from relevancy.generation import GENERATION_METHODS, MAX_NEW_TOKENS
+from relevancy.methods import REGISTRY
+
+SHARED_FORWARD_METHODS = [m for m in GENERATION_METHODS if REGISTRY[m].generation == "shared_forward"]
 
 METHODS = GENERATION_METHODS
 
@@ -108,7 +111,7 @@ def test_the_attention_methods_read_one_forward_for_every_token(model, method, m
     finally:
         handle.remove()
     assert len(forwards) == 1 and result.scores.shape == (5, len(PROMPT) + 5)
-    assert result.signed == relevancy.api.get_method(method).signed
+    assert result.signed == REGISTRY[method].signed
     # a long prompt's rows in groups that fit the memory budget: a forward per group, the same rows
     sites = len(relevancy.families.adapter_for(model).attention_sites())
     forward, per_row = relevancy.generation.shared_forward_memory(model, sites, len(PROMPT) + 5, method)

@@ -10,6 +10,7 @@ from relevancy import capture
 from relevancy.families import adapter_for
 from relevancy.families.hf_attention import EXACT_ATTENTION
 from relevancy.lrp import engine
+from relevancy.families.base import SEED_METHODS
 from hf_vit_models import BUILDERS, NATIVE, TWINS, timm_twin, tiny_hf
 from test_model_unchanged import assert_same, snapshot
 
@@ -21,7 +22,7 @@ def images(kind: str, batch: int = 2, size: tuple[int, int] | None = None, dtype
     return torch.randn(batch, 3, height, width, generator=torch.Generator().manual_seed(2), dtype=dtype)
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_every_method_on_every_layout(kind, method):
     model = tiny_hf(kind)
@@ -69,7 +70,7 @@ def test_sizes_the_model_cannot_take_are_refused(shape, message):
 
 def test_a_batch_gives_the_maps_of_its_images_alone():
     model, batch = tiny_hf("dinov2-reg"), images("dinov2-reg", batch=3)
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         whole = relevancy.explain(model, batch, method=method, target=[1, 2, 4]).scores
         for i, target in enumerate([1, 2, 4]):
             alone = relevancy.explain(model, batch[i : i + 1], method=method, target=target).scores
@@ -101,7 +102,7 @@ def test_timm_and_transformers_give_the_same_maps(kind):
     reference, model = timm_twin(kind)
     size = NATIVE[TWINS[kind][1]][0]
     batch = images(kind, batch=3, size=(size, size), dtype=torch.float64)
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         for options in ([{}, {"exact": True}] if method in LRP_METHODS else [{}]):
             a = relevancy.explain(reference, batch, method=method, target=[0, 3, 1], **options)
             b = relevancy.explain(model, batch, method=method, target=[0, 3, 1], **options)
@@ -118,7 +119,7 @@ def test_timm_and_transformers_agree_at_other_sizes_and_on_concepts():
     examples = images("dinov2-reg", batch=4, size=(42, 42), dtype=torch.float64)
     concepts = relevancy.Concept(reference, examples), relevancy.Concept(model, examples)
     torch.testing.assert_close(concepts[0].vector, concepts[1].vector, rtol=0, atol=1e-12)
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         target = concepts if method in ("cdam", "token_ablation") else (2, 2)
         a = relevancy.explain(reference, batch, method=method, target=target[0]).scores
         b = relevancy.explain(model, batch, method=method, target=target[1]).scores
@@ -135,7 +136,7 @@ def configuration(model: torch.nn.Module) -> list:
 def test_model_unchanged_after_every_method(kind, implementation):
     model = tiny_hf(kind, attn_implementation=implementation)
     before, attention = snapshot(model), configuration(model)
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         relevancy.explain(model, images(kind), method=method)
         assert_same(before, snapshot(model))
         assert configuration(model) == attention == [(name, implementation) for name, _ in attention], method
@@ -158,7 +159,7 @@ def failing(*_args, **_kwargs):
     raise RuntimeError("injected failure")
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 def test_model_unchanged_after_an_injected_failure(method, monkeypatch):
     model = tiny_hf("dinov2-reg").train()
     before, attention = snapshot(model), configuration(model)
@@ -213,7 +214,7 @@ def test_frozen_models_are_explained():
     model = tiny_hf("dinov2")
     for p in model.parameters():
         p.requires_grad_(False)
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         assert torch.isfinite(relevancy.explain(model, images("dinov2"), method=method).scores).all(), method
     assert not any(p.requires_grad for p in model.parameters())
 

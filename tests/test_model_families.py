@@ -6,13 +6,14 @@ import torch
 
 import relevancy
 from relevancy.families import UnsupportedModelError
+from relevancy.families.base import SEED_METHODS
 from hf_vit_models import tiny_hf
 from models import tiny_deit_distilled, tiny_global_pool, tiny_registers, tiny_vit
 
-PATCH_METHODS = [m for m in relevancy.METHODS if m != "lrp"]
+PATCH_METHODS = [m for m in SEED_METHODS if m != "lrp"]
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 @pytest.mark.parametrize(
     "build, size, grid",
     [(tiny_vit, 32, (4, 4)), (tiny_deit_distilled, 32, (4, 4)), (tiny_registers, 42, (3, 3)), (tiny_registers, 56, (4, 4)), (tiny_registers, (42, 70), (3, 5)),

@@ -7,6 +7,7 @@ import torch
 import relevancy
 from relevancy import capture
 from relevancy.lrp import engine
+from relevancy.families.base import SEED_METHODS
 from hf_vit_models import tiny_hf
 from models import tiny_deit_distilled, tiny_vit
 
@@ -37,7 +38,7 @@ def assert_same(before: dict, after: dict) -> None:
             assert before[key] == after[key], key
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 @pytest.mark.parametrize("build", [tiny_vit, tiny_deit_distilled, lambda: tiny_hf("vit"), lambda: tiny_hf("deit-teacher")],
                          ids=["vit", "deit-distilled", "hf-vit", "hf-deit-teacher"])
 def test_model_unchanged_after_success(method, build):
@@ -47,7 +48,7 @@ def test_model_unchanged_after_success(method, build):
     assert_same(before, snapshot(model))
 
 
-@pytest.mark.parametrize("method", relevancy.METHODS)
+@pytest.mark.parametrize("method", SEED_METHODS)
 def test_model_unchanged_after_an_injected_failure(method, monkeypatch):
     model = tiny_vit()
     before = snapshot(model)
@@ -99,6 +100,6 @@ def test_frozen_models_are_explained():
     model = tiny_vit()
     for p in model.parameters():
         p.requires_grad_(False)
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         assert torch.isfinite(relevancy.explain(model, torch.randn(1, 3, 32, 32), method=method).scores).all()
     assert not any(p.requires_grad for p in model.parameters())

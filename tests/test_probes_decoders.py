@@ -22,11 +22,11 @@ import relevancy
 from relevancy.cli import main
 from relevancy.families.causal_lm.targets import Contrast
 from relevancy.files import OutputError
-from relevancy.methods import LANGUAGE_REGISTRY
+from relevancy.methods import REGISTRY
 
 ARCHS = ("llama", "gpt2")
 ATTENTION_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam")
-TOKEN_METHODS = tuple(LANGUAGE_REGISTRY)
+TOKEN_METHODS = tuple(name for name, method in REGISTRY.items() if method.token_targets)
 LONGEST_ERROR = 1_000  # characters
 #: prompts whose characters take several tokens of a byte-level vocabulary
 MULTI_BYTE = ("the cat 😀 sat", "中文 the mat", "café où 👩‍🔬", "🎉🎉")

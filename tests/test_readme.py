@@ -32,10 +32,21 @@ def test_readme_has_one_python_example_per_kind_of_model():
 
 @pytest.mark.parametrize("page, index, block", BLOCKS, ids=[f"{page.name}-{index + 1}" for page, index, _ in BLOCKS])
 def test_documented_python_block_runs_as_written(page, index, block, tmp_path, monkeypatch):
-    """Each block on its own, in a fresh namespace, in an empty folder: what it saves appears there."""
+    """Each block on its own, in a fresh namespace, in an empty folder: what it saves appears there. A block that
+    registers a method of its own (docs/adding-a-method.md) leaves the registry and the families as they were."""
+    from relevancy.families import BUILT_IN
+    from relevancy.methods import REGISTRY
+
     monkeypatch.chdir(tmp_path)
+    for family in BUILT_IN:
+        monkeypatch.setattr(family, "methods", family.methods)
+    registered = dict(REGISTRY)
     namespace: dict = {"__name__": "__readme__"}
-    exec(compile(block, f"{page.name} python block {index + 1}", "exec"), namespace)
+    try:
+        exec(compile(block, f"{page.name} python block {index + 1}", "exec"), namespace)
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(registered)
     # every kind of explanation (image, text, pairs, questions, detections) has parts and one target per row
     explanations = [value for value in namespace.values() if hasattr(value, "parts") and hasattr(value, "target")]
     assert explanations, "every documented example explains something"

@@ -6,6 +6,7 @@ import torch
 import transformers
 
 import relevancy
+from relevancy.families.base import SEED_METHODS
 from models import tiny_vit
 from test_detr_family import build as build_detr
 from test_detr_family import case  # noqa: F401  (the golden DETR case, a fixture)
@@ -28,7 +29,7 @@ def vit() -> torch.nn.Module:
     return tiny_vit().double()
 
 
-@pytest.mark.parametrize("method", list(relevancy.METHODS))
+@pytest.mark.parametrize("method", list(SEED_METHODS))
 @pytest.mark.parametrize("rows_at_once", [1, 2])
 def test_vit_maps_of_rows_run_apart_equal_the_whole_batch(vit, method, rows_at_once):
     images = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)

@@ -26,6 +26,7 @@ import relevancy
 from relevancy.bench import make_scenes
 from relevancy.serve import Limits, create_app, load_catalog, make_samples
 from relevancy.serve import jobs
+from relevancy.families.base import SEED_METHODS
 
 LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_000_000, max_text_chars=300,
                 max_captions=3, max_concept_images=4, max_running=1, max_waiting=2, time_limit_s=60)
@@ -114,7 +115,7 @@ def test_info_lists_models_methods_samples_and_limits(client):
     info = client.get("/api/info").json()
     assert [m["name"] for m in info["image_models"]] == ["shapes"]
     assert info["image_models"][0]["classes"][5] == "star" and info["image_models"][0]["input_size"] == [64, 64]
-    assert [m["name"] for m in info["methods"]] == list(relevancy.METHODS)
+    assert [m["name"] for m in info["methods"]] == list(SEED_METHODS)
     assert {m["name"] for m in info["methods"] if m["concept"]} == {"cdam", "token_ablation"}
     assert "lrp" not in {m["name"] for m in info["methods"] if m["pairs"]}
     assert info["text_model"]["classes"] == ["negative", "positive"] and info["pair_model"]["name"] == "shapes-clip"
@@ -135,7 +136,7 @@ def test_samples_are_pngs(client, samples):
 # -- explanations ----------------------------------------------------------------------------------------------
 def test_every_method_on_an_uploaded_image_matches_relevancy_explain(client, catalog):
     raw = scene_png()
-    response = client.post("/api/explain", json={"image": {"data": encoded(raw)}, "methods": list(relevancy.METHODS)})
+    response = client.post("/api/explain", json={"image": {"data": encoded(raw)}, "methods": list(SEED_METHODS)})
     assert response.status_code == 200, response.text
     body = response.json()
     batch = prepared(catalog, raw)
@@ -145,7 +146,7 @@ def test_every_method_on_an_uploaded_image_matches_relevancy_explain(client, cat
     assert body["target_index"] == int(probabilities.argmax()) and body["target"] == catalog.images["shapes"].class_names[body["target_index"]]
     assert [c["index"] for c in body["top"]] == probabilities.topk(5).indices.tolist()
     assert body["top"][0]["probability"] == pytest.approx(float(probabilities.max()), rel=1e-5)
-    assert [r["method"] for r in body["results"]] == list(relevancy.METHODS)
+    assert [r["method"] for r in body["results"]] == list(SEED_METHODS)
     assert Image.open(io.BytesIO(base64.b64decode(body["input"].split(",")[1]))).size == (64, 64)
     for result in body["results"]:
         expected = relevancy.explain(model, batch, method=result["method"]).scores[0]

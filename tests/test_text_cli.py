@@ -14,6 +14,7 @@ import relevancy
 from relevancy.cli import UsageError, build_parser, main
 from relevancy.text import encode, load_model
 from relevancy.cli.text import run_explain_text
+from relevancy.families.base import SEED_METHODS
 
 POSITIVE = "This medicine worked wonders, I feel great and I highly recommend it."
 NEGATIVE = "Terrible side effects, I felt awful and sick every day. Worst drug ever."
@@ -69,7 +70,7 @@ def test_cli_all_methods_and_a_named_target(tmp_path):
     out = tmp_path / "all.html"
     run_explain_text(args(texts=[POSITIVE], method="all", target="negative", out=out, quiet=True))
     page = out.read_text()
-    for method in relevancy.METHODS:
+    for method in SEED_METHODS:
         assert f"{method}: negative" in page
 
 
@@ -152,7 +153,7 @@ def test_json_prints_tokens_and_scores(capsys):
     numbers = json.loads(capsys.readouterr().out)
     assert [t["text"] for t in numbers["texts"]] == [POSITIVE, NEGATIVE]
     for text in numbers["texts"]:
-        assert list(text["methods"]) == list(relevancy.METHODS)
+        assert list(text["methods"]) == list(SEED_METHODS)
         for m in text["methods"].values():
             assert m["tokens"][0] == "[CLS]" and m["tokens"][-1] == "[SEP]"
             assert len(m["scores"]) == len(m["tokens"]) and all(isinstance(x, float) for x in m["scores"])

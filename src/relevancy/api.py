@@ -1,7 +1,6 @@
 """`explain()`: the one call. Picks the adapter, runs a method with the model prepared, builds the Explanation."""
 from __future__ import annotations
 
-import difflib
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,24 +15,9 @@ from .explanation import Explanation
 from .families import adapter_for
 from .families.base import Adapter, UnsupportedModelError
 from .guard import exclusive, gradients_enabled, ordinary
-from .methods import LANGUAGE_REGISTRY, REGISTRY
-from .messages import quoted
+from .methods import REGISTRY, lookup
 from .streams import Stream, streams_attend_to_each_other
 from .targets import Concept, Target
-
-
-def get_method(name: str):
-    """The registered method called `name` (image and text models, then decoder language models); an error
-    suggesting the closest name otherwise."""
-    methods = {**REGISTRY, **LANGUAGE_REGISTRY}
-    valid = f"{', '.join(REGISTRY)}; decoder language models: {', '.join(LANGUAGE_REGISTRY)}"
-    if not isinstance(name, str):
-        raise ValueError(f"method must be a method name (a string), got {type(name).__name__}; valid methods: {valid}")
-    if name in methods:
-        return methods[name]
-    close = difflib.get_close_matches(name, list(methods), n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"unknown method {quoted(name)}.{hint} Valid methods: {valid}")
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
@@ -52,21 +36,21 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     """
     if rows_at_once is not None and (isinstance(rows_at_once, bool) or not isinstance(rows_at_once, int) or rows_at_once < 1):
         raise ValueError(f"rows_at_once must be a positive whole number or None (the whole batch), got {rows_at_once!r}")
-    spec = get_method(method)
+    spec = lookup(method)
     spec.check_options(options)
     if isinstance(target, Concept) and not spec.accepts_concept:
         valid = ", ".join(n for n, m in REGISTRY.items() if m.accepts_concept)
         raise ValueError(f"method '{method}' explains classes, not a Concept; concept methods: {valid}")
     with prepared(model, inputs, target, attention_probabilities=spec.needs_attention) as call:
         adapter, inputs, streams = call.adapter, call.inputs, call.streams
-        adapter.check_method_target(call.target, method, tuple(LANGUAGE_REGISTRY))
+        adapter.check_method_target(call.target, method, tuple(n for n, m in REGISTRY.items() if m.token_targets))
         # a cross-attention model reads every stream from its one readout stream's row
         across = streams_attend_to_each_other(adapter.attention_sites())
         pooled = [] if across else [name for name, s in streams.items() if s.readout is None]
         if spec.reads_class_token and pooled:
             raise UnsupportedModelError(
                 f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
-                f"(global pooling). Use one of: {', '.join(n for n, m in REGISTRY.items() if not m.reads_class_token)}"
+                f"(global pooling). Use one of: {', '.join(n for n in adapter.methods if not REGISTRY[n].reads_class_token)}"
             )
         scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, call.target, options, rows_at_once)
         if not isinstance(scores, dict):  # a one-stream method
@@ -212,7 +196,7 @@ def method_reference() -> str:
     """The methods of the registry, one line each with its options and defaults (read from `run`'s signature),
     so that `help(relevancy.explain)` cannot drift from the code."""
     lines = ["method= (keyword options and their defaults; None: the model family's default, see docs/methods.md):"]
-    for name, spec in {**REGISTRY, **LANGUAGE_REGISTRY}.items():
+    for name, spec in REGISTRY.items():
         parameters = inspect.signature(spec.run).parameters
         options = ", ".join(f"{name}={parameters[name].default!r}" for name in spec.option_names()) or "no options"
         traits = ", ".join(t for t, on in (("signed", spec.signed), ("concept", spec.accepts_concept), ("pixels", spec.pixels)) if on)

@@ -8,30 +8,30 @@ explain one row per generated token, the prefix before it, and the adapter runs 
 """
 from __future__ import annotations
 
-import difflib
 from numbers import Integral
 from typing import Any
 
 import torch
 from torch import nn
 
-from .api import explain, get_method, prepared
+from .api import explain, prepared
 from .cancel import cancellable, checkpoint
 from .explanation import GenerationExplanation
-from .families import adapter_for
+from .families import adapter_for, adapters
 from .families.base import UnsupportedModelError
-from .families.causal_lm import CausalLMAdapter
 from .families.causal_lm.adapter import context_window
 from .families.causal_lm.generation import causal_rows, generation_relevance
 from .messages import quoted
+from .methods import REGISTRY, lookup
 from .methods.language import INPUT_RELEVANCE_RULES
 from .methods.relevance import full_precision
 
-#: the methods that read the attention and gradients of one forward shared by every generated token's prefix
-SHARED_FORWARD_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam")
-#: the methods that explain every generated token from one forward: the decoders' input-relevance methods (batched
-#: backward passes), then the shared-forward ones (a backward per token where they take gradients)
-GENERATION_METHODS = (*INPUT_RELEVANCE_RULES, *SHARED_FORWARD_METHODS)
+#: the methods that explain a generation (`Method.generation` in the registry): those that explain every generated
+#: token from one forward (batched backward passes), then those run on one row per token's prefix of a shared
+#: forward (a backward per token where they take gradients)
+GENERATION_METHODS = tuple(
+    name for mode in ("one_forward", "shared_forward") for name, method in REGISTRY.items() if method.generation == mode
+)
 #: the memory a shared-forward method may take at once (`shared_forward_memory`): rows beyond it run in another
 #: forward; a call whose one forward alone exceeds it is refused, naming the estimate
 MEMORY_BUDGET = 2**30
@@ -53,12 +53,7 @@ MAX_NEW_TOKENS = 256
 
 def check_generation_method(method: object) -> str:
     """`method` if it explains generations; a one-line error naming the valid ones otherwise."""
-    valid = ", ".join(GENERATION_METHODS)
-    if not isinstance(method, str) or method not in GENERATION_METHODS:
-        close = difflib.get_close_matches(method, list(GENERATION_METHODS), n=1) if isinstance(method, str) else []
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"explain_generation explains with one forward for every token: method must be one of {valid}, got {quoted(method)}.{hint}")
-    return method
+    return lookup(method, GENERATION_METHODS, "methods of explain_generation (one forward for every token)").name
 
 
 def check_max_new_tokens(value: object) -> int:
@@ -143,7 +138,8 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt must be a non-empty text, got {quoted(prompt)}")
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a decoder language model ({CausalLMAdapter.examples}), got {type(model).__name__}")
+        decoders = "; ".join(family.examples for family in adapters() if family.generates)
+        raise TypeError(f"model must be a decoder language model ({decoders}), got {type(model).__name__}")
     if not callable(tokenizer) or not callable(getattr(tokenizer, "decode", None)):
         raise TypeError(f"tokenizer must be the model's tokenizer (called on a text, with decode), got {type(tokenizer).__name__}")
     prompt_ids = _token_ids(tokenizer, prompt, special=True)
@@ -153,8 +149,8 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
         if not 1 <= len(forced) <= MAX_NEW_TOKENS:
             raise ValueError(f"continuation must be a text of 1 to {MAX_NEW_TOKENS} tokens, got {len(forced)} tokens from {quoted(continuation)}")
     family = adapter_for(model)
-    if not isinstance(family, CausalLMAdapter):
-        raise UnsupportedModelError(f"explain_generation explains decoder language models ({CausalLMAdapter.examples}), not the {family.family} family")
+    if not family.generates:
+        raise UnsupportedModelError(f"explain_generation explains decoder language models, not the {family.family} family ({family.examples})")
     with prepared(model, torch.tensor([prompt_ids]), attention_probabilities=False) as call:
         adapter, ids = call.adapter, call.inputs.input_ids
         window = context_window(model)
@@ -165,7 +161,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
             ids = greedy(model, ids, max_new_tokens, stop_tokens(model, tokenizer))
         else:
             ids = torch.cat([ids, torch.tensor([forced], device=ids.device)], 1)
-        if method in INPUT_RELEVANCE_RULES:
+        if REGISTRY[method].generation == "one_forward":
             rules = INPUT_RELEVANCE_RULES[method]
             with full_precision(adapter, None) as (exact, _):
                 scores, explained = generation_relevance(exact, ids, len(prompt_ids), rules)
@@ -177,7 +173,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     generated = ids[0, len(prompt_ids):].cpu()
     return GenerationExplanation(
         scores=scores.cpu(), generated_ids=generated, logits=explained.cpu()[:, None], method=method,
-        signed=get_method(method).signed, tokens=token_texts(tokenizer, all_ids),
+        signed=REGISTRY[method].signed, tokens=token_texts(tokenizer, all_ids),
         prompt_length=len(prompt_ids), text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
         relevance_total=totals,
     )

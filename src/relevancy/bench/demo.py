@@ -65,12 +65,12 @@ def _explain_all(model, images: torch.Tensor, targets: torch.Tensor, methods: li
 
 def run_demo(out: str | Path = "demo", singles: int = 3, pairs: int = 3, methods: list[str] | None = None, seed: int = DEMO_SEED) -> Path:
     """Write `out/index.html` and its panels in `out/images/` (scene, mask, one map per method per object class)."""
-    from .. import METHODS
+    from ..families import adapter_for
     from ..viz import ALL_ZERO_NOTE, color_limits, is_all_zero, overlay_pixels, save_png
     from . import CLASSES, load_model, make_scenes
 
-    methods = list(methods or METHODS)
     model = load_model()
+    methods = list(methods or adapter_for(model).methods)
     out = Path(out)
     scenes = [make_scenes(singles, seed=seed, objects=1), make_scenes(pairs, seed=seed + 1, objects=2)]
     # one explained row per (scene, object): the image repeated, the object's class as target

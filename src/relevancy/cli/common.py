@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..files import strict_json
 from ..messages import quoted
@@ -13,11 +13,12 @@ if TYPE_CHECKING:
 
     from ..explanation import Explanation
 
-#: the built-in methods (`relevancy.METHODS`), named here so that the help loads no torch; a test keeps them equal
+#: the methods of the image models `relevancy explain` takes (`TimmViTAdapter.methods`, `HFViTAdapter.methods`),
+#: named here so that the help loads no torch; a test keeps them equal to the registry's
 METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
                 "partial_lrp", "lrp", "cdam", "token_ablation")
 #: the methods that explain a generation (`relevancy.generation.GENERATION_METHODS`) and the most new tokens, named
-#: here so that the help loads no torch; a test keeps them equal
+#: here so that the help loads no torch; a test keeps them equal to the registry's
 GENERATION_METHOD_NAMES = ("attnlrp", "cp_lrp", "input_x_gradient", "raw_attention", "rollout", "attention_gradcam",
                            "generic_attention", "cdam")
 MAX_NEW_TOKENS = 256
@@ -98,15 +99,15 @@ def read_image(path: str, command: str = "explain") -> Image.Image:
     return read(path, lambda message: warn(command, message))
 
 
-def resolve_methods(method: str) -> list[str]:
-    """`all` or one method name, checked against the registry (a UsageError with the closest name)."""
-    from .. import METHODS
-    from ..api import get_method
+def resolve_methods(method: str, offered: Sequence[str], family: str) -> list[str]:
+    """`all` (every method `offered`, a family's `Adapter.methods`) or one of them; a UsageError naming them and
+    the closest name otherwise (`family`: whose methods they are, for the message)."""
+    from ..methods import lookup
 
     if method == "all":
-        return list(METHODS)
+        return list(offered)
     try:
-        get_method(method)
+        lookup(method, offered, f"methods of {family}")
     except ValueError as error:
         raise UsageError(str(error)) from error
     return [method]

@@ -36,7 +36,9 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
     from ..families import adapter_for
 
     check_inputs("images", args.images, MAX_FILES)
-    methods = resolve_methods(args.method)
+    from ..families.detr.adapter import DetrAdapter
+
+    methods = resolve_methods(args.method, DetrAdapter.methods, "DETR")
     if args.method == "all":
         raise UsageError("--method takes one method for explain-detections (each object is a panel), not 'all'")
     if not 0.0 <= args.threshold < 1.0:

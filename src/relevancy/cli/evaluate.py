@@ -66,18 +66,20 @@ def _usage_error(message: str) -> Exception:
 
 
 def parse_methods(spec: str) -> tuple[str, ...]:
-    """``all`` or a comma-separated list of registered method names (order kept, duplicates dropped)."""
-    from .. import METHODS
-    from ..api import get_method
+    """``all`` or a comma-separated list of the seed papers' methods, which the image, text, pair, question and
+    detection benchmarks evaluate (order kept, duplicates dropped); each benchmark keeps those its model's family
+    offers."""
+    from ..families.base import SEED_METHODS
+    from ..methods import lookup
 
     if spec.strip() == "all":
-        return tuple(METHODS)
+        return SEED_METHODS
     names = [n.strip() for n in spec.split(",")]
     if not names or any(not n for n in names):
         raise _usage_error(f"--methods must be 'all' or a comma-separated list of methods, got {spec!r}")
     for name in names:
         try:
-            get_method(name)
+            lookup(name, SEED_METHODS, "methods of this benchmark")
         except ValueError as error:
             raise _usage_error(str(error)) from error
     return tuple(dict.fromkeys(names))
@@ -397,7 +399,7 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
         raise _usage_error(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
                            f"{path} has {model.config.num_labels}")
     threshold = args.threshold if getattr(args, "threshold", None) is not None else DETECTION_THRESHOLD
-    supported = supported_methods(model)  # every registered method that explains this DETR
+    supported = supported_methods(model)  # every method this DETR offers
     if args.methods.strip() == "all":
         methods = tuple(m for m in methods if m in supported)
     unsupported = [m for m in methods if m not in supported]
@@ -446,7 +448,7 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
     perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
     seed = VQA_TEST_SEED + 3 * args.seed
     batch = make_questions(n, seed)
-    supported = supported_methods(model, batch)  # every registered method that explains this LXMERT
+    supported = supported_methods(model)  # every method this LXMERT offers
     if args.methods.strip() == "all":
         methods = tuple(m for m in methods if m in supported)
     unsupported = [m for m in methods if m not in supported]
@@ -514,13 +516,14 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     from ..bench.clip_model import load_clip
     from ..evaluation.grounding import evaluate_grounding, grounding_report
     from ..files import write_atomic
-    from .pairs import PAIR_METHODS
+    from ..families.clip.adapter import ClipAdapter
 
+    offered = ClipAdapter.methods
     if args.methods.strip() == "all":
-        methods = tuple(m for m in methods if m in PAIR_METHODS)
-    unsupported = [m for m in methods if m not in PAIR_METHODS]
+        methods = tuple(m for m in methods if m in offered)
+    unsupported = [m for m in methods if m not in offered]
     if unsupported:
-        raise _usage_error(f"method {unsupported[0]} does not explain image-text pairs; shapes-clip takes {', '.join(PAIR_METHODS)}")
+        raise _usage_error(f"method {unsupported[0]} does not explain image-text pairs; shapes-clip takes {', '.join(offered)}")
     if args.model != "shapes" and not Path(args.model).is_file():
         raise _usage_error(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
     model, tokenizer = load_clip(None if args.model == "shapes" else args.model)

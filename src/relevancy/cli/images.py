@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..files import check_folder, distinct_stems
 from ..pictures import preprocess
-from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
+from .common import DEFAULT_OUT, MAX_FILES, METHOD_NAMES, UsageError, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
 
 
 #: the most scenes of each kind the demo explains (each is a row of PNGs on one page)
@@ -21,7 +21,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
         from .pairs import run_explain_pairs
 
         return run_explain_pairs(args, [read_image(path) for path in args.images])
-    methods = resolve_methods(args.method)
+    methods = resolve_methods(args.method, METHOD_NAMES, "image models")
     target = class_target(args.target)
     out = None if args.out is None and args.json else Path(args.out or DEFAULT_OUT)
     names = [f"{stem}_{args.method}.png" for stem in distinct_stems(args.images)]
@@ -85,7 +85,7 @@ def run_demo(args: argparse.Namespace) -> list[Path]:
         return _run_photo_demo(args)
     from ..bench import demo
 
-    methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip())]
+    methods = [m for name in args.methods.split(",") for m in resolve_methods(name.strip(), METHOD_NAMES, "image models")]
     at_most("--singles", args.singles, 0, MAX_DEMO_SCENES)
     at_most("--pairs", args.pairs, 0, MAX_DEMO_SCENES)
     if args.singles + args.pairs == 0:

@@ -8,11 +8,6 @@ from typing import Any
 from ..files import check_folder, distinct_stems
 from .common import DEFAULT_OUT, UsageError, check_inputs, print_json, resolve_methods
 
-#: methods that explain an image-text pair (full LRP to the pixels is not defined for CLIP)
-PAIR_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
-                "partial_lrp", "cdam", "token_ablation")
-
-
 #: the most captions per run (each is a row of every image's PNG), their longest, and the most image-text pairs
 MAX_CAPTIONS = 16
 MAX_CAPTION_CHARS = 1_000
@@ -34,11 +29,9 @@ def pair_numbers(explanation, index: int) -> dict[str, Any]:
 def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     """Every image against every `--text`: per image one PNG (a row per text, a column per method) and one HTML
     page of the coloured texts; `--json`: the numbers."""
-    methods = resolve_methods(args.method)
-    unsupported = [m for m in methods if m not in PAIR_METHODS]
-    if unsupported and args.method != "all":
-        raise UsageError(f"method {unsupported[0]} does not explain image-text pairs; use one of {', '.join(PAIR_METHODS)}")
-    methods = [m for m in methods if m in PAIR_METHODS]
+    from ..families.clip.adapter import ClipAdapter
+
+    methods = resolve_methods(args.method, ClipAdapter.methods, "image-text pairs")
     if args.target is not None:
         raise UsageError("--target picks a class; with --text the explained score is each image-text pair's logit")
     if any(not text.strip() for text in args.text):

@@ -47,7 +47,9 @@ def vqa_model_path(model: str) -> Path:
 
 def _check(args: argparse.Namespace) -> tuple[list[str], list[str] | None, Path | None, Path]:
     """Everything checked before the model loads: (methods, questions or None, output folder or None, weights)."""
-    methods = resolve_methods(args.method)
+    from ..families.lxmert.adapter import LxmertAdapter
+
+    methods = resolve_methods(args.method, LxmertAdapter.methods, "LXMERT")
     if args.question is not None:
         if args.n is not None or args.seed != 0:
             raise UsageError("--n and --seed pick questions of the world; with --question give the scene with --scene")
@@ -137,7 +139,7 @@ def run_explain_question(args: argparse.Namespace) -> list[Path]:
             if missing is not None:
                 warn("explain-question", f"'{question}' asks about {missing}, which scene {scene} does not hold "
                                          f"({_holds(batch)}): the answer is a guess")
-    supported = supported_methods(model, batch)  # every registered method that explains LXMERT
+    supported = supported_methods(model)  # every method LXMERT offers
     if args.method == "all":
         methods = list(supported)
     elif methods[0] not in supported:

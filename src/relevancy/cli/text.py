@@ -20,7 +20,9 @@ MIN_LENGTH = 3
 
 def _check(args: argparse.Namespace) -> list[str]:
     """The methods to run; a UsageError for anything wrong with the request that needs no model."""
-    methods = resolve_methods(args.method)
+    from ..families.hf_bert.adapter import HFBertAdapter
+
+    methods = resolve_methods(args.method, HFBertAdapter.methods, "text classifiers")
     at_least("--max-length", args.max_length, MIN_LENGTH, " ([CLS], a token and [SEP])")
     class_target(args.target)
     check_inputs("texts", args.texts, MAX_TEXTS, MAX_TEXT_CHARS)

@@ -78,7 +78,7 @@ from ..metrics.discrimination import class_discrimination
 from ..extras import require
 from ..metrics.segmentation import SegmentationTest, normalised_maps
 from .shards import Shards
-from .support import supported_methods as probe_methods
+from .support import supported_methods
 
 __all__ = [
     "DETECTION_THRESHOLD", "MATCH_IOU", "UNITS", "detection_report", "evaluate_shapes_detection", "match_detections",
@@ -90,13 +90,6 @@ MATCH_IOU = 0.5
 UNITS = "fractions in [0, 1] (report.md shows them in percent); seconds_per_image, seconds_per_object: seconds"
 _EPS = float(np.spacing(1, dtype=np.float64))
 
-
-def supported_methods(model: nn.Module, methods: Sequence[str] | None = None) -> tuple[str, ...]:
-    """Those of ``methods`` (default: every registered method, in order) that explain this DETR: each explains
-    query 0 of a blank 64 x 64 image once; a method the model's family does not support (`lrp` explains one-stream
-    models) is left out, any other error is raised (`relevancy.evaluation.support.supported_methods`)."""
-    blank = detector_inputs(torch.zeros(1, 3, 64, 64, dtype=next(model.parameters()).dtype))
-    return probe_methods(model, blank, methods, target=(0, 0), explain=explain)
 
 
 def match_detections(boxes: torch.Tensor, scores: torch.Tensor, truth: torch.Tensor, min_iou: float = MATCH_IOU) -> list[int | None]:
@@ -251,7 +244,7 @@ def evaluate_shapes_detection(
     seed: int = DETECTION_TEST_SEED, batch_size: int = 16, progress: bool = False, shards: Shards | None = None,
 ) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring); JSON-able, NaN where nothing was matched.
-    ``methods``: default every method that explains the model (:func:`supported_methods`); ``shards``: where each
+    ``methods``: default every method the model's family offers (:func:`supported_methods`); ``shards``: where each
     batch's record goes as it finishes (`relevancy.evaluation.shards`; default in memory, one process)."""
     if n < 1 or batch_size < 1:
         raise ValueError(f"n and batch_size must be at least 1, got n={n}, batch_size={batch_size}")

@@ -58,12 +58,12 @@ from ..bench.vqa import N_REGIONS, QUESTION_TYPES, VqaBatch, make_questions
 from ..bench.vqa_model import VQA_TEST_SEED, evaluate_vqa
 from ..metrics.discrimination import class_discrimination
 from .grounding import token_f1
-from .support import supported_methods as probe_methods
 from .shards import Shards
+from .support import supported_methods
 from .vqa_perturbation import STEPS, perturbation_test, trapezoid_area
 
 __all__ = [
-    "DEFAULT_PERTURBATION_N", "UNITS", "evaluate_shapes_vqa", "naming_f1", "perturbation_samples", "probe_inputs",
+    "DEFAULT_PERTURBATION_N", "UNITS", "evaluate_shapes_vqa", "naming_f1", "perturbation_samples",
     "region_scores", "supported_methods", "vqa_report",
 ]
 
@@ -74,16 +74,6 @@ UNITS = ("fractions in [0, 1] (report.md shows them in percent); perturbation AU
 _GROUNDING_KEYS = ("share", "other_share", "pointing", "token_f1")
 _TEXT_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
 
-
-def probe_inputs(batch: VqaBatch) -> dict[str, torch.Tensor]:
-    """The first question of ``batch`` as model inputs: what the method probe explains."""
-    return {k: v[:1] for k, v in batch.model_inputs().items()}
-
-
-def supported_methods(model: nn.Module, batch: VqaBatch, methods: Sequence[str] | None = None) -> tuple[str, ...]:
-    """Those of ``methods`` (default: every registered method, in order) that explain this model: each explains the
-    batch's first question once (`relevancy.evaluation.support.supported_methods`; `lrp` explains one-stream models)."""
-    return probe_methods(model, probe_inputs(batch), methods, explain=explain)
 
 
 def object_regions(batch: VqaBatch) -> torch.Tensor:
@@ -157,7 +147,7 @@ def evaluate_shapes_vqa(
 ) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring); JSON-able (NaN where no question counts).
 
-    ``methods``: default every method that explains the model (:func:`supported_methods`); ``perturbation_n``:
+    ``methods``: default every method the model's family offers (:func:`supported_methods`); ``perturbation_n``:
     questions of the perturbation test (default ``min(n, DEFAULT_PERTURBATION_N)``, 0: skip it); ``batch``: the
     questions (default ``make_questions(n, seed)``); ``shards``: where each batch's record goes as it finishes
     (`relevancy.evaluation.shards`; default in memory, one process)."""
@@ -170,7 +160,7 @@ def evaluate_shapes_vqa(
     batch = make_questions(n, seed) if batch is None else batch
     n = len(batch)
     if methods is None:
-        methods = supported_methods(model, batch)
+        methods = supported_methods(model)
     accuracy = evaluate_vqa(model, batch=batch, seed=seed)
     inputs = batch.model_inputs()
     has_target = np.asarray(batch.has_target, bool)

@@ -15,6 +15,12 @@ from ..class_names import named_classes
 from ._shared import UnsupportedModelError, checked_images
 
 
+#: the methods of the seed papers (CVPR'21, ICCV'21, CDAM) and the token ablation reference, in the registry's
+#: order: what a one-stream image or text family with a relevance rule map offers
+SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
+                "partial_lrp", "lrp", "cdam", "token_ablation")
+
+
 class Adapter:
     """Declares a model family: its token streams, its attention sites, how to run it in pieces.
 
@@ -28,8 +34,11 @@ class Adapter:
     explanation_class: ClassVar[type[Explanation]] = ImageExplanation
     # where the family's reference code makes other choices than the ViT reference, per method (see conventions)
     conventions: ClassVar[Conventions] = VIT_REFERENCE
-    # the methods the family offers (the others are refused by name); None: every registered method
-    methods: ClassVar[tuple[str, ...] | None] = None
+    # the registered methods the family offers (`relevancy.methods.REGISTRY`), in the registry's order: what
+    # `explain` runs, the command line and the web page list and the evaluation measures; others are refused by name
+    methods: ClassVar[tuple[str, ...]] = ()
+    # whether `explain_generation` explains the family's generations (decoders: `input_relevance`, `forward_shared`)
+    generates: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

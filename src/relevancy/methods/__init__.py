@@ -1,14 +1,17 @@
-"""The registry of explanation methods: name -> how to run it and what its scores mean."""
+"""The one registry of explanation methods: name -> how to run it, what it reads and what its scores mean. Every
+caller (`explain`, `explain_generation`, the command line, the web page, the evaluation, the docs' tables) reads
+`REGISTRY`; which of its methods a model takes is its family's `Adapter.methods`."""
 from __future__ import annotations
 
 import difflib
 import inspect
 import numbers
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 
+from ..families import adapters
 from ..families.base import Adapter, UnsupportedModelError
 from ..messages import quoted
 from ..streams import streams_attend_to_each_other
@@ -38,14 +41,22 @@ class Method:
     summary: str = ""
     # the method on models whose streams attend to each other (`across`); None: `run` serves them too
     across: Callable[..., tuple] | None = None
+    # how it explains a decoder's generation (`explain_generation`): "one_forward" (every generated token from one
+    # forward, batched backward passes), "shared_forward" (one row per token's prefix in one shared forward, a
+    # backward per token); None: it does not
+    generation: Literal["one_forward", "shared_forward"] | None = None
+    # takes a decoder's token texts and `Contrast`s as targets (the others take token ids there)
+    token_targets: bool = False
 
     def runner(self, adapter: Adapter) -> Callable[..., tuple]:
         """The strategy for the adapter's streams, chosen once from its attention sites: `across` where some
         attention has queries and keys from different streams, `run` otherwise. A method the adapter's family does
         not offer (`Adapter.methods`) is refused by name."""
-        if adapter.methods is not None and self.name not in adapter.methods:
+        if self.name not in adapter.methods:
+            offering = [family.family for family in adapters() if self.name in family.methods]
             raise UnsupportedModelError(
-                f"method '{self.name}' does not apply to the {adapter.family} family; its methods: {', '.join(adapter.methods)}"
+                f"method '{self.name}' does not apply to the {adapter.family} family; its methods: "
+                f"{', '.join(adapter.methods)}. '{self.name}' explains: {'; '.join(dict.fromkeys(offering)) or 'no family'}"
             )
         if self.across is not None and streams_attend_to_each_other(adapter.attention_sites()):
             return self.across
@@ -86,13 +97,13 @@ REGISTRY: dict[str, Method] = {
     m.name: m
     for m in (
         Method("raw_attention", raw_attention, across=across.raw_attention, signed=False, reads_class_token=True,
-               summary="last block's attention of [CLS], mean over heads"),
+               generation="shared_forward", summary="last block's attention of [CLS], mean over heads"),
         Method("rollout", rollout, across=across.rollout, signed=False, reads_class_token=True,
-               summary="attention rollout (Abnar & Zuidema), residual-aware, row-normalised"),
+               generation="shared_forward", summary="attention rollout (Abnar & Zuidema), residual-aware, row-normalised"),
         Method("attention_gradcam", attention_gradcam, across=across.attention_gradcam, signed=False, reads_class_token=True,
-               summary="Grad-CAM on the last block's attention"),
+               generation="shared_forward", summary="Grad-CAM on the last block's attention"),
         Method("generic_attention", generic_attention, across=across.generic_attention, signed=False, reads_class_token=True,
-               summary="Chefer ICCV'21 gradient-weighted attention rule"),
+               generation="shared_forward", summary="Chefer ICCV'21 gradient-weighted attention rule"),
         Method("transformer_attribution", transformer_attribution, across=across.transformer_attribution, signed=False, reads_class_token=True,
                needs_attention=False, summary="Chefer CVPR'21: LRP relevance x attention gradient, rolled out"),
         Method("partial_lrp", partial_lrp, across=across.partial_lrp, signed=False, reads_class_token=True, needs_attention=False,
@@ -100,32 +111,38 @@ REGISTRY: dict[str, Method] = {
         Method("lrp", lrp, signed=True, reads_class_token=False, needs_attention=False, pixels=True,
                summary="full LRP to the pixels, vanilla rules"),
         Method("cdam", cdam, signed=True, reads_class_token=False, needs_attention=False, accepts_concept=True,
-               summary="class-discriminative attention map (Brocki & Chung)"),
+               generation="shared_forward", summary="class-discriminative attention map (Brocki & Chung)"),
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
                accepts_concept=True,
                summary="score drop when a patch token is removed"),
-    )
-}
-
-
-#: the methods of decoder language models (`families.causal_lm`), kept apart from REGISTRY (whose methods every
-#: image and text family offers) until the adapters declare which methods they take
-LANGUAGE_REGISTRY: dict[str, Method] = {
-    m.name: m
-    for m in (
-        Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False,
+        Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",
                summary="decoder language models: AttnLRP (Achtibat et al.) at the token embeddings"),
-        Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False,
+        Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",
                summary="decoder language models: CP-LRP, AttnLRP without relevance through queries, keys, gates"),
-        Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False,
-               summary="decoder language models: input x gradient at the token embeddings"),
+        Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False, token_targets=True,
+               generation="one_forward", summary="decoder language models: input x gradient at the token embeddings"),
     )
 }
 
 
-def register_method(method: Method) -> None:
-    """Add a method to `relevancy.explain` (used by the propagation methods and by users' own methods)."""
+def lookup(name: object, among: Sequence[str] | None = None, what: str = "methods") -> Method:
+    """The registered method called `name`, one of `among` (default: every registered method); a one-line error
+    naming the valid ones (`what` they are) and the closest name otherwise: the one check of a method's name."""
+    valid = list(REGISTRY) if among is None else list(among)
+    if isinstance(name, str) and name in valid:
+        return REGISTRY[name]
+    close = difflib.get_close_matches(name, valid, n=1) if isinstance(name, str) else []
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    given = quoted(name) if isinstance(name, str) else f"a {type(name).__name__} (method must be a method name)"
+    raise ValueError(f"unknown method {given}.{hint} Valid {what}: {', '.join(valid)}")
+
+
+def register_method(method: Method, families: Sequence[type[Adapter]]) -> None:
+    """Add a user's method to the registry, offered by the adapters of `families` (docs/adding-a-method.md)."""
     REGISTRY[method.name] = method
+    for family in families:
+        if method.name not in family.methods:
+            family.methods = (*family.methods, method.name)
 
 
-__all__ = ["Method", "REGISTRY", "LANGUAGE_REGISTRY", "register_method", "Adapter", "Target"]
+__all__ = ["Method", "REGISTRY", "lookup", "register_method", "Adapter", "Target"]

@@ -6,8 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..families.base import Adapter, UnsupportedModelError
-from ..families.causal_lm import CausalLMAdapter
+from ..families.base import Adapter
 from ..families.causal_lm.adapter import LATENT_PARTS
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
 from ..messages import quoted
@@ -30,14 +29,12 @@ def latent_parts(latent: object) -> frozenset[str]:
     return frozenset(names)
 
 
-def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str,
+def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None,
                      checkpoint: bool, score: object, latent: object) -> tuple:
     """The method's `(scores, ids, logits, fields)` on a decoder; the rule-based ones run fp16 / bf16 models
     through a float32 copy (the rules' ratios need the precision) and report `relevance_total`. `checkpoint`:
     recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
     one more forward of time; the same map)."""
-    if not isinstance(adapter, CausalLMAdapter):
-        raise UnsupportedModelError(f"method '{method}' explains decoder language models ({CausalLMAdapter.examples}), not the {adapter.family} family")
     parts = latent_parts(latent)
     if checkpoint and "heads" in parts:
         raise ValueError("latent heads are read inside each layer, which checkpoint=True runs again in the backward: ask for them without checkpoint")
@@ -55,17 +52,16 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
 def attnlrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False,
             score: str | Callable = "logit", latent: bool | str | tuple = False) -> tuple[torch.Tensor, ...]:
     """AttnLRP (Achtibat et al., ICML 2024): relevance of each input token for the target's score."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, "attnlrp", checkpoint, score, latent)
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["attnlrp"], tokenizer, checkpoint, score, latent)
 
 
 def cp_lrp(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False,
            score: str | Callable = "logit", latent: bool | str | tuple = False) -> tuple[torch.Tensor, ...]:
     """CP-LRP (Ali et al., ICML 2022): AttnLRP's rules with no relevance through queries, keys and gates."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, "cp_lrp", checkpoint, score, latent)
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["cp_lrp"], tokenizer, checkpoint, score, latent)
 
 
 def input_x_gradient(adapter: Adapter, inputs: Any, target: Any, tokenizer: object | None = None, checkpoint: bool = False,
                      score: str | Callable = "logit", latent: bool | str | tuple = False) -> tuple[torch.Tensor, ...]:
     """Input x gradient at the token embeddings, summed over the width."""
-    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, "input_x_gradient",
-                            checkpoint, score, latent)
+    return _input_relevance(adapter, inputs, target, INPUT_RELEVANCE_RULES["input_x_gradient"], tokenizer, checkpoint, score, latent)

@@ -158,20 +158,25 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
 
     @app.get("/api/info", summary="The models, methods, samples and limits of this server")
     async def info() -> dict[str, Any]:
+        from ..families import adapter_for
+
         methods = registry()
+        text_methods = [] if catalog.text is None else list(adapter_for(catalog.text.model).methods)
+        offered = {n for m in catalog.images.values() for n in m.methods} | set(text_methods) | set(pair_methods())
         return {
             "version": __version__,
             "image_models": [{"name": m.name, "title": m.title, "has_classes": m.has_classes,
                               "classes": m.class_names if m.has_classes else [], "methods": list(m.methods),
                               "input_size": list(m.input_size)} for m in catalog.images.values()],
             "text_model": None if catalog.text is None else
-            {"name": catalog.text.name, "title": catalog.text.title, "classes": catalog.text.class_names},
+            {"name": catalog.text.name, "title": catalog.text.title, "classes": catalog.text.class_names,
+             "methods": text_methods},
             "pair_model": None if catalog.pairs is None else {"name": catalog.pairs.name, "title": catalog.pairs.title},
             "language_model": None if catalog.language is None else
             {"name": catalog.language.name, "title": catalog.language.title,
              "methods": [{"name": n, "summary": summary} for n, summary in generation_methods().items()]},
             "methods": [{"name": n, "signed": m.signed, "summary": m.summary, "concept": m.accepts_concept,
-                         "pairs": n in pair_methods()} for n, m in methods.items()],
+                         "pairs": n in pair_methods()} for n, m in methods.items() if n in offered],
             "samples": [{"id": key, "title": sample.title} for key, sample in samples.items()],
             "limits": asdict(limits),
         }

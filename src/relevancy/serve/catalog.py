@@ -86,8 +86,6 @@ def _image_model(name: str) -> ImageModel:
     from ..pictures import preprocess
     from ..families import adapter_for
 
-    from ..methods import REGISTRY
-
     if name == PHOTO:
         factory = getattr(models, "dinov2_small", None)
         if factory is None:
@@ -100,7 +98,8 @@ def _image_model(name: str) -> ImageModel:
         # no classes (self-supervised): concepts from example images; token ablation (257 forwards of the
         # network per image, about a minute on two CPU cores) is not offered on a shared server
         return ImageModel(name, "photo model (DINOv2-S/14)", model, [f"feature {k}" for k in range(features)],
-                          photo_preprocess, size, has_classes=False, methods=tuple(m for m in REGISTRY if m != "token_ablation"))
+                          photo_preprocess, size, has_classes=False,
+                          methods=tuple(m for m in adapter_for(model).methods if m != "token_ablation"))
     model = models.load_image_model(name)
     title = "shapes ViT (shipped, 64 px)" if name == SHAPES else name
     count = model.num_classes if hasattr(model, "num_classes") else None
@@ -110,7 +109,7 @@ def _image_model(name: str) -> ImageModel:
         return preprocess(pictures, model)
 
     size = tuple(prepare([Image.new("RGB", (8, 8))]).shape[-2:])
-    return ImageModel(name, title, model, names, prepare, size, methods=tuple(REGISTRY))
+    return ImageModel(name, title, model, names, prepare, size, methods=adapter_for(model).methods)
 
 
 def load_catalog(image_names: Sequence[str] | None = None, text: str | None = None, pairs: str | None = None,

@@ -79,9 +79,10 @@ def registry() -> dict:
 
 
 def pair_methods() -> tuple[str, ...]:
-    from ..cli.pairs import PAIR_METHODS
+    """The methods of image-text pairs (the CLIP family's)."""
+    from ..families.clip.adapter import ClipAdapter
 
-    return PAIR_METHODS
+    return ClipAdapter.methods
 
 
 def check_target(target: int | None, names: Sequence[str], model: str, unit: str = "classes") -> None:
@@ -203,7 +204,9 @@ def check_text(request: TextRequest, catalog: Catalog, limits: Limits) -> Job:
     if catalog.text is None:
         raise RequestError(404, "this server has no text model (it was started without one)")
     entry = catalog.text
-    methods = method_names(request.methods, list(registry()), "texts")
+    from ..families import adapter_for
+
+    methods = method_names(request.methods, list(adapter_for(entry.model).methods), "texts")
     check_text_length(request.text, limits, "the text")
     check_target(request.target, entry.class_names, entry.name)
 
@@ -279,10 +282,9 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
 
 def generation_methods() -> dict[str, str]:
     """The text-generation tab's methods and their summaries."""
-    from ..api import get_method
     from ..generation import GENERATION_METHODS
 
-    return {name: get_method(name).summary for name in GENERATION_METHODS}
+    return {name: registry()[name].summary for name in GENERATION_METHODS}
 
 
 def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int:

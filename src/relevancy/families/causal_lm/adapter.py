@@ -24,7 +24,7 @@ from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
-from ..base import Adapter, UnsupportedModelError
+from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
 from .layouts import Layout, layout_of
@@ -111,6 +111,8 @@ def _span_texts(ids: torch.Tensor, tokenizer: object | None) -> list[list[str]]:
 
 class CausalLMAdapter(Adapter):
     family = "decoder language model"
+    methods = (*SEED_METHODS, "attnlrp", "cp_lrp", "input_x_gradient")
+    generates = True
     examples = "transformers LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
     explanation_class = DecoderExplanation
     #: Grad-CAM averages the gradient over the real token pairs, so that padding cannot change a row's map

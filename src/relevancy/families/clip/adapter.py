@@ -17,7 +17,7 @@ from ...conventions import Conventions, GenericAttentionConventions
 from ...explanation import Explanation, PairExplanation
 from ...streams import AttentionSite, Stream
 from .._shared import checked_images
-from ..base import Adapter
+from ..base import SEED_METHODS, Adapter
 from .batch import ImageTextBatch
 from .towers import IMAGE, TEXT, Recorder, clip_library, towers_of
 
@@ -39,8 +39,14 @@ class RecordedTensor:
         return recorder.listen(self.key, hook)
 
 
+#: CLIP's methods: the seeds' but full LRP to the pixels, which is not defined for CLIP's towers
+CLIP_METHODS = tuple(m for m in SEED_METHODS if m != "lrp")
+
+
 class ClipTowersAdapter(Adapter):
     """What the pair adapter and the zero-shot adapter share: the towers, their sites, eval mode and restoring."""
+
+    methods = CLIP_METHODS
 
     conventions = Conventions(generic_attention=GenericAttentionConventions(start_layer=-1))
     towers_used: ClassVar[tuple[str, ...]] = (IMAGE, TEXT)

@@ -24,7 +24,7 @@ from ...conventions import Conventions, LrpConventions
 from ...guard import exclusive, this_thread_only
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, eval_mode, transformers_configs
-from ..base import Adapter
+from ..base import SEED_METHODS, Adapter
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
 from ...explanation import DetectionExplanation
@@ -50,6 +50,8 @@ def _last_hidden(output: object) -> torch.Tensor:
 
 class DetrAdapter(Adapter):
     family = "DETR"
+    # the seeds' methods but full LRP to the pixels (relevance stops at the encoder's input tokens)
+    methods = tuple(m for m in SEED_METHODS if m != "lrp")
     examples = "transformers.DetrForObjectDetection"
     # the authors' DETR code has one set of LRP rules, the conserving ones
     conventions = Conventions(partial_lrp=LrpConventions(rules="paper"))

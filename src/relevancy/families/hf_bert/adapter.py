@@ -27,7 +27,7 @@ from ...explanation import TextExplanation
 from ...lrp.engine import ForwardFactory
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
-from ..base import Adapter, UnsupportedModelError
+from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import EAGER, attention_probabilities, explaining_call
 from ..text_batch import TextBatch, from_encoding, mask_from_padding, placeholder_tokens, token_tensor
 from .rules import bert_rules, distilbert_rules, roberta_rules
@@ -136,6 +136,7 @@ class HFBertAdapter(Adapter):
     """
 
     family = "Hugging Face BERT-family sequence classifier"
+    methods = SEED_METHODS
     examples = "BertForSequenceClassification, RobertaForSequenceClassification, DistilBertForSequenceClassification"
     num_prefix_tokens = 0
     has_class_token = True

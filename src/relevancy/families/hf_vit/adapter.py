@@ -30,7 +30,7 @@ from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
-from ..base import ImageAdapter, UnsupportedModelError
+from ..base import SEED_METHODS, ImageAdapter, UnsupportedModelError
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .heads import HEADS, PLAIN_OPS, supported_class
 
@@ -40,6 +40,7 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
 
 class HFViTAdapter(ImageAdapter):
     family = "Hugging Face vision transformer"
+    methods = SEED_METHODS
     examples = ("ViTModel, ViTForImageClassification, DeiT* (with teacher too), Dinov2Model, Dinov2ForImageClassification, "
                 "Dinov2WithRegisters*")
 

@@ -50,8 +50,8 @@ from ..regions import (
 from .batch import LxmertBatch
 
 TEXT, IMAGE = "text", "image"
-# the region families' methods, and the LRP-based ones LXMERT's relevance rules add
-LXMERT_METHODS = (*METHODS, "transformer_attribution", "partial_lrp")
+# the region families' methods and the LRP-based ones LXMERT's relevance rules add, in the registry's order
+LXMERT_METHODS = (*METHODS[:4], "transformer_attribution", "partial_lrp", *METHODS[4:])
 REQUIRED = ("input_ids", "visual_feats", "visual_pos")
 OPTIONAL = ("attention_mask", "token_type_ids", "visual_attention_mask")
 

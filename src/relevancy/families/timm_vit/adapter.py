@@ -9,7 +9,7 @@ from torch import nn
 
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import eval_mode
-from ..base import ImageAdapter
+from ..base import SEED_METHODS, ImageAdapter
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -22,6 +22,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
 
 class TimmViTAdapter(ImageAdapter):
     family = "timm VisionTransformer"
+    methods = SEED_METHODS
     examples = "vit_*, deit_*, deit_*_distilled_*, vit_*_dinov2, vit_*_reg*, any image size"
 
     @classmethod

@@ -194,6 +194,11 @@ function conceptMode() {
   return document.querySelector("input[name=image-target]:checked").value === "concept";
 }
 
+// the methods some image model offers (info.methods also lists the text and pair models' methods)
+function imageMethods() {
+  return info.methods.filter((method) => info.image_models.some((model) => model.methods.includes(method.name)));
+}
+
 function updateImageControls() {
   const model = imageModel();
   const classRadio = document.querySelector("input[name=image-target][value=class]");
@@ -201,7 +206,7 @@ function updateImageControls() {
   if (!model.has_classes) document.querySelector("input[name=image-target][value=concept]").checked = true;
   const concept = conceptMode();
   $("concept-box").hidden = !concept;
-  for (const method of info.methods) {
+  for (const method of imageMethods()) {
     const box = document.querySelector(`input[name=image-method][value=${method.name}]`);
     box.disabled = !model.methods.includes(method.name) || (concept && !method.concept);
     box.parentElement.classList.toggle("off", box.disabled);
@@ -264,7 +269,7 @@ function setUpImage() {
   const select = $("image-model");
   for (const model of info.image_models) select.append(element("option", {value: model.name, text: model.title}));
   select.addEventListener("change", () => { imageState.target = null; updateImageControls(); });
-  methodBoxes($("image-methods"), info.methods, "image");
+  methodBoxes($("image-methods"), imageMethods(), "image");
   imagePicker("image", imageState);
   for (const radio of document.querySelectorAll("input[name=image-target]")) radio.addEventListener("change", updateImageControls);
   $("concept-files").addEventListener("change", async (event) => {
@@ -323,7 +328,7 @@ function setUpText() {
   }
   $("text-model").textContent = `Model: ${info.text_model.title}. At most ${info.limits.max_text_chars.toLocaleString()} characters.`;
   $("text-input").maxLength = info.limits.max_text_chars;
-  methodBoxes($("text-methods"), info.methods, "text");
+  methodBoxes($("text-methods"), info.methods.filter((method) => info.text_model.methods.includes(method.name)), "text");
   textChips();
   $("text-form").addEventListener("submit", (event) => {
     event.preventDefault();
