@@ -85,6 +85,17 @@ def parse_methods(spec: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _offered(args: argparse.Namespace, methods: tuple[str, ...], offered: tuple[str, ...], what: str, benchmark: str) -> tuple[str, ...]:
+    """The asked methods that the benchmark's model family offers (`all`: each of them); a usage error naming the
+    offered ones for a method it does not."""
+    if args.methods.strip() == "all":
+        return tuple(m for m in methods if m in offered)
+    unsupported = [m for m in methods if m not in offered]
+    if unsupported:
+        raise _usage_error(f"method {unsupported[0]} does not explain {what}; {benchmark} takes {', '.join(offered)}")
+    return methods
+
+
 def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     """Validate everything that can be checked before loading a model; the benchmark and ``n`` (None = all)."""
     from ..evaluation.data import BENCHMARKS, MAX_SCENES
@@ -399,12 +410,7 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
         raise _usage_error(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
                            f"{path} has {model.config.num_labels}")
     threshold = args.threshold if getattr(args, "threshold", None) is not None else DETECTION_THRESHOLD
-    supported = supported_methods(model)  # every method this DETR offers
-    if args.methods.strip() == "all":
-        methods = tuple(m for m in methods if m in supported)
-    unsupported = [m for m in methods if m not in supported]
-    if unsupported:
-        raise _usage_error(f"method {unsupported[0]} does not explain DETR; shapes-detection takes {', '.join(supported)}")
+    methods = _offered(args, methods, supported_methods(model), "DETR", "shapes-detection")
     results = run_benchmark(model, n=n, methods=methods, threshold=threshold, seed=DETECTION_TEST_SEED + args.seed,
                             batch_size=args.batch_size, progress=not args.quiet, shards=shards)
     return _write_generated(args, results, "shapes-detr (shipped)", detection_report, shards)
@@ -448,12 +454,7 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
     perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
     seed = VQA_TEST_SEED + 3 * args.seed
     batch = make_questions(n, seed)
-    supported = supported_methods(model)  # every method this LXMERT offers
-    if args.methods.strip() == "all":
-        methods = tuple(m for m in methods if m in supported)
-    unsupported = [m for m in methods if m not in supported]
-    if unsupported:
-        raise _usage_error(f"method {unsupported[0]} does not explain LXMERT; shapes-vqa takes {', '.join(supported)}")
+    methods = _offered(args, methods, supported_methods(model), "LXMERT", "shapes-vqa")
     results = run_benchmark(model, n=n, methods=methods, seed=seed, batch_size=args.batch_size,
                             perturbation_n=perturbation_n, progress=not args.quiet, batch=batch, shards=shards)
     return _write_generated(args, results, "shapes-vqa-lxmert (shipped)", vqa_report, shards)
@@ -518,12 +519,7 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     from ..files import write_atomic
     from ..families.clip.adapter import ClipAdapter
 
-    offered = ClipAdapter.methods
-    if args.methods.strip() == "all":
-        methods = tuple(m for m in methods if m in offered)
-    unsupported = [m for m in methods if m not in offered]
-    if unsupported:
-        raise _usage_error(f"method {unsupported[0]} does not explain image-text pairs; shapes-clip takes {', '.join(offered)}")
+    methods = _offered(args, methods, ClipAdapter.methods, "image-text pairs", "shapes-clip")
     if args.model != "shapes" and not Path(args.model).is_file():
         raise _usage_error(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
     model, tokenizer = load_clip(None if args.model == "shapes" else args.model)
