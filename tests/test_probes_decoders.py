@@ -138,7 +138,7 @@ def test_numpy_integers_are_taken_as_max_new_tokens(model, integer):
 def test_other_max_new_tokens_are_refused(model, bad):
     with pytest.raises(ValueError) as error:
         relevancy.explain_generation(model, Characters(), "abcdef", max_new_tokens=bad)
-    one_line(error, "max_new_tokens must be a whole number from 1 to 256")
+    one_line(error, "max_new_tokens must be a whole number from 1 to the model's context window")
 
 
 def test_no_tokenizer_is_one_short_line(model):
@@ -189,7 +189,7 @@ def test_the_json_and_html_carry_whole_characters(saved, tmp_path):
     assert "\ufffd" not in page and ("🎉" in page or "\\ud83c\\udf89" in page.lower() or "&#127881;" in page)
 
 
-@pytest.mark.parametrize("name", ("x.png", "x.json", "x", "x.html.txt"))
+@pytest.mark.parametrize("name", ("x.png", "x", "x.html.txt"))  # x.json: the JSON relevancy.load reads (test_load.py)
 def test_a_generation_saved_under_another_suffix_is_refused(generation, tmp_path, name):
     with pytest.raises(OutputError) as error:
         generation.save(tmp_path / name)

@@ -1,5 +1,6 @@
 """The page in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, driven by selenium)
-opens the page served on loopback, uploads a scene, picks a method, and sees the map appear.
+opens the page served on loopback, uploads a scene, picks a method, and sees the map appear; opens a saved generation
+page and a decoder's explain page and sees their colour scales and line breaks.
 
 CI installs the browser (`.ci/run`); where it is missing this test fails and says what to install.
 """
@@ -131,3 +132,47 @@ def test_markup_in_a_file_name_and_in_an_error_is_shown_as_text(browser, url, tm
     assert browser.find_elements(By.CSS_SELECTOR, "#image-chosen figcaption *, #image-status *") == []  # text, no elements
     assert browser.execute_script("return typeof window.pwned") == "undefined"
     assert browser.execute_script("return document.querySelectorAll('img[src=x], script:not([src])').length") == 0
+
+
+def test_a_saved_generation_page_colours_what_each_token_read_with_a_scale(browser, tmp_path):
+    """The saved page of a generation (its inline script): line breaks shown as ↵, a colour scale under the map whose
+    labels follow the chosen token's row; and the explain page of a decoder, titled by the explained token."""
+    import torch
+    import transformers
+    from language_models import tiny_tokenizer
+
+    import relevancy
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      initializer_range=0.2, eos_token_id=tokenizer.eos_token_id)
+    model = transformers.LlamaForCausalLM(config).eval()
+    result = relevancy.explain_generation(model, tokenizer, "the cat sat.\nwhere does", method="attnlrp", continuation=" the cat")
+    page = result.save(tmp_path / "generation.html")
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".relevancy-generation button.generated-token"))
+    scale = browser.find_element(By.CSS_SELECTOR, ".relevancy-generation .relevancy-scale")
+    assert scale.is_displayed() and scale.size["width"] > 100
+    bar = scale.find_elements(By.TAG_NAME, "span")[1]
+    assert "linear-gradient" in bar.value_of_css_property("background-image") and bar.size["width"] >= 150
+    labels = lambda: [span.text for span in scale.find_elements(By.TAG_NAME, "span")]  # noqa: E731
+    first = float(result.scores[0].abs().max())
+    assert float(labels()[0]) == pytest.approx(-first, rel=1e-2) and float(labels()[2]) == pytest.approx(first, rel=1e-2)
+    assert "\u21b5" in browser.find_element(By.CSS_SELECTOR, ".relevancy-generation").text  # the line break, visible
+    buttons = browser.find_elements(By.CSS_SELECTOR, ".relevancy-generation button.generated-token")
+    buttons[-1].click()
+    last = float(result.scores[-1].abs().max())
+    WebDriverWait(browser, 10).until(lambda d: float(labels()[2]) == pytest.approx(last, rel=1e-2))
+    assert browser.find_element(By.CSS_SELECTOR, ".relevancy-generation").get_attribute("data-chosen") == str(len(buttons) - 1)
+
+    expl = relevancy.explain(model, tokenizer(["the cat sat.\nwhere does the cat live?"], return_tensors="pt"),
+                             method="attnlrp", tokenizer=tokenizer)
+    browser.get(expl.save(tmp_path / "prompt.html").as_uri())
+    token = tokenizer.decode([int(expl.target[0])])
+    assert browser.title == f"relevancy: attnlrp: {token!r} ({float(expl.logits[0, expl.target[0]]):.2f})"
+    text = browser.find_element(By.CSS_SELECTOR, ".relevancy-text")
+    assert text.text.startswith(f"attnlrp: {token!r}") and "\u21b5" in text.text and "\u010a" not in text.text
+    scale = text.find_element(By.CSS_SELECTOR, ".relevancy-scale")
+    assert scale.is_displayed() and "linear-gradient" in scale.find_elements(By.TAG_NAME, "span")[1].value_of_css_property("background-image")

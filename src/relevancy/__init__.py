@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import explain
-    from .explanation import DecoderExplanation, DetectionExplanation, Explanation, GenerationExplanation, ImageExplanation, PairExplanation, RegionTextExplanation
+    from .explanation import DecoderExplanation, DetectionExplanation, Explanation, GenerationExplanation, ImageExplanation, PairExplanation, RegionTextExplanation, TextExplanation, load
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
     from .families.detr import detect
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "Span", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "DecoderExplanation", "GenerationExplanation", "explain_generation", "METHODS"]
+__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "Span", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "DecoderExplanation", "GenerationExplanation", "TextExplanation", "explain_generation", "load", "METHODS"]
 __version__ = "0.1.0"
 
 
@@ -31,8 +31,8 @@ def __getattr__(name: str) -> Any:
         from .explanation import Explanation as value
     elif name == "explain_generation":
         from .generation import explain_generation as value
-    elif name in ("ImageExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation", "DecoderExplanation",
-                  "GenerationExplanation"):
+    elif name in ("ImageExplanation", "TextExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation",
+                  "DecoderExplanation", "GenerationExplanation", "load"):
         from . import explanation
 
         value = getattr(explanation, name)

@@ -53,6 +53,7 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
                 f"(global pooling). Use one of: {', '.join(n for n in adapter.methods if not REGISTRY[n].reads_class_token)}"
             )
         scores, indices, logits, *details = run_in_groups(spec.runner(adapter), adapter, inputs, call.target, options, rows_at_once)
+        named = _target_tokens(options.get("tokenizer"), indices)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
         if not spec.pixels:
@@ -65,13 +66,22 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
             method=method,
             signed=spec.signed,
             concept=call.target if isinstance(call.target, Concept) else None,
-            **(details[0] if details else {}),
+            **(details[0] if details else {}), **named,
         )
     if exclude is None:
         return explanation
     if not hasattr(explanation, "excluding"):
         raise ValueError(f"exclude= leaves tokens out of a decoder language model's explanation; this {type(explanation).__name__} has none to leave out")
     return explanation.excluding(exclude)
+
+
+def _target_tokens(tokenizer: Any, indices: torch.Tensor) -> dict[str, list[str]]:
+    """A decoder's explained tokens as text (`target_tokens`), where `tokenizer=` was given: the result and its page
+    name " Mia", not a token id (a tokenizer that cannot decode names none)."""
+    decode = getattr(tokenizer, "decode", None)
+    if not callable(decode):
+        return {}
+    return {"target_tokens": [decode([token]) if token >= 0 else "" for token in indices.tolist()]}
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,7 @@ Inputs, by model family:
       teacher-forced (a text of several tokens, relevancy.Span(ids)), score="logit" / "log_prob" / a callable per
       token, and latent=True (relevance of layers, neurons and heads). Returns a DecoderExplanation (span, latent,
       sink_share, excluding()). Methods: attnlrp, cp_lrp, input_x_gradient and the attention methods.
+      With tokenizer=, the result names each explained token (target_tokens, its page's title).
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

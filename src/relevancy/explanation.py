@@ -1,15 +1,24 @@
 """The result of `explain()`: raw scores per token stream (`parts`) plus what is needed to show them."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import html
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
 from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, sink_shares
 
+#: the version of the JSON that `to_json()` writes and `relevancy.load` reads (it rises when a field changes meaning)
+FORMAT_VERSION = 1
+#: a field `load` finds no value for (it takes the field's default)
+_MISSING = object()
+#: the parts of a result that are dataclasses of their own: `to_json` writes them with their name, `load` makes them again
+NESTED = {kind.__name__: kind for kind in (SpanRelevance, LatentRelevance)}
 
 
 def named_scores(target: torch.Tensor, logits: torch.Tensor, class_names: Sequence[str] | None, kind: str) -> list[str]:
@@ -57,18 +66,116 @@ class Explanation:
         return {name: part.scores for name, part in self.parts.items()}
 
     def to_json(self) -> dict:
-        """The explanation as plain JSON values: method, signedness, targets, logits, each part's scores (and the
-        relevance totals of the LRP-based methods)."""
-        total = self.relevance_total
-        return {
-            "kind": type(self).__name__,
-            "method": self.method,
-            "signed": self.signed,
-            "target": self.target.tolist(),
-            "logits": self.logits.tolist(),
-            "parts": {name: scores.tolist() for name, scores in self.part_scores().items()},
-            "relevance_total": None if total is None else total.tolist(),
+        """The explanation as plain JSON values: `kind` (the class), `version`, method, signedness, targets, logits,
+        each part's scores, the relevance totals of the LRP-based methods, then every other field of the result
+        (tokens, masks, sizes, ...; a `Concept` is not written) and `tensors`: the dtype and shape of each value that
+        was a tensor, by its path (`parts/text`), so that `relevancy.load` gives back equal tensors."""
+        tensors: dict[str, dict] = {}
+        numbers = {
+            "kind": type(self).__name__, "version": FORMAT_VERSION, "method": self.method, "signed": self.signed,
+            "target": _plain(self.target, "target", tensors), "logits": _plain(self.logits, "logits", tensors),
+            "parts": {name: _plain(scores, f"parts/{name}", tensors) for name, scores in self.part_scores().items()},
+            "relevance_total": _plain(self.relevance_total, "relevance_total", tensors),
         }
+        for item in dataclasses.fields(self):
+            if item.name not in numbers and item.name not in self.part_fields.values():
+                numbers[item.name] = _plain(getattr(self, item.name), item.name, tensors)
+        numbers["tensors"] = tensors
+        return numbers
+
+    #: the dataclass fields that hold each part's scores, by part name (`to_json` writes them once, under "parts")
+    part_fields: ClassVar[dict[str, str]] = {}
+
+
+def _plain(value: Any, path: str, tensors: dict[str, dict]) -> Any:
+    """`value` as JSON values (None for what has none: a `Concept`); each tensor's dtype and shape noted in
+    `tensors` under its path."""
+    if isinstance(value, torch.Tensor):
+        tensors[path] = {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        return value.detach().cpu().tolist()
+    if isinstance(value, tuple(NESTED.values())):  # a part of a result (an answer span's, the latent relevance)
+        return {"dataclass": type(value).__name__,
+                **{item.name: _plain(getattr(value, item.name), f"{path}/{item.name}", tensors) for item in dataclasses.fields(value)}}
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item, f"{path}/{key}", tensors) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{path}/{k}", tensors) for k, item in enumerate(value)]
+    return value if isinstance(value, (bool, int, float, str)) else None
+
+
+def json_or(save: Callable[..., Path]) -> Callable[..., Path]:
+    """A result's `save` that writes `to_json()` where the path ends in `.json` (what `relevancy.load` reads) and
+    the family's picture or page otherwise; whole or not at all."""
+
+    @functools.wraps(save)
+    def saving(self: Explanation, path: str | Path, *args: Any, **kwargs: Any) -> Path:
+        if Path(path).suffix.lower() == ".json":
+            from .files import write_atomic
+
+            return write_atomic(Path(path), json.dumps(self.to_json()))
+        return save(self, path, *args, **kwargs)
+
+    return saving
+
+
+def load(source: str | Path | Mapping) -> Explanation:
+    """The result that `save("....json")` wrote (a path) or `to_json()` gave (its dict): the same class, tensors
+    equal to the saved ones (dtype and shape included), on the CPU; a `Concept` explained is not saved (`concept`
+    None, `target` -1 as it was). A one-line error for a file that is not such a result."""
+    if isinstance(source, Mapping):
+        numbers = json.loads(json.dumps(source))  # a copy: the tensors are put in place below
+    else:
+        try:
+            numbers = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"relevancy.load reads the JSON that save('....json') writes; {source} could not be read as JSON: {error}") from None
+    kinds = {kind.__name__: kind for kind in _kinds(Explanation)}
+    kind = numbers.get("kind") if isinstance(numbers, dict) else None
+    if not isinstance(kind, str) or kind not in kinds or "version" not in numbers:
+        raise ValueError(f"not a saved relevancy result (its 'kind' {kind!r} and 'version' are what to_json() writes); kinds: {', '.join(sorted(kinds))}")
+    if not isinstance(numbers["version"], int) or numbers["version"] > FORMAT_VERSION:
+        raise ValueError(f"the result was saved in format version {numbers['version']!r}; this relevancy reads versions up to {FORMAT_VERSION}: update relevancy")
+    try:
+        return _rebuilt(kinds[kind], numbers)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"the saved {kind} is damaged (not as to_json() wrote it): {type(error).__name__}: {error}") from None
+
+
+def _rebuilt(kind: type, numbers: dict) -> Explanation:
+    """A result of `kind` from its `to_json()` values: each tensor made again from its dtype and shape, the parts'
+    scores put back in their fields, lists back into tuples where the field is one."""
+    for path, meta in numbers.get("tensors", {}).items():
+        *parents, last = path.split("/")
+        holder = numbers
+        for key in parents:
+            holder = holder[int(key) if isinstance(holder, list) else key]
+        key = int(last) if isinstance(holder, list) else last
+        dtype = getattr(torch, str(meta["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{path} has no tensor dtype: {meta['dtype']!r}")
+        holder[key] = torch.tensor(holder[key], dtype=dtype).reshape(meta["shape"])
+    parts = {name: part for part, name in kind.part_fields.items()}
+    values = {}
+    for item in dataclasses.fields(kind):
+        value = numbers["parts"][parts[item.name]] if item.name in parts else numbers.get(item.name, _MISSING)
+        if not item.init or value is _MISSING:
+            continue
+        if isinstance(value, list) and str(item.type).startswith(("tuple", "Sequence")):
+            value = tuple(value)
+        values[item.name] = _revived(value)
+    return kind(**values)
+
+
+def _revived(value: Any) -> Any:
+    """A part of a result written as `{"dataclass": name, ...}` (`NESTED`) made again; other values as they are."""
+    if isinstance(value, dict) and value.get("dataclass") in NESTED:
+        return NESTED[value["dataclass"]](**{key: _revived(item) for key, item in value.items() if key != "dataclass"})
+    return value
+
+
+def _kinds(kind: type) -> list[type]:
+    """Every result class below `kind`, those defined later (a family's own) included."""
+    return [sub for child in kind.__subclasses__() for sub in (child, *_kinds(child))]
 
 
 @dataclass
@@ -92,6 +199,8 @@ class ImageExplanation(Explanation):
     concept: object | None = field(default=None, repr=False)  # the relevancy.Concept explained, if any
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
+    part_fields: ClassVar[dict[str, str]] = {"image": "scores"}
+
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
         return {"image": ImagePart(self.scores, self.signed, self.input_size, self.mean, self.std)}
@@ -110,6 +219,7 @@ class ImageExplanation(Explanation):
         """Normalised input images back to `[0, 1]` pictures `(B, H, W, 3)`."""
         return self.parts["image"].pixels(images)
 
+    @json_or
     def save(self, path: str | Path, images: torch.Tensor | None = None) -> Path:
         """Write an overlay PNG (one panel per image); the file appears whole or not at all."""
         return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])
@@ -126,13 +236,13 @@ def save_overlays(part: ImagePart, path: str | Path, images: torch.Tensor | None
 def texts_html(part: TextPart, captions: list[str], by_word: bool = True, special: bool = False) -> str:
     """An HTML fragment: one paragraph per text under its caption, each word on its colour."""
     blocks = [
-        f'<div style="margin:0.6em 0"><div style="font-weight:bold">{html.escape(caption)}</div>'
-        f'<div style="line-height:1.9">{part.html_line(i, by_word, special)}</div></div>'
+        f'<div class="relevancy-text" style="margin:0.6em 0"><div style="font-weight:bold">{html.escape(caption)}</div>'
+        f'<div style="line-height:1.9">{part.html_line(i, by_word, special)}</div>{part.scale_html(i, by_word, special)}</div>'
         for i, caption in enumerate(captions)
     ]
     return (
         '<div style="font-family:sans-serif">' + "".join(blocks)
-        + f'<div style="color:#666;font-size:small">{part.legend()}; hover a word for its score</div></div>'
+        + '<div style="color:#666;font-size:small">each line coloured to its own largest score; hover a word for its score</div></div>'
     )
 
 
@@ -188,13 +298,18 @@ class TextExplanation(ColouredTexts, ImageExplanation):
     """Relevance of each token (`scores`, `(B, T)`, 0 at padding) for `target`.
 
     `tokens[i]` are the token strings of text `i` (its real tokens, [CLS] and [SEP] included), in the order of
-    `scores[i]`; `words(i)` merges word pieces into words by summing their scores.
+    `scores[i]`; `words(i)` merges word pieces into words by summing their scores, `spans(i, ...)` sums them over
+    sentences or character spans of `text(i)`. `target_tokens` (decoder language models explained with
+    `tokenizer=`): the text of each row's explained token, which names it in `labels()` and on the page.
     """
 
     input_size: tuple[int, ...] = ()
     tokens: list[list[str]] | None = None
     word_ids: list[list[int | None]] | None = field(default=None, repr=False)
     attention_mask: torch.Tensor | None = field(default=None, repr=False)
+    target_tokens: list[str] | None = None
+
+    part_fields: ClassVar[dict[str, str]] = {"text": "scores"}
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
@@ -212,11 +327,28 @@ class TextExplanation(ColouredTexts, ImageExplanation):
         """`(word, score)` of text `index`, word pieces merged (see `TextPart.words`)."""
         return self.parts["text"].words(index, special)
 
+    def text(self, index: int = 0) -> str:
+        """The text the tokens of text `index` spell (see `TextPart.text`): what `spans` counts characters in."""
+        return self.parts["text"].text(index)
+
+    def spans(self, index: int = 0, spans: str | Sequence[tuple[int, int]] = "sentences") -> list[tuple[str, float]]:
+        """`(text, score)` per sentence or given `(start, end)` character span of `text(index)` (see `TextPart.spans`)."""
+        return self.parts["text"].spans(index, spans)
+
+    def labels(self) -> list[str]:
+        """A caption per text: the explained token's text (decoders explained with `tokenizer=`) or class name, and
+        its logit."""
+        if self.target_tokens is None:
+            return super().labels()
+        return [f"{token!r} ({float(self.logits[i, k]):.2f})" if k >= 0 else "custom target"
+                for i, (token, k) in enumerate(zip(self.target_tokens, self.target.tolist()))]
+
+    @json_or
     def save(self, path: str | Path, images: object = None, by_word: bool = True, special: bool = False) -> Path:
-        """Write an HTML page of the coloured texts; the file appears whole or not at all."""
+        """Write an HTML page of the coloured texts, titled by the first explained target; whole or not at all."""
         from .files import write_atomic
 
-        return write_atomic(Path(path), html_page(self.method, self.to_html(by_word, special)))
+        return write_atomic(Path(path), html_page(self.captions()[0], self.to_html(by_word, special)))
 
 
 @dataclass
@@ -295,12 +427,9 @@ class DecoderExplanation(TextExplanation):
         return labels
 
     def to_json(self) -> dict:
-        """The protocol's JSON plus the span, the latent relevance, the excluded tokens and the sink shares."""
-        return {**super().to_json(), "tokens": self.tokens, "span": None if self.span is None else self.span.to_json(),
-                "latent": None if self.latent is None else self.latent.to_json(),
-                "excluded": None if self.excluded is None else self.excluded.tolist(),
-                "relevance_total_kept": None if self.relevance_total_kept is None else self.relevance_total_kept.tolist(),
-                "sink_share": self.sink_share.tolist()}
+        """The protocol's JSON (the span, the latent relevance and the excluded tokens among the fields) plus the sink
+        shares."""
+        return {**super().to_json(), "sink_share": self.sink_share.tolist()}
 
 
 @dataclass
@@ -309,8 +438,8 @@ class GenerationExplanation(Explanation):
 
     `scores` `(G, T + G)`: row `g` is the relevance of every token before generated token `g` (the prompt's `T`
     and the `g` generated before it) for that token's logit, raw and signed, 0 at the token itself and after it.
-    `tokens` are the `T + G` tokens' texts (a character whose bytes span several tokens written at the token that
-    completes it, the ones before it empty), `prompt_length` is `T`, `generated_ids` (= `target`) the `G` generated
+    `tokens` are the `T + G` tokens' texts (joined, the decoded sequence; a character whose bytes span several tokens
+    written at the token that completes it, the ones before it empty), `prompt_length` is `T`, `generated_ids` (= `target`) the `G` generated
     token ids, `text` the generated text, `logits` `(G, 1)` each explained logit, and
     `relevance_total` (LRP methods, `(G,)`) the share of each logit that reaches the token embeddings.
     """
@@ -326,6 +455,7 @@ class GenerationExplanation(Explanation):
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
     target = property(lambda self: self.generated_ids)
+    part_fields: ClassVar[dict[str, str]] = {"text": "scores"}
 
     @property
     def parts(self) -> dict[str, TextPart]:
@@ -345,14 +475,21 @@ class GenerationExplanation(Explanation):
         """`(token, score)` of every token before generated token `index`."""
         return self.parts["text"].token_scores(index)
 
+    def words(self, index: int = 0, special: bool = False) -> list[tuple[str, float]]:
+        """`(word, score)` over the tokens before generated token `index`: tokens merged into words at white space
+        (see `TextPart.words`), their scores summed."""
+        return self.parts["text"].words(index, special)
+
+    def spans(self, index: int = 0, spans: str | Sequence[tuple[int, int]] = "sentences") -> list[tuple[str, float]]:
+        """`(text, score)` per sentence or given `(start, end)` character span of the text before generated token
+        `index` (the prompt and the tokens generated before it, `"".join(tokens)`: a span of the prompt reads the
+        same in every row), its tokens' scores summed (see `TextPart.spans`)."""
+        return self.parts["text"].spans(index, spans)
+
     def labels(self) -> list[str]:
         """A caption per generated token: its text and its logit."""
         generated = self.tokens[self.prompt_length:]
         return [f"{token!r} ({float(logit):.2f})" for token, logit in zip(generated, self.logits[:, 0])]
-
-    def to_json(self) -> dict:
-        """The protocol's JSON plus the tokens, the prompt length and the generated text."""
-        return {**super().to_json(), "tokens": self.tokens, "prompt_length": self.prompt_length, "text": self.text}
 
     def show(self) -> None:
         """Print each generated token's row, the earlier tokens on their colours (a terminal, through rich)."""
@@ -369,9 +506,10 @@ class GenerationExplanation(Explanation):
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    @json_or
     def save(self, path: str | Path, images: object = None) -> Path:
-        """Write the HTML page (plain inline script, nothing loaded from the internet) to `path` (.html or .htm);
-        whole or not at all."""
+        """Write the HTML page (plain inline script, nothing loaded from the internet) to `path` (.html or .htm; a
+        `.json` path gets the JSON `relevancy.load` reads); whole or not at all."""
         from .files import check_html_path, write_atomic
 
         return write_atomic(check_html_path(path, "a generation"), html_page(f"{self.method}: generation", self.to_html()))
@@ -403,6 +541,7 @@ class PairExplanation(Explanation):
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
     scores = property(lambda self: self.part_scores())
+    part_fields: ClassVar[dict[str, str]] = {"image": "image_scores", "text": "text_scores"}
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
@@ -443,6 +582,7 @@ class PairExplanation(Explanation):
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    @json_or
     def save(self, path: str | Path, images: torch.Tensor | None = None) -> Path:
         """Write the image part as an overlay PNG (one panel per pair; `images` are the pairs' images), and the
         text part as HTML beside it (same name, `.html`); each file appears whole or not at all."""
@@ -478,6 +618,7 @@ class RegionTextExplanation(ColouredTexts, Explanation):
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
 
     scores = property(lambda self: self.part_scores())
+    part_fields: ClassVar[dict[str, str]] = {"text": "text_scores", "image": "region_scores"}
 
     @property
     def parts(self) -> dict[str, TextPart | RegionPart]:
@@ -490,6 +631,7 @@ class RegionTextExplanation(ColouredTexts, Explanation):
         """A caption per input: the explained answer's name (or index) with its score."""
         return named_scores(self.target, self.logits, self.class_names, "answer")
 
+    @json_or
     def save(self, path: str | Path, images: Sequence | None = None) -> Path:
         """A PNG of the regions (each box filled by its score over `images`, one picture per input as an
         (H, W, 3) array; without boxes, a bar per region) and the coloured questions as HTML beside it (same name,
@@ -522,6 +664,7 @@ class DetectionExplanation(ImageExplanation):
             for r, (i, q, k) in enumerate(zip(self.image.tolist(), self.query.tolist(), self.target.tolist()))
         ]
 
+    @json_or
     def save(self, path: str | Path, images=None, boxes: torch.Tensor | None = None) -> Path:
         """An overlay PNG, one panel per object: `images` the explained images, normalised (B, 3, H, W) as given to
         explain or as pictures (B, H, W, 3) uint8 (each row is drawn over its own image); `boxes` (R, 4) x0, y0, x1,

@@ -14,6 +14,48 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as in a byte-level BPE's tokens (printable
+    bytes as themselves, the others from U+0100 on: a space is Ġ, a newline Ċ, a tab ĉ)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{chr(byte): byte for byte in printable}, **{chr(256 + k): byte for k, byte in enumerate(others)}}
+
+
+BYTE_ALPHABET = _byte_alphabet()
+#: the characters a byte-level BPE writes in place of spaces and control bytes (U+0100 to U+0143)
+BYTE_MARKERS = frozenset(c for c in BYTE_ALPHABET if ord(c) >= 256)
+#: sentence ends: after `.`, `!` or `?` and white space, or at a line break
+SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def readable(token: str) -> str:
+    """The text a token stands for: a byte-level BPE piece decoded (Ġ a space, Ċ a newline; a piece that ends inside
+    a character stays as it is), SentencePiece's ▁ a space; any other token as it is."""
+    if any(c in BYTE_MARKERS for c in token) and all(c in BYTE_ALPHABET for c in token):
+        try:
+            return bytes(BYTE_ALPHABET[c] for c in token).decode("utf-8")
+        except UnicodeDecodeError:
+            return token
+    return token.replace("\u2581", " ")
+
+
+def shown(text: str) -> str:
+    """HTML of a token's text with its line breaks visible: ↵ and a break."""
+    return html.escape(text).replace("\n", "\u21b5<br>").replace("\t", "\u21e5")
+
+
+def span_shares(positions: list[tuple[int, int]], texts: list[str], start: int, end: int) -> list[float]:
+    """Each token's share in the characters `start..end`: the part of its non-white characters that lies inside
+    (all its characters where it has only white space). A token across the span's boundary counts in part, so
+    spans that cut a text in pieces share every token's relevance out exactly once."""
+    shares = []
+    for (first, last), text in zip(positions, texts):
+        counted = [first + k for k, c in enumerate(text) if not c.isspace()] or list(range(first, last))
+        shares.append(sum(start <= k < end for k in counted) / len(counted) if counted else 0.0)
+    return shares
+
+
 SPECIAL_TOKEN = re.compile(r"^(\[[A-Z]+\]|<s>|</s>|<pad>|<unk>|<mask>|<cls>|<sep>|<start_of_text>|<end_of_text>|<start>|<end>|<\|startoftext\|>|<\|endoftext\|>)$")
 SIGNED_PALETTE = "RdBu_r"  # negative blue, positive red, white at zero (the image side's colormap)
 UNSIGNED_PALETTE = "Reds"  # white to red: the text stays readable
@@ -47,6 +89,12 @@ def attaches(unit: str) -> bool:
     return bool(unit) and unit in {".", ",", "!", "?", ";", ":", ")", "'", "%"}
 
 
+def joins(before: str, unit: str) -> bool:
+    """Whether `unit` follows `before` without a space between: punctuation, a unit that brings its own white space
+    (a byte-level token), or one after a line break."""
+    return attaches(unit) or unit[:1].isspace() or before.endswith("\n")
+
+
 @dataclass
 class TextPart:
     """Scores over the tokens of each text, `(B, T)` raw (0 at padding), with the token strings to show them.
@@ -70,10 +118,15 @@ class TextPart:
         return list(zip(tokens, row.tolist()))
 
     def words(self, index: int = 0, special: bool = False) -> list[tuple[str, float]]:
-        """`(word, score)` of text `index`: word pieces merged (`##` continuations, or the tokenizer's word ids),
-        their scores summed. Special tokens ([CLS], [SEP], ...) are left out unless `special=True`."""
+        """`(word, score)` of text `index`: word pieces merged, their scores summed: by the tokenizer's word ids where
+        it gave them, else at white space where the tokens carry it (byte-level BPE, SentencePiece, decoded text: a
+        token starting with a space starts a word, a token of white space alone, a line break, is a unit of its own),
+        else by `##` continuations (WordPiece). Words show the text they stand for (Ġ a space, Ċ a line break).
+        Special tokens ([CLS], [SEP], ...) are left out unless `special=True`."""
         pairs = self.token_scores(index)
+        texts = [readable(token) for token, _ in pairs]
         ids = self.word_ids[index] if self.word_ids else None
+        spaced = ids is None and any(text[:1].isspace() for text in texts)
         merged: list[list] = []
         previous = object()
         for k, (token, score) in enumerate(pairs):
@@ -83,21 +136,59 @@ class TextPart:
                     merged.append([token, score])
                 previous = object()
                 continue
-            piece = token[2:] if token.startswith("##") else token
-            continues = ids[k] == previous if ids is not None else token.startswith("##") and bool(merged)
+            text = texts[k]
+            if spaced:
+                continues = bool(merged) and previous is True and not text[:1].isspace()
+                previous = not text.isspace()
+            else:
+                continues = ids[k] == previous if ids is not None else token.startswith("##") and bool(merged)
+                previous = ids[k] if ids is not None else None
+            piece = text[2:] if token.startswith("##") and not spaced else text
             if continues and merged:
                 merged[-1][0] += piece
                 merged[-1][1] += score
             else:
-                merged.append([piece.lstrip("\u0120\u2581").removesuffix("</w>"), score])
-            previous = ids[k] if ids is not None else None
+                merged.append([piece if piece.isspace() else piece.lstrip(" ").removesuffix("</w>"), score])
         return [(word, score) for word, score in merged]
+
+    def texts(self, index: int = 0) -> list[str]:
+        """The text each real token of text `index` stands for (`readable`), special tokens as written."""
+        return [readable(token) for token, _ in self.token_scores(index)]
+
+    def text(self, index: int = 0) -> str:
+        """The text the real tokens of text `index` spell, joined (the prompt itself for byte-level BPE and
+        SentencePiece tokenizers; WordPiece tokens are joined without spaces): what `spans` counts characters in."""
+        return "".join(self.texts(index))
+
+    def spans(self, index: int = 0, spans: str | Sequence[tuple[int, int]] = "sentences") -> list[tuple[str, float]]:
+        """`(text, score)` per span of text `index` (`text(index)`): "sentences" (split after `.`, `!`, `?` and at
+        line breaks), or `(start, end)` character spans you give. A span's score sums its tokens' scores; a token
+        across a span's boundary counts with the share of its non-white characters inside (`span_shares`), so
+        spans that cut the text in pieces share the row's relevance out exactly once."""
+        texts = self.texts(index)
+        text = "".join(texts)
+        ends = [sum(len(t) for t in texts[: k + 1]) for k in range(len(texts))]
+        positions = list(zip([0, *ends[:-1]], ends))
+        if isinstance(spans, str):
+            if spans != "sentences":
+                raise ValueError(f"spans must be 'sentences' or a list of (start, end) character spans, got {spans!r}")
+            cuts = [0, *(k for m in SENTENCE_BREAK.finditer(text) for k in m.span()), len(text)]
+            spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if text[a:b].strip()]
+        checked = []
+        for span in spans:
+            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+                    or not 0 <= span[0] < span[1] <= len(text)):
+                raise ValueError(f"each span is (start, end) with 0 <= start < end <= {len(text)} (the characters of text({index})), got {span!r}")
+            checked.append(tuple(span))
+        scores = [score for _, score in self.token_scores(index)]
+        return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, texts, a, b), scores)))
+                for a, b in checked]
 
     def units(self, index: int, by_word: bool = True, special: bool = False) -> list[tuple[str, float]]:
         """What is shown of text `index`: words (or tokens), special tokens left out unless asked for."""
         if by_word:
             return self.words(index, special=special)
-        pairs = self.token_scores(index)
+        pairs = [(readable(token), score) for token, score in self.token_scores(index)]
         return pairs if special else [p for p in pairs if not SPECIAL_TOKEN.match(p[0])]
 
     def colours(self, values: list[float]) -> list[tuple[str, str]]:
@@ -120,11 +211,24 @@ class TextPart:
         units = self.units(index, by_word, special)
         text = ""
         for k, ((unit, score), (background, colour)) in enumerate(zip(units, self.colours([s for _, s in units]))):
-            text += ("" if k == 0 or attaches(unit) else " ") + (
+            text += ("" if k == 0 or joins(units[k - 1][0], unit) else " ") + (
                 f'<span title="{score:.4g}" style="background:{background};color:{colour};padding:1px 2px;'
-                f'border-radius:3px">{html.escape(unit)}</span>'
+                f'border-radius:3px">{shown(unit)}</span>'
             )
         return text
+
+    def scale_html(self, index: int, by_word: bool = True, special: bool = False) -> str:
+        """The colour scale of text `index`'s line (`html_line`): the palette from its lowest to its highest colour,
+        labelled with the scores they stand for (each line is coloured to its own largest magnitude)."""
+        values = [score for _, score in self.units(index, by_word, special)]
+        bound = max((abs(v) for v in values), default=0.0) or 1.0
+        low = -bound if self.signed else 0.0
+        stops = [low + (bound - low) * k / 10 for k in range(11)]
+        gradient = ", ".join(background for background, _ in self.colours([*stops, bound]))
+        return (f'<div class="relevancy-scale" style="display:flex;align-items:center;gap:6px;font-size:small;color:#444">'
+                f'<span>{low:.3g}</span><span style="display:inline-block;width:160px;height:10px;border:1px solid #ccc;'
+                f'background:linear-gradient(to right, {gradient})"></span><span>{bound:.3g}</span>'
+                f'<span>{html.escape(self.legend())}</span></div>')
 
     def rich_line(self, index: int, heading: str, by_word: bool = True, special: bool = False):
         """Text `index` as a `rich.text.Text` line under `heading` (needs the `text` extra)."""
@@ -134,7 +238,7 @@ class TextPart:
         units = self.units(index, by_word, special)
         line = Text(f"{heading}\n", style="bold")
         for k, ((unit, _), (background, colour)) in enumerate(zip(units, self.colours([s for _, s in units]))):
-            if k and not attaches(unit):
+            if k and not joins(units[k - 1][0], unit):
                 line.append(" ")
             line.append(unit, style=f"{colour} on {background}")
         return line
@@ -249,10 +353,6 @@ class SpanRelevance:
     foil_scores: torch.Tensor
     tokens: list[list[str]] | None = None
 
-    def to_json(self) -> dict:
-        return {"ids": self.ids.tolist(), "scores": self.scores.tolist(), "foil_ids": self.foil_ids.tolist(),
-                "foil_scores": self.foil_scores.tolist(), "tokens": self.tokens}
-
 
 @dataclass
 class LatentRelevance:
@@ -277,10 +377,6 @@ class LatentRelevance:
         keep = keep.to(self.layers.device if self.layers is not None else self.neurons.device if self.neurons is not None else keep.device)
         return LatentRelevance(None if self.layers is None else self.layers * keep,
                                None if self.neurons is None else self.neurons * keep[..., None], self.heads)
-
-    def to_json(self) -> dict:
-        return {name: None if value is None else value.tolist() for name, value in
-                (("layers", self.layers), ("neurons", self.neurons), ("heads", self.heads))}
 
     def html(self, index: int, tokens: list[str]) -> str:
         """HTML heat maps of row `index`: layers x tokens (rows: layer 0 = embeddings up to the last layer) and layers

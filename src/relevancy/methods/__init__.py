@@ -43,8 +43,9 @@ class Method:
     across: Callable[..., tuple] | None = None
     # how it explains a decoder's generation (`explain_generation`): "one_forward" (every generated token from one
     # forward, batched backward passes), "shared_forward" (one row per token's prefix in one shared forward, a
-    # backward per token); None: it does not
-    generation: Literal["one_forward", "shared_forward"] | None = None
+    # backward per token), "prefixes" (the prefixes as the rows of one batch, a pass or forwards per row); None: it
+    # does not
+    generation: Literal["one_forward", "shared_forward", "prefixes"] | None = None
     # takes a decoder's token texts and `Contrast`s as targets (the others take token ids there)
     token_targets: bool = False
 
@@ -105,16 +106,16 @@ REGISTRY: dict[str, Method] = {
         Method("generic_attention", generic_attention, across=across.generic_attention, signed=False, reads_class_token=True,
                generation="shared_forward", summary="Chefer ICCV'21 gradient-weighted attention rule"),
         Method("transformer_attribution", transformer_attribution, across=across.transformer_attribution, signed=False, reads_class_token=True,
-               needs_attention=False, summary="Chefer CVPR'21: LRP relevance x attention gradient, rolled out"),
+               needs_attention=False, generation="prefixes", summary="Chefer CVPR'21: LRP relevance x attention gradient, rolled out"),
         Method("partial_lrp", partial_lrp, across=across.partial_lrp, signed=False, reads_class_token=True, needs_attention=False,
-               summary="LRP relevance at the last attention (Voita et al.), vanilla rules"),
+               generation="prefixes", summary="LRP relevance at the last attention (Voita et al.), vanilla rules"),
         Method("lrp", lrp, signed=True, reads_class_token=False, needs_attention=False, pixels=True,
-               summary="full LRP to the pixels, vanilla rules"),
+               generation="prefixes", summary="full LRP to the pixels, vanilla rules"),
         Method("cdam", cdam, signed=True, reads_class_token=False, needs_attention=False, accepts_concept=True,
                generation="shared_forward", summary="class-discriminative attention map (Brocki & Chung)"),
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
                accepts_concept=True,
-               summary="score drop when a patch token is removed"),
+               generation="prefixes", summary="score drop when a patch token is removed"),
         Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",
                summary="decoder language models: AttnLRP (Achtibat et al.) at the token embeddings"),
         Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",

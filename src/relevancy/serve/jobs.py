@@ -282,9 +282,9 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
 
 def generation_methods() -> dict[str, str]:
     """The text-generation tab's methods and their summaries."""
-    from ..generation import GENERATION_METHODS
+    from ..generation import ONE_FORWARD_METHODS
 
-    return {name: registry()[name].summary for name in GENERATION_METHODS}
+    return {name: registry()[name].summary for name in ONE_FORWARD_METHODS}
 
 
 def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int:

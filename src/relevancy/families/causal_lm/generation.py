@@ -1,10 +1,10 @@
-"""The relevance of many positions of one sequence from one forward: every generated token of a generation,
-explained over the tokens before it, as a causal `(G, N)` matrix.
+"""The relevance of many positions of one forward: every generated token of a batch of generations, explained over
+the tokens before it, as a causal `(B, G, N)` tensor.
 
 Under the causal mask the hidden state at position `p` depends on positions `0..p` only, so one forward over the
 whole sequence holds every prefix's forward: the backward of the logit of token `g` read at the position before it
 (the graph kept between backward passes, several logits per pass) gives exactly what explaining that prefix alone
-gives.
+gives. Rows of a batch are independent, so one backward pass explains the same step of every row.
 """
 from __future__ import annotations
 
@@ -21,35 +21,46 @@ def causal_rows(prompt_length: int, length: int, device: torch.device | None = N
     return torch.arange(length, device=device)[None, :] < generated[:, None]
 
 
-#: generated tokens explained by one (batched) backward pass: fewer passes are faster (about a fifth at 8 on one CPU
-#: thread), while the pass's transient memory grows with the rows (benchmarks/generation_speed.py)
+def explained_logits(head: torch.nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """`(B, G)`: the head's logit of each token `tokens[b, g]` read from `hidden[b, g]`, the rows of the head's
+    weight those tokens pick (no `(B, G, vocabulary)` logits: a long generation's would not fit)."""
+    logits = (hidden * head.weight[tokens]).sum(-1)
+    return logits if head.bias is None else logits + head.bias[tokens]
+
+
+#: generated tokens explained by one (batched) backward pass, over the rows of a batch together: fewer passes are
+#: faster (about a fifth at 8 on one CPU thread), while the pass's transient memory grows with the logits it takes
+#: (benchmarks/generation_speed.py)
 ROWS_PER_BACKWARD = 8
 
 
-def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, prompt_length: int, rules: RuleSet | None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(scores (G, N), explained logits (G,))` for the one sequence `ids` `(1, N)` whose tokens from
-    `prompt_length` on were generated: row `g` is input x gradient (under `rules`; None: the plain gradient) of the
-    logit of token `prompt_length + g` read at the position before it, over the positions before it (0 elsewhere).
-    One forward (the last token is only explained, never read) and `ceil(G / ROWS_PER_BACKWARD)` backward passes,
-    each batched over its rows (`is_grads_batched`: one unit vector per explained logit)."""
-    length = ids.shape[1]
-    if ids.shape[0] != 1 or not 1 <= prompt_length < length:
-        raise ValueError(f"one sequence (1, N) with 1 <= prompt_length < N is explained, got {tuple(ids.shape)} and {prompt_length}")
+def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torch.Tensor, prompt_length: int,
+                         rules: RuleSet | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(scores (B, G, N), explained logits (B, G))` for the sequences `ids` `(B, N)` (`mask`: 1 at real tokens;
+    prompts left-padded to `prompt_length`, the generated tokens after it, right-padded where a row ended sooner):
+    `scores[b, g]` is input x gradient (under `rules`; None: the plain gradient) of the logit of token
+    `prompt_length + g` read at the position before it, over the real positions before it (0 elsewhere; rows past a
+    sequence's end are meaningless). One forward (the last token is only explained, never read) and
+    `ceil(G / max(1, ROWS_PER_BACKWARD // B))` backward passes, each batched over its steps (`is_grads_batched`)."""
+    rows, length = ids.shape
+    if not 1 <= prompt_length < length:
+        raise ValueError(f"sequences (B, N) with 1 <= prompt_length < N are explained, got {tuple(ids.shape)} and {prompt_length}")
     read = ids[:, :-1]
     embeddings = getattr(adapter.decoder, adapter.layout.embeddings)(read).detach().requires_grad_(True)
-    mask = torch.ones_like(read)
-    generated = ids[0, prompt_length:]
-    rows = []
+    steps = length - prompt_length
+    per_pass = max(1, ROWS_PER_BACKWARD // rows)
+    passes = []
     with adapter.rules_applied(rules):
-        hidden = adapter.hidden_states(embeddings, mask)
-        logits = adapter.model.lm_head(hidden[0, prompt_length - 1:])  # (G, V): the logits read before each generated token
-        explained = logits.gather(1, generated[:, None])[:, 0]
-        units = torch.eye(len(generated), dtype=explained.dtype, device=explained.device)
-        for start in range(0, len(generated), ROWS_PER_BACKWARD):
+        hidden = adapter.hidden_states(embeddings, mask[:, :-1])
+        explained = explained_logits(adapter.model.lm_head, hidden[:, prompt_length - 1:], ids[:, prompt_length:])
+        for start in range(0, steps, per_pass):
             checkpoint()  # a caller's should_stop (relevancy.cancel) is asked before each backward round
-            (gradient,) = torch.autograd.grad(explained, embeddings, grad_outputs=units[start: start + ROWS_PER_BACKWARD],
-                                              retain_graph=start + ROWS_PER_BACKWARD < len(generated), is_grads_batched=True)
-            rows.append((embeddings * gradient).sum(-1)[:, 0].detach())
-    scores = torch.nn.functional.pad(torch.cat(rows), (0, 1))  # the last token is read by no row
-    return scores * causal_rows(prompt_length, length, scores.device), explained.detach()
+            count = min(per_pass, steps - start)
+            units = torch.zeros(count, rows, steps, dtype=explained.dtype, device=explained.device)
+            units[torch.arange(count), :, torch.arange(start, start + count)] = 1
+            (gradient,) = torch.autograd.grad(explained, embeddings, grad_outputs=units, retain_graph=start + count < steps,
+                                              is_grads_batched=True)
+            passes.append((embeddings * gradient).sum(-1).detach())  # (count, B, N - 1)
+    scores = torch.nn.functional.pad(torch.cat(passes).transpose(0, 1), (0, 1))  # the last token is read by no row
+    valid = causal_rows(prompt_length, length, scores.device)[None] & mask.bool()[:, None, :]
+    return scores * valid, explained.detach()

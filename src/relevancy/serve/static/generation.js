@@ -23,6 +23,18 @@ function relevancyGeneration(box, data) {
     text.appendChild(span);
     return span;
   });
+  // the colour scale under the map: the palette from its lowest to its highest colour, labelled per chosen row
+  var scale = document.createElement('div');
+  scale.className = 'relevancy-scale';
+  scale.style.cssText = 'display:flex;align-items:center;gap:6px;font-size:small;color:#444;margin-top:4px';
+  var low = document.createElement('span');
+  var bar = document.createElement('span');
+  bar.style.cssText = 'display:inline-block;width:160px;height:10px;border:1px solid #ccc';
+  bar.style.background = 'linear-gradient(to right, ' + data.palette.map(function (pair) { return pair[0]; }).join(', ') + ')';
+  var high = document.createElement('span');
+  scale.appendChild(low);
+  scale.appendChild(bar);
+  scale.appendChild(high);
   function colour(value, bound) {
     var share = bound > 0 ? value / bound : 0;
     var index = data.signed ? Math.round(steps + steps * share) : Math.round(steps * Math.max(share, 0));
@@ -42,6 +54,8 @@ function relevancyGeneration(box, data) {
         if (k >= data.prompt_length) { span.title = 'show what this token read'; } else { span.removeAttribute('title'); }
       }
     });
+    low.textContent = data.signed ? (-bound).toPrecision(3) : '0';
+    high.textContent = bound.toPrecision(3);
     var total = data.relevance_total ? '; relevance total ' + data.relevance_total[g] : '';
     caption.textContent = data.method + ': why ' + JSON.stringify(data.tokens[data.prompt_length + g]) +
       ' (logit ' + data.logits[g] + total + ')' + (data.signed ? ' - red: for, blue: against' : '') +
@@ -50,5 +64,6 @@ function relevancyGeneration(box, data) {
   }
   box.appendChild(caption);
   box.appendChild(text);
+  box.appendChild(scale);
   if (data.rows.length) { choose(0); }
 }

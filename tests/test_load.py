@@ -1,0 +1,101 @@
+"""`relevancy.load` reads back what `save("....json")` and `to_json()` wrote, for every result class: one model per
+family (tests/family_cases.py), a generation, a concept's result, an LRP result with its totals; the tensors equal
+(dtype and shape), the tokens, targets and every other field as they were."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+from family_cases import FAMILIES
+
+import relevancy
+from relevancy.explanation import FORMAT_VERSION, _kinds
+
+
+def assert_same_result(loaded, original) -> None:
+    assert type(loaded) is type(original)
+    for item in dataclasses.fields(original):
+        before, after = getattr(original, item.name), getattr(loaded, item.name)
+        if item.name == "concept":  # not written: its vector lives on the Concept
+            assert after is None
+        elif isinstance(before, torch.Tensor):
+            assert isinstance(after, torch.Tensor) and after.dtype == before.dtype and after.shape == before.shape, item.name
+            assert torch.equal(after, before.cpu()) or torch.equal(after.isnan(), before.isnan()), item.name
+        else:
+            assert after == before and type(after) is type(before), (item.name, before, after)
+    assert torch.equal(loaded.target, original.target) and loaded.to_json() == original.to_json()
+
+
+def round_trips(result, tmp_path) -> None:
+    path = result.save(tmp_path / "result.json")
+    assert json.loads(path.read_text())["version"] == FORMAT_VERSION
+    assert_same_result(relevancy.load(path), result)
+    assert_same_result(relevancy.load(str(path)), result)
+    assert_same_result(relevancy.load(json.loads(json.dumps(result.to_json()))), result)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_familys_result_loads_back(family, tmp_path):
+    case = FAMILIES[family]
+    inputs, target = case.batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = relevancy.explain(case.build(), inputs, method="rollout", target=target)
+    round_trips(result, tmp_path)
+
+
+def test_lrp_totals_a_concept_and_a_decoders_result_load_back(tmp_path):
+    from relevancy.bench import load_model, make_scenes
+
+    model = load_model()
+    scenes = make_scenes(3, seed=0)
+    round_trips(relevancy.explain(model, scenes.images[:2], method="transformer_attribution"), tmp_path)
+    concept = relevancy.Concept(model, scenes.images)
+    round_trips(relevancy.explain(model, scenes.images[:2], method="cdam", target=concept), tmp_path)
+    decoder = FAMILIES["causal_lm_llama"]
+    inputs, _ = decoder.batch()
+    round_trips(relevancy.explain(decoder.build(), inputs, method="attnlrp"), tmp_path)
+
+
+def test_a_generation_loads_back(tmp_path):
+    from test_causal_lm import build
+    from test_generation import PROMPT, Characters
+
+    result = relevancy.explain_generation(build("llama"), Characters(), PROMPT, max_new_tokens=3, method="cp_lrp")
+    round_trips(result, tmp_path)
+    loaded = relevancy.load(result.save(tmp_path / "generation.json"))
+    assert loaded.token_scores(1) == result.token_scores(1) and loaded.to_html() == result.to_html()
+
+
+def test_every_result_class_is_covered():
+    covered = {"ImageExplanation", "TextExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation",
+               "GenerationExplanation"}
+    assert {kind.__name__ for kind in _kinds(relevancy.Explanation)} == covered
+
+
+def test_what_is_not_a_saved_result_is_named(tmp_path):
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="not a saved relevancy result"):
+        relevancy.load(tmp_path / "other.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="could not be read as JSON"):
+        relevancy.load(tmp_path / "broken.json")
+    with pytest.raises(ValueError, match="could not be read as JSON"):
+        relevancy.load(tmp_path / "missing.json")
+    result = relevancy.explain(FAMILIES["causal_lm_gpt2"].build(), FAMILIES["causal_lm_gpt2"].batch()[0], method="attnlrp")
+    damaged = result.to_json()
+    damaged["tensors"]["logits"]["dtype"] = "load"  # a torch function, not a dtype
+    with pytest.raises(ValueError, match="the saved TextExplanation is damaged .*logits has no tensor dtype: 'load'"):
+        relevancy.load(damaged)
+    cut = result.to_json()
+    cut["parts"]["text"] = cut["parts"]["text"][:1]
+    with pytest.raises(ValueError, match="the saved TextExplanation is damaged"):
+        relevancy.load(cut)
+    with pytest.raises(ValueError, match="not a saved relevancy result"):
+        relevancy.load({**result.to_json(), "kind": ["TextExplanation"]})
+    newer = {**result.to_json(), "version": FORMAT_VERSION + 1}
+    with pytest.raises(ValueError, match=f"saved in format version {FORMAT_VERSION + 1}; this relevancy reads versions up to {FORMAT_VERSION}"):
+        relevancy.load(newer)
