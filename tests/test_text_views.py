@@ -44,6 +44,9 @@ def test_sentences_and_given_spans_sum_their_tokens():
     cuts = [0, 5, mia + 1, len(text)]
     pieces = part().spans(0, list(zip(cuts, cuts[1:])))
     assert "".join(piece for piece, _ in pieces) == text and sum(s for _, s in pieces) == pytest.approx(sum(SCORES))
+    # a token of no text (the first bytes of a character the next token completes) counts with that token
+    split = TextPart(torch.tensor([[1.0, 2.0, 4.0, 8.0]]), True, [["a", "", "\u00e9", " b"]])
+    assert split.spans(0, [(0, 1), (1, 2), (2, 4)]) == [("a", 1.0), ("\u00e9", 6.0), (" b", 8.0)]
     for bad in ([(3, 3)], [(0, len(text) + 1)], [(-1, 2)], [(0.5, 2)], "paragraphs"):
         with pytest.raises(ValueError, match="spans must be 'sentences'|each span is \\(start, end\\)"):
             part().spans(0, bad)

@@ -164,11 +164,18 @@ class TextPart:
         """`(text, score)` per span of text `index` (`text(index)`): "sentences" (split after `.`, `!`, `?` and at
         line breaks), or `(start, end)` character spans you give. A span's score sums its tokens' scores; a token
         across a span's boundary counts with the share of its non-white characters inside (`span_shares`), so
-        spans that cut the text in pieces share the row's relevance out exactly once."""
+        spans that cut the text in pieces share the row's relevance out exactly once; a token of no text (bytes of a
+        character that a later token completes) counts with that token."""
         texts = self.texts(index)
         text = "".join(texts)
         ends = [sum(len(t) for t in texts[: k + 1]) for k in range(len(texts))]
         positions = list(zip([0, *ends[:-1]], ends))
+        # a token of no text (the first bytes of a character another token completes) counts where that token does
+        owner = len(texts) - 1
+        for k in reversed(range(len(texts))):
+            owner = k if texts[k] else owner
+            positions[k] = positions[owner]
+        owned = [texts[k] or text[a:b] for k, (a, b) in enumerate(positions)]
         if isinstance(spans, str):
             if spans != "sentences":
                 raise ValueError(f"spans must be 'sentences' or a list of (start, end) character spans, got {spans!r}")
@@ -181,7 +188,7 @@ class TextPart:
                 raise ValueError(f"each span is (start, end) with 0 <= start < end <= {len(text)} (the characters of text({index})), got {span!r}")
             checked.append(tuple(span))
         scores = [score for _, score in self.token_scores(index)]
-        return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, texts, a, b), scores)))
+        return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, owned, a, b), scores)))
                 for a, b in checked]
 
     def units(self, index: int, by_word: bool = True, special: bool = False) -> list[tuple[str, float]]:
