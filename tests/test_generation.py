@@ -13,6 +13,7 @@ from test_causal_lm import GOLDEN, assert_close_to, build
 import relevancy
 from relevancy.families.causal_lm import generation
 from relevancy.generation import GENERATION_METHODS, SHARED_FORWARD_METHODS
+from relevancy.methods import REGISTRY
 
 METHODS = GENERATION_METHODS
 

@@ -21,12 +21,15 @@ def assert_same_result(loaded, original) -> None:
         before, after = getattr(original, item.name), getattr(loaded, item.name)
         if item.name == "concept":  # not written: its vector lives on the Concept
             assert after is None
+        elif dataclasses.is_dataclass(before):  # an answer span's relevance, the latent relevance
+            assert_same_result(after, before)
         elif isinstance(before, torch.Tensor):
             assert isinstance(after, torch.Tensor) and after.dtype == before.dtype and after.shape == before.shape, item.name
             assert torch.equal(after, before.cpu()) or torch.equal(after.isnan(), before.isnan()), item.name
         else:
             assert after == before and type(after) is type(before), (item.name, before, after)
-    assert torch.equal(loaded.target, original.target) and loaded.to_json() == original.to_json()
+    if isinstance(original, relevancy.Explanation):
+        assert torch.equal(loaded.target, original.target) and loaded.to_json() == original.to_json()
 
 
 def round_trips(result, tmp_path) -> None:
@@ -58,6 +61,11 @@ def test_lrp_totals_a_concept_and_a_decoders_result_load_back(tmp_path):
     decoder = FAMILIES["causal_lm_llama"]
     inputs, _ = decoder.batch()
     round_trips(relevancy.explain(decoder.build(), inputs, method="attnlrp"), tmp_path)
+    # a decoder's answer span with the latent relevance of layers, neurons and heads, its first token left out
+    spanned = relevancy.explain(decoder.build(), inputs, method="attnlrp", target=relevancy.Span([11, 22, 33]), latent=True,
+                                exclude="first")
+    assert spanned.span is not None and spanned.latent.heads is not None and spanned.excluded is not None
+    round_trips(spanned, tmp_path)
 
 
 def test_a_generation_loads_back(tmp_path):
@@ -72,7 +80,7 @@ def test_a_generation_loads_back(tmp_path):
 
 def test_every_result_class_is_covered():
     covered = {"ImageExplanation", "TextExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation",
-               "GenerationExplanation"}
+               "DecoderExplanation", "GenerationExplanation"}
     assert {kind.__name__ for kind in _kinds(relevancy.Explanation)} == covered
 
 
@@ -88,14 +96,14 @@ def test_what_is_not_a_saved_result_is_named(tmp_path):
     result = relevancy.explain(FAMILIES["causal_lm_gpt2"].build(), FAMILIES["causal_lm_gpt2"].batch()[0], method="attnlrp")
     damaged = result.to_json()
     damaged["tensors"]["logits"]["dtype"] = "load"  # a torch function, not a dtype
-    with pytest.raises(ValueError, match="the saved TextExplanation is damaged .*logits has no tensor dtype: 'load'"):
+    with pytest.raises(ValueError, match="the saved DecoderExplanation is damaged .*logits has no tensor dtype: 'load'"):
         relevancy.load(damaged)
     cut = result.to_json()
     cut["parts"]["text"] = cut["parts"]["text"][:1]
-    with pytest.raises(ValueError, match="the saved TextExplanation is damaged"):
+    with pytest.raises(ValueError, match="the saved DecoderExplanation is damaged"):
         relevancy.load(cut)
     with pytest.raises(ValueError, match="not a saved relevancy result"):
-        relevancy.load({**result.to_json(), "kind": ["TextExplanation"]})
+        relevancy.load({**result.to_json(), "kind": ["DecoderExplanation"]})
     newer = {**result.to_json(), "version": FORMAT_VERSION + 1}
     with pytest.raises(ValueError, match=f"saved in format version {FORMAT_VERSION + 1}; this relevancy reads versions up to {FORMAT_VERSION}"):
         relevancy.load(newer)
