@@ -18,7 +18,7 @@ from torch import nn
 
 from ...conventions import Conventions, GradCamConventions
 from ...explanation import TextExplanation
-from ...guard import this_thread_only
+from ...guard import recomputed_as_this_thread, this_thread_only
 from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
@@ -248,9 +248,11 @@ class CausalLMAdapter(Adapter):
         """Gradient checkpointing for one call: each decoder layer keeps only its input for the backward and runs
         again there (torch's non-reentrant checkpoint), so the activations held at once are one layer's, at about
         one more forward of time. transformers' own switch acts in training mode only; this one acts in eval mode
-        and is removed after (instance attributes)."""
+        and is removed after (instance attributes). The recomputation runs this call's forwards in whatever thread
+        autograd runs the backward (CUDA's device threads: `guard.recomputed_as_this_thread`)."""
+        context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            _run, *args, use_reentrant=False, **kwargs)) for layer in self.blocks] if enabled else []
+            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in self.blocks] if enabled else []
         with forwards_replaced(recomputed):
             yield
 
