@@ -25,7 +25,6 @@ from .families.causal_lm.adapter import context_window
 from .families.causal_lm.generation import causal_rows, generation_relevance
 from .messages import quoted
 from .methods.language import INPUT_RELEVANCE_RULES
-from .methods.relevance import full_precision
 
 #: the methods that read the attention and gradients of one forward shared by every generated token's prefix
 SHARED_FORWARD_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam")
@@ -133,7 +132,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
     Returns a `GenerationExplanation`: `scores` `(G, T + G)`, row `g` the relevance of each earlier token for the
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
-    as it was; fp16 / bf16 models are explained through a float32 copy.
+    as it was; fp16 / bf16 models run in their own dtype (the maps in float32).
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
     backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
     `relevancy.cancel.Cancelled`.
@@ -167,8 +166,7 @@ def explain_generation(model: nn.Module, tokenizer: Any, prompt: str, max_new_to
             ids = torch.cat([ids, torch.tensor([forced], device=ids.device)], 1)
         if method in INPUT_RELEVANCE_RULES:
             rules = INPUT_RELEVANCE_RULES[method]
-            with full_precision(adapter, None) as (exact, _):
-                scores, explained = generation_relevance(exact, ids, len(prompt_ids), rules)
+            scores, explained = generation_relevance(adapter, ids, len(prompt_ids), rules)
             totals = None if rules is None else scores.sum(1).cpu() / explained.cpu()
         else:
             scores, explained = _shared_forward_rows(model, len(adapter.attention_sites()), ids, len(prompt_ids), method)

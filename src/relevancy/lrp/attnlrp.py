@@ -80,14 +80,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
-    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant)."""
-    centred = x - x.mean(-1, keepdim=True)
+    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant); in
+    float32 at least and rounded once at the end, as torch's LayerNorm computes half precision."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    centred = wide - wide.mean(-1, keepdim=True)
     y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps))
     if norm.weight is not None:
-        y = y * norm.weight
+        y = y * norm.weight.to(wide.dtype)
     if norm.bias is not None:
-        y = y + norm.bias
-    return y
+        y = y + norm.bias.to(wide.dtype)
+    return y.to(x.dtype)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ import torch
 from ..families.base import Adapter, UnsupportedModelError
 from ..families.causal_lm import CausalLMAdapter
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
-from .relevance import full_precision
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
@@ -16,17 +15,16 @@ INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp"
 
 def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None, method: str,
                      checkpoint: bool) -> tuple:
-    """The method's `(scores, ids, logits[, fields])` on a decoder; the rule-based ones run fp16 / bf16 models
-    through a float32 copy (the rules' ratios need the precision) and report `relevance_total`. `checkpoint`:
+    """The method's `(scores, ids, logits[, fields])` on a decoder; fp16 / bf16 models run in their own dtype (no
+    copy of their weights: the rules keep what needs the precision in float32, `lrp.attnlrp`), the maps come in
+    float32; the rule-based ones report `relevance_total`. `checkpoint`:
     recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
     one more forward of time; the same map)."""
     if not isinstance(adapter, CausalLMAdapter):
         raise UnsupportedModelError(f"method '{method}' explains decoder language models ({CausalLMAdapter.examples}), not the {adapter.family} family")
+    scores, ids, logits, explained = adapter.input_relevance(inputs, target, rules, tokenizer, checkpoint)
     if rules is None:
-        scores, ids, logits, _ = adapter.input_relevance(inputs, target, None, tokenizer, checkpoint)
         return scores, ids, logits
-    with full_precision(adapter, inputs) as (exact_adapter, exact_inputs):  # fp16 / bf16: through a float32 copy
-        scores, ids, logits, explained = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer, checkpoint)
     # the share of the explained score that reaches the token embeddings (biases and positions keep the rest)
     return scores, ids, logits, {"relevance_total": scores.sum(1) / explained}
 

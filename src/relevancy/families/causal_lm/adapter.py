@@ -58,6 +58,17 @@ def context_window(model: nn.Module) -> int | None:
     return window if isinstance(window, int) and window > 0 else None
 
 
+def widened(x: torch.Tensor) -> torch.Tensor:
+    """`x` detached, in float32 at least: what a half-precision model's maps and scores are reported in."""
+    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
+
+
+def input_times_gradient(embeddings: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """`(..., T)` input x gradient summed over the width, in float32 at least (a half-precision model's relevance
+    is a sum of many small terms)."""
+    return torch.linalg.vecdot(widened(embeddings), widened(gradient))
+
+
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
     """Position ids counting the real tokens only (0 at padding)."""
     return (mask.cumsum(-1) - 1).clamp(min=0)
@@ -240,8 +251,7 @@ class CausalLMAdapter(Adapter):
             logits, _ = self._next_token(embeddings, inputs.attention_mask)
             scores, ids = target_scores(logits, target, tokenizer)
             (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
-        relevance = (embeddings * gradient).sum(-1) * inputs.attention_mask
-        return relevance.detach(), ids, logits.detach(), scores.detach()
+        return input_times_gradient(embeddings, gradient) * inputs.attention_mask, ids, logits.detach(), widened(scores)
 
     @contextmanager
     def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:

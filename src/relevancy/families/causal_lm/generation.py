@@ -12,7 +12,7 @@ import torch
 
 from ...cancel import checkpoint
 from ...lrp.attnlrp import RuleSet
-from .adapter import CausalLMAdapter
+from .adapter import CausalLMAdapter, input_times_gradient, widened
 
 
 def causal_rows(prompt_length: int, length: int, device: torch.device | None = None) -> torch.Tensor:
@@ -50,6 +50,6 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, prompt_len
             checkpoint()  # a caller's should_stop (relevancy.cancel) is asked before each backward round
             (gradient,) = torch.autograd.grad(explained, embeddings, grad_outputs=units[start: start + ROWS_PER_BACKWARD],
                                               retain_graph=start + ROWS_PER_BACKWARD < len(generated), is_grads_batched=True)
-            rows.append((embeddings * gradient).sum(-1)[:, 0].detach())
+            rows.append(input_times_gradient(embeddings, gradient)[:, 0])
     scores = torch.nn.functional.pad(torch.cat(rows), (0, 1))  # the last token is read by no row
-    return scores * causal_rows(prompt_length, length, scores.device), explained.detach()
+    return scores * causal_rows(prompt_length, length, scores.device), widened(explained)
