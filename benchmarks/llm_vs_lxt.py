@@ -13,7 +13,7 @@ dependency of relevancy), one CPU thread each. In each process the unit is a pla
 times after a warm-up of each, and the processes of the two tools alternate `--rounds` times, so that both see the
 same load. lxt runs as its README explains a model (its `attnLRP` patch map on transformers' Llama classes, input x
 relevance at the embeddings) with the same shortcut relevancy takes: only the last position's logits
-(`logits_to_keep=1`), one backward. Reported per tool: the best time of each over all rounds and their ratio, and the
+(`logits_to_keep=1`), one backward, to the input only (its weights frozen). Reported per tool: the best time of each over all rounds and their ratio, and the
 peak resident memory of the first explanation above the process with the model loaded (sampled every millisecond).
 Results: benchmarks/results/llm_vs_lxt.txt (and .json).
 """
@@ -50,9 +50,12 @@ def prepare(folder: Path, lengths: list[int]) -> None:
 
 
 def lxt_explainer(model: torch.nn.Module):
-    """lxt's AttnLRP as its README runs it, with relevancy's shortcut (the last position's logits only)."""
+    """lxt's AttnLRP as its README runs it, with relevancy's shortcut (the last position's logits only) and the
+    weights frozen, so that its one backward computes the input's gradient only, as relevancy's does (the README's
+    `.backward()` on a model whose weights require gradients also computes every weight's)."""
     from llm_lxt_reference import lxt_patched
 
+    model.requires_grad_(False)
     patched = lxt_patched("llama", "attnLRP")
     patched.__enter__()  # for the life of this process (one model, one tool)
 
