@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
@@ -247,11 +248,22 @@ class CausalLMAdapter(Adapter):
         layer's activations recomputed in the backward instead of kept (`layers_recomputed`)."""
         embed = getattr(self.decoder, self.layout.embeddings)
         embeddings = embed(inputs.input_ids).detach().requires_grad_(True)
-        with self.rules_applied(rules), self.layers_recomputed(checkpoint):
+        with self.rules_applied(rules), self.weights_frozen(), self.layers_recomputed(checkpoint):
             logits, _ = self._next_token(embeddings, inputs.attention_mask)
             scores, ids = target_scores(logits, target, tokenizer)
             (gradient,) = torch.autograd.grad(scores.sum(), embeddings)
         return input_times_gradient(embeddings, gradient) * inputs.attention_mask, ids, logits.detach(), widened(scores)
+
+    @contextmanager
+    def weights_frozen(self) -> Iterator[None]:
+        """The model's Linear layers (those running `nn.Linear`'s own forward) read their weights detached for one
+        call: a backward to the input needs no weight's gradient, and autograd then keeps no layer's input for one,
+        whatever the weights' `requires_grad` (the model's flags are not touched: a user's training step in another
+        thread still gets its gradients). Instance attributes, in the calling thread only, removed after."""
+        frozen = [(module, lambda x, _m=module: F.linear(x, _m.weight.detach(), None if _m.bias is None else _m.bias.detach()))
+                  for module in self.model.modules() if type(module).forward is nn.Linear.forward]
+        with forwards_replaced(frozen):
+            yield
 
     @contextmanager
     def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:

@@ -41,7 +41,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, prompt_len
     mask = torch.ones_like(read)
     generated = ids[0, prompt_length:]
     rows = []
-    with adapter.rules_applied(rules):
+    with adapter.rules_applied(rules), adapter.weights_frozen():
         hidden = adapter.hidden_states(embeddings, mask)
         logits = adapter.model.lm_head(hidden[0, prompt_length - 1:])  # (G, V): the logits read before each generated token
         explained = logits.gather(1, generated[:, None])[:, 0]
