@@ -331,3 +331,23 @@ def test_the_gradient_methods_match_transformers_own_attentions(arch):
     explanation = relevancy.explain(model, batch("single0"), method="generic_attention")
     assert_close_to(explanation.scores[0], relevance[-1].detach(), f"{arch} generic_attention", 1e-6)
     assert (explanation.scores[0, :-1] > 0).any()
+
+
+def test_weights_are_frozen_for_the_calls_thread_only(arch, model):
+    """For an input-relevance call the Linear layers read their weights detached (no layer input is kept for a
+    weight's gradient) in the calling thread only: another thread's forward still reaches the weights, the flags
+    are not touched, and nothing is left on the model after."""
+    import threading
+
+    from relevancy.families.causal_lm import CausalLMAdapter
+
+    head, x = model.lm_head, torch.randn(2, model.lm_head.in_features, dtype=torch.float64)
+    elsewhere = []
+    with CausalLMAdapter(model).weights_frozen():
+        here = head(x).requires_grad
+        thread = threading.Thread(target=lambda: elsewhere.append(head(x).requires_grad))
+        thread.start()
+        thread.join()
+    assert not here and elsewhere == [True]
+    assert head(x).requires_grad and all(p.requires_grad for p in model.parameters())
+    assert all("forward" not in module.__dict__ for module in model.modules())
