@@ -41,11 +41,17 @@ def this_thread_only(hook: Callable[..., T], otherwise: Callable[..., T] | None 
 
     @functools.wraps(hook)  # the signature too: transformers inspects it (feed_forward_chunk)
     def gated(*args, **kwargs):
-        if threading.get_ident() == owner or owner in getattr(_acting, "owners", ()):
+        if acts_for(owner):
             return hook(*args, **kwargs)
         return None if otherwise is None else otherwise(*args, **kwargs)
 
     return gated
+
+
+def acts_for(owner: int) -> bool:
+    """Whether the calling thread acts for thread `owner`: it is that thread, or runs that thread's work under
+    `acting_for`. Every gate of a call's switches asks this."""
+    return threading.get_ident() == owner or owner in getattr(_acting, "owners", ())
 
 
 @contextmanager
