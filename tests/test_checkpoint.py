@@ -129,3 +129,66 @@ def test_the_users_forwards_from_another_thread_are_untouched():
     assert outputs
     for output in outputs:
         torch.testing.assert_close(output, normal, rtol=1e-4, atol=1e-4)
+
+
+def backward_in_a_worker_thread(monkeypatch) -> list[str]:
+    """`torch.autograd.grad` called from the explaining thread runs in a worker thread, as CUDA's autograd runs the
+    backward (and with it the checkpoint's recomputation) in a device thread of its own. Returns the names of the
+    threads the backward ran in."""
+    grad = torch.autograd.grad
+    ran_in: list[str] = []
+
+    def in_a_worker(*args, **kwargs):
+        if threading.current_thread().name.startswith("autograd-worker"):
+            return grad(*args, **kwargs)
+        result: list = []
+
+        def run() -> None:
+            ran_in.append(threading.current_thread().name)
+            try:
+                result.append(grad(*args, **kwargs))
+            except BaseException as error:  # raised again in the calling thread
+                result.append(error)
+
+        worker = threading.Thread(target=run, name="autograd-worker")
+        worker.start()
+        worker.join()
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    monkeypatch.setattr(torch.autograd, "grad", in_a_worker)
+    return ran_in
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp", "input_x_gradient"])
+def test_checkpoint_recomputes_the_calls_forwards_in_the_thread_autograd_runs_the_backward_in(method, monkeypatch):
+    """The recomputation of `checkpoint=True` in autograd's own thread runs the call's rule forwards (the gate of
+    `guard.this_thread_only` knows the call's recomputation), so the map is the plain call's; a user's forwards in a
+    third thread meanwhile run the model's own."""
+    from test_causal_lm import batch as llm_batch, build as build_llm
+
+    model = build_llm("llama")
+    inputs = llm_batch("left")
+    plain = relevancy.explain(model, inputs, method=method)
+    normal = plain_output(model, inputs)
+    ran_in = backward_in_a_worker_thread(monkeypatch)
+    stop, outputs = threading.Event(), []
+
+    def users_forwards() -> None:
+        while not stop.is_set():
+            outputs.append(plain_output(model, inputs))
+
+    user = threading.Thread(target=users_forwards)
+    user.start()
+    try:
+        for _ in range(3):
+            checkpointed = relevancy.explain(model, inputs, method=method, checkpoint=True)
+            torch.testing.assert_close(checkpointed.scores, plain.scores, rtol=0, atol=1e-12 * plain.scores.abs().max().item())
+    finally:
+        stop.set()
+        user.join(60)
+    assert ran_in and set(ran_in) == {"autograd-worker"}
+    assert outputs
+    for output in outputs:
+        torch.testing.assert_close(output, normal, rtol=1e-10, atol=1e-10)

@@ -89,12 +89,21 @@ def test_model_unchanged_also_under_no_grad_and_after_an_error():
     assert model.training and model.config._attn_implementation == "sdpa"
 
 
-def test_half_precision_is_explained_through_a_float32_copy():
+def test_half_precision_is_explained_in_its_own_dtype():
+    """A bf16 model runs in bf16 (no float32 copy of its weights), the rows in float32, near the float64 model's."""
     model = build("gpt2", dtype=torch.bfloat16)
     before = snapshot(model)
-    result = relevancy.explain_generation(model, Characters(), PROMPT, method="attnlrp", continuation="ab")
+    seen = []
+    handle = model.transformer.h[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+    try:
+        result = relevancy.explain_generation(model, Characters(), PROMPT, method="attnlrp", continuation="ab")
+    finally:
+        handle.remove()
+    assert set(seen) == {torch.bfloat16}
     assert result.scores.dtype == torch.float32
     assert_same(before, snapshot(model))
+    reference = relevancy.explain_generation(build("gpt2"), Characters(), PROMPT, method="attnlrp", continuation="ab").scores
+    assert (result.scores.double() - reference).abs().max() <= 3e-2 * reference.abs().max()
 
 
 @pytest.mark.parametrize("method", SHARED_FORWARD_METHODS)

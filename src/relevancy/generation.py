@@ -26,7 +26,6 @@ from .families.causal_lm.generation import causal_rows, generation_relevance
 from .messages import quoted
 from .methods import REGISTRY, lookup
 from .methods.language import INPUT_RELEVANCE_RULES
-from .methods.relevance import full_precision
 
 
 def generation_methods(*modes: str) -> tuple[str, ...]:
@@ -232,7 +231,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     Returns a `GenerationExplanation`: `scores` `(G, T + G)`, row `g` the relevance of each earlier token for the
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
-    as it was; fp16 / bf16 models are explained through a float32 copy.
+    as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
     backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
     `relevancy.cancel.Cancelled`.
@@ -272,8 +271,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         mask = torch.cat([mask, (torch.arange(ids.shape[1] - width)[None] < torch.tensor(lengths)[:, None]).to(mask)], 1)
         if REGISTRY[method].generation == "one_forward":
             rules = INPUT_RELEVANCE_RULES[method]
-            with full_precision(adapter, None) as (exact, _):
-                scores, explained = generation_relevance(exact, ids, mask, width, rules)
+            scores, explained = generation_relevance(adapter, ids, mask, width, rules)
             rows = [(scores[b], explained[b], None if rules is None else scores[b].sum(-1).cpu() / explained[b].cpu())
                     for b in range(len(prompts))]
         else:

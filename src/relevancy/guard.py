@@ -9,7 +9,11 @@ hash (Hugging Face configs) can be locked too.
 
 The lock does not hold back the user's own forward passes on the model from other threads. So everything an
 explanation attaches to the model (hooks, patched forwards) acts only in the thread that attached it
-(`this_thread_only`); in any other thread the model computes as it always does and nothing is recorded.
+(`this_thread_only`); in any other thread the model computes as it always does and nothing is recorded. The one
+exception is the call's own backward: autograd may run it in a thread of its own (CUDA's device threads), and a
+checkpoint's recomputation of the call's layers there must run the call's forwards. The recomputation enters
+`acting_for(owner)` (torch's checkpoint `context_fn`: `recomputed_as_this_thread`), which lets the gates of the thread
+`owner` act in the thread running it for that block only; a user's forward in any other thread stays untouched.
 """
 from __future__ import annotations
 
@@ -17,13 +21,15 @@ import dataclasses
 import functools
 import threading
 import weakref
-from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterator, TypeVar
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Callable, ContextManager, Iterator, TypeVar
 
 import torch
 
 _locks: dict[int, threading.RLock] = {}
 _registry = threading.Lock()
+#: per thread, the idents of the threads whose gates act in it besides its own (see `acting_for`)
+_acting = threading.local()
 
 T = TypeVar("T")
 
@@ -35,11 +41,38 @@ def this_thread_only(hook: Callable[..., T], otherwise: Callable[..., T] | None 
 
     @functools.wraps(hook)  # the signature too: transformers inspects it (feed_forward_chunk)
     def gated(*args, **kwargs):
-        if threading.get_ident() == owner:
+        if acts_for(owner):
             return hook(*args, **kwargs)
         return None if otherwise is None else otherwise(*args, **kwargs)
 
     return gated
+
+
+def acts_for(owner: int) -> bool:
+    """Whether the calling thread acts for thread `owner`: it is that thread, or runs that thread's work under
+    `acting_for`. Every gate of a call's switches asks this."""
+    return threading.get_ident() == owner or owner in getattr(_acting, "owners", ())
+
+
+@contextmanager
+def acting_for(owner: int) -> Iterator[None]:
+    """For the block, in the calling thread, the gates that `this_thread_only` made in thread `owner` act as in
+    that thread: for the call's own work that autograd runs elsewhere (a checkpoint's recomputation in a device
+    thread). Nested and concurrent blocks keep their own owners; every other thread is unaffected."""
+    before = getattr(_acting, "owners", frozenset())
+    _acting.owners = before | {owner}
+    try:
+        yield
+    finally:
+        _acting.owners = before
+
+
+def recomputed_as_this_thread() -> Callable[[], tuple[ContextManager[None], ContextManager[None]]]:
+    """A `context_fn` for `torch.utils.checkpoint.checkpoint` made in the explaining thread: the forward as it is,
+    the recomputation (in whatever thread autograd runs the backward) under `acting_for` this thread, so that it
+    runs the call's forwards again, not the model's own."""
+    owner = threading.get_ident()
+    return lambda: (nullcontext(), acting_for(owner))
 
 
 def _lock_of(owner: object) -> threading.RLock:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..guard import acts_for
 from ..lrp.attention import attend
 from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, add, default_leaves, gate
 from ._shared import eval_mode, transformers_configs
@@ -87,7 +88,7 @@ def _elsewhere(config: object) -> tuple[bool, str | None]:
     """`(True, the config's own implementation)` in a thread other than the one holding a switch of `config`, else
     `(False, None)`."""
     entry = _switches.get(id(config))
-    if entry is None or entry[0] == threading.get_ident():
+    if entry is None or acts_for(entry[0]):  # the switching thread, or its work in another (guard.acting_for)
         return False, None
     return True, entry[1]
 

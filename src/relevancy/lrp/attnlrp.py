@@ -43,12 +43,14 @@ class _ScaledBackward(torch.autograd.Function):
 
 class _IdentityRule(torch.autograd.Function):
     """`y = f(x)` forward; backward `grad * f(x) / x` (0 where x is 0), so that input x gradient equals the
-    output's relevance element by element."""
+    output's relevance element by element. The ratio is one division and one in-place pass (what is not finite,
+    i.e. x == 0, set to 0) rather than a comparison, a division and a selection: a few percent of a decoder's
+    backward in bf16 on one CPU thread (torch.profiler)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         y = fn(x)
-        ctx.save_for_backward(torch.where(x == 0, 0.0, y / x))
+        ctx.save_for_backward(torch.div(y, x).nan_to_num_(0.0, 0.0, 0.0))
         return y
 
     @staticmethod
@@ -73,21 +75,25 @@ def norm_identity(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm (as Llama computes it: in float32 at least, scaled after the cast back) under the identity rule."""
+    """RMSNorm (as Llama computes it: in float32 at least, scaled after the cast back) under the identity rule; the
+    weight detached (relevance never flows into weights: autograd keeps no copy of the normed tokens for it)."""
     wide = x.to(torch.promote_types(x.dtype, torch.float32))
     normed = norm_identity(wide, torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + eps))
-    return weight * normed.to(x.dtype)
+    return weight.detach() * normed.to(x.dtype)
 
 
 def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
-    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant)."""
-    centred = x - x.mean(-1, keepdim=True)
+    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant); in
+    float32 at least and rounded once at the end, as torch's LayerNorm computes half precision; weight and bias
+    detached (as in `rms_norm`)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    centred = wide - wide.mean(-1, keepdim=True)
     y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps))
     if norm.weight is not None:
-        y = y * norm.weight
+        y = y * norm.weight.detach().to(wide.dtype)
     if norm.bias is not None:
-        y = y + norm.bias
-    return y
+        y = y + norm.bias.detach().to(wide.dtype)
+    return y.to(x.dtype)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from ..families.base import Adapter
 from ..families.causal_lm.adapter import LATENT_PARTS
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
 from ..messages import quoted
-from .relevance import full_precision
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
@@ -31,18 +30,15 @@ def latent_parts(latent: object) -> frozenset[str]:
 
 def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None,
                      checkpoint: bool, score: object, latent: object) -> tuple:
-    """The method's `(scores, ids, logits, fields)` on a decoder; the rule-based ones run fp16 / bf16 models
-    through a float32 copy (the rules' ratios need the precision) and report `relevance_total`. `checkpoint`:
+    """The method's `(scores, ids, logits, fields)` on a decoder; fp16 / bf16 models run in their own dtype (no copy
+    of their weights: the rules keep what needs the precision in float32, `lrp.attnlrp`), the maps come in float32;
+    the rule-based ones report `relevance_total`. `checkpoint`:
     recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
     one more forward of time; the same map)."""
     parts = latent_parts(latent)
     if checkpoint and "heads" in parts:
         raise ValueError("latent heads are read inside each layer, which checkpoint=True runs again in the backward: ask for them without checkpoint")
-    if rules is None:
-        found = adapter.input_relevance(inputs, target, None, tokenizer, checkpoint, score, parts)
-    else:
-        with full_precision(adapter, inputs) as (exact_adapter, exact_inputs):  # fp16 / bf16: through a float32 copy
-            found = exact_adapter.input_relevance(exact_inputs, target, rules, tokenizer, checkpoint, score, parts)
+    found = adapter.input_relevance(inputs, target, rules, tokenizer, checkpoint, score, parts)
     fields: dict[str, Any] = {name: value for name, value in (("span", found.span), ("latent", found.latent)) if value is not None}
     if rules is not None:  # the share of the explained score that reaches the tokens read (biases and positions keep the rest)
         fields["relevance_total"] = found.total / found.explained

@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
 from ...conventions import Conventions, GradCamConventions
 from ...explanation import DecoderExplanation
 from ...parts import LatentRelevance, SpanRelevance
-from ...guard import this_thread_only
+from ...guard import recomputed_as_this_thread, this_thread_only
 from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...streams import AttentionSite, Hookable, Stream
@@ -56,6 +57,17 @@ def context_window(model: nn.Module) -> int | None:
     window RoPE was trained for (`max_position_embeddings`); None where the config names none."""
     window = getattr(model.config, "max_position_embeddings", None)  # GPT-2's config maps it to n_positions
     return window if isinstance(window, int) and window > 0 else None
+
+
+def widened(x: torch.Tensor) -> torch.Tensor:
+    """`x` detached, in float32 at least: what a half-precision model's maps and scores are reported in."""
+    return x.detach().to(torch.promote_types(x.dtype, torch.float32))
+
+
+def input_times_gradient(embeddings: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """`(..., T)` input x gradient summed over the width, in float32 at least (a half-precision model's relevance
+    is a sum of many small terms)."""
+    return torch.linalg.vecdot(widened(embeddings), widened(gradient))
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -296,7 +308,8 @@ class CausalLMAdapter(Adapter):
         embed = getattr(self.decoder, self.layout.embeddings)
         embeddings = embed(plan.ids).detach().requires_grad_(True)
         rows = len(inputs)
-        with self.rules_applied(rules), self.layers_recomputed(checkpoint), self.latent_recorded(latent) as recorded:
+        with self.rules_applied(rules), self.weights_frozen(), self.layers_recomputed(checkpoint), \
+                self.latent_recorded(latent) as recorded:
             hidden = self.hidden_states(embeddings, plan.mask)
             recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
             logits = self.model.lm_head(hidden[plan.term_rows, plan.term_positions])  # (N, V): what predicts each token
@@ -319,7 +332,7 @@ class CausalLMAdapter(Adapter):
                 ids = plan.span_ids[:, 0]
             gradients = torch.autograd.grad(explained.sum(), [embeddings, *recorded.hidden, *recorded.heads])
         read = plan.mask[..., None].to(embeddings.dtype)
-        relevance = plan.gathered(((embeddings * gradients[0]) * read).sum(-1).detach())
+        relevance = plan.gathered(input_times_gradient(embeddings, gradients[0]) * plan.mask)
         length = inputs.input_ids.shape[1]
         span = None
         if plan.ids.shape[1] > length:
@@ -340,7 +353,7 @@ class CausalLMAdapter(Adapter):
             neurons = torch.stack(states) if states else None
             found = LatentRelevance(layers=None if neurons is None or "layers" not in latent else neurons.sum(-1),
                                     neurons=neurons if "neurons" in latent else None, heads=heads)
-        return InputRelevance(relevance[:, :length], ids, next_token.detach(), explained.detach(),
+        return InputRelevance(relevance[:, :length], ids, next_token.detach(), widened(explained),
                               relevance.sum(1), span, found)
 
     @contextmanager
@@ -367,13 +380,26 @@ class CausalLMAdapter(Adapter):
                 handle.remove()
 
     @contextmanager
+    def weights_frozen(self) -> Iterator[None]:
+        """The model's Linear layers (those running `nn.Linear`'s own forward) read their weights detached for one
+        call: a backward to the input needs no weight's gradient, and autograd then keeps no layer's input for one,
+        whatever the weights' `requires_grad` (the model's flags are not touched: a user's training step in another
+        thread still gets its gradients). Instance attributes, in the calling thread only, removed after."""
+        frozen = [(module, lambda x, _m=module: F.linear(x, _m.weight.detach(), None if _m.bias is None else _m.bias.detach()))
+                  for module in self.model.modules() if type(module).forward is nn.Linear.forward]
+        with forwards_replaced(frozen):
+            yield
+
+    @contextmanager
     def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:
         """Gradient checkpointing for one call: each decoder layer keeps only its input for the backward and runs
         again there (torch's non-reentrant checkpoint), so the activations held at once are one layer's, at about
         one more forward of time. transformers' own switch acts in training mode only; this one acts in eval mode
-        and is removed after (instance attributes)."""
+        and is removed after (instance attributes). The recomputation runs this call's forwards in whatever thread
+        autograd runs the backward (CUDA's device threads: `guard.recomputed_as_this_thread`)."""
+        context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            _run, *args, use_reentrant=False, **kwargs)) for layer in self.blocks] if enabled else []
+            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in self.blocks] if enabled else []
         with forwards_replaced(recomputed):
             yield
 

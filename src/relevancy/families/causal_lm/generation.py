@@ -12,7 +12,7 @@ import torch
 
 from ...cancel import checkpoint
 from ...lrp.attnlrp import RuleSet
-from .adapter import CausalLMAdapter
+from .adapter import CausalLMAdapter, input_times_gradient, widened
 
 
 def causal_rows(prompt_length: int, length: int, device: torch.device | None = None) -> torch.Tensor:
@@ -50,7 +50,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
     steps = length - prompt_length
     per_pass = max(1, ROWS_PER_BACKWARD // rows)
     passes = []
-    with adapter.rules_applied(rules):
+    with adapter.rules_applied(rules), adapter.weights_frozen():
         hidden = adapter.hidden_states(embeddings, mask[:, :-1])
         explained = explained_logits(adapter.model.lm_head, hidden[:, prompt_length - 1:], ids[:, prompt_length:])
         for start in range(0, steps, per_pass):
@@ -60,7 +60,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
             units[torch.arange(count), :, torch.arange(start, start + count)] = 1
             (gradient,) = torch.autograd.grad(explained, embeddings, grad_outputs=units, retain_graph=start + count < steps,
                                               is_grads_batched=True)
-            passes.append((embeddings * gradient).sum(-1).detach())  # (count, B, N - 1)
+            passes.append(input_times_gradient(embeddings, gradient))  # (count, B, N - 1)
     scores = torch.nn.functional.pad(torch.cat(passes).transpose(0, 1), (0, 1))  # the last token is read by no row
     valid = causal_rows(prompt_length, length, scores.device)[None] & mask.bool()[:, None, :]
-    return scores * valid, explained.detach()
+    return scores * valid, widened(explained)
