@@ -1,9 +1,10 @@
 """The GPU table: every family and method, time and peak memory as ratios to a forward, and float64 exactness on CUDA.
 
-    python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--repeats 3] [--out benchmarks/results/gpu_<device>.md]
+    python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--repeats 3] [--families ...] [--out benchmarks/results/gpu_<device>.md]
 
-One prepared script for the short time a GPU is lent (about 5 minutes on an H100 / H200 at full size); try it first
-on a CPU with `--device cpu --quick` (tiny float64 models, seconds; `tests/test_gpu_benchmark.py` does).
+One prepared script for the short time a GPU is lent (meant to finish within 8 minutes on an H100 / H200 at full size;
+not yet timed on one); try it first on a CPU with `--device cpu --quick` (the tests' tiny float64 models;
+`tests/test_gpu_benchmark.py` runs it on three families).
 
 1. **Time and memory** (float32, random weights): ViT-B/16 (timm) at batch 1, 8 and 32, and the standard shapes of
    `benchmarks/speed_memory.py` (BERT-base on 512 tokens, CLIP ViT-B/32 on 8 pairs, LXMERT-base on 8 questions,
@@ -67,12 +68,15 @@ def timed(run: Callable[[], Any], device: str) -> tuple[float, int]:
     return seconds, torch.cuda.max_memory_allocated() if device == "cuda" else 0
 
 
-def workloads(device: str, quick: bool) -> Iterator[tuple[str, str, Workload]]:
-    """(label, family key, workload): the full-size models, or the tiny float64 models of the tests with `quick`."""
+def workloads(device: str, quick: bool, families: list[str] | None) -> Iterator[tuple[str, str, Workload]]:
+    """(label, family key, workload): the full-size models, or the tiny float64 models of the tests with `quick`;
+    `families` (None: all) names the families kept (`FAMILIES`, or `tests/family_cases.py`'s names with `quick`)."""
     if quick:
         from family_cases import FAMILIES as CASES, to_device
 
         for name, case in CASES.items():
+            if families is not None and name not in families:
+                continue
             model = case.build().to(device)
             inputs, target = to_device(case.batch(), device)
             yield f"{name} (tiny, float64, batch of the tests)", name, Workload(model, inputs, target, plain(model, inputs))
@@ -81,12 +85,12 @@ def workloads(device: str, quick: bool) -> Iterator[tuple[str, str, Workload]]:
 
     torch.manual_seed(0)
     vit = timm.create_model("vit_base_patch16_224", pretrained=False).eval().to(device)
-    for batch in VIT_BATCHES:
+    for batch in VIT_BATCHES if families is None or "vit" in families else ():
         images = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0)).to(device)
         yield f"ViT-B/16 (timm), {batch} images 224 px", "vit", Workload(vit, images, None, lambda x=images: vit(x))
     del vit
     for family in FAMILIES:
-        if family != "vit":
+        if family != "vit" and (families is None or family in families):
             yield describe(family, quick=False), family, build(family, quick=False, device=device)
 
 
@@ -175,13 +179,15 @@ def lxt_run(work: Workload) -> Callable[[], Any]:
     return run
 
 
-def exactness(device: str) -> list[str]:
+def exactness(device: str, families: list[str] | None) -> list[str]:
     """Rows: every family and method in float64 on `device` against the CPU, and the authors' ViT maps on `device`."""
     from family_cases import FAMILIES as CASES, to_device
     from golden import build_vit, exact_options, vit_cases
 
     rows = ["| model | method | largest difference / map's largest |", "|---|---|---:|"]
     for name, case in CASES.items():
+        if families is not None and name not in families:
+            continue
         cpu_model, on_device = case.build(), case.build().to(device)
         inputs, target = case.batch()
         for method in relevancy.METHODS:
@@ -238,7 +244,7 @@ def header(args: argparse.Namespace) -> list[str]:
 
 def speed_rows(args: argparse.Namespace) -> list[str]:
     rows = ["| model, inputs | method | ms | x forward time | peak MiB | x forward peak |", "|---|---|---:|---:|---:|---:|"]
-    for label, family, work in workloads(args.device, args.quick):
+    for label, family, work in workloads(args.device, args.quick, args.families):
         result = measure(work, runs_for(label, family, work), args.device, args.repeats)
         forward = result.pop("forward")
         memory = f"{forward['peak MiB']:.0f}" if args.device == "cuda" else "-"
@@ -262,6 +268,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--quick", action="store_true", help="the tests' tiny float64 models (a check of the script)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--families", nargs="+", default=None,
+                        help=f"only these (default: all): {', '.join(FAMILIES)}; with --quick the names of tests/family_cases.py")
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/gpu_<device>[_quick].md")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -269,7 +277,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     lines = header(args) + ["## Time and memory", ""] + speed_rows(args)
-    lines += ["", "## Exactness in float64 on the device", ""] + exactness(args.device)
+    lines += ["", "## Exactness in float64 on the device", ""] + exactness(args.device, args.families if args.quick else None)
     out = args.out or HERE / "results" / f"gpu_{args.device}{'_quick' if args.quick else ''}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     temporary = out.with_suffix(".tmp")

@@ -58,7 +58,7 @@ NO_KERNEL = frozenset(f"aten::{name}" for name in (
     "empty_strided", "resolve_conj", "resolve_neg", "contiguous", "to", "type_as", "view_as", "requires_grad_",
     "set_", "result_type", "is_nonzero", "size", "stride", "dim", "_has_compatible_shallow_copy_type", "diagonal",
     "index_select_backward", "real", "imag", "conj", "_conj", "broadcast_to", "align_as", "as_strided_", "squeeze_",
-    "unsqueeze_", "transpose_", "t_", "_nested_tensor_size", "_shape_as_tensor",
+    "unsqueeze_", "transpose_", "t_", "_nested_tensor_size", "_shape_as_tensor", "dropout", "feature_dropout",
 ))
 COPIES = frozenset(("aten::copy_", "aten::clone", "aten::_to_copy"))
 #: operators that read a value back to the host: on a GPU each waits for the queued work (a synchronisation)
