@@ -87,7 +87,7 @@ def workloads(device: str, quick: bool, families: list[str] | None) -> Iterator[
     vit = timm.create_model("vit_base_patch16_224", pretrained=False).eval().to(device)
     for batch in VIT_BATCHES if families is None or "vit" in families else ():
         images = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0)).to(device)
-        yield f"ViT-B/16 (timm), {batch} images 224 px", "vit", Workload(vit, images, None, lambda x=images: vit(x))
+        yield f"ViT-B/16 (timm), {batch} images 224 px", "vit", Workload(vit, images, None, lambda m=vit, x=images: m(x))
     del vit
     for family in FAMILIES:
         if family != "vit" and (families is None or family in families):
