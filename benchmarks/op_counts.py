@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         forward()
         forwards[label] = {**count_ops(forward), "forward_seconds": 0.0}
         rows.append((label, "plain forward", forwards[label]))
+        print(label, "plain forward", forwards[label], file=sys.stderr, flush=True)
         family = "llm" if label == describe("llm", quick=True) else "other"
         with versions[-1].active() as relevancy:
             names = method_names(family, relevancy, args.methods)
