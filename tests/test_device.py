@@ -28,11 +28,15 @@ ALLOCATIONS = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch
                          torch.randn, torch.randint, torch.linspace, torch.scalar_tensor))
 #: factories that convert values: host values (lists, arrays) converted without a device are made on the CPU
 CONVERSIONS = frozenset((torch.tensor, torch.as_tensor))
+#: frames of a function's own comprehensions: the function is the caller
+COMPREHENSIONS = frozenset(("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>"))
 #: the functions that convert the caller's own Python values (the result is moved where it meets the model's tensors)
 HOST_VALUES = {
     "_class_indices": "class indices given as ints or lists (targets.py); resolve_target moves them to the logits' device",
     "_target_rows": "a per-row target split with rows_at_once (api.py); resolved like any target",
     "_token_tensor": "token ids and masks given as lists (hf_bert); check_inputs moves them to the model's device",
+    "reading": "a decoder's reading rows built from the targets' token lists (causal_lm/targets.py), each moved to the ids' device once",
+    "_padded": "the targets' token spans as a padded table (causal_lm/targets.py), moved to the ids' device by `reading`",
 }
 
 
@@ -46,7 +50,8 @@ class DefaultDeviceWatch(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if kwargs.get("device") is None and (func in ALLOCATIONS or func in CONVERSIONS and not isinstance(args[0], torch.Tensor)):
-            caller = traceback.extract_stack(limit=2)[0]  # the frame that called the factory
+            frames = traceback.extract_stack(limit=4)[:-1]  # the frames that led to the factory, innermost last
+            caller = next(f for f in reversed(frames) if f.name not in COMPREHENSIONS or f is frames[0])  # their function
             if "/relevancy/" in caller.filename and caller.name not in HOST_VALUES:
                 where = caller.filename.split("/relevancy/")[-1]
                 self.found.append(f"{where}:{caller.lineno} {caller.name}: torch.{func.__name__}")
