@@ -2,6 +2,7 @@
 family contract (test_family_contract.py): a new family adds its case here."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +22,21 @@ from test_text_adapter import tiny as tiny_text
 from golden import GOLDEN
 
 Call = tuple[Any, Any]  # (inputs, target) for relevancy.explain
+
+
+def to_device(value: Any, device: str) -> Any:
+    """Tensors, dicts, lists, tuples and dataclasses (the families' typed batches) with every tensor on `device`: a
+    case's inputs for a model moved there (tests/test_device.py, benchmarks/gpu.py)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: to_device(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(item, device) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: to_device(getattr(value, f.name), device)
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
 
 
 @dataclass(frozen=True)

@@ -67,11 +67,13 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
     exception (a user's model is never left changed)."""
     training = [(module, module.training) for module in model.modules()]
     try:
-        model.eval()
+        if any(flag for _, flag in training):  # a model in eval mode already: no flag set (`nn.Module` sets are slow)
+            model.eval()
         yield
     finally:
         for module, flag in training:
-            module.training = flag
+            if module.training != flag:
+                module.training = flag
 
 
 def transformers_configs(model: nn.Module) -> list:

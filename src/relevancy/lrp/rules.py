@@ -117,8 +117,8 @@ def live_rows(relevance: torch.Tensor, inputs: int) -> torch.Tensor | None:
     most as many as `inputs` and at most `LIVE_ROW_SHARE` of all rows (the last block under a readout row: one row
     per input); None otherwise."""
     live = relevance.reshape(-1, relevance.shape[-1]).ne(0).any(-1)
-    count = int(live.sum())
-    return live.nonzero().squeeze(1) if count <= min(inputs, LIVE_ROW_SHARE * len(live)) else None
+    rows = live.nonzero().squeeze(1)  # one read back to the host (a synchronisation on a GPU), not two
+    return rows if len(rows) <= min(inputs, LIVE_ROW_SHARE * len(live)) else None
 
 
 def rows_one_at_a_time(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, rows: torch.Tensor, shared_denominator: bool) -> torch.Tensor:

@@ -12,7 +12,7 @@ from ..recompute import BlockRecompute, gradient_pass, passes_down
 from ..streams import Stream
 from ..targets import Target
 from . import coattention
-from .attention import StartLayer, first_layer, per_stream, readout_chain, readout_row, with_identity
+from .attention import StartLayer, first_layer, per_stream, readout_chain, readout_row
 
 def attention_gradcam(
     adapter: Adapter, inputs: Any, target: Target, normalize: bool | None = None, region: str | None = None,
@@ -117,8 +117,8 @@ def generic_attention(
     # R = prod_l (I + E_h (G_l * A_l)^+), read at the readout row (carried back through the blocks: no (T, T) product);
     # each block's E_h (G_l * A_l)^+ is taken as the backward reaches it, so no two full gradients are held at once
     cams = iter(fwd.reduced_gradients(flat, coattention.weighted_head_mean, [used[name][0] for name in streams]))
-    updates = {name: [with_identity(next(cams)) for _ in attentions] for name, attentions in used.items()}
-    scores = per_stream(adapter, inputs, how, lambda stream: readout_chain(updates[stream.name], stream))
+    updates = {name: [next(cams) for _ in attentions] for name, attentions in used.items()}
+    scores = per_stream(adapter, inputs, how, lambda stream: readout_chain(updates[stream.name], stream, identity=True))
     return scores, fwd.indices, fwd.logits
 
 
@@ -139,12 +139,12 @@ def generic_attention_block_by_block(adapter: Adapter, inputs: Any, target: Targ
 
     def reduce(index: int, attentions: list[torch.Tensor], found: dict[str, list[torch.Tensor]]) -> None:
         (attention,) = attentions
-        cams[index] = with_identity(coattention.weighted_head_mean(found["gradient"][0], attention.detach()))
+        cams[index] = coattention.weighted_head_mean(found["gradient"][0], attention.detach())
 
     with forward_hooks([site.probabilities for site in adapter.attention_sites()], keep):
         passes_down(recompute, first, fwd.score, ("gradient",), gradient_pass, made, reduce)
     updates = [cams[index] for index in range(first, len(adapter.blocks))]
-    scores = per_stream(adapter, inputs, how, lambda s: readout_chain(updates, s))
+    scores = per_stream(adapter, inputs, how, lambda s: readout_chain(updates, s, identity=True))
     return scores, fwd.indices, fwd.logits
 
 

@@ -79,9 +79,9 @@ def transformer_attribution(
     scores, totals, pending = {}, [], iter(matrices)
     for (name, stream), relevance in zip(streams.items(), arrived):
         stream_matrices = [next(pending) for _ in used[name]]
-        if normalize:
-            stream_matrices = [m / m.sum(-1, keepdim=True) for m in stream_matrices]
-        scores[name] = set_class_entry(readout_chain(stream_matrices, stream), how, stream)
+        if normalize:  # (I + M) / its row sums
+            stream_matrices = [m.div_(m.sum(-1, keepdim=True)) for m in map(with_identity, stream_matrices)]
+        scores[name] = set_class_entry(readout_chain(stream_matrices, stream, identity=not normalize), how, stream)
         where = label if len(streams) == 1 else f"{label} ({name} stream)"
         totals.append(conservation(masked(stream, relevance), PAPER, where)["relevance_total"])
     return per_stream_result(scores, totals, fwd)
@@ -90,7 +90,7 @@ def transformer_attribution(
 def combine_on_arrival(
     session, score: torch.Tensor, attentions: list[torch.Tensor], seed: torch.Tensor, factors: list, tokens: list[torch.Tensor]
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Relevance pass: as each block's relevance `R_b` arrives, reduce it at once to `I + E_h (F_b * R_b)^+`.
+    """Relevance pass: as each block's relevance `R_b` arrives, reduce it at once to `E_h (F_b * R_b)^+`.
 
     Keeps one `(B, T, T)` matrix per block instead of every `(B, heads, T, T)` relevance and factor. The pass
     goes on to `tokens` (per stream, the input of the earliest block used), whose relevances are returned too.
@@ -114,8 +114,8 @@ def combine_on_arrival(
 
 
 def attribution_matrix(factor: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
-    """One block's `I + E_h (F_b * R_b)^+`."""
-    return with_identity((factor * relevance).clamp(min=0).mean(1))
+    """One block's `E_h (F_b * R_b)^+` (the identity is added where the chain is read: `readout_chain`'s `identity`)."""
+    return (factor * relevance).clamp_(min=0).mean(1)
 
 
 def attribution_block_by_block(

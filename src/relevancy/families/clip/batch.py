@@ -27,26 +27,29 @@ class ImageTextBatch:
         """A batch from images and the tokenizer's output (or `input_ids`): image `i` with text `i` when the counts
         agree, one image with every text or every image with one text; `pairs` chooses others."""
         ids, mask = text_ids(texts)
+        device = getattr(images, "device", None)  # the pairs index the images: on their device (others: checked later)
         if pairs is None:
             n, m = len(images), len(ids)
             if n == m:
-                pairs = torch.arange(n)[:, None].expand(n, 2)
+                pairs = torch.arange(n, device=device)[:, None].expand(n, 2)
             elif n == 1 or m == 1:
                 count = max(n, m)
-                pairs = torch.stack([torch.arange(count) * (n > 1), torch.arange(count) * (m > 1)], 1)
+                pairs = torch.arange(count, device=device)[:, None] * torch.tensor([n > 1, m > 1], device=device)
             else:
                 raise ValueError(
                     f"{n} images and {m} texts: give as many texts as images (image i with text i), one image or one "
                     "text, or every combination with ImageTextBatch.grid(images, texts)"
                 )
-        return cls(images, ids, torch.as_tensor(pairs, dtype=torch.long).reshape(-1, 2), mask, tokens)
+        return cls(images, ids, torch.as_tensor(pairs, dtype=torch.long, device=device).reshape(-1, 2), mask, tokens)
 
     @classmethod
     def grid(cls, images: torch.Tensor, texts: object, tokens: list[list[str]] | None = None) -> "ImageTextBatch":
         """Every image with every text: `n * m` pairs, image-major (pair `i * m + j` is image `i`, text `j`)."""
         ids, _ = text_ids(texts)
         n, m = len(images), len(ids)
-        pairs = torch.stack(torch.meshgrid(torch.arange(n), torch.arange(m), indexing="ij"), -1).reshape(-1, 2)
+        device = getattr(images, "device", None)
+        steps = torch.arange(n, device=device), torch.arange(m, device=device)
+        pairs = torch.stack(torch.meshgrid(*steps, indexing="ij"), -1).reshape(-1, 2)
         return cls.of(images, texts, pairs, tokens)
 
     def __len__(self) -> int:

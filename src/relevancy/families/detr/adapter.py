@@ -179,9 +179,10 @@ class DetrAdapter(Adapter):
             raise ValueError(
                 f"no object detected above probability {DETECTION_THRESHOLD} in any image: give target=(query, class)"
             )
-        image = torch.tensor([i for i, per_image in enumerate(pairs) for _ in per_image], dtype=torch.long)
-        query = torch.tensor([q for per_image in pairs for q, _ in per_image], dtype=torch.long)
-        label = torch.tensor([c for per_image in pairs for _, c in per_image], dtype=torch.long)
+        device = inputs.pixel_values.device  # the rows index the model's outputs: on their device
+        image = torch.tensor([i for i, per_image in enumerate(pairs) for _ in per_image], dtype=torch.long, device=device)
+        query = torch.tensor([q for per_image in pairs for q, _ in per_image], dtype=torch.long, device=device)
+        label = torch.tensor([c for per_image in pairs for _, c in per_image], dtype=torch.long, device=device)
         return inputs.rows(image, query), label
 
     def detections(self, inputs: DetectionBatch, threshold: float = DETECTION_THRESHOLD) -> list[list[Detection]]:

@@ -1,0 +1,117 @@
+"""Every method and family on the model's device: no tensor made on the CPU by default inside a call.
+
+- On any machine: every family's case runs every method under a `TorchFunctionMode` that records each tensor
+  factory called by relevancy's own code without `device=` (`torch.zeros`, `arange`, `eye`, `tensor`, ...). On a
+  CPU such a tensor works; on a GPU it is made on the CPU and either fails or is copied over at each use. Only
+  the conversions of the caller's own Python values (token ids, class indices given as lists) may be made on the
+  host: they are moved to the model's device where they meet its tensors, and the test names them.
+- Where a GPU is present (`-m cuda`, skipped elsewhere with the reason): every family and method on CUDA gives the
+  CPU's maps (float64).
+"""
+from __future__ import annotations
+
+import traceback
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import relevancy
+from family_cases import FAMILIES, to_device
+from relevancy.families.base import UnsupportedModelError
+from relevancy.lrp import MissingRuleError
+
+#: factories that allocate a tensor of their own: inside a call they must name the device
+ALLOCATIONS = frozenset((torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.eye, torch.rand,
+                         torch.randn, torch.randint, torch.linspace, torch.scalar_tensor))
+#: factories that convert values: host values (lists, arrays) converted without a device are made on the CPU
+CONVERSIONS = frozenset((torch.tensor, torch.as_tensor))
+#: frames of a function's own comprehensions: the function is the caller
+COMPREHENSIONS = frozenset(("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>", "<lambda>"))
+#: the functions that convert the caller's own Python values (the result is moved where it meets the model's tensors)
+HOST_VALUES = {
+    "_class_indices": "class indices given as ints or lists (targets.py); resolve_target moves them to the logits' device",
+    "_target_rows": "a per-row target split with rows_at_once (api.py); resolved like any target",
+    "_token_tensor": "token ids and masks given as lists (hf_bert); check_inputs moves them to the model's device",
+    "reading": "a decoder's reading rows built from the targets' token lists (causal_lm/targets.py), each moved to the ids' device once",
+    "_padded": "the targets' token spans as a padded table (causal_lm/targets.py), moved to the ids' device by `reading`",
+}
+
+
+class DefaultDeviceWatch(TorchFunctionMode):
+    """Records `(file:line, function, factory)` for each factory that relevancy's code calls without a device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("device") is None and (func in ALLOCATIONS or func in CONVERSIONS and not isinstance(args[0], torch.Tensor)):
+            frames = traceback.extract_stack(limit=4)[:-1]  # the frames that led to the factory, innermost last
+            caller = next(f for f in reversed(frames) if f.name not in COMPREHENSIONS or f is frames[0])  # their function
+            if "/relevancy/" in caller.filename and caller.name not in HOST_VALUES:
+                where = caller.filename.split("/relevancy/")[-1]
+                self.found.append(f"{where}:{caller.lineno} {caller.name}: torch.{func.__name__}")
+        return func(*args, **kwargs)
+
+
+def explain(model: torch.nn.Module, call: tuple, method: str) -> relevancy.Explanation | None:
+    """The explanation, or None where the family refuses the method by name."""
+    inputs, target = call
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # conservation warnings of random weights
+        try:
+            return relevancy.explain(model, inputs, method=method, target=target)
+        except (UnsupportedModelError, MissingRuleError, ValueError) as error:
+            assert f"'{method}'" in str(error), f"{method} refused without naming it: {error}"
+            return None
+
+
+def test_the_watch_sees_a_factory_without_device():
+    """The mode records what it is meant to: a factory called without a device from relevancy's code."""
+    from relevancy.methods import attention
+
+    with DefaultDeviceWatch() as watch:
+        torch.eye(3)  # called from this test: not relevancy's
+        attention.with_identity(torch.zeros(2, 2, device="cpu"))  # names its device: not recorded
+    assert watch.found == []
+    with DefaultDeviceWatch() as watch:
+        exec(compile("torch.zeros(2)", "/src/relevancy/made_up.py", "exec"), {"torch": torch})
+    assert watch.found == ["made_up.py:1 <module>: torch.zeros"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_tensor_made_on_the_default_device_inside_a_call(family):
+    case = FAMILIES[family]
+    model = case.build()
+    ran = 0
+    for method in relevancy.METHODS:
+        with DefaultDeviceWatch() as watch:
+            explained = explain(model, case.batch(), method)
+        ran += explained is not None
+        assert watch.found == [], f"{family} {method}: tensors made on the default device: {sorted(set(watch.found))}"
+    assert ran >= 3, f"{family}: too few methods ran to check anything"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA-vs-CPU comparison runs where a GPU is present")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_method_on_cuda_gives_the_cpu_maps(family):
+    case = FAMILIES[family]
+    model = case.build()
+    on_gpu = case.build().to("cuda")
+    call = case.batch()
+    for method in relevancy.METHODS:
+        expected = explain(model, call, method)
+        actual = explain(on_gpu, to_device(call, "cuda"), method)
+        assert (expected is None) == (actual is None), f"{family} {method}: runs on one device only"
+        if expected is None:
+            continue
+        for name, part in expected.parts.items():
+            got = actual.parts[name].scores
+            scale = part.scores.abs().max().clamp(min=1e-30)
+            error = ((got.cpu() - part.scores).abs().max() / scale).item()
+            assert error < 1e-6, f"{family} {method} {name}: CUDA differs from the CPU by {error:.2g} of the map's largest"
