@@ -82,6 +82,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight.detach() * normed.to(x.dtype)
 
 
+def one_plus_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm `x / rms(x) * (1 + w)` under the identity rule, as Gemma computes it (in float32, scaled
+    before the cast back)."""
+    wide = x.float()
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps).detach()
+    return (normed * (1.0 + weight.float())).type_as(x)
+
+
 def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
     """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant); in
     float32 at least and rounded once at the end, as torch's LayerNorm computes half precision; weight and bias
@@ -122,24 +130,58 @@ CP_LRP = RuleSet("cp_lrp", query_key=None, value=1.0, gate=None, up=1.0)
 RULE_SETS = {rules.name: rules for rules in (ATTNLRP, CP_LRP)}
 
 
+def gated(rules: RuleSet, act: Callable[[torch.Tensor], torch.Tensor], gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`act(gate) * up` under `rules`: the identity rule on the activation, the product's rule on the factors."""
+    return rules.activation(act, rules.take(gate, rules.gate)) * rules.take(up, rules.up)
+
+
 def gated_mlp(rules: RuleSet, gate_proj: torch.nn.Module, up_proj: torch.nn.Module, down_proj: torch.nn.Module,
               act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """`down(act(gate(x)) * up(x))` under `rules`."""
-    gate = rules.activation(act, rules.take(gate_proj(x), rules.gate))
-    return down_proj(gate * rules.take(up_proj(x), rules.up))
+    return down_proj(gated(rules, act, gate_proj(x), up_proj(x)))
+
+
+def fused_gated_mlp(rules: RuleSet, gate_up_proj: torch.nn.Module, down_proj: torch.nn.Module,
+                    act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Phi-3's MLP `down(up * act(gate))`, `gate, up = gate_up_proj(x).chunk(2)`, under `rules`."""
+    gate, up = gate_up_proj(x).chunk(2, dim=-1)
+    return down_proj(gated(rules, act, gate, up))
+
+
+def routed_experts(rules: RuleSet, gate_up: torch.Tensor, down: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor],
+                   x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """A mixture of experts `sum_k w_k expert_k(x)` over tokens `x (N, D)`, each token's experts `index (N, k)` and
+    router weights `weights (N, k)`, experts stored as `gate_up (E, 2I, D)`, `down (E, D, I)` (transformers 5's
+    Qwen3-MoE and Mixtral). Each expert is a gated MLP under `rules`; the product of its output and its router
+    weight is a product of two model-dependent factors, the router weight taking the gate's share (AttnLRP: half
+    each, as lxt's qwen3_moe map; CP-LRP: the weight is a constant, the expert's output takes it all). The router's
+    softmax and top-k run in the model's own forward, with their gradient."""
+    out = torch.zeros_like(x)
+    for expert in index.unique().tolist():
+        if expert >= len(gate_up):  # transformers' marker of an unused slot
+            continue
+        token, slot = torch.where(index == expert)
+        gate, up = F.linear(x[token], gate_up[expert]).chunk(2, dim=-1)
+        hidden = F.linear(gated(rules, act, gate, up), down[expert])
+        weighted = rules.take(hidden, rules.up) * rules.take(weights[token, slot, None], rules.gate)
+        out = out.index_add(0, token, weighted.to(out.dtype))
+    return out
 
 
 def attention(rules: RuleSet | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              mask: torch.Tensor | None, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+              mask: torch.Tensor | None, scaling: float, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact eager attention `(output (B, T, H, d), probabilities (B, H, T, S))` over heads `(B, H, T, d)`, keys
     and values shared by groups of query heads (grouped-query attention: the query heads are viewed as
     (key heads, group) and broadcast against their key head, so keys and values are never copied per head),
-    softmax in the model's dtype (float32 at least); `rules` None: the plain gradient."""
+    softmax in the model's dtype (float32 at least); `rules` None: the plain gradient. `softcap` (Gemma 2): the
+    scores soft-capped `c tanh(s / c)` before the mask, with their gradient (part of the softmax's argument)."""
     batch, heads, length, width = query.shape
     if rules is not None:
         query, key, value = rules.take(query, rules.query_key), rules.take(key, rules.query_key), rules.take(value, rules.value)
     grouped = (query * scaling).view(batch, key.shape[1], heads // key.shape[1], length, width)
     scores = torch.matmul(grouped, key.unsqueeze(2).transpose(-1, -2))  # scaled on the (T, d) side: one (T, T) pass less
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.add_(mask[..., : key.shape[-2]].unsqueeze(2))  # in place: the product's backward keeps no copy of it
     probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)

@@ -1,4 +1,5 @@
-"""Decoder language models (transformers `LlamaForCausalLM` and the models sharing its layout, `GPT2LMHeadModel`).
+"""Decoder language models: transformers' `...ForCausalLM` of the layouts in `layouts.py` (Llama, Qwen2/3, Mistral,
+Mixtral, Qwen3-MoE, Gemma 2/3, Phi-3, OLMo 2, GPT-NeoX, GPT-2), each checked on its modules before it is ruled.
 
 Inputs are the tokenizer's output (`input_ids`, `attention_mask`, left or right padding). One stream `text`, read
 at each row's last real token: the explained score is a logit of the token that comes next. Position ids count the
@@ -21,14 +22,16 @@ from ...conventions import Conventions, GradCamConventions
 from ...explanation import DecoderExplanation
 from ...parts import LatentRelevance, SpanRelevance
 from ...guard import recomputed_as_this_thread, this_thread_only
+from ...lrp.attention import causal_mask
 from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
+from ...messages import quoted
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import Layout, layout_of
+from .layouts import DECODER_CLASSES, Layout, is_causal_lm, layout_of
 from .targets import Contrast, RowTarget, Span, reading, row_targets, token_score
 
 #: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
@@ -43,8 +46,11 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        softcap = kwargs.get("softcap")
         if probabilities:
-            return attention(rules, query, key, value, attention_mask, scale)  # transformers' eager mask: additive
+            return attention(rules, query, key, value, attention_mask, scale, softcap)  # transformers' eager mask: additive
+        if softcap is not None:  # Gemma 2: torch's fused kernel has no soft-capping
+            return attention(rules, query, key, value, sdpa_as_additive(attention_mask, query, key), scale, softcap)
         return fused_attention(rules, query, key, value, attention_mask, scale), None
 
     name = ATTENTION_NAMES[None if rules is None else rules.name] + ("" if probabilities else "_fused")
@@ -68,6 +74,30 @@ def input_times_gradient(embeddings: torch.Tensor, gradient: torch.Tensor) -> to
     """`(..., T)` input x gradient summed over the width, in float32 at least (a half-precision model's relevance
     is a sum of many small terms)."""
     return torch.linalg.vecdot(widened(embeddings), widened(gradient))
+
+
+def sdpa_as_additive(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """transformers' sdpa mask (boolean, True where allowed; None for plainly causal) as the eager attention adds it."""
+    if mask is None:
+        return causal_mask(query.shape[-2], key.shape[-2], query)[None, None] if query.shape[-2] > 1 else None
+    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
+
+
+#: the seeds' LRP methods: offered where the layout has a rule map
+PROPAGATION_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
+
+
+class LayerInput:
+    """The hidden states entering a layer, hookable like a module's output (`hook(module, args, hidden_states)`)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        self.layer = layer
+
+    def register_forward_hook(self, hook: Callable) -> torch.utils.hooks.RemovableHandle:
+        def observe(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            hook(module, args, args[0] if args else kwargs["hidden_states"])  # never replaces the input
+
+        return self.layer.register_forward_pre_hook(this_thread_only(observe), with_kwargs=True)
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -125,7 +155,7 @@ class CausalLMAdapter(Adapter):
     family = "decoder language model"
     methods = (*SEED_METHODS, "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
-    examples = "transformers LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
+    examples = "transformers " + DECODER_CLASSES
     explanation_class = DecoderExplanation
     #: Grad-CAM averages the gradient over the real token pairs, so that padding cannot change a row's map
     # Grad-CAM over the real (query, key) pairs, as for BERT: padding does not change a row's map
@@ -147,16 +177,17 @@ class CausalLMAdapter(Adapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        layout = layout_of(model)
-        if layout is None:
-            raise UnsupportedModelError(f"not a decoder language model of a known layout: {type(model).__name__}")
-        self.layout: Layout = layout
-        self.decoder: nn.Module = getattr(model, layout.decoder)
-        self.blocks = list(getattr(self.decoder, layout.layers))
+        self.layout: Layout = layout_of(model)  # checked on the model's modules; a refusal names what does not fit
+        self.decoder: nn.Module = getattr(model, self.layout.decoder)
+        self.blocks = list(getattr(self.decoder, self.layout.layers))
+        self.ruled = self.layout.ruled(model)
+        if self.layout.rule_map is None:  # no rule map for the seeds' LRP methods yet: those are refused by name
+            self.methods = tuple(m for m in type(self).methods if m not in PROPAGATION_METHODS)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        return layout_of(model) is not None
+        """Any transformers decoder language model: one of no known layout is refused by `__init__`, naming why."""
+        return is_causal_lm(model)
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> TextBatch:
@@ -202,11 +233,17 @@ class CausalLMAdapter(Adapter):
 
     def relevance_rule_map(self) -> dict:
         """The layout's rule map for the seeds' LRP methods (transformer attribution, LRP, partial LRP)."""
+        if self.layout.rule_map is None:
+            raise UnsupportedModelError(f"no relevance rule map for the {self.layout.name} layout yet (its methods: {', '.join(self.methods)})")
         return self.layout.rule_map(self.model, self.decoder, self.blocks)
 
     def attention_inputs(self) -> dict[str, Hookable]:
-        """The normalised tokens entering the last layer's attention (the output of the norm before it)."""
-        return {"text": getattr(getattr(self.decoder, self.layout.layers)[-1], self.layout.attention_norm)}
+        """The tokens entering the last layer's attention: the output of the norm before it, or where attention
+        reads the residual stream itself (OLMo 2), the last layer's input."""
+        last = self.blocks[-1]
+        if self.layout.attention_norm is None:
+            return {"text": LayerInput(last)}
+        return {"text": getattr(last, self.layout.attention_norm)}
 
     # -- running ----------------------------------------------------------------------------------------------
     @contextmanager
@@ -229,8 +266,7 @@ class CausalLMAdapter(Adapter):
         `probabilities`, else torch's fused kernel) and, with rules, the layout's rule forwards on its MLPs and norms
         (instance attributes); everything restored after, also after an exception."""
         rule_forwards = [] if rules is None else [
-            (module, forward(module, rules)) for module in self.decoder.modules()
-            if (forward := self.layout.rule_forward(module)) is not None]
+            (module, forward(module, rules)) for module, forward in self.ruled]
         restore = switch_attention(transformers_configs(self.model), _registered_attention(rules, probabilities))
         try:
             with forwards_replaced(rule_forwards):
@@ -270,7 +306,7 @@ class CausalLMAdapter(Adapter):
         longest = int(lengths.argmax())
         one = inputs.rows(slice(longest, longest + 1))
         read = self.hidden_states(self.embed(one, graph)["text"], one.attention_mask)[0, lengths - 1]
-        return self.model.lm_head(read), read, torch.zeros(len(ids), dtype=torch.long, device=ids.device)
+        return self.head(read), read, torch.zeros(len(ids), dtype=torch.long, device=ids.device)
 
     def hidden_states(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The decoder's last hidden states `(B, T, D)` from token embeddings and their mask, without a KV cache,
@@ -282,7 +318,17 @@ class CausalLMAdapter(Adapter):
         the head runs on those rows only."""
         hidden = self.hidden_states(embeddings, mask)
         last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
-        return self.model.lm_head(last), last
+        return self.head(last), last
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of hidden states: the output embeddings, soft-capped where the model caps them (`capped`)."""
+        return self.capped(self.model.get_output_embeddings()(hidden))
+
+    def capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits soft-capped `c tanh(z / c)` where the model caps them (Gemma 2), with the cap's own gradient (lxt
+        leaves the head as the model has it); as they are otherwise."""
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None,
                         checkpoint: bool = False, score: object = "logit", latent: frozenset[str] = frozenset()) -> InputRelevance:
@@ -312,7 +358,7 @@ class CausalLMAdapter(Adapter):
                 self.latent_recorded(latent) as recorded:
             hidden = self.hidden_states(embeddings, plan.mask)
             recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
-            logits = self.model.lm_head(hidden[plan.term_rows, plan.term_positions])  # (N, V): what predicts each token
+            logits = self.head(hidden[plan.term_rows, plan.term_positions])  # (N, V): what predicts each token
             next_token = logits[:rows]  # each row's first term: its next-token logits
             if function:
                 explained = target(next_token)

@@ -52,7 +52,8 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
     passes = []
     with adapter.rules_applied(rules), adapter.weights_frozen():
         hidden = adapter.hidden_states(embeddings, mask[:, :-1])
-        explained = explained_logits(adapter.model.lm_head, hidden[:, prompt_length - 1:], ids[:, prompt_length:])
+        explained = adapter.capped(explained_logits(adapter.model.get_output_embeddings(), hidden[:, prompt_length - 1:],
+                                                    ids[:, prompt_length:]))
         for start in range(0, steps, per_pass):
             checkpoint()  # a caller's should_stop (relevancy.cancel) is asked before each backward round
             count = min(per_pass, steps - start)

@@ -1,87 +1,347 @@
-"""The decoder layouts relevancy knows, as small maps of their differences: where the decoder, its embeddings, its
-attention's output projection, its MLPs and its norms are, and how each MLP and norm runs under a relevance rule set (see `lrp.attnlrp`)."""
+"""The decoder layouts: where a transformers `...ForCausalLM` keeps its parts, what each part must be, and the forward
+each part runs under an AttnLRP rule set (`lrp.attnlrp`).
+
+A layout is chosen by `config.model_type` and then checked on the model's own modules (types, shapes, and what a
+norm or an MLP computes on a probe input: Llama's RMSNorm `x / rms(x) * w` and Gemma's `x / rms(x) * (1 + w)` have the
+same parameters and differ only there). A model whose name says one layout and whose layers say another is
+refused, naming the first part that does not fit; a model of an unknown `model_type` is taken by the first layout
+its modules fit. Attention needs no rule forward: the adapter switches it through the config (see `adapter.py`).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ...lrp import attnlrp
 from ...lrp.attnlrp import RuleSet
 from ...lrp.engine import ForwardFactory
+from ..base import UnsupportedModelError
 from .rules import gpt2_rules, llama_rules
 
 #: a module and a rule set -> the forward that replaces the module's for one call
-RuleForward = Callable[[nn.Module, RuleSet], Callable[[torch.Tensor], torch.Tensor]]
+RuleForward = Callable[[nn.Module, RuleSet], Callable[..., torch.Tensor]]
+#: a module and the model's width -> whether it is the part (types, shapes, what it computes)
+Fits = Callable[[nn.Module, int], bool]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A kind of module a layout rules: `what` it must be (named in a refusal), whether a module `fits`, and its
+    rule forward (None: it runs as it is under the rules)."""
+
+    what: str
+    fits: Fits
+    forward: RuleForward | None = None
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One decoder layout: `model_types` (transformers' `config.model_type`), the attribute of the bare decoder on
-    the `...ForCausalLM` model, of its token embeddings and its list of layers on the decoder, of the self-attention
-    and of the norm before it on a layer, of the attention's output projection on the attention (its input: the
-    heads' outputs side by side), `rules`: which modules run under an AttnLRP rule set (a test on the module)
-    and the forward they run instead (attention is switched through the config), and `rule_map`: the rule map
-    for the seeds' LRP methods from the model, its decoder and its layers (see `rules.py`)."""
+    """One decoder layout: `classes` (the transformers classes it maps, for messages), `model_types`
+    (`config.model_type`), the attribute of the bare decoder on the model, of its token embeddings and its list of
+    layers on the decoder, of the self-attention on a layer and of what its output is read at for CDAM (the norm
+    before attention; None where attention reads the residual stream: the layer's input), of the attention's
+    output projection on the attention (its input: the heads' outputs side by side); `parts`: (path on a
+    layer, the kinds of module it may be) and `final`: (path on the decoder, kind) - every module the rules touch;
+    `rule_map`: the rule map of the seeds' LRP methods (see `rules.py`), None where the layout has none yet."""
 
     name: str
+    classes: tuple[str, ...]
     model_types: tuple[str, ...]
     decoder: str
     embeddings: str
     layers: str
     attention: str
-    attention_norm: str
+    attention_norm: str | None
     attention_output: str
-    rules: tuple[tuple[Callable[[nn.Module], bool], RuleForward], ...]
-    rule_map: Callable[[nn.Module, nn.Module, list[nn.Module]], dict[type, ForwardFactory]]
+    parts: tuple[tuple[str, tuple[Part, ...]], ...]
+    final: tuple[str, Part]
+    rule_map: Callable[[nn.Module, nn.Module, list[nn.Module]], dict[type, ForwardFactory]] | None = None
 
-    def rule_forward(self, module: nn.Module) -> RuleForward | None:
-        """The rule forward of `module`, None where it runs as it is."""
-        return next((forward for matches, forward in self.rules if matches(module)), None)
+    def misfit(self, model: nn.Module) -> str | None:
+        """What in `model` does not fit this layout (the first such part, by its path), or None."""
+        width = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
+        decoder = getattr(model, self.decoder, None)
+        layers = getattr(decoder, self.layers, None)
+        if decoder is None or not isinstance(layers, nn.ModuleList) or model.get_output_embeddings() is None:
+            return f"{type(model).__name__} has no .{self.decoder}.{self.layers} (a list of layers) and output embeddings"
+        if not isinstance(getattr(decoder, self.embeddings, None), nn.Embedding):
+            return f"{self.decoder}.{self.embeddings} is not the token embedding"
+        for index, layer in enumerate(layers):
+            for path, kinds in self.parts:
+                module = _get(layer, path)
+                if not any(module is not None and kind.fits(module, width) for kind in kinds):
+                    found = type(module).__name__ if module is not None else "nothing"
+                    return f"{self.decoder}.{self.layers}.{index}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
+        path, kind = self.final
+        module = _get(decoder, path)
+        if module is None or not kind.fits(module, width):
+            return f"{self.decoder}.{path} ({type(module).__name__}) is not {kind.what}"
+        return None
+
+    def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
+        """Every module of a fitting `model` that runs a rule forward under a rule set, with it."""
+        width = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
+        decoder = getattr(model, self.decoder)
+        found = [(_get(layer, path), kinds) for layer in getattr(decoder, self.layers) for path, kinds in self.parts]
+        found.append((_get(decoder, self.final[0]), (self.final[1],)))
+        ruled = []
+        for module, kinds in found:
+            kind = next(kind for kind in kinds if kind.fits(module, width))
+            if kind.forward is not None:
+                ruled.append((module, kind.forward))
+            ruled.extend((inner, part.forward) for inner, part in _inner_parts(kind, module, width))
+        return ruled
 
 
-def _has(*attributes: str) -> Callable[[nn.Module], bool]:
-    return lambda module: all(hasattr(module, a) for a in attributes)
+def _get(module: nn.Module, path: str) -> nn.Module | None:
+    for name in path.split("."):
+        module = getattr(module, name, None)
+    return module if isinstance(module, nn.Module) else None
 
 
+def _inner_parts(kind: Part, module: nn.Module, width: int) -> list[tuple[nn.Module, Part]]:
+    """The ruled modules inside a mixture of experts (a dense MLP beside the experts has none)."""
+    return [(module.experts, EXPERTS)] if kind is MIXTURE else []
+
+
+# -- the parts: what each must be ------------------------------------------------------------------------------
+def _linear(module: object, inputs: int | None = None, outputs: int | None = None) -> bool:
+    return (isinstance(module, nn.Linear) and (inputs is None or module.in_features == inputs)
+            and (outputs is None or module.out_features == outputs))
+
+
+def _probe(module: nn.Module, width: int) -> torch.Tensor:
+    """A fixed input `(2, width)` in the module's dtype and device."""
+    parameter = next(module.parameters())
+    return torch.randn(2, width, generator=torch.Generator().manual_seed(0)).to(parameter.device, parameter.dtype)
+
+
+def _computes(module: nn.Module, width: int, expected: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    """Whether the module's own forward gives `expected` on a probe input (to its dtype's precision)."""
+    x = _probe(module, width)
+    with torch.no_grad():
+        y, want = module(x).double(), expected(x.double()).double()
+    tolerance = 2e-2 if x.element_size() < 4 else 1e-4
+    return y.shape == want.shape and bool(((y - want).abs() <= tolerance * want.abs().max().clamp(min=1e-12)).all())
+
+
+def _eps(module: nn.Module) -> float | None:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return eps if isinstance(eps, float) else None
+
+
+def _normalised(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _fits_rms_norm(one_plus: bool) -> Fits:
+    def fits(module: nn.Module, width: int) -> bool:
+        weight, eps = getattr(module, "weight", None), _eps(module)
+        if not isinstance(weight, nn.Parameter) or weight.ndim != 1 or eps is None or getattr(module, "bias", None) is not None:
+            return False
+        scale = weight.double() + 1.0 if one_plus else weight.double()
+        return _computes(module, len(weight), lambda x: _normalised(x, eps) * scale)
+
+    return fits
+
+
+def _fits_layer_norm(module: nn.Module, width: int) -> bool:
+    return isinstance(module, nn.LayerNorm) and module.normalized_shape == (width,)
+
+
+def _fits_gated_mlp(module: nn.Module, width: int) -> bool:
+    gate, up, down = (getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
+    if not (_linear(gate, width) and _linear(up, width, getattr(gate, "out_features", None))
+            and _linear(down, getattr(gate, "out_features", None), width) and callable(getattr(module, "act_fn", None))):
+        return False
+    return _computes(module, width, lambda x: F.linear(module.act_fn(F.linear(x, gate.weight.double())) * F.linear(x, up.weight.double()),
+                                                        down.weight.double()))
+
+
+def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
+    """Phi-3's MLP: `down(up * act(gate))` with `gate, up = gate_up_proj(x).chunk(2)`."""
+    fused, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (_linear(fused, width) and _linear(down, fused.out_features // 2, width) and callable(getattr(module, "activation_fn", None))):
+        return False
+
+    def expected(x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, fused.weight.double()).chunk(2, dim=-1)
+        return F.linear(up * module.activation_fn(gate), down.weight.double())
+
+    return fused.bias is None and down.bias is None and _computes(module, width, expected)
+
+
+def _fits_plain_mlp(into: str, out: str, act: str) -> Fits:
+    """`out(act(into(x)))` (GPT-2's `Conv1D`s, GPT-NeoX's Linears)."""
+
+    def fits(module: nn.Module, width: int) -> bool:
+        first, second = getattr(module, into, None), getattr(module, out, None)
+        if first is None or second is None or not callable(getattr(module, act, None)):
+            return False
+        from transformers.pytorch_utils import Conv1D
+
+        shapes = [(layer.weight.shape[0], layer.weight.shape[1]) if isinstance(layer, Conv1D)
+                  else (layer.in_features, layer.out_features) if isinstance(layer, nn.Linear) else None for layer in (first, second)]
+        return None not in shapes and shapes[0][0] == width and shapes[0][1] == shapes[1][0] and shapes[1][1] == width
+
+    return fits
+
+
+def _fits_router(module: nn.Module, width: int) -> bool:
+    """A top-k router: a weight `(experts, width)` and `top_k`."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, nn.Parameter) and weight.ndim == 2 and weight.shape[1] == width and isinstance(getattr(module, "top_k", None), int)
+
+
+def _fits_experts(module: nn.Module, width: int) -> bool:
+    """Experts stored as `gate_up_proj (E, 2I, width)` and `down_proj (E, width, I)` (transformers 5's MoE layers)."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter) and gate_up.ndim == 3 and down.ndim == 3
+            and gate_up.shape[2] == width and down.shape == (gate_up.shape[0], width, gate_up.shape[1] // 2)
+            and callable(getattr(module, "act_fn", None)) and getattr(module, "num_experts", None) == gate_up.shape[0])
+
+
+def _fits_mixture(module: nn.Module, width: int) -> bool:
+    router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
+    return (router is not None and experts is not None and _fits_router(router, width) and _fits_experts(experts, width)
+            and router.weight.shape[0] == experts.gate_up_proj.shape[0])
+
+
+def _fits_attention(*projections: str) -> Fits:
+    """Self-attention with Linear projections from the width (the first ones) and back to it (the last)."""
+
+    def fits(module: nn.Module, width: int) -> bool:
+        *into, out = (getattr(module, name, None) for name in projections)
+        return all(_linear(p, width) for p in into) and _linear(out, None, width)
+
+    return fits
+
+
+def _fits_gpt2_attention(module: nn.Module, width: int) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    into, out = getattr(module, "c_attn", None), getattr(module, "c_proj", None)
+    return (isinstance(into, Conv1D) and isinstance(out, Conv1D) and into.weight.shape == (width, 3 * width)
+            and out.weight.shape == (width, width) and not getattr(module, "is_cross_attention", False))
+
+
+# -- the parts' rule forwards ----------------------------------------------------------------------------------
 def _gated_mlp(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: attnlrp.gated_mlp(rules, module.gate_proj, module.up_proj, module.down_proj, module.act_fn, x)
 
 
+def _fused_gated_mlp(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: attnlrp.fused_gated_mlp(rules, module.gate_up_proj, module.down_proj, module.activation_fn, x)
+
+
 def _rms_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: attnlrp.rms_norm(x, module.weight, module.variance_epsilon)
+    return lambda x: attnlrp.rms_norm(x, module.weight, _eps(module))
 
 
-def _plain_mlp(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    """GPT-2's MLP: `c_proj(act(c_fc(x)))`, the activation under the identity rule (its dropout is off in eval)."""
-    return lambda x: module.c_proj(rules.activation(module.act, module.c_fc(x)))
+def _one_plus_rms_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: attnlrp.one_plus_rms_norm(x, module.weight, _eps(module))
+
+
+def _plain_mlp(into: str, out: str, act: str) -> RuleForward:
+    """`out(act(into(x)))`, the activation under the identity rule (dropout is off in eval)."""
+    return lambda module, rules: lambda x: getattr(module, out)(rules.activation(getattr(module, act), getattr(module, into)(x)))
 
 
 def _layer_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: attnlrp.layer_norm(x, module)
 
 
-LLAMA = Layout(
-    "llama", ("llama", "mistral", "qwen2"), decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
-    attention_norm="input_layernorm", attention_output="o_proj",
-    rules=((_has("gate_proj", "up_proj", "down_proj", "act_fn"), _gated_mlp), (_has("weight", "variance_epsilon"), _rms_norm)),
-    rule_map=llama_rules,
+def _experts(module: nn.Module, rules: RuleSet) -> Callable[..., torch.Tensor]:
+    return lambda x, top_k_index, top_k_weights: attnlrp.routed_experts(
+        rules, module.gate_up_proj, module.down_proj, module.act_fn, x, top_k_index, top_k_weights)
+
+
+RMS_NORM = Part("an RMSNorm computing x / rms(x) * w", _fits_rms_norm(one_plus=False), _rms_norm)
+ONE_PLUS_RMS_NORM = Part("Gemma's RMSNorm computing x / rms(x) * (1 + w)", _fits_rms_norm(one_plus=True), _one_plus_rms_norm)
+LAYER_NORM = Part("a LayerNorm of the model's width", _fits_layer_norm, _layer_norm)
+GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, _gated_mlp)
+FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fused_gated_mlp, _fused_gated_mlp)
+EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
+MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture)
+ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", _fits_attention("q_proj", "k_proj", "v_proj", "o_proj"))
+FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", _fits_attention("qkv_proj", "o_proj"))
+NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", _fits_attention("query_key_value", "dense"))
+GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_attention)
+GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", _fits_plain_mlp("c_fc", "c_proj", "act"), _plain_mlp("c_fc", "c_proj", "act"))
+NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", _fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
+                _plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
+
+
+def _pre_norm(attention: Part, mlp: tuple[Part, ...], norm: Part, *inner: str) -> tuple[tuple[str, tuple[Part, ...]], ...]:
+    """A pre-norm layer's parts: the norms before attention and MLP, attention (with norms `inner` on its queries
+    and keys), the MLP."""
+    return (("input_layernorm", (norm,)), ("self_attn", (attention,)), *((f"self_attn.{name}", (norm,)) for name in inner),
+            ("post_attention_layernorm", (norm,)), ("mlp", mlp))
+
+
+def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...], parts: tuple, norm: Part,
+                rule_map: Callable | None = None, attention_norm: str | None = "input_layernorm") -> Layout:
+    """A layout with Llama's names: `model.embed_tokens`, `model.layers`, `self_attn`, the final `model.norm`."""
+    return Layout(name, classes, model_types, decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
+                  attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), rule_map=rule_map)
+
+
+#: Gemma's norms around the MLP as well as around attention
+_GEMMA_MLP_NORMS = (("pre_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)), ("post_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)))
+LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"), ("llama", "mistral", "qwen2"),
+                    _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM, llama_rules)
+QWEN3 = _llama_like("qwen3", ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"), ("qwen3", "qwen3_moe"),
+                    _pre_norm(ATTENTION, (GATED_MLP, MIXTURE), RMS_NORM, "q_norm", "k_norm"), RMS_NORM)
+MIXTRAL = _llama_like("mixtral", ("MixtralForCausalLM",), ("mixtral",), _pre_norm(ATTENTION, (MIXTURE,), RMS_NORM), RMS_NORM)
+PHI3 = _llama_like("phi3", ("Phi3ForCausalLM",), ("phi3",), _pre_norm(FUSED_ATTENTION, (FUSED_GATED_MLP,), RMS_NORM), RMS_NORM)
+GEMMA3 = _llama_like("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",),
+                     _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM, "q_norm", "k_norm") + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM)
+GEMMA2 = _llama_like("gemma2", ("Gemma2ForCausalLM",), ("gemma2",),
+                     _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM) + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM)
+OLMO2 = _llama_like("olmo2", ("Olmo2ForCausalLM",), ("olmo2",),
+                    (("self_attn", (ATTENTION,)), ("self_attn.q_norm", (RMS_NORM,)), ("self_attn.k_norm", (RMS_NORM,)),
+                     ("post_attention_layernorm", (RMS_NORM,)), ("mlp", (GATED_MLP,)), ("post_feedforward_layernorm", (RMS_NORM,))),
+                    RMS_NORM, attention_norm=None)
+GPT_NEOX = Layout(
+    "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
+    attention="attention", attention_norm="input_layernorm", attention_output="dense",
+    parts=(("input_layernorm", (LAYER_NORM,)), ("attention", (NEOX_ATTENTION,)), ("post_attention_layernorm", (LAYER_NORM,)),
+           ("mlp", (NEOX_MLP,))),
+    final=("final_layer_norm", LAYER_NORM),
 )
 GPT2 = Layout(
-    "gpt2", ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn", attention_norm="ln_1",
-    attention_output="c_proj",
-    rules=((_has("c_fc", "c_proj", "act"), _plain_mlp), (lambda module: isinstance(module, nn.LayerNorm), _layer_norm)),
-    rule_map=gpt2_rules,
+    "gpt2", ("GPT2LMHeadModel",), ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn", attention_norm="ln_1", attention_output="c_proj",
+    parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
+    final=("ln_f", LAYER_NORM), rule_map=gpt2_rules,
 )
-LAYOUTS = (LLAMA, GPT2)
+LAYOUTS = (LLAMA, QWEN3, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)
+#: the decoder classes relevancy maps, for messages
+DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 
 
-def layout_of(model: nn.Module) -> Layout | None:
-    """The layout of a transformers `...ForCausalLM` / `...LMHeadModel`, or None."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for layout in LAYOUTS:
-        if model_type in layout.model_types and hasattr(model, layout.decoder) and hasattr(model, "lm_head"):
+def is_causal_lm(model: nn.Module) -> bool:
+    """Whether `model` is a transformers decoder language model (of any layout: `layout_of` says which)."""
+    return (isinstance(getattr(getattr(model, "config", None), "model_type", None), str)
+            and type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) and callable(getattr(model, "get_output_embeddings", None)))
+
+
+def layout_of(model: nn.Module) -> Layout:
+    """The layout of a transformers decoder language model: the one its `model_type` names, checked on its
+    modules, or for an unknown model type the first its modules fit; a one-line refusal naming the part that
+    does not fit otherwise."""
+    model_type = model.config.model_type
+    named = [layout for layout in LAYOUTS if model_type in layout.model_types]
+    for layout in named or LAYOUTS:
+        problem = layout.misfit(model)
+        if problem is None:
             return layout
-    return None
+        if named:
+            break
+    said = f"its model type {model_type!r} says the {layout.name} layout, but {problem}" if named else \
+        f"model type {model_type!r} fits no decoder layout"
+    raise UnsupportedModelError(
+        f"cannot map {type(model).__name__}: {said}; decoder families: {DECODER_CLASSES} (docs/adding-a-family.md)")
