@@ -12,7 +12,7 @@ Needs lxt 2.1 (the `bench` extra; never a dependency of relevancy itself). How t
   (`attention_mask.cumsum(-1) - 1`, 0 at padding), so that a padded row is the same computation as the row alone;
 - the target of each row is the model's most probable next token after its last real token;
 - lxt's efficient implementation (the `attnLRP` and `cp_LRP` patch maps of `lxt.efficient.models.llama` / `gpt2`,
-  applied as `lxt.efficient.monkey_patch` applies them; see `lxt_maps` for why the package's `__init__` is
+  applied as `lxt.efficient.monkey_patch` applies them; see `lxt_models` for why the package's `__init__` is
   skipped) patches transformers' classes; the model then runs from `inputs_embeds` (the token
   embeddings, requiring grad), the target logit of each row is summed and back-propagated, and the map is
   `(inputs_embeds * inputs_embeds.grad).sum(-1)`, lxt's input x relevance, `(B, T)`;
@@ -86,40 +86,36 @@ def last_real(mask: torch.Tensor) -> torch.Tensor:
     return mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
 
 
-def lxt_maps() -> tuple:
-    """lxt's `models.llama` and `models.gpt2` patch-map modules. The `lxt.efficient` package's `__init__` imports
-    every model lxt knows, and its BERT module imports a transformers 4 module that transformers 5 removed; so the
-    two packages are entered as bare namespaces and only the two model modules (and what they import) are run."""
+def lxt_models(name: str) -> object:
+    """lxt's patch-map module `lxt.efficient.models.<name>`. The `lxt.efficient` package's `__init__` imports every
+    model lxt knows, and its BERT module imports a transformers 4 module that transformers 5 removed; so the two
+    packages are entered as bare namespaces and only the model module asked for (and what it imports) is run."""
     import importlib
     import sys
     import types
 
     import lxt
 
-    for name in ("lxt.efficient", "lxt.efficient.models"):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [str(Path(lxt.__file__).parent.joinpath(*name.split(".")[1:]))]
-            sys.modules[name] = package
-    return importlib.import_module("lxt.efficient.models.llama"), importlib.import_module("lxt.efficient.models.gpt2")
+    for package_name in ("lxt.efficient", "lxt.efficient.models"):
+        if package_name not in sys.modules:
+            package = types.ModuleType(package_name)
+            package.__path__ = [str(Path(lxt.__file__).parent.joinpath(*package_name.split(".")[1:]))]
+            sys.modules[package_name] = package
+    return importlib.import_module(f"lxt.efficient.models.{name}")
 
 
 @contextmanager
-def lxt_patched(arch: str, variant: str) -> Iterator[None]:
-    """lxt's patch map for `arch` and `variant` ("attnLRP" or "cp_LRP") applied, and undone after."""
-    lxt_llama, lxt_gpt2 = lxt_maps()
+def lxt_applied(module: object, patch_map: dict) -> Iterator[None]:
+    """lxt's `patch_map` on transformers' modeling `module` applied, as `lxt.efficient.monkey_patch` applies it,
+    and undone after."""
     from transformers.modeling_utils import AttentionInterface
-    from transformers.models.gpt2 import modeling_gpt2
-    from transformers.models.llama import modeling_llama
 
-    module, maps = (modeling_llama, lxt_llama) if arch == "llama" else (modeling_gpt2, lxt_gpt2)
-    patch_map = getattr(maps, variant)
     classes = [target for target in patch_map if isinstance(target, type)]
-    saved_forwards = {cls: cls.__dict__.get("forward") for cls in classes}
+    saved_forwards = {cls: {name: cls.__dict__.get(name) for name in ("forward", "_norm")} for cls in classes}
     saved_eager, saved_interface = module.eager_attention_forward, module.ALL_ATTENTION_FUNCTIONS
     saved_local = dict(saved_interface._local_mapping)
     try:
-        for target, patch in patch_map.items():  # what lxt.efficient.monkey_patch does with a patch map
+        for target, patch in patch_map.items():
             if not patch(target):
                 raise RuntimeError(f"lxt could not patch {target}")
         if not hasattr(module.ALL_ATTENTION_FUNCTIONS, "get_interface"):  # lxt 2.1 left a plain dict
@@ -128,13 +124,25 @@ def lxt_patched(arch: str, variant: str) -> Iterator[None]:
             module.ALL_ATTENTION_FUNCTIONS = interface
         yield
     finally:
-        for cls, forward in saved_forwards.items():
-            if forward is None:
-                delattr(cls, "forward")
-            else:
-                cls.forward = forward
+        for cls, methods in saved_forwards.items():
+            for name, method in methods.items():
+                if method is None and name in cls.__dict__:
+                    delattr(cls, name)
+                elif method is not None:
+                    setattr(cls, name, method)
         module.eager_attention_forward, module.ALL_ATTENTION_FUNCTIONS = saved_eager, saved_interface
         saved_interface._local_mapping = saved_local
+
+
+@contextmanager
+def lxt_patched(arch: str, variant: str) -> Iterator[None]:
+    """lxt's patch map for `arch` and `variant` ("attnLRP" or "cp_LRP") applied, and undone after."""
+    from transformers.models.gpt2 import modeling_gpt2
+    from transformers.models.llama import modeling_llama
+
+    module = modeling_llama if arch == "llama" else modeling_gpt2
+    with lxt_applied(module, getattr(lxt_models(arch), variant)):
+        yield
 
 
 def targets(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

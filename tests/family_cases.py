@@ -15,6 +15,7 @@ from relevancy.families.clip.batch import ImageTextBatch
 from bimodal_golden import bimodal_case, build as build_bimodal, padded
 from hf_vit_models import tiny_dinov2_swiglu, tiny_hf
 from models import tiny_vit
+from decoder_families import FAMILIES as DECODER_FAMILIES, build as build_decoder
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
 from test_detr_family import build as build_detr, images as detr_images, targets_per_image
@@ -95,9 +96,9 @@ def _detr_case() -> FamilyCase:
     )
 
 
-def _decoder_case(arch: str) -> FamilyCase:
+def _decoder_case(arch: str, build: Callable[[str], torch.nn.Module] = build_llm) -> FamilyCase:
     """A right-padded batch of three prompts (a padded batch's columns start with each row's own tokens)."""
-    return FamilyCase(lambda: build_llm(arch), lambda: (llm_batch("right"), None),
+    return FamilyCase(lambda: build(arch), lambda: (llm_batch("right"), None),
                       lambda: [(llm_batch(f"single{row}"), None) for row in range(3)])
 
 
@@ -124,4 +125,5 @@ FAMILIES: dict[str, FamilyCase] = {
     "detr": _detr_case(),
     "causal_lm_llama": _decoder_case("llama"),
     "causal_lm_gpt2": _decoder_case("gpt2"),
+    **{f"causal_lm_{family}": _decoder_case(family, build_decoder) for family in DECODER_FAMILIES},
 }

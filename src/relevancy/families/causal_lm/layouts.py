@@ -30,12 +30,20 @@ Fits = Callable[[nn.Module, int], bool]
 
 @dataclass(frozen=True)
 class Part:
-    """A kind of module a layout rules: `what` it must be (named in a refusal), whether a module `fits`, and its
-    rule forward (None: it runs as it is under the rules)."""
+    """A kind of module a layout rules: `what` it must be (named in a refusal), whether a module `fits`, its rule
+    forward (None: it runs as it is under the rules), and `owns`: the children whose parameters it accounts for
+    (None: all; attention accounts for its projections, its query and key norms are parts of their own)."""
 
     what: str
     fits: Fits
     forward: RuleForward | None = None
+    owns: tuple[str, ...] | None = None
+
+    def parameters(self, module: nn.Module) -> list[nn.Parameter]:
+        """The parameters of `module` this part accounts for."""
+        if self.owns is None:
+            return list(module.parameters())
+        return [p for name in self.owns for p in getattr(module, name).parameters()]
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,16 @@ class Layout:
         if not isinstance(getattr(decoder, self.embeddings, None), nn.Embedding):
             return f"{self.decoder}.{self.embeddings} is not the token embedding"
         for index, layer in enumerate(layers):
+            where = f"{self.decoder}.{self.layers}.{index}"
             for path, kinds in self.parts:
                 module = _get(layer, path)
                 if not any(module is not None and kind.fits(module, width) for kind in kinds):
                     found = type(module).__name__ if module is not None else "nothing"
-                    return f"{self.decoder}.{self.layers}.{index}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
+                    return f"{where}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
+            known = {id(p) for path, kinds in self.parts for p in _owned(_get(layer, path), kinds, width)}
+            unknown = next((name for name, p in layer.named_parameters() if id(p) not in known), None)
+            if unknown is not None:  # e.g. a norm this layout does not rule
+                return f"{where}.{unknown} belongs to no part of the {self.name} layout"
         path, kind = self.final
         module = _get(decoder, path)
         if module is None or not kind.fits(module, width):
@@ -101,6 +114,11 @@ def _get(module: nn.Module, path: str) -> nn.Module | None:
     for name in path.split("."):
         module = getattr(module, name, None)
     return module if isinstance(module, nn.Module) else None
+
+
+def _owned(module: nn.Module, kinds: tuple[Part, ...], width: int) -> list[nn.Parameter]:
+    """The parameters a fitting module's part accounts for."""
+    return next(kind for kind in kinds if kind.fits(module, width)).parameters(module)
 
 
 def _inner_parts(kind: Part, module: nn.Module, width: int) -> list[tuple[nn.Module, Part]]:
@@ -267,10 +285,12 @@ GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", 
 FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fused_gated_mlp, _fused_gated_mlp)
 EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
 MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture)
-ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", _fits_attention("q_proj", "k_proj", "v_proj", "o_proj"))
-FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", _fits_attention("qkv_proj", "o_proj"))
-NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", _fits_attention("query_key_value", "dense"))
-GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_attention)
+ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", _fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
+                 owns=("q_proj", "k_proj", "v_proj", "o_proj"))
+FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", _fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
+NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", _fits_attention("query_key_value", "dense"),
+                      owns=("query_key_value", "dense"))
+GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_attention, owns=("c_attn", "c_proj"))
 GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", _fits_plain_mlp("c_fc", "c_proj", "act"), _plain_mlp("c_fc", "c_proj", "act"))
 NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", _fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
                 _plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
@@ -318,7 +338,7 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), rule_map=gpt2_rules,
 )
-LAYOUTS = (LLAMA, QWEN3, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)
+LAYOUTS = (LLAMA, QWEN3, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 

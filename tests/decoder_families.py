@@ -1,0 +1,63 @@
+"""Tiny random float64 decoders of every layout relevancy maps beyond Llama and GPT-2, built from fixed seeds and
+configs (no relevancy import: `benchmarks/llm_lxt_families.py` builds the same models in lxt's venv). The
+reference file records a checksum of each model's weights, so a transformers version that initialises them
+otherwise is named as the cause rather than seen as a wrong map."""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import transformers
+
+VOCAB = 96
+_SHARED = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=16, initializer_range=0.2, tie_word_embeddings=True)
+#: family -> (config class, model class, config options beyond `_SHARED`, seed)
+FAMILIES: dict[str, tuple[str, str, dict, int]] = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=8), 10),
+    # a sliding-window layer (window 4 < the 7-token prompt) and a full one; Gemma's query scale
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8), 11),
+    # a mixture of experts in the first layer, a dense MLP in the second; top 2 of 4 experts
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(head_dim=8, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                       mlp_only_layers=[1], experts_implementation="eager"), 12),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager"), 13),
+    # soft-capped attention scores and logits (small weights: the capped logits stay off tanh's flat ends)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=8, sliding_window=4, query_pre_attn_scalar=8, initializer_range=0.05,
+                    attn_logit_softcapping=2.0, final_logit_softcapping=3.0), 14),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, eos_token_id=2, bos_token_id=1, partial_rotary_factor=0.5), 15),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(pad_token_id=0, eos_token_id=2, bos_token_id=1), 16),
+    # parallel residual, a quarter of each head rotated
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(num_key_value_heads=None, rotary_pct=0.25, use_parallel_residual=True, eos_token_id=2, bos_token_id=1), 17),
+}
+
+
+def build(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """The family's tiny model: transformers' own initialisation from the family's seed, then every norm's weight
+    drawn at random too (transformers starts them at 1, or 0 for Gemma's `1 + w`), in `dtype`, eval mode."""
+    config_name, model_name, options, seed = FAMILIES[family]
+    settings = {key: value for key, value in {**_SHARED, **options}.items() if value is not None}
+    experts = settings.pop("experts_implementation", None)
+    config = getattr(transformers, config_name)(**settings)
+    if experts is not None:  # torch's grouped matrix product (transformers' default for experts) has no float64
+        config._experts_implementation = experts
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name and parameter.ndim == 1 and name.endswith("weight"):
+                parameter.copy_(torch.randn_like(parameter) * 0.3 + (0.0 if family.startswith("gemma") else 1.0))
+    return model.to(dtype).eval()
+
+
+def checksum(model: torch.nn.Module) -> str:
+    """sha256 of the float64 weights, by name."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to(torch.float64).contiguous().numpy().tobytes())
+    return digest.hexdigest()

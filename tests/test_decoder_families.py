@@ -1,0 +1,136 @@
+"""The decoder families beyond Llama and GPT-2 (tiny random float64 models of `decoder_families.py`): AttnLRP and
+CP-LRP equal to lxt's own maps where lxt has a map (tests/golden/llm_lxt_families.pt, made by
+benchmarks/llm_lxt_families.py), every family's methods run or are refused by name (the family contract runs
+them all, `family_cases.py`), and a model is recognised by its modules: one whose name says one layout and whose
+layers say another is refused, naming the part."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from bimodal_golden import assert_same, snapshot
+from decoder_families import FAMILIES, build, checksum
+from test_causal_lm import assert_close_to
+
+import relevancy
+from relevancy.families.base import UnsupportedModelError
+from relevancy.families.causal_lm import CausalLMAdapter
+
+GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_families.pt", weights_only=False)
+NAMES = ("right", "left", "single0", "single1", "single2")
+#: (family, method) pairs lxt has a map of
+LXT = [(family, method) for family, entry in GOLDEN["models"].items() for method in ("attnlrp", "cp_lrp") if method in entry]
+MODELS: dict[str, torch.nn.Module] = {}
+
+
+def model_of(family: str) -> torch.nn.Module:
+    if family not in MODELS:
+        MODELS[family] = build(family)
+    return MODELS[family]
+
+
+def batch(name: str) -> dict[str, torch.Tensor]:
+    ids, mask = GOLDEN["inputs"][name]
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("family", list(GOLDEN["models"]))
+def test_the_models_are_lxts(family):
+    """The same seed and config give the weights lxt explained (else transformers initialises otherwise now)."""
+    assert checksum(model_of(family)) == GOLDEN["models"][family]["checksum"], (
+        f"{family}: transformers {GOLDEN['transformers']} made other weights from the same seed; rerun benchmarks/llm_lxt_families.py")
+
+
+@pytest.mark.parametrize("family,method", LXT)
+def test_lrp_equals_lxt(family, method):
+    """Within 1e-6 of each map's maximum, single and padded (left and right), the targets lxt's, relevance_total
+    the share of the explained logit reaching the embeddings."""
+    model = model_of(family)
+    for name in NAMES:
+        expected = GOLDEN["models"][family][method][name]
+        explanation = relevancy.explain(model, batch(name), method=method)
+        assert torch.equal(explanation.target, GOLDEN["models"][family]["targets"][name])
+        assert explanation.scores.dtype == torch.float64
+        assert_close_to(explanation.scores, expected, f"{family} {method} {name}")
+        explained = explanation.logits.gather(1, explanation.target[:, None])[:, 0]
+        assert torch.allclose(explanation.relevance_total * explained, explanation.scores.sum(1))
+    # the rules are applied: the plain gradient is another map
+    plain = relevancy.explain(model, batch("single0"), method="input_x_gradient").scores
+    assert not torch.allclose(plain, GOLDEN["models"][family][method]["single0"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_part_runs_its_rule_and_the_model_is_unchanged(family):
+    """The rules touch every norm and MLP (or expert mixture) of the model and nothing else; CP-LRP conserves the
+    logit on the families without biases or soft-capping; the model is as it was after."""
+    model = build(family)
+    adapter = CausalLMAdapter(model)
+    ruled = {type(module).__name__ for module, _ in adapter.ruled}
+    names = {type(m).__name__ for m in model.modules()}
+    assert {n for n in names if n.endswith(("RMSNorm", "LayerNorm"))} <= ruled | {"LayerNorm"} and ruled
+    assert {n for n in names if n.endswith(("MLP", "Experts"))} <= ruled
+    before = snapshot(model)
+    explanation = relevancy.explain(model, batch("left"), method="cp_lrp")
+    assert_same(before, snapshot(model))
+    if family not in ("gpt_neox", "gemma2"):  # GPT-NeoX's biases and LayerNorm shifts, Gemma 2's caps keep a share
+        assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-8)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen3"])
+def test_a_model_whose_name_says_another_layout_is_refused_naming_the_part(family):
+    """A Gemma 3 or Qwen3 whose model type reads "llama": its layers are not Llama's (Gemma's norm computes
+    `x / rms(x) * (1 + w)`, Qwen3's attention has query and key norms), so it is refused, naming the part, the
+    decoder families by their classes and the page on adding one."""
+    model = build(family)
+    model.config.model_type = "llama"
+    part = "model.layers.0.input_layernorm (Gemma3RMSNorm) is not an RMSNorm" if family == "gemma3" else \
+        "model.layers.0.self_attn.q_norm.weight belongs to no part of the llama layout"
+    with pytest.raises(UnsupportedModelError, match=r"^cannot map .*model type 'llama' says the llama layout, but ") as error:
+        relevancy.explain(model, batch("single0"), method="attnlrp")
+    message = str(error.value)
+    assert part in message and "\n" not in message
+    assert "Gemma3ForCausalLM, Gemma2ForCausalLM" in message and "GPTNeoXForCausalLM" in message and "docs/adding-a-family.md" in message
+    assert "ViT" not in message  # the decoder families only
+
+
+def test_an_unknown_model_type_is_recognised_by_its_modules():
+    """A Qwen3 under a name relevancy does not know is taken by the layout its modules fit (Qwen3's: the Llama
+    layout has no place for its query and key norms) and gives lxt's map."""
+    model = build("qwen3")
+    model.config.model_type = "my_qwen"
+    assert CausalLMAdapter(model).layout.name == "qwen3"
+    assert_close_to(relevancy.explain(model, batch("left"), method="attnlrp").scores, GOLDEN["models"]["qwen3"]["attnlrp"]["left"], "renamed")
+
+
+def test_a_norm_that_computes_otherwise_is_refused():
+    """The norms are checked by what they compute: a Llama norm replaced by one of Gemma's (same parameters) is
+    named."""
+    import transformers
+
+    model = build("qwen3")
+    gemma_norm = transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm(32).double()
+    model.model.layers[1].post_attention_layernorm = gemma_norm
+    with pytest.raises(UnsupportedModelError, match=r"model.layers.1.post_attention_layernorm \(Gemma3RMSNorm\) is not an RMSNorm computing x / rms\(x\) \* w"):
+        CausalLMAdapter(model)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gpt_neox"])
+def test_the_seeds_lrp_methods_are_refused_by_name_where_no_rule_map_is(family):
+    with pytest.raises(UnsupportedModelError, match=r"^method 'transformer_attribution' does not apply .* its methods: .*attnlrp"):
+        relevancy.explain(model_of(family), batch("single0"), method="transformer_attribution")
+
+
+def test_gemma2_soft_caps_attention_and_logits():
+    """Gemma 2's logits are the model's own (soft-capped); the attention's soft-cap is in relevancy's attention
+    too: the plain gradient equals autograd's on transformers' own eager forward."""
+    model = build("gemma2")
+    ids = batch("single0")["input_ids"]
+    model.config._attn_implementation = "eager"
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+    explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
+    assert torch.allclose(explanation.logits[0], logits.detach(), atol=1e-12)
+    assert logits.abs().max() < model.config.final_logit_softcapping
+    (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
+    assert_close_to(explanation.scores[0], (gradient * embeddings).sum(-1)[0].detach(), "gemma2 input x gradient", 1e-6)  # transformers: float32 softmax
