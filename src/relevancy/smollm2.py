@@ -26,19 +26,24 @@ def gguf_path() -> Path:
 
 def smollm2() -> tuple[nn.Module, object]:
     """`(model, tokenizer)`: SmolLM2-135M-Instruct as a float32 `LlamaForCausalLM` in eval mode, and its tokenizer."""
-    path = gguf_path()
-    transformers = require("transformers", EXTRA)
-    require("gguf", EXTRA)
+    return from_gguf(gguf_path(), "LlamaForCausalLM", EXTRA)
+
+
+def from_gguf(path: Path, model_class: str, extra: str) -> tuple[nn.Module, object]:
+    """`(model, tokenizer)` from a GGUF file: its weights dequantised to float32 into an unmodified transformers
+    `model_class` (eval mode; tied output embeddings tied), and its tokenizer. Offline: nothing is downloaded."""
+    transformers = require("transformers", extra)
+    require("gguf", extra)
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     folder, name = str(path.parent), path.name
     config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
-    model = transformers.LlamaForCausalLM(config)
+    model = getattr(transformers, model_class)(config)
     tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise ValueError(f"{path} does not fit LlamaForCausalLM: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+        raise ValueError(f"{path} does not fit {model_class}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
     model.tie_weights()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     return model.eval(), tokenizer

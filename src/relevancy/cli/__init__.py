@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "for shapes-detection the shipped shapes DETR, for shapes-vqa the shipped shapes LXMERT), a timm model "
                         "name, or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file; for "
                         "shapes-detection a shapes-DETR, for shapes-vqa a shapes-LXMERT .safetensors file with its .json beside it); "
-                        "llm-retrieval: 'smollm2' (default) or a folder of a causal language model and its tokenizer")
+                        "llm-retrieval: 'smollm2' (default), 'gemma3' or a folder of a causal language model and its tokenizer")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
     p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,

@@ -230,15 +230,16 @@ def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
     for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
         if value is not None:
             raise _usage_error(f"{option} is not used with --benchmark llm-retrieval (it generates its prompts; "
-                               "--model is 'smollm2' or a folder of a causal language model and its tokenizer)")
+                               "--model is 'smollm2', 'gemma3' or a folder of a causal language model and its tokenizer)")
     if args.paper_settings:
         raise _usage_error("--paper-settings is not used with --benchmark llm-retrieval")
     if n > MAX_LLM_PROMPTS:
         raise _usage_error(f"--n must be at most {MAX_LLM_PROMPTS:,} on the llm-retrieval benchmark, got {n:,}")
     if args.seed > MAX_LLM_SEED:
         raise _usage_error(f"--seed must be at most {MAX_LLM_SEED} on the llm-retrieval benchmark, got {args.seed}")
-    if args.model != "smollm2" and not Path(args.model).is_dir():
-        raise _usage_error("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md) or a local "
+    if args.model not in ("smollm2", "gemma3") and not Path(args.model).is_dir():
+        raise _usage_error("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md), 'gemma3' "
+                           "(Gemma-3-270M, docs/gemma3.md) or a local "
                            f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
 
 
