@@ -10,7 +10,7 @@ from bimodal_golden import assert_same, snapshot
 from language_models import GOLDEN, build
 
 import relevancy
-from relevancy.families.causal_lm.layouts import LLAMA
+from relevancy.families.causal_lm import CausalLMAdapter
 
 ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
@@ -183,7 +183,6 @@ def test_transformer_attribution_reads_the_past_only_and_differs_from_rollout(mo
 def test_the_rule_maps_cover_every_module_and_refuse_a_cache(arch, model):
     """Every module of the model has a rule (the session refuses a module without one); a KV cache is refused by
     name, and the model is left as it was."""
-    from relevancy.families.causal_lm import CausalLMAdapter
     from relevancy.lrp import PAPER, relevance_session
     from relevancy.lrp.engine import MissingRuleError
 
@@ -264,7 +263,9 @@ def test_models_sharing_the_llama_layout(name):
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=16, initializer_range=0.2)
     model = getattr(transformers, f"{name}ForCausalLM")(config).double().eval()
-    matched = [type(m).__name__ for m in model.modules() if LLAMA.rule_forward(m) is not None]
+    adapter = CausalLMAdapter(model)
+    assert adapter.layout.name == "llama"
+    matched = [type(m).__name__ for m, _ in adapter.ruled]
     assert sorted(matched) == [f"{name}MLP"] * 2 + [f"{name}RMSNorm"] * 5  # per layer an MLP and two norms; the final norm
     before = snapshot(model)
     batched = relevancy.explain(model, batch("left"), method="attnlrp").scores

@@ -315,7 +315,7 @@ def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, 
     tokenizer (`save_pretrained`). Errors are one line naming what was wrong."""
     if name in LANGUAGE_MODELS:
         return LANGUAGE_MODELS[name]()
-    wanted = "a decoder language model (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, GPT2LMHeadModel) and its tokenizer"
+    wanted = "a transformers decoder language model (a ...ForCausalLM of the families in docs/language_models.md) and its tokenizer"
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: not {' or '.join(map(repr, LANGUAGE_MODELS))}, and no such folder (a folder of {wanted}, save_pretrained)")
     _check_saved_model(name, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")), wanted)
@@ -326,8 +326,13 @@ def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, 
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as error:
         raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
+    from .families.base import UnsupportedModelError
     from .families.causal_lm import CausalLMAdapter
 
     if not CausalLMAdapter.supports(model):
         raise ValueError(f"--model {name} holds a {type(model).__name__}; this command takes {wanted}")
+    try:
+        CausalLMAdapter(model)  # checked on its modules: a refusal names the part it could not map
+    except UnsupportedModelError as error:
+        raise ValueError(f"--model {name}: {error}") from None
     return model, tokenizer

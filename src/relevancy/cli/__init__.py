@@ -82,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "stdout is not a terminal, JSON with --json, an HTML page with --out (choose a "
                                         "generated token to see what it read).")
     p.add_argument("prompt", metavar="PROMPT", help="the prompt (quote it)")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (SmolLM2-135M-Instruct, offline, see docs/smollm2.md; default) or a local "
-                                                      "folder of a LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM or "
-                                                      "GPT2LMHeadModel with its tokenizer (save_pretrained)")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (SmolLM2-135M-Instruct, offline, see docs/smollm2.md; default), "
+                                                      "'gemma3' (Gemma-3-270M, docs/gemma3.md) or a local folder of a decoder "
+                                                      "language model (docs/language_models.md) with its tokenizer (save_pretrained)")
     p.add_argument("--method", default="attnlrp", help=f"one of {', '.join(GENERATION_METHOD_NAMES)} (default attnlrp)")
     p.add_argument("--max-new-tokens", type=int, default=32, help=f"tokens to generate, 1 to {MAX_NEW_TOKENS} (default 32; "
                                                                   "generation stops earlier after an end-of-text token)")

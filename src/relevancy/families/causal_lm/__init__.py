@@ -1,4 +1,5 @@
-"""Decoder language models: the Llama layout (Llama, Qwen2, Mistral, SmolLM2) and GPT-2."""
+"""Decoder language models: the layouts of `layouts.py` (Llama, Qwen2/3, Mistral, Qwen3-MoE, Mixtral, Gemma 2/3, Phi-3,
+OLMo 2, GPT-NeoX, GPT-2), each checked on the model's modules."""
 from .adapter import CausalLMAdapter
 from .targets import Contrast, Span
 
