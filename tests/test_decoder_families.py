@@ -108,17 +108,29 @@ def test_a_norm_that_computes_otherwise_is_refused():
     named."""
     import transformers
 
-    model = build("qwen3")
+    model = build("olmo2")
     gemma_norm = transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm(32).double()
     model.model.layers[1].post_attention_layernorm = gemma_norm
     with pytest.raises(UnsupportedModelError, match=r"model.layers.1.post_attention_layernorm \(Gemma3RMSNorm\) is not an RMSNorm computing x / rms\(x\) \* w"):
         CausalLMAdapter(model)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gemma2", "gpt_neox"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma2", "gpt_neox"])
 def test_the_seeds_lrp_methods_are_refused_by_name_where_no_rule_map_is(family):
     with pytest.raises(UnsupportedModelError, match=r"^method 'transformer_attribution' does not apply .* its methods: .*attnlrp"):
         relevancy.explain(model_of(family), batch("single0"), method="transformer_attribution")
+
+
+@pytest.mark.parametrize("method", ["transformer_attribution", "lrp"])
+def test_qwen3_runs_the_paper_rules_with_its_query_and_key_norms(method):
+    """Qwen3 shares Llama's rule map, its query and key norms passing relevance: the CVPR'21 rules conserve the
+    explained 1 on every row of a padded batch, and a padded row's map is the row's alone."""
+    options = {"rules": "paper"} if method == "lrp" else {}
+    model = model_of("qwen3")
+    explanation = relevancy.explain(model, batch("left"), method=method, **options)
+    assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
+    single = relevancy.explain(model, batch("single2"), method=method, **options).scores
+    assert_close_to(explanation.scores[2, -3:], single[0], f"qwen3 {method}", 1e-9)
 
 
 def test_gemma2_soft_caps_attention_and_logits():

@@ -314,8 +314,10 @@ def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...
 _GEMMA_MLP_NORMS = (("pre_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)), ("post_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)))
 LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"), ("llama", "mistral", "qwen2"),
                     _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM, llama_rules)
-QWEN3 = _llama_like("qwen3", ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"), ("qwen3", "qwen3_moe"),
-                    _pre_norm(ATTENTION, (GATED_MLP, MIXTURE), RMS_NORM, "q_norm", "k_norm"), RMS_NORM)
+QWEN3 = _llama_like("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM, "q_norm", "k_norm"),
+                    RMS_NORM, llama_rules)
+QWEN3_MOE = _llama_like("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",),
+                        _pre_norm(ATTENTION, (MIXTURE, GATED_MLP), RMS_NORM, "q_norm", "k_norm"), RMS_NORM)
 MIXTRAL = _llama_like("mixtral", ("MixtralForCausalLM",), ("mixtral",), _pre_norm(ATTENTION, (MIXTURE,), RMS_NORM), RMS_NORM)
 PHI3 = _llama_like("phi3", ("Phi3ForCausalLM",), ("phi3",), _pre_norm(FUSED_ATTENTION, (FUSED_GATED_MLP,), RMS_NORM), RMS_NORM)
 GEMMA3 = _llama_like("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",),
@@ -338,7 +340,7 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), rule_map=gpt2_rules,
 )
-LAYOUTS = (LLAMA, QWEN3, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
+LAYOUTS = (LLAMA, QWEN3, QWEN3_MOE, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 

@@ -52,16 +52,17 @@ def _heads_attention(session: Session, q: torch.Tensor, k: torch.Tensor, v: torc
 
 
 def _llama_attention(attention: nn.Module, session: Session) -> Replacements:
-    """`LlamaAttention` (and Qwen2's, Mistral's): projections, RoPE (passing relevance), grouped-query attention;
-    returns `(output, probabilities)`."""
+    """`LlamaAttention` (and Qwen2's, Mistral's; Qwen3's with its per-head query and key norms before RoPE):
+    projections, RoPE (passing relevance), grouped-query attention; returns `(output, probabilities)`."""
+    q_norm, k_norm = (getattr(attention, name, nn.Identity()) for name in ("q_norm", "k_norm"))
 
     def forward(hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 attention_mask: torch.Tensor | None = None, **kwargs) -> tuple:
         _no_cache_or_cross(kwargs)
         shape = (*hidden_states.shape[:-1], -1, attention.head_dim)
         hidden_states = branch(session, hidden_states)  # feeds the query, key and value projections
-        q = attention.q_proj(hidden_states).view(shape).transpose(1, 2)
-        k = attention.k_proj(hidden_states).view(shape).transpose(1, 2)
+        q = q_norm(attention.q_proj(hidden_states).view(shape)).transpose(1, 2)
+        k = k_norm(attention.k_proj(hidden_states).view(shape)).transpose(1, 2)
         v = attention.v_proj(hidden_states).view(shape).transpose(1, 2)
         cos, sin = position_embeddings
         q = passthrough(session, lambda t: _rotated(t, cos, sin), q)
@@ -124,13 +125,14 @@ def _shared(model: nn.Module, decoder: nn.Module) -> dict[type, ForwardFactory]:
 
 
 def llama_rules(model: nn.Module, decoder: nn.Module, layers: list[nn.Module]) -> dict[type, ForwardFactory]:
-    """The Llama layout (Llama, Qwen2, Mistral, SmolLM2), keyed by the types of the model's own modules."""
+    """The Llama layout (Llama, Qwen2, Mistral, SmolLM2) and Qwen3's, keyed by the types of the model's own modules."""
     return {
         **_shared(model, decoder),
         **by_type(layers, _llama_layer),
         **by_type([layer.self_attn for layer in layers], _llama_attention),
         **by_type([layer.mlp for layer in layers], gated_mlp),
-        **by_type([decoder.norm] + [norm for layer in layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)],
+        **by_type([decoder.norm] + [norm for layer in layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+                  + [norm for layer in layers for norm in (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None))],
                   engine.NORMALISATION),
     }
 
