@@ -146,3 +146,19 @@ def test_gemma2_soft_caps_attention_and_logits():
     assert logits.abs().max() < model.config.final_logit_softcapping
     (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
     assert_close_to(explanation.scores[0], (gradient * embeddings).sum(-1)[0].detach(), "gemma2 input x gradient", 1e-6)  # transformers: float32 softmax
+
+
+@pytest.mark.parametrize("method", ["cdam", "token_ablation"])
+def test_a_padded_row_beyond_the_sliding_window_is_explained(method):
+    """The third row pads 4 positions past its 3 tokens, so a padding query's window of 4 holds padding only:
+    transformers' own eager Gemma 2 gives that row NaN logits; every method runs relevancy's attention, and the
+    row's map is the row's alone."""
+    model = build("gemma2")
+    inputs = batch("right")
+    with torch.no_grad():
+        own = model(**inputs, position_ids=(inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0), use_cache=False).logits
+    assert torch.isnan(own[2]).all() and not torch.isnan(own[:2]).any()
+    batched = relevancy.explain(model, inputs, method=method).scores
+    single = relevancy.explain(model, batch("single2"), method=method).scores
+    assert torch.isfinite(batched).all()
+    assert_close_to(batched[2, :3], single[0], f"gemma2 {method}", 1e-10)

@@ -248,14 +248,11 @@ class CausalLMAdapter(Adapter):
     # -- running ----------------------------------------------------------------------------------------------
     @contextmanager
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:
-        """Eval mode for the call and, if asked, the exact eager attention (it returns the probabilities); the LRP
-        methods switch the attention per pass instead (`rules_applied`)."""
-        with explaining_call(self.model, None):
-            if attention_probabilities:
-                with self.rules_applied(None, probabilities=True):
-                    yield
-            else:
-                yield
+        """Eval mode for the call and relevancy's exact attention: eager where the call reads the probabilities,
+        else torch's fused kernel (never the model's own: transformers' eager Gemma 2 gives NaN to a padded row
+        whose sliding window holds padding only); the LRP methods switch the attention per pass (`rules_applied`)."""
+        with explaining_call(self.model, None), self.rules_applied(None, probabilities=attention_probabilities):
+            yield
 
     def shared_state(self) -> list[object]:
         return transformers_configs(self.model)
