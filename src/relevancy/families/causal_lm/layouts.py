@@ -31,13 +31,15 @@ Fits = Callable[[nn.Module, int], bool]
 @dataclass(frozen=True)
 class Part:
     """A kind of module a layout rules: `what` it must be (named in a refusal), whether a module `fits`, its rule
-    forward (None: it runs as it is under the rules), and `owns`: the children whose parameters it accounts for
-    (None: all; attention accounts for its projections, its query and key norms are parts of their own)."""
+    forward (None: it runs as it is under the rules), `owns`: the children whose parameters it accounts for
+    (None: all; attention accounts for its projections, its query and key norms are parts of their own) and
+    `inner`: children that run a rule forward of their own (a mixture's experts)."""
 
     what: str
     fits: Fits
     forward: RuleForward | None = None
     owns: tuple[str, ...] | None = None
+    inner: tuple[tuple[str, "Part"], ...] = ()
 
     def parameters(self, module: nn.Module) -> list[nn.Parameter]:
         """The parameters of `module` this part accounts for."""
@@ -71,7 +73,7 @@ class Layout:
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
-        width = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
+        width = _width(model)
         decoder = getattr(model, self.decoder, None)
         layers = getattr(decoder, self.layers, None)
         if decoder is None or not isinstance(layers, nn.ModuleList) or model.get_output_embeddings() is None:
@@ -80,33 +82,35 @@ class Layout:
             return f"{self.decoder}.{self.embeddings} is not the token embedding"
         for index, layer in enumerate(layers):
             where = f"{self.decoder}.{self.layers}.{index}"
+            known = set()
             for path, kinds in self.parts:
                 module = _get(layer, path)
-                if not any(module is not None and kind.fits(module, width) for kind in kinds):
+                kind = _kind(module, kinds, width)
+                if kind is None:
                     found = type(module).__name__ if module is not None else "nothing"
                     return f"{where}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
-            known = {id(p) for path, kinds in self.parts for p in _owned(_get(layer, path), kinds, width)}
+                known.update(id(p) for p in kind.parameters(module))
             unknown = next((name for name, p in layer.named_parameters() if id(p) not in known), None)
             if unknown is not None:  # e.g. a norm this layout does not rule
                 return f"{where}.{unknown} belongs to no part of the {self.name} layout"
         path, kind = self.final
         module = _get(decoder, path)
-        if module is None or not kind.fits(module, width):
+        if _kind(module, (kind,), width) is None:
             return f"{self.decoder}.{path} ({type(module).__name__}) is not {kind.what}"
         return None
 
     def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
         """Every module of a fitting `model` that runs a rule forward under a rule set, with it."""
-        width = getattr(model.config, "hidden_size", None) or getattr(model.config, "n_embd", None)
+        width = _width(model)
         decoder = getattr(model, self.decoder)
         found = [(_get(layer, path), kinds) for layer in getattr(decoder, self.layers) for path, kinds in self.parts]
         found.append((_get(decoder, self.final[0]), (self.final[1],)))
         ruled = []
         for module, kinds in found:
-            kind = next(kind for kind in kinds if kind.fits(module, width))
+            kind = _kind(module, kinds, width)
             if kind.forward is not None:
                 ruled.append((module, kind.forward))
-            ruled.extend((inner, part.forward) for inner, part in _inner_parts(kind, module, width))
+            ruled.extend((getattr(module, name), part.forward) for name, part in kind.inner)
         return ruled
 
 
@@ -116,14 +120,13 @@ def _get(module: nn.Module, path: str) -> nn.Module | None:
     return module if isinstance(module, nn.Module) else None
 
 
-def _owned(module: nn.Module, kinds: tuple[Part, ...], width: int) -> list[nn.Parameter]:
-    """The parameters a fitting module's part accounts for."""
-    return next(kind for kind in kinds if kind.fits(module, width)).parameters(module)
+def _width(model: nn.Module) -> int:
+    return getattr(model.config, "hidden_size", None) or model.config.n_embd
 
 
-def _inner_parts(kind: Part, module: nn.Module, width: int) -> list[tuple[nn.Module, Part]]:
-    """The ruled modules inside a mixture of experts (a dense MLP beside the experts has none)."""
-    return [(module.experts, EXPERTS)] if kind is MIXTURE else []
+def _kind(module: nn.Module | None, kinds: tuple[Part, ...], width: int) -> Part | None:
+    """The first of `kinds` that `module` fits, or None."""
+    return next((kind for kind in kinds if module is not None and kind.fits(module, width)), None)
 
 
 # -- the parts: what each must be ------------------------------------------------------------------------------
@@ -284,7 +287,8 @@ LAYER_NORM = Part("a LayerNorm of the model's width", _fits_layer_norm, _layer_n
 GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, _gated_mlp)
 FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fused_gated_mlp, _fused_gated_mlp)
 EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
-MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture)
+MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture,
+               inner=(("experts", EXPERTS),))
 ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", _fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
                  owns=("q_proj", "k_proj", "v_proj", "o_proj"))
 FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", _fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
