@@ -315,7 +315,7 @@ def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, 
     tokenizer (`save_pretrained`). Errors are one line naming what was wrong."""
     if name in LANGUAGE_MODELS:
         return LANGUAGE_MODELS[name]()
-    wanted = "a transformers decoder language model (a ...ForCausalLM of the families in docs/language_models.md) and its tokenizer"
+    wanted = "a decoder language model (a transformers ...ForCausalLM of the families in docs/language_models.md) and its tokenizer"
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: not {' or '.join(map(repr, LANGUAGE_MODELS))}, and no such folder (a folder of {wanted}, save_pretrained)")
     _check_saved_model(name, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")), wanted)
