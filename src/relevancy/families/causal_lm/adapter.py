@@ -23,7 +23,6 @@ from ...explanation import DecoderExplanation
 from ...parts import LatentRelevance, SpanRelevance
 from ...guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import causal_mask
-from ...messages import quoted
 from ...lrp.attnlrp import RuleSet, attention, fused_attention
 from ...messages import quoted
 from ...streams import AttentionSite, Hookable, Stream
