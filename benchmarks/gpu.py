@@ -111,10 +111,12 @@ def plain(model: torch.nn.Module, inputs: Any) -> Callable[[], Any]:
 
 
 def methods_of(family: str) -> list[str]:
-    from relevancy.methods import LANGUAGE_REGISTRY
+    """The registry's methods the family's workload runs: the decoders' too on decoders (token ablation left out:
+    its N + 1 forwards are plain forwards)."""
+    from relevancy.families.base import SEED_METHODS
 
-    names = [m for m in relevancy.METHODS if m != "token_ablation"]
-    return names + list(LANGUAGE_REGISTRY) if family in ("llm", "causal_lm_llama", "causal_lm_gpt2") else names
+    names = relevancy.METHODS if family in ("llm", "causal_lm_llama", "causal_lm_gpt2") else SEED_METHODS
+    return [m for m in names if m != "token_ablation"]
 
 
 def measure(work: Workload, runs: dict[str, Callable[[], Any]], device: str, repeats: int) -> dict[str, dict]:

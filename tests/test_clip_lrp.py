@@ -105,7 +105,7 @@ def test_partial_lrp_per_tower_and_lrp_refused(library):
     for expl in (vanilla, paper):
         assert all(torch.isfinite(s).all() and s.abs().sum() > 0 for s in maps(expl).values())
     assert (paper.relevance_total - 1).abs().max() < 1e-6  # at each tower's last block input
-    with pytest.raises(UnsupportedModelError, match="one-stream"):
+    with pytest.raises(UnsupportedModelError, match="method 'lrp' does not apply to the CLIP"):
         relevancy.explain(model, GRID, method="lrp")
 
 

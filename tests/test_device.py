@@ -10,9 +10,9 @@
 """
 from __future__ import annotations
 
+import os
 import traceback
 import warnings
-from typing import Any
 
 import pytest
 import torch
@@ -40,6 +40,10 @@ HOST_VALUES = {
 }
 
 
+#: the installed package's folder: the frames of relevancy's own code (a clone's folder may be called relevancy too)
+PACKAGE = os.path.dirname(relevancy.__file__) + os.sep
+
+
 class DefaultDeviceWatch(TorchFunctionMode):
     """Records `(file:line, function, factory)` for each factory that relevancy's code calls without a device."""
 
@@ -52,8 +56,8 @@ class DefaultDeviceWatch(TorchFunctionMode):
         if kwargs.get("device") is None and (func in ALLOCATIONS or func in CONVERSIONS and not isinstance(args[0], torch.Tensor)):
             frames = traceback.extract_stack(limit=4)[:-1]  # the frames that led to the factory, innermost last
             caller = next(f for f in reversed(frames) if f.name not in COMPREHENSIONS or f is frames[0])  # their function
-            if "/relevancy/" in caller.filename and caller.name not in HOST_VALUES:
-                where = caller.filename.split("/relevancy/")[-1]
+            if caller.filename.startswith(PACKAGE) and caller.name not in HOST_VALUES:
+                where = caller.filename[len(PACKAGE):]
                 self.found.append(f"{where}:{caller.lineno} {caller.name}: torch.{func.__name__}")
         return func(*args, **kwargs)
 
@@ -79,7 +83,7 @@ def test_the_watch_sees_a_factory_without_device():
         attention.with_identity(torch.zeros(2, 2, device="cpu"))  # names its device: not recorded
     assert watch.found == []
     with DefaultDeviceWatch() as watch:
-        exec(compile("torch.zeros(2)", "/src/relevancy/made_up.py", "exec"), {"torch": torch})
+        exec(compile("torch.zeros(2)", PACKAGE + "made_up.py", "exec"), {"torch": torch})
     assert watch.found == ["made_up.py:1 <module>: torch.zeros"]
 
 

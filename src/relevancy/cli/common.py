@@ -104,10 +104,12 @@ def read_image(path: str, command: str = "explain") -> Image.Image:
 def resolve_methods(method: str, offered: Sequence[str], family: str) -> list[str]:
     """`all` (every method `offered`, a family's `Adapter.methods`) or one of them; a UsageError naming them and
     the closest name otherwise (`family`: whose methods they are, for the message)."""
-    from ..methods import lookup
+    from ..methods import REGISTRY, lookup
 
     if method == "all":
         return list(offered)
+    if method in REGISTRY and method not in offered:
+        raise UsageError(f"method {method} does not explain {family}; use one of {', '.join(offered)}")
     try:
         lookup(method, offered, f"methods of {family}")
     except ValueError as error:

@@ -138,7 +138,8 @@ def _linear(module: object, inputs: int | None = None, outputs: int | None = Non
 def _probe(module: nn.Module, width: int) -> torch.Tensor:
     """A fixed input `(2, width)` in the module's dtype and device."""
     parameter = next(module.parameters())
-    return torch.randn(2, width, generator=torch.Generator().manual_seed(0)).to(parameter.device, parameter.dtype)
+    generator = torch.Generator(device=parameter.device).manual_seed(0)
+    return torch.randn(2, width, generator=generator, device=parameter.device).to(parameter.dtype)
 
 
 def _computes(module: nn.Module, width: int, expected: Callable[[torch.Tensor], torch.Tensor]) -> bool:
