@@ -170,11 +170,12 @@ def workloads(families: list[str], batches: list[int]) -> Iterator[tuple[str, An
 
 
 def method_names(family: str, relevancy: Any, asked: list[str] | None) -> list[str]:
+    names = relevancy.METHODS  # loads the version's registry (relevancy.methods) on first use
     methods = sys.modules["relevancy.methods"]
     # one registry now (the decoders' methods take token targets); an earlier version kept them apart
     decoders = [m for m, spec in methods.REGISTRY.items() if getattr(spec, "token_targets", False)]
     decoders += list(getattr(methods, "LANGUAGE_REGISTRY", ()))
-    from_registry = [m for m in relevancy.METHODS if m != "token_ablation" and m not in decoders]
+    from_registry = [m for m in names if m != "token_ablation" and m not in decoders]
     if family == "llm":
         from_registry += decoders
     return [m for m in from_registry if asked is None or m in asked]
