@@ -103,6 +103,26 @@ def test_an_unknown_model_type_is_recognised_by_its_modules():
     assert_close_to(relevancy.explain(model, batch("left"), method="attnlrp").scores, GOLDEN["models"]["qwen3"]["attnlrp"]["left"], "renamed")
 
 
+def test_a_model_is_checked_once_until_its_structure_changes(monkeypatch):
+    """The probes of every norm and MLP (reads back to the host, what a GPU at batch 1 would wait on) run at the
+    first call only; a changed module (another type) is checked again."""
+    import transformers
+
+    from relevancy.families.causal_lm import layouts
+
+    model = build("olmo2")
+    relevancy.explain(model, batch("single0"), method="attnlrp")
+    probes = []
+    real = layouts._computes
+    monkeypatch.setattr(layouts, "_computes", lambda *args: probes.append(1) or real(*args))
+    relevancy.explain(model, batch("single0"), method="attnlrp")
+    assert probes == []
+    model.model.layers[1].post_attention_layernorm = transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm(32).double()
+    with pytest.raises(UnsupportedModelError, match=r"post_attention_layernorm \(Gemma3RMSNorm\) is not an RMSNorm"):
+        relevancy.explain(model, batch("single0"), method="attnlrp")
+    assert probes
+
+
 def test_a_norm_that_computes_otherwise_is_refused():
     """The norms are checked by what they compute: a Llama norm replaced by one of Gemma's (same parameters) is
     named."""

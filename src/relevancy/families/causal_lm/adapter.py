@@ -30,7 +30,7 @@ from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import DECODER_CLASSES, Layout, is_causal_lm, layout_of
+from .layouts import DECODER_CLASSES, Layout, is_causal_lm, recognised
 from .targets import Contrast, RowTarget, Span, reading, row_targets, token_score
 
 #: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
@@ -176,10 +176,11 @@ class CausalLMAdapter(Adapter):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.layout: Layout = layout_of(model)  # checked on the model's modules; a refusal names what does not fit
+        # checked on the model's modules (once per structure); a refusal names what does not fit
+        self.layout: Layout
+        self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
-        self.ruled = self.layout.ruled(model)
         if self.layout.rule_map is None:  # no rule map for the seeds' LRP methods yet: those are refused by name
             self.methods = tuple(m for m in type(self).methods if m not in PROPAGATION_METHODS)
 

@@ -9,6 +9,7 @@ its modules fit. Attention needs no rule forward: the adapter switches it throug
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -354,6 +355,30 @@ def is_causal_lm(model: nn.Module) -> bool:
     """Whether `model` is a transformers decoder language model (of any layout: `layout_of` says which)."""
     return (isinstance(getattr(getattr(model, "config", None), "model_type", None), str)
             and type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) and callable(getattr(model, "get_output_embeddings", None)))
+
+
+#: the models recognised so far, each with the structure it was recognised on (`_structure`), its layout and its
+#: ruled modules: the checks (probe forwards of every norm and MLP, each a read back to the host) run once per
+#: model, not once per call
+_RECOGNISED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Layout, list]] = weakref.WeakKeyDictionary()
+
+
+def _structure(model: nn.Module) -> tuple:
+    """What the recognition depends on: the model type, each module's name and type, each parameter's shape."""
+    return (model.config.model_type, tuple((name, type(module)) for name, module in model.named_modules()),
+            tuple((name, tuple(parameter.shape)) for name, parameter in model.named_parameters()))
+
+
+def recognised(model: nn.Module) -> tuple[Layout, list[tuple[nn.Module, RuleForward]]]:
+    """`(layout_of(model), its ruled modules)`, checked again only when the model's structure changed
+    (`_structure`)."""
+    structure = _structure(model)
+    known = _RECOGNISED.get(model)
+    if known is None or known[0] != structure:
+        layout = layout_of(model)
+        known = (structure, layout, layout.ruled(model))
+        _RECOGNISED[model] = known
+    return known[1], known[2]
 
 
 def layout_of(model: nn.Module) -> Layout:
