@@ -61,8 +61,8 @@ def measured_peaks(budget_mib: int, methods: tuple[str, ...]) -> dict[str, dict]
     return {row["method"]: row for row in map(json.loads, done.stdout.splitlines())}
 
 
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
 def test_the_peak_stays_within_the_budget():
+    """Linux's /proc/self/status and clear_refs measure the peak (the test command runs on Debian)."""
     peaks = measured_peaks(BUDGET_MIB, METHODS)
     for method in METHODS:
         row = peaks[method]

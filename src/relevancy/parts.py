@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import torch
@@ -394,6 +394,10 @@ class LatentRelevance:
         if self.heads is not None:
             tables.append(("attention heads, layer x head", self.heads[:, index], [f"h{h}" for h in range(self.heads.shape[-1])]))
         return "".join(_heat_table(title, values, columns) for title, values, columns in tables)
+
+
+#: what `latent=` asks for: the parts of `LatentRelevance`, in its order
+LATENT_PARTS = tuple(part.name for part in fields(LatentRelevance))
 
 
 def _heat_table(title: str, values: torch.Tensor, columns: list[str]) -> str:

@@ -7,9 +7,9 @@ from typing import Any, Callable
 import torch
 
 from ..families.base import Adapter
-from ..families.causal_lm.adapter import LATENT_PARTS
 from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
 from ..messages import quoted
+from ..parts import LATENT_PARTS
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}

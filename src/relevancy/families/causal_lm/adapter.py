@@ -109,10 +109,6 @@ def last_real(mask: torch.Tensor) -> torch.Tensor:
     return mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
 
 
-#: what `latent=` asks for, in `LatentRelevance`'s order
-LATENT_PARTS = ("layers", "neurons", "heads")
-
-
 @dataclass
 class Recorded:
     """The tensors `CausalLMAdapter.latent_recorded` keeps during one forward: layer outputs and heads' outputs."""
