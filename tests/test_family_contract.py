@@ -161,8 +161,8 @@ def test_every_result_is_an_explanation_with_one_protocol(family, tmp_path):
     rows = len(explanation.target)
     assert all(len(part) == rows for part in parts.values())
     content = json.loads(json.dumps(explanation.to_json()))
-    assert content["method"] == "rollout" and content["parts"].keys() == parts.keys()
-    assert all(torch.tensor(content["parts"][name], dtype=torch.float64).shape == parts[name].shape for name in parts)
+    assert content["method"] == "rollout" and content["scores"].keys() == parts.keys()
+    assert all(torch.tensor(content["scores"][name], dtype=torch.float64).shape == parts[name].shape for name in parts)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

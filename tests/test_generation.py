@@ -136,7 +136,7 @@ def test_json_and_html(model, tmp_path):
     result = relevancy.explain_generation(model, Characters(), PROMPT, max_new_tokens=3, method="cp_lrp")
     numbers = json.loads(json.dumps(result.to_json()))
     assert numbers["kind"] == "GenerationExplanation" and numbers["prompt_length"] == len(PROMPT)
-    assert numbers["target"] == result.generated_ids.tolist() and len(numbers["parts"]["text"]) == 3
+    assert numbers["target"] == result.generated_ids.tolist() and len(numbers["scores"]["text"]) == 3
     assert numbers["tokens"] == list(PROMPT) + list(result.text)
     assert result.token_scores(1) == list(zip(result.tokens[: len(PROMPT) + 1], result.scores[1, : len(PROMPT) + 1].tolist()))
     page = result.save(tmp_path / "generation.html").read_text()

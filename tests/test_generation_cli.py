@@ -42,7 +42,7 @@ def test_json_equals_the_library_call(folder, capsys):
     expected = relevancy.explain_generation(model, transformers.AutoTokenizer.from_pretrained(folder), PROMPT, max_new_tokens=5)
     assert numbers["text"] == expected.text and numbers["target"] == expected.generated_ids.tolist()
     assert numbers["method"] == "attnlrp" and numbers["prompt"] == PROMPT and numbers["model"] == str(folder)
-    assert torch.allclose(torch.tensor(numbers["parts"]["text"]), expected.scores)
+    assert torch.allclose(torch.tensor(numbers["scores"]["text"]), expected.scores)
     assert len(numbers["relevance_total"]) == len(expected.generated_ids)
 
 
@@ -104,7 +104,7 @@ def test_smollm2_explains_a_short_generation(smollm2, capsys):
     assert code == 0
     numbers = json.loads(out)
     assert numbers["text"].startswith(" Paris") and numbers["prompt_length"] == 5
-    first = numbers["parts"]["text"][0][:4]  # why " Paris": the prompt before its last token " is"
+    first = numbers["scores"]["text"][0][:4]  # why " Paris": the prompt before its last token " is"
     assert numbers["tokens"][first.index(max(first))] == " France"
 
 

@@ -12,7 +12,7 @@ import torch
 from family_cases import FAMILIES
 
 import relevancy
-from relevancy.explanation import FORMAT_VERSION, _kinds
+from relevancy.explanation import SCHEMA, _kinds
 
 
 def assert_same_result(loaded, original) -> None:
@@ -34,7 +34,7 @@ def assert_same_result(loaded, original) -> None:
 
 def round_trips(result, tmp_path) -> None:
     path = result.save(tmp_path / "result.json")
-    assert json.loads(path.read_text())["version"] == FORMAT_VERSION
+    assert json.loads(path.read_text())["schema"] == SCHEMA
     assert_same_result(relevancy.load(path), result)
     assert_same_result(relevancy.load(str(path)), result)
     assert_same_result(relevancy.load(json.loads(json.dumps(result.to_json()))), result)
@@ -99,11 +99,13 @@ def test_what_is_not_a_saved_result_is_named(tmp_path):
     with pytest.raises(ValueError, match="the saved DecoderExplanation is damaged .*logits has no tensor dtype: 'load'"):
         relevancy.load(damaged)
     cut = result.to_json()
-    cut["parts"]["text"] = cut["parts"]["text"][:1]
+    cut["scores"]["text"] = cut["scores"]["text"][:1]
     with pytest.raises(ValueError, match="the saved DecoderExplanation is damaged"):
         relevancy.load(cut)
     with pytest.raises(ValueError, match="not a saved relevancy result"):
         relevancy.load({**result.to_json(), "kind": ["DecoderExplanation"]})
-    newer = {**result.to_json(), "version": FORMAT_VERSION + 1}
-    with pytest.raises(ValueError, match=f"saved in format version {FORMAT_VERSION + 1}; this relevancy reads versions up to {FORMAT_VERSION}"):
+    newer = {**result.to_json(), "schema": "relevancy.explanation/2"}
+    with pytest.raises(ValueError, match=f"saved in schema relevancy.explanation/2; this relevancy reads {SCHEMA}: update relevancy"):
         relevancy.load(newer)
+    with pytest.raises(ValueError, match="not a saved relevancy result"):
+        relevancy.load({key: value for key, value in result.to_json().items() if key != "schema"})

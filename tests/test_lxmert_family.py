@@ -223,5 +223,5 @@ def test_save_draws_the_regions_and_writes_the_coloured_question(tmp_path):
     picture = torch.rand(48, 64, 3).numpy()
     path = expl.save(tmp_path / "question.png", [picture])
     assert path.read_bytes()[:4] == b"\x89PNG"
-    page = (tmp_path / "question.html").read_text()
+    page = expl.save(tmp_path / "question.html").read_text()
     assert "generic_attention" in page and "<span" in page

@@ -39,8 +39,8 @@ def test_image_text_explanations_name_the_tokenizers_words(tmp_path):
     ends = [row.index(tokenizer.vocab[tokenizer.end_id]) for row in rows]
     assert expl.tokens == [row[: end + 1] for row, end in zip(rows, ends)]
     assert [token for token in expl.tokens[0] if token in ("a", "red", "star")] == ["a", "red", "star"]
-    expl.save(tmp_path / "pairs.png", scenes.images)
-    html = (tmp_path / "pairs.html").read_text(encoding="utf-8")
+    assert expl.save(tmp_path / "pairs.png", scenes.images).read_bytes()[:4] == b"\x89PNG"
+    html = expl.save(tmp_path / "pairs.html").read_text(encoding="utf-8")
     assert ">red<" in html and ">ring<" in html and not re.search(r">\[\d+\]<", html)
     unnamed = relevancy.explain(model, (scenes.images, texts), method="generic_attention")  # no strings given: ids
     assert unnamed.tokens == [[f"[{int(t)}]" for t in ids[: end + 1]] for ids, end in zip(texts["input_ids"], ends)]

@@ -193,7 +193,7 @@ def test_the_json_and_html_carry_whole_characters(saved, tmp_path):
 def test_a_generation_saved_under_another_suffix_is_refused(generation, tmp_path, name):
     with pytest.raises(OutputError) as error:
         generation.save(tmp_path / name)
-    one_line(error, "saved as an HTML page", ".html or .htm", name)
+    one_line(error, "a GenerationExplanation is saved as .json, .npz, .html, .htm (chosen by the path's suffix)", name)
     assert not (tmp_path / name).exists() and not list(tmp_path.iterdir())
 
 

@@ -1,24 +1,33 @@
-"""The result of `explain()`: raw scores per token stream (`parts`) plus what is needed to show them."""
+"""The result of `explain()`: raw scores per token stream (`parts`) plus what is needed to show them, and the one
+way every result is written out: `to_json()` (the schema `relevancy.explanation/1`, docs/api.md) and `save(path)`."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import html
+import io
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
 from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, sink_shares
 
-#: the version of the JSON that `to_json()` writes and `relevancy.load` reads (it rises when a field changes meaning)
-FORMAT_VERSION = 1
+#: the name and version of the JSON that `to_json()` writes and `relevancy.load` reads (the number rises when a field
+#: changes meaning); documented in docs/api.md
+SCHEMA = "relevancy.explanation/1"
 #: a field `load` finds no value for (it takes the field's default)
 _MISSING = object()
 #: the parts of a result that are dataclasses of their own: `to_json` writes them with their name, `load` makes them again
 NESTED = {kind.__name__: kind for kind in (SpanRelevance, LatentRelevance)}
+#: the keys every `to_json()` has, whatever the kind (the kind's own fields follow them)
+COMMON_KEYS = ("schema", "kind", "method", "signed", "target", "logits", "scores", "tokens", "relevance_total", "tensors")
+#: what `save` writes by the path's suffix: every kind writes .json and .npz, kinds with an image part .png, kinds
+#: with a text part an HTML page
+DATA_SUFFIXES = (".json", ".npz")
+PICTURE_SUFFIXES = (".png",)
+PAGE_SUFFIXES = (".html", ".htm")
 
 
 def named_scores(target: torch.Tensor, logits: torch.Tensor, class_names: Sequence[str] | None, kind: str) -> list[str]:
@@ -33,6 +42,7 @@ def named_scores(target: torch.Tensor, logits: torch.Tensor, class_names: Sequen
         captions.append(f"{name} ({logits[i, k]:.2f})")
     return captions
 
+
 class Explanation:
     """What every `explain()` result is, whatever the family: one **part** per token stream (`parts`), the explained
     targets and logits, and the same protocol (`scores`, `save`, `to_json`).
@@ -44,8 +54,8 @@ class Explanation:
     part's tensor where there is one part, else the parts' tensors by stream name. `target` `(rows,)`: the explained
     class, answer or pair (-1 for a concept or a callable target); `relevance_total` (LRP-based methods): the
     relevance reaching the level each map is read at, for 1 at the explained score, `(rows,)` or `(rows, parts)`.
-    `save(path, ...)` writes the family's picture (and HTML beside it where there is text), each file whole or not
-    at all; `to_json()` gives the same content as plain JSON values.
+    `save(path, images=None, by_word=True, special=False)` writes what the path's suffix names, whole or not at all;
+    `to_json()` gives the whole result as plain JSON values (the schema of docs/api.md).
     """
 
     method: str
@@ -54,11 +64,14 @@ class Explanation:
     logits: torch.Tensor
     relevance_total: torch.Tensor | None
 
+    #: the dataclass fields that hold each part's scores, by part name (`to_json` writes them once, under "scores")
+    part_fields: ClassVar[dict[str, str]] = {}
+    #: the suffixes `save` writes besides DATA_SUFFIXES: PICTURE_SUFFIXES where `picture` draws, PAGE_SUFFIXES where
+    #: `to_html` does
+    suffixes: ClassVar[tuple[str, ...]] = ()
+
     @property
     def parts(self) -> dict[str, ImagePart | TextPart | RegionPart]:
-        raise NotImplementedError
-
-    def save(self, path: str | Path, images: object = None) -> Path:
         raise NotImplementedError
 
     def part_scores(self) -> dict[str, torch.Tensor]:
@@ -66,32 +79,87 @@ class Explanation:
         return {name: part.scores for name, part in self.parts.items()}
 
     def to_json(self) -> dict:
-        """The explanation as plain JSON values: `kind` (the class), `version`, method, signedness, targets, logits,
-        each part's scores, the relevance totals of the LRP-based methods, then every other field of the result
-        (tokens, masks, sizes, ...; a `Concept` is not written) and `tensors`: the dtype and shape of each value that
-        was a tensor, by its path (`parts/text`), so that `relevancy.load` gives back equal tensors."""
-        tensors: dict[str, dict] = {}
+        """The explanation as plain JSON values, schema `SCHEMA` (docs/api.md): `schema`, `kind` (the class), method,
+        signedness, targets, logits, each part's `scores` by stream name, `tokens` (None for a kind without text),
+        the relevance totals of the LRP-based methods, then every other field of the kind (masks, sizes, ...; a
+        `Concept` is not written: its vector lives on the concept) and `tensors`: the dtype and shape of each value
+        that was a tensor, by its path (`scores/text`), so that `relevancy.load` gives back equal tensors."""
+        numbers, tensors = self._contents()
+        numbers["tensors"] = {path: {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+                              for path, value in tensors.items()}
+        return numbers
+
+    def _contents(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """`to_json()` without its `tensors` entry, and every tensor it holds by its path."""
+        tensors: dict[str, torch.Tensor] = {}
         numbers = {
-            "kind": type(self).__name__, "version": FORMAT_VERSION, "method": self.method, "signed": self.signed,
+            "schema": SCHEMA, "kind": type(self).__name__, "method": self.method, "signed": self.signed,
             "target": _plain(self.target, "target", tensors), "logits": _plain(self.logits, "logits", tensors),
-            "parts": {name: _plain(scores, f"parts/{name}", tensors) for name, scores in self.part_scores().items()},
+            "scores": {name: _plain(scores, f"scores/{name}", tensors) for name, scores in self.part_scores().items()},
+            "tokens": _plain(getattr(self, "tokens", None), "tokens", tensors),
             "relevance_total": _plain(self.relevance_total, "relevance_total", tensors),
         }
         for item in dataclasses.fields(self):
-            if item.name not in numbers and item.name not in self.part_fields.values():
+            if item.name not in numbers and item.name not in self.part_fields.values() and item.name != "concept":
                 numbers[item.name] = _plain(getattr(self, item.name), item.name, tensors)
-        numbers["tensors"] = tensors
-        return numbers
+        return numbers, tensors
 
-    #: the dataclass fields that hold each part's scores, by part name (`to_json` writes them once, under "parts")
-    part_fields: ClassVar[dict[str, str]] = {}
+    def save(self, path: str | Path, images: Any = None, by_word: bool = True, special: bool = False) -> Path:
+        """Write the result in the format the path's suffix names, whole or not at all: `.json` (`to_json()`, what
+        `relevancy.load` reads), `.npz` (every tensor of `to_json()` by its path, e.g. `scores/image`), `.png` (kinds
+        with an image part: the maps drawn over `images`, the inputs as given to `explain` or pictures) and `.html`
+        (kinds with a text part: the coloured texts, word pieces merged unless `by_word=False`, special tokens shown
+        with `special=True`). The same arguments for every kind; an argument a format does not use is left aside."""
+        from .files import OutputError, write_atomic
+
+        path = Path(path)
+        suffix = path.suffix.lower()
+        valid = (*DATA_SUFFIXES, *self.suffixes)
+        if suffix not in valid:
+            raise OutputError(f"a {type(self).__name__} is saved as {', '.join(valid)} (chosen by the path's suffix), got '{path.name}'")
+        if suffix == ".json":
+            return write_atomic(path, json.dumps(self.to_json()))
+        if suffix == ".npz":
+            return write_atomic(path, self._npz())
+        if suffix in PICTURE_SUFFIXES:
+            return self.picture(path, images)
+        return write_atomic(path, html_page(self.page_title(), self.page_body(by_word, special)))
+
+    def _npz(self) -> bytes:
+        """Every tensor of `to_json()` as a numpy `.npz` archive, named by its path (bfloat16 and other dtypes numpy
+        lacks as float32)."""
+        import numpy as np
+
+        arrays = {}
+        for path, value in self._contents()[1].items():
+            value = value.detach().cpu()
+            arrays[path] = (value if value.dtype in NUMPY_DTYPES else value.float()).numpy()
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    def picture(self, path: Path, images: Any) -> Path:
+        """Kinds with an image part: the PNG `save` writes for `.png`."""
+        raise NotImplementedError
+
+    def page_title(self) -> str:
+        """The title of the HTML page `save` writes."""
+        return self.method
+
+    def page_body(self, by_word: bool, special: bool) -> str:
+        """Kinds with a text part: the body of the HTML page `save` writes (`to_html`)."""
+        return self.to_html(by_word, special)
 
 
-def _plain(value: Any, path: str, tensors: dict[str, dict]) -> Any:
-    """`value` as JSON values (None for what has none: a `Concept`); each tensor's dtype and shape noted in
-    `tensors` under its path."""
+#: the tensor dtypes numpy holds as they are (`save(".npz")` writes others as float32)
+NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                torch.uint8, torch.bool)
+
+
+def _plain(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """`value` as JSON values (None for what has none: a `Concept`); each tensor put in `tensors` under its path."""
     if isinstance(value, torch.Tensor):
-        tensors[path] = {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        tensors[path] = value
         return value.detach().cpu().tolist()
     if isinstance(value, tuple(NESTED.values())):  # a part of a result (an answer span's, the latent relevance)
         return {"dataclass": type(value).__name__,
@@ -101,21 +169,6 @@ def _plain(value: Any, path: str, tensors: dict[str, dict]) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(item, f"{path}/{k}", tensors) for k, item in enumerate(value)]
     return value if isinstance(value, (bool, int, float, str)) else None
-
-
-def json_or(save: Callable[..., Path]) -> Callable[..., Path]:
-    """A result's `save` that writes `to_json()` where the path ends in `.json` (what `relevancy.load` reads) and
-    the family's picture or page otherwise; whole or not at all."""
-
-    @functools.wraps(save)
-    def saving(self: Explanation, path: str | Path, *args: Any, **kwargs: Any) -> Path:
-        if Path(path).suffix.lower() == ".json":
-            from .files import write_atomic
-
-            return write_atomic(Path(path), json.dumps(self.to_json()))
-        return save(self, path, *args, **kwargs)
-
-    return saving
 
 
 def load(source: str | Path | Mapping) -> Explanation:
@@ -131,10 +184,12 @@ def load(source: str | Path | Mapping) -> Explanation:
             raise ValueError(f"relevancy.load reads the JSON that save('....json') writes; {source} could not be read as JSON: {error}") from None
     kinds = {kind.__name__: kind for kind in _kinds(Explanation)}
     kind = numbers.get("kind") if isinstance(numbers, dict) else None
-    if not isinstance(kind, str) or kind not in kinds or "version" not in numbers:
-        raise ValueError(f"not a saved relevancy result (its 'kind' {kind!r} and 'version' are what to_json() writes); kinds: {', '.join(sorted(kinds))}")
-    if not isinstance(numbers["version"], int) or numbers["version"] > FORMAT_VERSION:
-        raise ValueError(f"the result was saved in format version {numbers['version']!r}; this relevancy reads versions up to {FORMAT_VERSION}: update relevancy")
+    schema = numbers.get("schema") if isinstance(numbers, dict) else None
+    if not isinstance(kind, str) or kind not in kinds or not isinstance(schema, str) or not schema.startswith("relevancy.explanation/"):
+        raise ValueError(f"not a saved relevancy result (its 'schema' {schema!r} and 'kind' {kind!r} are what to_json() writes); "
+                         f"schema {SCHEMA}, kinds: {', '.join(sorted(kinds))}")
+    if schema != SCHEMA:
+        raise ValueError(f"the result was saved in schema {schema}; this relevancy reads {SCHEMA}: update relevancy")
     try:
         return _rebuilt(kinds[kind], numbers)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
@@ -157,7 +212,7 @@ def _rebuilt(kind: type, numbers: dict) -> Explanation:
     parts = {name: part for part, name in kind.part_fields.items()}
     values = {}
     for item in dataclasses.fields(kind):
-        value = numbers["parts"][parts[item.name]] if item.name in parts else numbers.get(item.name, _MISSING)
+        value = numbers["scores"][parts[item.name]] if item.name in parts else numbers.get(item.name, _MISSING)
         if not item.init or value is _MISSING:
             continue
         if isinstance(value, list) and str(item.type).startswith(("tuple", "Sequence")):
@@ -174,40 +229,26 @@ def _revived(value: Any) -> Any:
 
 
 def _kinds(kind: type) -> list[type]:
-    """Every result class below `kind`, those defined later (a family's own) included."""
-    return [sub for child in kind.__subclasses__() for sub in (child, *_kinds(child))]
+    """Every result class below `kind` that has parts (not a shared base such as `ClassExplanation`), those defined
+    later (a family's own) included."""
+    below = [sub for child in kind.__subclasses__() for sub in (child, *_kinds(child))]
+    return list(dict.fromkeys(sub for sub in below if sub.part_fields))
 
 
-@dataclass
-class ImageExplanation(Explanation):
-    """Relevance of each patch (`scores`, `(B, h, w)`) or pixel (`(B, H, W)`, method `lrp`) for `target`.
-
-    `target` holds the explained class per image (-1 where a `concept` or a callable target was explained).
-    `relevance_total` (LRP-based methods only, `(B,)`): see `Explanation`; the paper's rules conserve it (1),
-    see docs/methods.md. `parts` maps each token stream's name to its part (here one, `"image"`).
-    """
+@dataclass(kw_only=True)
+class ClassExplanation(Explanation):
+    """What an image's and a text's explanation share: one part of scores (`scores`) for a class, concept or
+    callable target per input, the input's size and the model's class names."""
 
     scores: torch.Tensor
     target: torch.Tensor
     logits: torch.Tensor
     method: str
     signed: bool
-    input_size: tuple[int, int]
+    input_size: tuple[int, ...]
     class_names: list[str] | None = None
-    mean: Sequence[float] = (0.0, 0.0, 0.0)
-    std: Sequence[float] = (1.0, 1.0, 1.0)
     concept: object | None = field(default=None, repr=False)  # the relevancy.Concept explained, if any
     relevance_total: torch.Tensor | None = field(default=None, repr=False)
-
-    part_fields: ClassVar[dict[str, str]] = {"image": "scores"}
-
-    @property
-    def parts(self) -> dict[str, ImagePart | TextPart]:
-        return {"image": ImagePart(self.scores, self.signed, self.input_size, self.mean, self.std)}
-
-    def heatmap(self) -> torch.Tensor:
-        """`(B, H, W)`: the scores upsampled bilinearly to the input size (raw values)."""
-        return self.parts["image"].heatmap()
 
     def labels(self) -> list[str]:
         """A caption per input: the concept, or the class name (or index) with its logit."""
@@ -215,13 +256,37 @@ class ImageExplanation(Explanation):
             return ["concept"] * len(self.target)
         return named_scores(self.target, self.logits, self.class_names, "class")
 
+
+@dataclass(kw_only=True)
+class ImageExplanation(ClassExplanation):
+    """Relevance of each patch (`scores`, `(B, h, w)`) or pixel (`(B, H, W)`, method `lrp`) for `target`.
+
+    `target` holds the explained class per image (-1 where a `concept` or a callable target was explained).
+    `relevance_total` (LRP-based methods only, `(B,)`): see `Explanation`; the paper's rules conserve it (1),
+    see docs/methods.md. `parts` maps each token stream's name to its part (here one, `"image"`).
+    """
+
+    input_size: tuple[int, int]
+    mean: Sequence[float] = (0.0, 0.0, 0.0)
+    std: Sequence[float] = (1.0, 1.0, 1.0)
+
+    part_fields: ClassVar[dict[str, str]] = {"image": "scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PICTURE_SUFFIXES
+
+    @property
+    def parts(self) -> dict[str, ImagePart]:
+        return {"image": ImagePart(self.scores, self.signed, self.input_size, self.mean, self.std)}
+
+    def heatmap(self) -> torch.Tensor:
+        """`(B, H, W)`: the scores upsampled bilinearly to the input size (raw values)."""
+        return self.parts["image"].heatmap()
+
     def pixels(self, images: torch.Tensor) -> torch.Tensor:
         """Normalised input images back to `[0, 1]` pictures `(B, H, W, 3)`."""
         return self.parts["image"].pixels(images)
 
-    @json_or
-    def save(self, path: str | Path, images: torch.Tensor | None = None) -> Path:
-        """Write an overlay PNG (one panel per image); the file appears whole or not at all."""
+    def picture(self, path: Path, images: torch.Tensor | None) -> Path:
+        """An overlay PNG, one panel per image (`images`: the normalised inputs, or None for the maps alone)."""
         return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])
 
 
@@ -293,8 +358,8 @@ class ColouredTexts:
         return self.to_html()
 
 
-@dataclass
-class TextExplanation(ColouredTexts, ImageExplanation):
+@dataclass(kw_only=True)
+class TextExplanation(ColouredTexts, ClassExplanation):
     """Relevance of each token (`scores`, `(B, T)`, 0 at padding) for `target`.
 
     `tokens[i]` are the token strings of text `i` (its real tokens, [CLS] and [SEP] included), in the order of
@@ -310,9 +375,10 @@ class TextExplanation(ColouredTexts, ImageExplanation):
     target_tokens: list[str] | None = None
 
     part_fields: ClassVar[dict[str, str]] = {"text": "scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PAGE_SUFFIXES
 
     @property
-    def parts(self) -> dict[str, ImagePart | TextPart]:
+    def parts(self) -> dict[str, TextPart]:
         return {"text": TextPart(self.scores, self.signed, self.tokens, self.word_ids, self.attention_mask)}
 
     def heatmap(self) -> torch.Tensor:
@@ -343,15 +409,12 @@ class TextExplanation(ColouredTexts, ImageExplanation):
         return [f"{token!r} ({float(self.logits[i, k]):.2f})" if k >= 0 else "custom target"
                 for i, (token, k) in enumerate(zip(self.target_tokens, self.target.tolist()))]
 
-    @json_or
-    def save(self, path: str | Path, images: object = None, by_word: bool = True, special: bool = False) -> Path:
-        """Write an HTML page of the coloured texts, titled by the first explained target; whole or not at all."""
-        from .files import write_atomic
-
-        return write_atomic(Path(path), html_page(self.captions()[0], self.to_html(by_word, special)))
+    def page_title(self) -> str:
+        """The HTML page is titled by the first explained target."""
+        return self.captions()[0]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DecoderExplanation(TextExplanation):
     """A decoder language model's explanation: relevance of each prompt token (`scores` `(B, T)`) for the explained
     next token, answer span or function of the logits (`target`: its first token per row, -1 for a callable).
@@ -456,6 +519,7 @@ class GenerationExplanation(Explanation):
 
     target = property(lambda self: self.generated_ids)
     part_fields: ClassVar[dict[str, str]] = {"text": "scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PAGE_SUFFIXES
 
     @property
     def parts(self) -> dict[str, TextPart]:
@@ -506,13 +570,13 @@ class GenerationExplanation(Explanation):
     def _repr_html_(self) -> str:
         return self.to_html()
 
-    @json_or
-    def save(self, path: str | Path, images: object = None) -> Path:
-        """Write the HTML page (plain inline script, nothing loaded from the internet) to `path` (.html or .htm; a
-        `.json` path gets the JSON `relevancy.load` reads); whole or not at all."""
-        from .files import check_html_path, write_atomic
+    def page_title(self) -> str:
+        return f"{self.method}: generation"
 
-        return write_atomic(check_html_path(path, "a generation"), html_page(f"{self.method}: generation", self.to_html()))
+    def page_body(self, by_word: bool, special: bool) -> str:
+        """The page draws the tokens as generated (plain inline script, nothing loaded from the internet): word
+        pieces are not merged, so `by_word` and `special` do not apply."""
+        return self.to_html()
 
 
 @dataclass
@@ -542,6 +606,7 @@ class PairExplanation(Explanation):
 
     scores = property(lambda self: self.part_scores())
     part_fields: ClassVar[dict[str, str]] = {"image": "image_scores", "text": "text_scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PICTURE_SUFFIXES + PAGE_SUFFIXES
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
@@ -582,16 +647,9 @@ class PairExplanation(Explanation):
     def _repr_html_(self) -> str:
         return self.to_html()
 
-    @json_or
-    def save(self, path: str | Path, images: torch.Tensor | None = None) -> Path:
-        """Write the image part as an overlay PNG (one panel per pair; `images` are the pairs' images), and the
-        text part as HTML beside it (same name, `.html`); each file appears whole or not at all."""
-        from .files import write_atomic
-
-        path = Path(path)
-        written = save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.captions()])
-        write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
-        return written
+    def picture(self, path: Path, images: torch.Tensor | None) -> Path:
+        """The image part as an overlay PNG, one panel per pair (`images`: the batch's normalised images)."""
+        return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.captions()])
 
 
 @dataclass
@@ -619,6 +677,7 @@ class RegionTextExplanation(ColouredTexts, Explanation):
 
     scores = property(lambda self: self.part_scores())
     part_fields: ClassVar[dict[str, str]] = {"text": "text_scores", "image": "region_scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PICTURE_SUFFIXES + PAGE_SUFFIXES
 
     @property
     def parts(self) -> dict[str, TextPart | RegionPart]:
@@ -631,30 +690,26 @@ class RegionTextExplanation(ColouredTexts, Explanation):
         """A caption per input: the explained answer's name (or index) with its score."""
         return named_scores(self.target, self.logits, self.class_names, "answer")
 
-    @json_or
-    def save(self, path: str | Path, images: Sequence | None = None) -> Path:
-        """A PNG of the regions (each box filled by its score over `images`, one picture per input as an
-        (H, W, 3) array; without boxes, a bar per region) and the coloured questions as HTML beside it (same name,
-        `.html`); each file appears whole or not at all."""
-        from .files import write_atomic
+    def picture(self, path: Path, images: Sequence | None) -> Path:
+        """A PNG of the regions: each box filled by its score over `images` (one picture per input as an (H, W, 3)
+        array); without boxes, a bar per region."""
         from .viz import region_figure, save_figure
 
-        path = Path(path)
         part = self.parts["image"]
-        written = save_figure(region_figure(part.scores.cpu(), part.boxes, images, self.signed, self.captions()), path)
-        write_atomic(path.with_suffix(".html"), html_page(self.method, self.to_html()))
-        return written
+        return save_figure(region_figure(part.scores.cpu(), part.boxes, images, self.signed, self.captions()), path)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DetectionExplanation(ImageExplanation):
     """`scores` (R, h, w): the relevance of every image token for row r's object, query `query[r]` of image
     `image[r]`, class `target[r]`; `logits` (R, C + 1) are that query's class logits (the last: "no object").
     `relevance_total` (LRP-based methods, `(R, 2)`): the relevance reaching the encoder's input tokens and the
-    decoder's zero queries; image + 2 x queries = 1 (see `families.detr.rules`)."""
+    decoder's zero queries; image + 2 x queries = 1 (see `families.detr.rules`). `boxes` (R, 4), where known (e.g.
+    `detect`'s, set with `dataclasses.replace`): each object's box, x0, y0, x1, y1 in pixels, drawn by `save`."""
 
     image: torch.Tensor = field(default=None, repr=False)
     query: torch.Tensor = field(default=None, repr=False)
+    boxes: torch.Tensor | None = field(default=None, repr=False)
 
     def labels(self) -> list[str]:
         """A caption per object: image, query, class name and its logit."""
@@ -664,11 +719,10 @@ class DetectionExplanation(ImageExplanation):
             for r, (i, q, k) in enumerate(zip(self.image.tolist(), self.query.tolist(), self.target.tolist()))
         ]
 
-    @json_or
-    def save(self, path: str | Path, images=None, boxes: torch.Tensor | None = None) -> Path:
-        """An overlay PNG, one panel per object: `images` the explained images, normalised (B, 3, H, W) as given to
-        explain or as pictures (B, H, W, 3) uint8 (each row is drawn over its own image); `boxes` (R, 4) x0, y0, x1,
-        y1 in pixels (e.g. `detect`'s)."""
+    def picture(self, path: Path, images: Any) -> Path:
+        """An overlay PNG, one panel per object with its box where `boxes` are known: `images` the explained images,
+        normalised (B, 3, H, W) as given to explain or as pictures (B, H, W, 3) uint8 (each row is drawn over its
+        own image)."""
         from .viz import overlay_figure, save_figure
 
         part = self.parts["image"]
@@ -680,4 +734,4 @@ class DetectionExplanation(ImageExplanation):
             else:
                 pictures = part.pixels(images[self.image])
         titles = [f"{self.method}\n{label}" for label in self.labels()]
-        return save_figure(overlay_figure(part.heatmap().cpu(), pictures, part.signed, titles, boxes), path)
+        return save_figure(overlay_figure(part.heatmap().cpu(), pictures, part.signed, titles, self.boxes), path)

@@ -35,7 +35,7 @@ def generation_data(numbers: dict[str, Any]) -> dict[str, Any]:
         "method": numbers["method"],
         "tokens": numbers["tokens"],
         "prompt_length": start,
-        "rows": [[float(f"{v:.{DIGITS}g}") for v in row[: start + g]] for g, row in enumerate(numbers["parts"]["text"])],
+        "rows": [[float(f"{v:.{DIGITS}g}") for v in row[: start + g]] for g, row in enumerate(numbers["scores"]["text"])],
         "logits": [round(row[0], 4) for row in numbers["logits"]],
         "relevance_total": None if total is None else [round(v, 4) for v in total],
         "signed": numbers["signed"],
