@@ -283,20 +283,19 @@ def test_json_prints_the_numbers(tmp_path, photo, capsys, monkeypatch):
     monkeypatch.setattr("relevancy.models.load_image_model", lambda name, arch: tiny_vit())  # 32 px, patch 8, 5 classes
     assert run("explain", photo, photo, "--method", "all", "--target", 3, "--json") == 0
     captured = capsys.readouterr()
-    numbers = json.loads(captured.out)
+    results = json.loads(captured.out)  # one to_json() per method, each over both images
     assert not (tmp_path / "relevancy-out").exists()  # --json alone writes no PNGs
-    assert [image["file"] for image in numbers["images"]] == [str(photo)] * 2
-    for image in numbers["images"]:
-        assert list(image["methods"]) == list(SEED_METHODS)
-        for method, m in image["methods"].items():
-            assert m["target"] == 3 and m["class"] is None and isinstance(m["logit"], float)
-            rows, cols = (32, 32) if method == "lrp" else (4, 4)
-            assert len(m["scores"]) == rows and all(len(row) == cols for row in m["scores"])
-            assert m["signed"] is (method in ("lrp", "cdam", "token_ablation"))
+    assert [result["method"] for result in results] == list(SEED_METHODS)
+    for result in results:
+        assert result["kind"] == "ImageExplanation" and result["target"] == [3, 3] and result["class_names"] is None
+        assert len(result["logits"]) == 2 and all(len(row) == 5 for row in result["logits"])
+        size = [32, 32] if result["method"] == "lrp" else [4, 4]
+        assert result["tensors"]["scores/image"]["shape"] == [2, *size]
+        assert result["signed"] is (result["method"] in ("lrp", "cdam", "token_ablation"))
     out = tmp_path / "maps"
     assert run("explain", photo, "--method", "rollout", "--json", "--out", out) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["images"][0]["methods"]["rollout"]["target"] in range(5)
+    assert json.loads(captured.out)[0]["target"][0] in range(5)
     assert f"wrote {out / 'cat_rollout.png'}" in captured.err  # stdout holds only the JSON
 
 

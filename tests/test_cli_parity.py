@@ -1,8 +1,9 @@
 """Every subcommand gives what its Python API counterpart gives, on every shipped model (issue 24 item 2): the
 command reads the picture or text from a file or the shell, preprocesses it as the model needs and explains it;
-the API is called on the world's own tensors."""
+the API is called on the world's own tensors, and the command's `--json` is that call's `to_json()`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,6 +15,26 @@ import relevancy
 from relevancy.cli import main
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-6)
+
+
+def assert_is_to_json(got: dict, expl) -> None:
+    """`got`, one entry of a command's `--json`, is `expl.to_json()`: the same keys, the same values, the tensors'
+    dtypes and shapes, and their numbers equal up to `TOLERANCE` (the command reads the picture from a file)."""
+    from relevancy.files import strict_json
+
+    expected = json.loads(json.dumps(strict_json(expl.to_json())))
+    assert got.keys() == expected.keys() and got["tensors"] == expected["tensors"] and got["kind"] == expected["kind"]
+    loaded = relevancy.load(got)
+    for item in dataclasses.fields(expl):
+        mine, theirs = getattr(loaded, item.name), getattr(expl, item.name)
+        if item.name == "concept":
+            continue
+        if isinstance(theirs, torch.Tensor) and theirs.is_floating_point():
+            torch.testing.assert_close(mine, theirs.cpu(), **TOLERANCE)
+        elif isinstance(theirs, torch.Tensor):
+            assert torch.equal(mine, theirs.cpu()), item.name
+        else:
+            assert mine == theirs, item.name
 
 
 def cli_json(capsys, *argv: str) -> object:
@@ -42,11 +63,10 @@ def test_explain_gives_the_api_s_map_with_the_shipped_vit(scene, capsys):
     from relevancy.bench import load_model
 
     path, scenes = scene
-    numbers = cli_json(capsys, "explain", str(path), "--method", "transformer_attribution", "--target", "star", "--json")
-    got = numbers["images"][0]["methods"]["transformer_attribution"]
+    (got,) = cli_json(capsys, "explain", str(path), "--method", "transformer_attribution", "--target", "star", "--json")
     expl = relevancy.explain(load_model(), scenes.images, method="transformer_attribution", target="star")
-    assert got["target"] == int(expl.target[0]) == 5 and got["class"] == "star"
-    torch.testing.assert_close(torch.tensor(got["scores"]), expl.scores[0].float(), **TOLERANCE)
+    assert got["target"] == [5] and got["class_names"][5] == "star"
+    assert_is_to_json(got, expl)
 
 
 def test_explain_text_pairs_give_the_api_s_maps_with_the_shipped_clip(scene, capsys):
@@ -56,15 +76,13 @@ def test_explain_text_pairs_give_the_api_s_maps_with_the_shipped_clip(scene, cap
 
     path, scenes = scene
     caption = "a red star"
-    numbers = cli_json(capsys, "explain", str(path), "--text", caption, "--method", "generic_attention", "--json")
-    got = numbers["images"][0]["pairs"][0]["methods"]["generic_attention"]
+    (got,) = cli_json(capsys, "explain", str(path), "--text", caption, "--method", "generic_attention", "--json")
     model, tokenizer = load_clip()
-    batch = ImageTextBatch.grid(scenes.images, tokenizer.encode([caption], CONTEXT_LENGTH))
-    expl = relevancy.explain(model, batch, method="generic_attention")
-    assert got["logit"] == pytest.approx(float(expl.logits[0, 0]), rel=1e-5)
-    torch.testing.assert_close(torch.tensor(got["image_scores"]), expl.parts["image"].scores[0].float(), **TOLERANCE)
-    text_scores = [score for _, score in expl.parts["text"].token_scores(0)]
-    torch.testing.assert_close(torch.tensor(got["text_scores"]), torch.tensor(text_scores), **TOLERANCE)
+    encoded = tokenizer.encode([caption], CONTEXT_LENGTH)
+    words = tokenizer.tokens(encoded["input_ids"])  # the command names the tokens too
+    expl = relevancy.explain(model, ImageTextBatch.grid(scenes.images, encoded, tokens=words), method="generic_attention")
+    assert got["tokens"] == [["<start>", "a", "red", "star", "<end>"]]
+    assert_is_to_json(got, expl)
 
 
 def test_explain_text_gives_the_api_s_scores_with_the_shipped_classifier(capsys):
@@ -72,14 +90,11 @@ def test_explain_text_gives_the_api_s_scores_with_the_shipped_classifier(capsys)
     from relevancy.text.model import encode
 
     text = "This medicine worked well and I slept better."
-    numbers = cli_json(capsys, "explain-text", text, "--target", "Negative", "--json", "--tokens")
-    got = numbers["texts"][0]["methods"]["transformer_attribution"]
+    (got,) = cli_json(capsys, "explain-text", text, "--target", "Negative", "--json", "--tokens")
     model, tokenizer = load_text_classifier(None)
-    expl = relevancy.explain(model, encode(tokenizer, [text]), target="negative")
-    assert got["target"] == int(expl.target[0]) and got["class"].lower() == "negative"
-    pairs = expl.token_scores(0)
-    assert got["tokens"] == [token for token, _ in pairs]
-    torch.testing.assert_close(torch.tensor(got["scores"]), torch.tensor([s for _, s in pairs]), **TOLERANCE)
+    expl = relevancy.explain(model, encode(tokenizer, [text], model=model), target="Negative")
+    assert got["class_names"][got["target"][0]].lower() == "negative"
+    assert_is_to_json(got, expl)
 
 
 @pytest.fixture(scope="module")
@@ -98,23 +113,22 @@ def test_explain_detections_finds_what_the_api_finds_with_the_shipped_detr(detec
     from relevancy.bench.detection import detector_inputs, load_detector
 
     folder, scenes = detector_folder
-    report = cli_json(capsys, "explain-detections", str(folder / "scene.png"), "--model", str(folder / "model"), "--json")
+    (got,) = cli_json(capsys, "explain-detections", str(folder / "scene.png"), "--model", str(folder / "model"), "--json")
     model = load_detector()
     inputs = detector_inputs(scenes.images)
     detections = sorted(relevancy.detect(model, inputs)[0], key=lambda d: -d.score)
     assert len(detections) >= len(scenes.labels[0]) >= 1
-    objects = report[0]["objects"]
-    assert [(o["query"], o["label"]) for o in objects] == [(d.query, d.label) for d in detections]
-    assert [o["probability"] for o in objects] == pytest.approx([d.score for d in detections], rel=1e-5)
     expl = relevancy.explain(model, inputs, method="generic_attention", target=[[(d.query, d.label) for d in detections]])
-    torch.testing.assert_close(torch.tensor([o["scores"] for o in objects]), expl.parts["image"].scores.float(), **TOLERANCE)
+    expl = dataclasses.replace(expl, boxes=torch.tensor([d.box for d in detections]))
+    assert got["query"] == [d.query for d in detections] and got["target"] == [d.label for d in detections]
+    assert_is_to_json(got, expl)
 
 
 def test_explain_detections_names_the_best_probability_when_nothing_passes(detector_folder, capsys):
     folder, _ = detector_folder
     report, err = cli_run(capsys, "explain-detections", str(folder / "scene.png"), "--model", str(folder / "model"),
                           "--threshold", "0.99999999", "--json")
-    assert report == [{"image": str(folder / "scene.png"), "objects": []}]
+    assert report == []  # no image with an object: no result
     assert "no object above --threshold 0.99999999; the best is" in err and "at probability 0.99" in err
 
 
@@ -130,21 +144,18 @@ def test_explain_detections_takes_the_folder_s_image_processor(detector_folder, 
     finally:
         (folder / "model" / "preprocessor_config.json").unlink()
     by_family = cli_json(capsys, "explain-detections", str(folder / "scene.png"), "--model", str(folder / "model"), "--json")
-    assert [o["query"] for o in with_processor[0]["objects"]] == [o["query"] for o in by_family[0]["objects"]]
-    np.testing.assert_allclose([o["scores"] for o in with_processor[0]["objects"]],
-                               [o["scores"] for o in by_family[0]["objects"]], rtol=1e-3, atol=1e-5)
+    assert with_processor[0]["query"] == by_family[0]["query"]
+    np.testing.assert_allclose(with_processor[0]["scores"]["image"], by_family[0]["scores"]["image"], rtol=1e-3, atol=1e-5)
 
 
 def test_explain_question_gives_the_api_s_answer_and_maps_with_the_shipped_lxmert(capsys):
-    from relevancy.bench.vqa import ANSWERS
     from relevancy.bench.vqa_model import load_vqa_lxmert
-    from relevancy.bench.vqa_show import ask
+    from relevancy.bench.vqa_show import ask, explain_questions
 
     question = "what color is the square"
-    numbers = cli_json(capsys, "explain-question", "--question", question, "--scene", "0", "--json")
+    (got,) = cli_json(capsys, "explain-question", "--question", question, "--scene", "0", "--json")
     model, tokenizer = load_vqa_lxmert()
     batch = ask([question], 0, tokenizer)
-    expl = relevancy.explain(model, batch.model_inputs(), method="generic_attention")
-    assert numbers[0]["answer"] == ANSWERS[int(expl.target[0])]
-    got = numbers[0]["methods"]["generic_attention"]
-    torch.testing.assert_close(torch.tensor(got["region_scores"]), expl.parts["image"].scores[0].float(), **TOLERANCE)
+    assert_is_to_json(got, explain_questions(model, batch, method="generic_attention", tokenizer=tokenizer))
+    plain = relevancy.explain(model, batch.model_inputs(), method="generic_attention")  # the API on the world's tensors
+    torch.testing.assert_close(torch.tensor(got["scores"]["image"]), plain.parts["image"].scores.float(), **TOLERANCE)

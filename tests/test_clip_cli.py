@@ -52,13 +52,11 @@ def test_hugging_face_folder(hf_folder, photo, tmp_path, capsys):
     code = main(["explain", str(photo), "--text", "a red star", "--text", "a ring", "--model", str(hf_folder),
                  "--method", "generic_attention", "--out", str(out), "--json"])
     assert code == 0
-    numbers = json.loads(capsys.readouterr().out)
-    pairs = numbers["images"][0]["pairs"]
-    assert [p["text"] for p in pairs] == ["a red star", "a ring"]
-    first = pairs[0]["methods"]["generic_attention"]
-    assert np.array(first["image_scores"]).shape == (4, 4)  # 32 px, patch 8
-    assert first["tokens"][0] == "<|startoftext|>" and first["tokens"][-1] == "<|endoftext|>"
-    assert len(first["text_scores"]) == len(first["tokens"])
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["kind"] == "PairExplanation" and result["pairs"] == [[0, 0], [0, 1]]  # the image with each text
+    assert np.array(result["scores"]["image"]).shape == (2, 4, 4)  # 32 px, patch 8
+    first = result["tokens"][0]
+    assert first[0] == "<|startoftext|>" and first[-1] == "<|endoftext|>" and result["readout"][0] == len(first) - 1
     assert sorted(p.name for p in out.iterdir()) == ["cat_generic_attention.html", "cat_generic_attention.png"]
     page = (out / "cat_generic_attention.html").read_text()
     assert "a red star" in page and "<span" in page
@@ -68,10 +66,9 @@ def test_open_clip_by_name(photo, tmp_path, capsys):
     code = main(["explain", str(photo), "--text", "a photo of a cat", "--model", "open_clip:ViT-S-32:random",
                  "--method", "raw_attention", "--json"])
     assert code == 0
-    numbers = json.loads(capsys.readouterr().out)
-    scores = numbers["images"][0]["pairs"][0]["methods"]["raw_attention"]
-    assert np.array(scores["image_scores"]).shape == (7, 7)  # 224 px, patch 32
-    assert scores["tokens"][0] == "<start_of_text>" and scores["tokens"][-1] == "<end_of_text>"
+    (result,) = json.loads(capsys.readouterr().out)
+    assert np.array(result["scores"]["image"]).shape == (1, 7, 7)  # 224 px, patch 32
+    assert result["tokens"][0][0] == "<start_of_text>" and result["tokens"][0][-1] == "<end_of_text>"
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -101,9 +98,9 @@ def scene_file(tmp_path_factory):
 def test_shipped_clip_is_the_default(scene_file, tmp_path, capsys):
     code = main(["explain", str(scene_file), "--text", "a red star", "--method", "generic_attention", "--json"])
     assert code == 0
-    pair = json.loads(capsys.readouterr().out)["images"][0]["pairs"][0]["methods"]["generic_attention"]
-    assert pair["tokens"][1:-1] == ["a", "red", "star"]
-    assert np.array(pair["image_scores"]).shape == (8, 8)
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["tokens"][0][1:-1] == ["a", "red", "star"]
+    assert np.array(result["scores"]["image"]).shape == (1, 8, 8)
 
 
 def test_unknown_word_is_a_usage_error(scene_file, tmp_path, capsys):

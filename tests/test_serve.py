@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import struct
 import subprocess
@@ -27,6 +28,7 @@ from relevancy.bench import make_scenes
 from relevancy.serve import Limits, create_app, load_catalog, make_samples
 from relevancy.serve import jobs
 from relevancy.families.base import SEED_METHODS
+from relevancy.files import strict_json
 
 LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_000_000, max_text_chars=300,
                 max_captions=3, max_concept_images=4, max_running=1, max_waiting=2, time_limit_s=60)
@@ -134,37 +136,35 @@ def test_samples_are_pngs(client, samples):
 
 
 # -- explanations ----------------------------------------------------------------------------------------------
-def test_every_method_on_an_uploaded_image_matches_relevancy_explain(client, catalog):
+def as_answered(result) -> dict:
+    """`result.to_json()` as the API answers it (strict JSON: NaN as null)."""
+    return json.loads(json.dumps(strict_json(result.to_json())))
+
+
+def test_every_method_on_an_uploaded_image_answers_its_to_json(client, catalog):
     raw = scene_png()
     response = client.post("/api/explain", json={"image": {"data": encoded(raw)}, "methods": list(SEED_METHODS)})
     assert response.status_code == 200, response.text
     body = response.json()
     batch = prepared(catalog, raw)
     model = catalog.images["shapes"].model
-    with torch.no_grad():
-        probabilities = model(batch)[0].softmax(-1)
-    assert body["target_index"] == int(probabilities.argmax()) and body["target"] == catalog.images["shapes"].class_names[body["target_index"]]
-    assert [c["index"] for c in body["top"]] == probabilities.topk(5).indices.tolist()
-    assert body["top"][0]["probability"] == pytest.approx(float(probabilities.max()), rel=1e-5)
-    assert [r["method"] for r in body["results"]] == list(SEED_METHODS)
+    assert [r["explanation"]["method"] for r in body["results"]] == list(SEED_METHODS)
     assert Image.open(io.BytesIO(base64.b64decode(body["input"].split(",")[1]))).size == (64, 64)
     for result in body["results"]:
-        expected = relevancy.explain(model, batch, method=result["method"]).scores[0]
-        scores = torch.tensor(result["scores"])
-        assert result["shape"] == list(expected.shape) == ([64, 64] if result["method"] == "lrp" else [8, 8])
-        torch.testing.assert_close(scores, expected.float(), rtol=1e-4, atol=1e-6 * float(expected.abs().max()))
-        assert np.array_equal(np.load(io.BytesIO(base64.b64decode(result["npy"]))), scores.numpy())
+        expected = relevancy.explain(model, batch, method=result["explanation"]["method"])
+        assert result["explanation"] == as_answered(expected)  # the same call's to_json(), exactly
+        assert result["summary"] == relevancy.methods.REGISTRY[expected.method].summary and result["seconds"] > 0
+        view = result["view"]
         for key in ("overlay", "map_png"):
-            assert result[key].startswith("data:image/png;base64,")
-            assert Image.open(io.BytesIO(base64.b64decode(result[key].split(",")[1]))).size == (64, 64)
-        bar = result["colour_bar"]
-        assert result["signed"] == relevancy.methods.REGISTRY[result["method"]].signed
+            assert view[key].startswith("data:image/png;base64,")
+            assert Image.open(io.BytesIO(base64.b64decode(view[key].split(",")[1]))).size == (64, 64)
+        bar = view["colour_bar"]
         if bar is None:  # a map without any relevance: a note instead of a colour scale
-            assert result["note"].startswith("all zero") and not scores.any()
+            assert view["note"].startswith("all zero") and not expected.scores.any()
             continue
-        assert bar["colormap"] == ("RdBu_r" if result["signed"] else "inferno") and len(bar["stops"]) == 11
-        assert (bar["low"] == -bar["high"]) if result["signed"] else bar["low"] < bar["high"]
-        assert result["seconds"] > 0
+        assert bar["colormap"] == ("RdBu_r" if expected.signed else "inferno") and len(bar["stops"]) == 11
+        assert (bar["low"] == -bar["high"]) if expected.signed else bar["low"] < bar["high"]
+    assert set(body) == {"model", "input", "results", "seconds"}
     assert body["seconds"] >= sum(r["seconds"] for r in body["results"])
 
 
@@ -173,10 +173,10 @@ def test_a_clicked_class_a_sample_a_jpeg_and_a_data_url(client, catalog, samples
     for image, raw in (({"sample": "scene-4"}, samples["scene-4"].png), ({"data": "data:image/jpeg;base64," + encoded(jpeg)}, jpeg)):
         response = client.post("/api/explain", json={"image": image, "methods": ["generic_attention"], "target": 7})
         assert response.status_code == 200, response.text
-        body = response.json()
-        assert body["target_index"] == 7 and body["target"] == "T-shape"
-        expected = relevancy.explain(catalog.images["shapes"].model, prepared(catalog, raw), method="generic_attention", target=7).scores[0]
-        torch.testing.assert_close(torch.tensor(body["results"][0]["scores"]), expected, rtol=1e-4, atol=1e-7)
+        answered = response.json()["results"][0]["explanation"]
+        assert answered["target"] == [7] and answered["class_names"][7] == "T-shape"
+        expected = relevancy.explain(catalog.images["shapes"].model, prepared(catalog, raw), method="generic_attention", target=7)
+        assert answered == as_answered(expected)
 
 
 def test_a_concept_from_uploaded_examples(client, catalog):
@@ -185,34 +185,32 @@ def test_a_concept_from_uploaded_examples(client, catalog):
     response = client.post("/api/explain", json={"image": {"data": encoded(scene_png())}, "methods": ["cdam"],
                                                  "concept": [{"data": encoded(e)} for e in examples]})
     assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["target"] == "concept (3 examples)" and body["target_index"] is None
+    answered = response.json()["results"][0]["explanation"]
+    assert answered["target"] == [-1]  # a concept, not a class
     model = catalog.images["shapes"].model
     concept = relevancy.Concept(model, torch.cat([prepared(catalog, e) for e in examples]))
-    expected = relevancy.explain(model, prepared(catalog, scene_png()), method="cdam", target=concept).scores[0]
-    torch.testing.assert_close(torch.tensor(body["results"][0]["scores"]), expected, rtol=1e-4, atol=1e-6)
+    expected = relevancy.explain(model, prepared(catalog, scene_png()), method="cdam", target=concept)
+    assert answered == as_answered(expected)
 
 
-def test_text_tokens_coloured_as_the_html_export(client, catalog):
+def test_text_answers_its_to_json_and_coloured_words(client, catalog):
     text = "The side effects were <b>awful</b> but it worked"
     response = client.post("/api/explain-text", json={"text": text, "methods": ["transformer_attribution", "cdam"], "target": 1})
     assert response.status_code == 200, response.text
     body = response.json()
     entry = catalog.text
     batch = relevancy.text.encode(entry.tokenizer, [text], model=entry.model)
-    assert body["target"] == "positive" and body["target_index"] == 1
-    assert sum(c["probability"] for c in body["top"]) == pytest.approx(1, abs=1e-5)
     for result in body["results"]:
-        expected = relevancy.explain(entry.model, batch, method=result["method"], target=1)
-        assert result["html"] == expected.to_html()
-        assert result["tokens"] == [t for t, _ in expected.token_scores(0)]
-        np.testing.assert_allclose(result["scores"], [s for _, s in expected.token_scores(0)], rtol=1e-4, atol=1e-7)
-        assert "<b>" not in result["html"] and ">&lt;</span>" in result["html"]  # the text is escaped
-        assert 'title="' in result["html"]  # scores on hover
+        expected = relevancy.explain(entry.model, batch, method=result["explanation"]["method"], target=1)
+        assert result["explanation"] == as_answered(expected) and result["explanation"]["target"] == [1]
+        html = result["view"]["html"]
+        assert html == expected.to_html()
+        assert "<b>" not in html and ">&lt;</span>" in html  # the text is escaped
+        assert 'title="' in html  # scores on hover
     assert body["warnings"] == []
 
 
-def test_image_and_captions_give_a_map_and_coloured_caption_per_pair(client, catalog, samples):
+def test_image_and_captions_give_their_to_json_and_a_view_per_pair(client, catalog, samples):
     captions = ["a red star", "a small blue ring"]
     response = client.post("/api/explain-pairs", json={"image": {"sample": "scene-4"}, "captions": captions,
                                                        "methods": ["generic_attention", "cdam"]})
@@ -220,15 +218,15 @@ def test_image_and_captions_give_a_map_and_coloured_caption_per_pair(client, cat
     body = response.json()
     bundle = catalog.pairs.bundle
     images = catalog.pairs.prepare([Image.open(io.BytesIO(samples["scene-4"].png)).convert("RGB")])
-    expected = relevancy.explain(bundle.model, (images, bundle.encode(captions)), method="generic_attention")
-    first = body["results"][0]
-    assert first["method"] == "generic_attention" and [p["caption"] for p in first["pairs"]] == captions
-    for p, pair in enumerate(first["pairs"]):
-        torch.testing.assert_close(torch.tensor(pair["scores"]), expected.parts["image"].scores[p], rtol=1e-4, atol=1e-7)
-        assert pair["logit"] == pytest.approx(float(expected.logits[p, 0]), rel=1e-5)
-        assert pair["tokens"][0] == "<start>" and pair["shape"] == [8, 8]
-        assert pair["html"].count("<span") == len(captions[p].split())
-    assert body["results"][1]["pairs"][0]["colour_bar"]["colormap"] == "RdBu_r"
+    encoded_captions = bundle.encode(captions)
+    batch = relevancy.ImageTextBatch.grid(images, encoded_captions, tokens=bundle.token_strings(encoded_captions["input_ids"]))
+    for result in body["results"]:
+        expected = relevancy.explain(bundle.model, batch, method=result["explanation"]["method"])
+        assert result["explanation"] == as_answered(expected)
+        assert result["explanation"]["tokens"][0][0] == "<start>" and len(result["view"]["pairs"]) == 2
+        for p, view in enumerate(result["view"]["pairs"]):
+            assert view["html"].count("<span") == len(captions[p].split())
+    assert body["results"][1]["view"]["pairs"][0]["colour_bar"]["colormap"] == "RdBu_r"
 
 
 def test_a_model_without_classes_is_explained_through_concepts(catalog, samples):
@@ -246,9 +244,9 @@ def test_a_model_without_classes_is_explained_through_concepts(catalog, samples)
         refused(test_client.post("/api/explain", json={**GOOD, "methods": ["rollout"]}), 400, "rollout", "nofeat")
         refused(test_client.post("/api/explain", json={**GOOD, "methods": ["cdam"], "target": 12}), 400, "12 features")
         body = test_client.post("/api/explain", json=GOOD).json()
-        assert body["top"] == [] and body["results"][0]["method"] == "raw_attention" and body["target_index"] is None
+        assert body["results"][0]["explanation"]["method"] == "raw_attention"
         body = test_client.post("/api/explain", json={**GOOD, "methods": ["cdam"], "concept": [{"sample": "scene-2"}]}).json()
-        assert body["top"] == [] and body["target"] == "concept (1 example)"
+        assert body["results"][0]["explanation"]["target"] == [-1]
 
 
 def test_the_photo_model_explains_a_concept_of_photographs(samples):
@@ -259,7 +257,8 @@ def test_the_photo_model_explains_a_concept_of_photographs(samples):
         entry = test_client.get("/api/info").json()["image_models"][0]
         assert entry["name"] == "photo" and entry["has_classes"] is False and "token_ablation" not in entry["methods"]
         body = test_client.post("/api/explain", json={**photo, "methods": ["cdam"], "concept": [{"sample": "photo-chelsea"}]}).json()
-        assert body["results"][0]["shape"] == [16, 16] and body["target"] == "concept (1 example)" and body["top"] == []
+        answered = body["results"][0]["explanation"]
+        assert answered["tensors"]["scores/image"]["shape"] == [1, 16, 16] and answered["target"] == [-1]
         refused(test_client.post("/api/explain", json={**photo, "methods": ["token_ablation"], "concept": [photo["image"]]}),
                 400, "token_ablation", "photo model")
 
@@ -288,7 +287,7 @@ def bad_requests() -> list[tuple[str, str, dict | bytes, int, tuple[str, ...]]]:
         ("target as text", "/api/explain", {**GOOD, "target": "3"}, 422, ("target",)),
         ("target as bool", "/api/explain", {**GOOD, "target": True}, 422, ("target",)),
         ("not JSON", "/api/explain", b"{image: 1", 422, ("JSON",)),
-        ("unknown method", "/api/explain", {**GOOD, "methods": ["generic_atention"]}, 400, ("generic_atention", "did you mean generic_attention")),
+        ("unknown method", "/api/explain", {**GOOD, "methods": ["generic_atention"]}, 400, ("generic_atention", "Did you mean 'generic_attention'?")),
         ("unknown model", "/api/explain", {**GOOD, "model": "vit_base_patch16_224"}, 400, ("vit_base_patch16_224", "shapes")),
         ("model as a path", "/api/explain", {**GOOD, "model": "/etc/passwd"}, 400, ("unknown model",)),
         ("target too large", "/api/explain", {**GOOD, "target": 12}, 400, ("target 12", "12 classes", "0 to 11")),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 
+import numpy as np
 import pytest
 from PIL import Image
 from selenium import webdriver
@@ -73,6 +75,8 @@ def test_upload_a_scene_pick_a_method_and_see_its_map(browser, url, tmp_path):
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#image-chosen figcaption").text == "scene.png")
     browser.find_element(By.CSS_SELECTOR, "input[name=image-method][value=generic_attention]").click()  # off (the default)
     browser.find_element(By.CSS_SELECTOR, "input[name=image-method][value=cdam]").click()  # on
+    browser.execute_script("window.downloads = []; const make = URL.createObjectURL;"  # keep the download links' blobs
+                           "URL.createObjectURL = (blob) => { window.downloads.push(blob); return make(blob); };")
     browser.find_element(By.ID, "image-run").click()
     wait.until(lambda d: "Explained" in d.find_element(By.ID, "image-status").text)
 
@@ -86,6 +90,13 @@ def test_upload_a_scene_pick_a_method_and_see_its_map(browser, url, tmp_path):
     assert "blue: against" in cards[1].find_element(By.CLASS_NAME, "legend").text
     links = {a.text: a.get_attribute("download") for a in cards[1].find_elements(By.CSS_SELECTOR, ".downloads a")}
     assert set(links) == {"PNG", "JSON", ".npy"} and all(name.startswith("cdam_") for name in links.values())
+    fetched = dict(zip(("JSON", ".npy"), map(bytes, browser.execute_async_script(  # the blobs behind the last card's links
+        "const done = arguments[arguments.length - 1];"
+        "Promise.all(window.downloads.slice(-2).map((b) => b.arrayBuffer()))"
+        ".then((all) => done(all.map((b) => Array.from(new Uint8Array(b)))));"))))
+    answered = json.loads(fetched["JSON"])  # the download is the API's to_json() of the result
+    assert answered["schema"] == "relevancy.explanation/1" and answered["method"] == "cdam"
+    assert np.load(io.BytesIO(fetched[".npy"])).tolist() == np.float32(answered["scores"]["image"][0]).tolist()
 
     chips = browser.find_elements(By.CSS_SELECTOR, "#image-classes .chip")
     assert len(chips) == 5 and "active" in chips[0].get_attribute("class")

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+import relevancy
 from relevancy.serve import Limits, create_app, load_catalog, make_samples
 from test_serve import GOOD, PAIRS, TEXT, encoded, live_server, picture_bytes, refused, scene_png
 
@@ -110,14 +111,14 @@ def test_the_same_json_in_utf16_is_read(client):
 
 def test_a_repeated_method_is_explained_once(client):
     response = client.post("/api/explain", json={**GOOD, "methods": ["rollout", "rollout", "raw_attention"]})
-    assert [result["method"] for result in response.json()["results"]] == ["rollout", "raw_attention"]
+    assert [result["explanation"]["method"] for result in response.json()["results"]] == ["rollout", "raw_attention"]
 
 
 def test_line_wrapped_base64_as_the_base64_command_writes_it(client):
     data = encoded(scene_png())
     wrapped = "\n".join(data[k:k + 76] for k in range(0, len(data), 76)) + "\n"
-    assert client.post("/api/explain", json=with_image(scene_png())).json()["results"][0]["scores"] == \
-        client.post("/api/explain", json={**GOOD, "image": {"data": wrapped}}).json()["results"][0]["scores"]
+    assert client.post("/api/explain", json=with_image(scene_png())).json()["results"][0]["explanation"] == \
+        client.post("/api/explain", json={**GOOD, "image": {"data": wrapped}}).json()["results"][0]["explanation"]
 
 
 @pytest.mark.parametrize("name, raw", [
@@ -131,8 +132,8 @@ def test_line_wrapped_base64_as_the_base64_command_writes_it(client):
 def test_odd_but_valid_pictures_are_explained_at_the_models_size(client, name, raw):
     response = client.post("/api/explain", json=with_image(raw))
     assert response.status_code == 200, response.text
-    result = response.json()["results"][0]
-    assert np.isfinite(np.array(result["scores"], dtype=float)).all() and result["shape"] == [8, 8]
+    scores = np.array(response.json()["results"][0]["explanation"]["scores"]["image"], dtype=float)
+    assert np.isfinite(scores).all() and scores.shape == (1, 8, 8)
 
 
 def test_the_page_answers_head(client):
@@ -143,7 +144,7 @@ def test_the_page_answers_head(client):
 def test_markup_in_a_text_comes_back_escaped(client):
     response = client.post("/api/explain-text", json={**TEXT, "text": "<script>alert(1)</script> <img src=x onerror=alert(2)> great"})
     assert response.status_code == 200, response.text
-    html = response.json()["results"][0]["html"]
+    html = response.json()["results"][0]["view"]["html"]
     assert "<script" not in html and "<img" not in html and "&lt;" in html
 
 
@@ -155,7 +156,8 @@ def test_markup_in_a_caption_is_named_as_an_unknown_word(client):
 def test_control_and_invisible_characters_in_a_text_are_explained(client):
     response = client.post("/api/explain-text", json={**TEXT, "text": "\u202egood\u200b drug\ufeff\u0000 it worked"})
     assert response.status_code == 200, response.text
-    assert [word for word, _ in response.json()["results"][0]["words"]] == ["good", "drug", "it", "worked"]
+    answered = relevancy.load(response.json()["results"][0]["explanation"])  # the answer is to_json(): it loads back
+    assert [word for word, _ in answered.words(0)] == ["good", "drug", "it", "worked"]
 
 
 def raw_exchange(port: int, request: bytes) -> bytes:

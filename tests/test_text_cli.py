@@ -150,17 +150,16 @@ def test_the_output_file_is_checked_before_loading(tmp_path, capsys, no_work):
 
 def test_json_prints_tokens_and_scores(capsys):
     assert main(argv(texts=[POSITIVE, NEGATIVE], method="all", json=True)) == 0
-    numbers = json.loads(capsys.readouterr().out)
-    assert [t["text"] for t in numbers["texts"]] == [POSITIVE, NEGATIVE]
-    for text in numbers["texts"]:
-        assert list(text["methods"]) == list(SEED_METHODS)
-        for m in text["methods"].values():
-            assert m["tokens"][0] == "[CLS]" and m["tokens"][-1] == "[SEP]"
-            assert len(m["scores"]) == len(m["tokens"]) and all(isinstance(x, float) for x in m["scores"])
-            assert m["class"] in ("negative", "positive") and m["target"] == ["negative", "positive"].index(m["class"])
-            assert isinstance(m["logit"], float)
-    # the two texts have different lengths: each lists its own tokens, no padding
-    first, second = (t["methods"]["rollout"]["tokens"] for t in numbers["texts"])
+    results = json.loads(capsys.readouterr().out)  # one to_json() per method, each over both texts
+    assert [result["method"] for result in results] == list(SEED_METHODS)
+    for result in results:
+        assert result["kind"] == "TextExplanation" and result["class_names"] == ["negative", "positive"]
+        assert len(result["target"]) == 2 and all(k in (0, 1) for k in result["target"])
+        for tokens, mask, scores in zip(result["tokens"], result["attention_mask"], result["scores"]["text"]):
+            assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and sum(mask) == len(tokens) == len(scores) - mask.count(0)
+            assert all(isinstance(x, float) for x in scores)
+    # the two texts have different lengths: each lists its own tokens
+    first, second = results[0]["tokens"]
     assert "wonders" in first and "awful" in second and len(first) != len(second)
 
 

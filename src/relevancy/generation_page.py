@@ -8,14 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .files import strict_json
 from .parts import TextPart
 
 #: the script that draws a generation (shared with the web page)
 SCRIPT = Path(__file__).parent / "serve" / "static" / "generation.js"
 #: colour steps on each side of 0: a score is drawn on the palette entry nearest its share of its row's maximum
 PALETTE_STEPS = 50
-#: significant digits of the scores sent to the page
-DIGITS = 4
 
 
 def palette(signed: bool) -> list[list[str]]:
@@ -25,35 +24,18 @@ def palette(signed: bool) -> list[list[str]]:
     return [list(pair) for pair in TextPart(None, signed).colours(values)]
 
 
-def generation_data(numbers: dict[str, Any]) -> dict[str, Any]:
-    """What the script draws, from a `GenerationExplanation.to_json()`: the tokens, the prompt length, each
-    generated token's row over the tokens before it (rounded), its logit and relevance total, the method and the
-    palette."""
-    start = numbers["prompt_length"]
-    total = numbers["relevance_total"]
-    return {
-        "method": numbers["method"],
-        "tokens": numbers["tokens"],
-        "prompt_length": start,
-        "rows": [[float(f"{v:.{DIGITS}g}") for v in row[: start + g]] for g, row in enumerate(numbers["scores"]["text"])],
-        "logits": [round(row[0], 4) for row in numbers["logits"]],
-        "relevance_total": None if total is None else [round(v, 4) for v in total],
-        "signed": numbers["signed"],
-        "palette": palette(numbers["signed"]),
-    }
-
-
 def generation_html(numbers: dict[str, Any]) -> str:
-    """An HTML fragment that draws a generation (`GenerationExplanation.to_json()`) with its own inline script (no
-    file loaded, no internet)."""
-    data = json.dumps(generation_data(numbers)).replace("</", "<\\/")  # no early end of the script element
+    """An HTML fragment that draws a generation (`GenerationExplanation.to_json()`, as the web API answers it) with
+    its own inline script (no file loaded, no internet)."""
+    data = json.dumps(strict_json(numbers)).replace("</", "<\\/")  # no early end of the script element
+    colours = json.dumps(palette(numbers["signed"]))
     title = html.escape(f"{numbers['method']}: what each generated token read")
     return (
         f'<div style="font-family:sans-serif"><div style="font-weight:bold">{title}</div>'
         '<div class="relevancy-generation"></div>'
         f"<script>{SCRIPT.read_text(encoding='utf-8')}\n"
         "(function () { var boxes = document.querySelectorAll('.relevancy-generation');\n"
-        f"  relevancyGeneration(boxes[boxes.length - 1], {data}); }})();</script></div>"
+        f"  relevancyGeneration(boxes[boxes.length - 1], {data}, {colours}); }})();</script></div>"
     )
 
 

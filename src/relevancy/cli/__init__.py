@@ -19,7 +19,8 @@ from .. import __version__
 from ..extras import MissingExtraError
 from ..files import check_model_path
 from ..pictures import MAX_IMAGE_PIXELS
-from .common import DEFAULT_OUT, GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, METHOD_NAMES, UsageError, read_image, warn
+from ..apps.common import GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, METHOD_NAMES, UsageError, warn
+from .common import DEFAULT_OUT, read_image
 from .images import run_demo, run_explain
 
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:

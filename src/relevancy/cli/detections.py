@@ -5,17 +5,20 @@
 The pictures are preprocessed as the model folder says (its image-processor config), else as its family says
 (the shapes detector saved with `save_pretrained`: the shapes world's size and statistics), else as COCO DETR
 (with a warning). Writes `DIR/<image stem>_detections.png` per image (one panel per detected object: the map over
-the image, the box, the class and its logit) and, with --json, per image the objects with their boxes and score
-grids. An image where nothing passes the threshold is named with its best probability.
+the image, the box, the class and its logit) and, with --json, a list of `to_json()` (docs/api.md), one per image
+with an object above the threshold, in the images' order (each explained alone: its rows' `image` is 0; `boxes` holds
+the objects' boxes). An image where nothing passes the threshold is named with its best probability.
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+import dataclasses
+from typing import TYPE_CHECKING, Callable
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, MAX_FILES, UsageError, at_most, check_inputs, print_json, read_image, resolve_methods, warn
+from ..apps.common import UsageError, at_most, check_inputs, resolve_methods, warn
+from .common import DEFAULT_OUT, MAX_FILES, print_results, read_image
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -67,7 +70,6 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
         inputs = prepare(picture)
         candidates = sorted(relevancy.detect(model, inputs, 0.0)[0], key=lambda d: -d.score)
         detections = [d for d in candidates if d.score > args.threshold]
-        entry: dict[str, Any] = {"image": image, "objects": []}
         if not detections:
             best = candidates[0] if candidates else None
             warn("explain-detections", f"{image}: no object above --threshold {args.threshold}"
@@ -77,19 +79,15 @@ def run_explain_detections(args: argparse.Namespace) -> list[Path]:
                                        f"explaining the {args.max_objects} most probable (--max-objects, at most {MAX_OBJECTS})")
             detections = detections[: args.max_objects]
         if detections:
-            expl = relevancy.explain(model, inputs, method=methods[0], target=[[(d.query, d.label) for d in detections]])
-            if not args.json or args.out:
-                import torch
+            import torch
 
-                written.append(expl.save(out / name, inputs["pixel_values"], torch.tensor([d.box for d in detections])))
-            entry["objects"] = [
-                {"query": d.query, "label": d.label, "class": _class(labels, d.label),
-                 "probability": d.score, "box_xyxy": list(d.box), "scores": expl.parts["image"].scores[k].tolist()}
-                for k, d in enumerate(detections)
-            ]
-        report.append(entry)
+            expl = relevancy.explain(model, inputs, method=methods[0], target=[[(d.query, d.label) for d in detections]])
+            expl = dataclasses.replace(expl, boxes=torch.tensor([d.box for d in detections]))
+            if not args.json or args.out:
+                written.append(expl.save(out / name, inputs["pixel_values"]))
+            report.append(expl)
     if args.json:
-        print_json(report)
+        print_results(report)
     return written
 
 

@@ -22,8 +22,12 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..apps.catalogue import SHIPPED
+from ..apps.common import UsageError
 
 import torch
 from torch import nn
@@ -33,11 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["evaluate", "parse_methods"]
 
-DEFAULT_N = {"shapes": 500, "shapes-clip": 200, "shapes-detection": 200, "shapes-vqa": 300,  # imagenet, imagenet-seg: the whole data set
-             "llm-retrieval": 30}
-#: --model when not given: the shipped model of the benchmark's kind
-DEFAULT_MODEL = {"llm-retrieval": "smollm2"}
-DEFAULT_SHIPPED = "shapes"
 #: llm-retrieval's prompts: test prompts 0 .. n-1 of llm_world seed S, drawn from seeds 1,000,003 + 7,919 S + i: with
 #: these bounds no two (S, i) share a seed, and none meets a train prompt of seeds 0-125
 MAX_LLM_PROMPTS = 7_919
@@ -59,12 +58,6 @@ MAX_WORKERS = 64
 RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as ERASER reports them; seconds_per_text: seconds"
 
 
-def _usage_error(message: str) -> Exception:
-    from .common import UsageError
-
-    return UsageError(message)
-
-
 def parse_methods(spec: str) -> tuple[str, ...]:
     """``all`` or a comma-separated list of the seed papers' methods, which the image, text, pair, question and
     detection benchmarks evaluate (order kept, duplicates dropped); each benchmark keeps those its model's family
@@ -76,12 +69,12 @@ def parse_methods(spec: str) -> tuple[str, ...]:
         return SEED_METHODS
     names = [n.strip() for n in spec.split(",")]
     if not names or any(not n for n in names):
-        raise _usage_error(f"--methods must be 'all' or a comma-separated list of methods, got {spec!r}")
+        raise UsageError(f"--methods must be 'all' or a comma-separated list of methods, got {spec!r}")
     for name in names:
         try:
             lookup(name, SEED_METHODS, "methods of this benchmark")
         except ValueError as error:
-            raise _usage_error(str(error)) from error
+            raise UsageError(str(error)) from error
     return tuple(dict.fromkeys(names))
 
 
@@ -92,13 +85,13 @@ def _offered(args: argparse.Namespace, methods: tuple[str, ...], offered: tuple[
         return tuple(m for m in methods if m in offered)
     unsupported = [m for m in methods if m not in offered]
     if unsupported:
-        raise _usage_error(f"method {unsupported[0]} does not explain {what}; {benchmark} takes {', '.join(offered)}")
+        raise UsageError(f"method {unsupported[0]} does not explain {what}; {benchmark} takes {', '.join(offered)}")
     return methods
 
 
 def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     """Validate everything that can be checked before loading a model; the benchmark and ``n`` (None = all)."""
-    from ..evaluation.data import BENCHMARKS, MAX_SCENES
+    from ..evaluation.data import BENCHMARKS
     from ..evaluation.report import OUTPUT_FILES
     from ..files import check_folder
 
@@ -106,62 +99,69 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
     if benchmark not in BENCHMARKS:
         close = difflib.get_close_matches(benchmark, BENCHMARKS, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise _usage_error(f"unknown benchmark '{benchmark}'.{hint} Valid benchmarks: {', '.join(BENCHMARKS)}")
+        raise UsageError(f"unknown benchmark '{benchmark}'.{hint} Valid benchmarks: {', '.join(BENCHMARKS)}")
+    row = TABLE[benchmark]
     if args.model is None:
-        args.model = DEFAULT_MODEL.get(benchmark, DEFAULT_SHIPPED)
-    n = args.n if args.n is not None else DEFAULT_N.get(benchmark)
+        args.model = row.default_model
+    n = args.n if args.n is not None else row.default_n
     if n is not None and n < 1:
-        raise _usage_error(f"--n must be at least 1, got {n}")
-    if benchmark == "shapes" and n is not None and n > MAX_SCENES:
-        raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes benchmark, got {n}")
+        raise UsageError(f"--n must be at least 1, got {n}")
     if not 1 <= args.batch_size <= MAX_BATCH_SIZE:
-        raise _usage_error(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,}, got {args.batch_size:,}")
+        raise UsageError(f"--batch-size must be between 1 and {MAX_BATCH_SIZE:,}, got {args.batch_size:,}")
     if args.seed < 0:
-        raise _usage_error(f"--seed must be non-negative, got {args.seed}")
+        raise UsageError(f"--seed must be non-negative, got {args.seed}")
     if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
-        raise _usage_error(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads:,}")
+        raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads:,}")
     if not 0 <= args.workers <= MAX_WORKERS:
-        raise _usage_error(f"--workers must be between 0 and {MAX_WORKERS}, got {args.workers:,}")
+        raise UsageError(f"--workers must be between 0 and {MAX_WORKERS}, got {args.workers:,}")
     threshold = getattr(args, "threshold", None)
     if threshold is not None and benchmark != "shapes-detection":
-        raise _usage_error("--threshold is used only with --benchmark shapes-detection")
+        raise UsageError("--threshold is used only with --benchmark shapes-detection")
     if getattr(args, "perturbation_n", None) is not None and benchmark != "shapes-vqa":
-        raise _usage_error("--perturbation-n is used only with --benchmark shapes-vqa")
-    if benchmark in ("shapes", "shapes-clip"):
-        if args.data is not None:
-            raise _usage_error(f"the {benchmark} benchmark generates its scenes: --data is not used with it")
-        if benchmark == "shapes-clip" and n > MAX_SCENES:
-            raise _usage_error(f"--n must be at most {MAX_SCENES} on the shapes-clip benchmark, got {n}")
-    elif benchmark == "shapes-detection":
-        _check_shapes_detection(args, n)
-    elif benchmark == "shapes-vqa":
-        _check_shapes_vqa(args, n)
-    elif benchmark == "llm-retrieval":
-        _check_llm_retrieval(args, n)
-    elif benchmark == "coco-detr":
-        if args.data is None or not Path(args.data).is_file():
-            raise _usage_error("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
-                               "are read from the folder given by --images (default: the annotation file's folder)")
-        _check_coco(Path(args.data))
-        if args.model in (None, "shapes") or not Path(args.model).is_dir():
-            raise _usage_error("--benchmark coco-detr needs --model: a local folder of a transformers DetrForObjectDetection "
-                               "(save_pretrained), whose class indices are the data set's category ids")
-    elif benchmark == "eraser":
-        if args.data is None or not (Path(args.data) / f"{args.split}.jsonl").is_file():
-            raise _usage_error(f"--benchmark eraser needs --data: an ERASER folder with docs/ (or docs.jsonl) and {args.split}.jsonl")
-    else:
-        wanted = "an ImageFolder validation directory (DIR/<wnid>/*.JPEG)" if benchmark == "imagenet" else "the gtsegs_ijcv.mat file"
-        if args.data is None:
-            raise _usage_error(f"--benchmark {benchmark} needs --data: {wanted}")
-        path = Path(args.data)
-        if benchmark == "imagenet" and not path.is_dir():
-            raise _usage_error(f"--data {args.data} is not a directory; --benchmark imagenet needs {wanted}")
-        if benchmark == "imagenet" and not any(entry.is_dir() for entry in path.iterdir()):
-            raise _usage_error(f"--data {args.data} holds no class folders; --benchmark imagenet needs {wanted}")
-        if benchmark == "imagenet-seg" and not path.is_file():
-            raise _usage_error(f"--data {args.data} is not a file; --benchmark imagenet-seg needs {wanted}")
+        raise UsageError("--perturbation-n is used only with --benchmark shapes-vqa")
+    row.check(args, n)
     check_folder(args.out, OUTPUT_FILES)
     return benchmark, n
+
+
+def _check_scenes(args: argparse.Namespace, n: int) -> None:
+    """shapes and shapes-clip: generated scenes, at most MAX_SCENES."""
+    from ..evaluation.data import MAX_SCENES
+
+    if args.data is not None:
+        raise UsageError(f"the {args.benchmark} benchmark generates its scenes: --data is not used with it")
+    if n > MAX_SCENES:
+        raise UsageError(f"--n must be at most {MAX_SCENES} on the {args.benchmark} benchmark, got {n}")
+
+
+def _check_image_data(args: argparse.Namespace, n: int | None) -> None:
+    """imagenet (an ImageFolder validation directory) and imagenet-seg (the gtsegs_ijcv.mat file)."""
+    folder = args.benchmark == "imagenet"
+    wanted = "an ImageFolder validation directory (DIR/<wnid>/*.JPEG)" if folder else "the gtsegs_ijcv.mat file"
+    if args.data is None:
+        raise UsageError(f"--benchmark {args.benchmark} needs --data: {wanted}")
+    path = Path(args.data)
+    if folder and not path.is_dir():
+        raise UsageError(f"--data {args.data} is not a directory; --benchmark imagenet needs {wanted}")
+    if folder and not any(entry.is_dir() for entry in path.iterdir()):
+        raise UsageError(f"--data {args.data} holds no class folders; --benchmark imagenet needs {wanted}")
+    if not folder and not path.is_file():
+        raise UsageError(f"--data {args.data} is not a file; --benchmark imagenet-seg needs {wanted}")
+
+
+def _check_eraser(args: argparse.Namespace, n: int | None) -> None:
+    if args.data is None or not (Path(args.data) / f"{args.split}.jsonl").is_file():
+        raise UsageError(f"--benchmark eraser needs --data: an ERASER folder with docs/ (or docs.jsonl) and {args.split}.jsonl")
+
+
+def _check_coco_detr(args: argparse.Namespace, n: int | None) -> None:
+    if args.data is None or not Path(args.data).is_file():
+        raise UsageError("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
+                         "are read from the folder given by --images (default: the annotation file's folder)")
+    _check_coco(Path(args.data))
+    if _shipped(args) or not Path(args.model).is_dir():
+        raise UsageError("--benchmark coco-detr needs --model: a local folder of a transformers DetrForObjectDetection "
+                         "(save_pretrained), whose class indices are the data set's category ids")
 
 
 def _check_coco(path: Path) -> None:
@@ -171,10 +171,10 @@ def _check_coco(path: Path) -> None:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise _usage_error(f"--data {path} is not a COCO instances annotation file: not JSON ({error})") from None
+        raise UsageError(f"--data {path} is not a COCO instances annotation file: not JSON ({error})") from None
     missing = [key for key in ("images", "annotations", "categories") if not isinstance(data, dict) or key not in data]
     if missing:
-        raise _usage_error(f"--data {path} is not a COCO instances annotation file: it has no {', '.join(missing)}")
+        raise UsageError(f"--data {path} is not a COCO instances annotation file: it has no {', '.join(missing)}")
 
 
 def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family: str, n: int, max_n: int,
@@ -184,33 +184,29 @@ def _check_generated(args: argparse.Namespace, benchmark: str, data: str, family
     and a --seed up to `max_seed`."""
     for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
         if value is not None:
-            raise _usage_error(f"{option} is not used with --benchmark {benchmark} (it generates its {data}; "
+            raise UsageError(f"{option} is not used with --benchmark {benchmark} (it generates its {data}; "
                                f"--model is 'shapes' or a shapes-{family} .safetensors file)")
     if args.paper_settings:
-        raise _usage_error(f"--paper-settings is not used with --benchmark {benchmark}: the {family} methods run "
+        raise UsageError(f"--paper-settings is not used with --benchmark {benchmark}: the {family} methods run "
                            f"as the authors' {family} code runs them")
     if n > max_n:
-        raise _usage_error(f"--n must be at most {max_n} on the {benchmark} benchmark, got {n}")
+        raise UsageError(f"--n must be at most {max_n} on the {benchmark} benchmark, got {n}")
     if args.seed > max_seed:
-        raise _usage_error(f"--seed must be at most {max_seed} on the {benchmark} benchmark, got {args.seed}")
+        raise UsageError(f"--seed must be at most {max_seed} on the {benchmark} benchmark, got {args.seed}")
 
 
 def _check_shapes_detection(args: argparse.Namespace, n: int) -> None:
     """The shapes-detection request: generated scenes, a shapes-DETR checkpoint, a detection threshold."""
-    from ..bench.detection import DETECTOR_WEIGHTS_PATH
-
     _check_generated(args, "shapes-detection", "scenes", "DETR", n, MAX_DETECTION_SCENES, MAX_DETECTION_SEED)
     threshold = getattr(args, "threshold", None)
     if threshold is not None and not 0.0 <= threshold < 1.0:
-        raise _usage_error(f"--threshold must be a probability in [0, 1), got {threshold}")
-    if args.model == "shapes":
-        if not DETECTOR_WEIGHTS_PATH.is_file():
-            raise _usage_error(f"the shipped shapes detector is missing ({DETECTOR_WEIGHTS_PATH}): train it with "
-                               "python -m relevancy.bench.detr_train, or give --model PATH.safetensors")
+        raise UsageError(f"--threshold must be a probability in [0, 1), got {threshold}")
+    if _shipped(args):
+        SHIPPED["detector"].weights_path()
         return
     path = Path(args.model)
     if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
-        raise _usage_error("--model for shapes-detection: 'shapes' (the shipped shapes DETR) or a shapes-DETR "
+        raise UsageError("--model for shapes-detection: 'shapes' (the shipped shapes DETR) or a shapes-DETR "
                            f".safetensors file with its .json (as relevancy.bench.detr_train writes them) beside it, got {args.model!r}")
 
 
@@ -221,7 +217,7 @@ def _check_shapes_vqa(args: argparse.Namespace, n: int) -> None:
     _check_generated(args, "shapes-vqa", "questions", "LXMERT", n, MAX_VQA_QUESTIONS, MAX_VQA_SEED)
     perturbation_n = getattr(args, "perturbation_n", None)
     if perturbation_n is not None and not 0 <= perturbation_n <= n:
-        raise _usage_error(f"--perturbation-n must be between 0 (no perturbation test) and --n ({n}), got {perturbation_n}")
+        raise UsageError(f"--perturbation-n must be between 0 (no perturbation test) and --n ({n}), got {perturbation_n}")
     vqa_model_path(args.model)
 
 
@@ -229,16 +225,16 @@ def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
     """The llm-retrieval request: generated prompts, SmolLM2 or a local folder of a causal language model."""
     for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
         if value is not None:
-            raise _usage_error(f"{option} is not used with --benchmark llm-retrieval (it generates its prompts; "
+            raise UsageError(f"{option} is not used with --benchmark llm-retrieval (it generates its prompts; "
                                "--model is 'smollm2', 'gemma3' or a folder of a causal language model and its tokenizer)")
     if args.paper_settings:
-        raise _usage_error("--paper-settings is not used with --benchmark llm-retrieval")
+        raise UsageError("--paper-settings is not used with --benchmark llm-retrieval")
     if n > MAX_LLM_PROMPTS:
-        raise _usage_error(f"--n must be at most {MAX_LLM_PROMPTS:,} on the llm-retrieval benchmark, got {n:,}")
+        raise UsageError(f"--n must be at most {MAX_LLM_PROMPTS:,} on the llm-retrieval benchmark, got {n:,}")
     if args.seed > MAX_LLM_SEED:
-        raise _usage_error(f"--seed must be at most {MAX_LLM_SEED} on the llm-retrieval benchmark, got {args.seed}")
+        raise UsageError(f"--seed must be at most {MAX_LLM_SEED} on the llm-retrieval benchmark, got {args.seed}")
     if args.model not in ("smollm2", "gemma3") and not Path(args.model).is_dir():
-        raise _usage_error("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md), 'gemma3' "
+        raise UsageError("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md), 'gemma3' "
                            "(Gemma-3-270M, docs/gemma3.md) or a local "
                            f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
 
@@ -250,11 +246,10 @@ def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
     ``relevancy.bench.train`` writes them; anything else goes through ``relevancy.models.load_image_model``.
     """
     from .. import models
-    from ..bench import WEIGHTS_PATH
     from ..bench import load_model as load_shapes
 
-    if name == models.SHIPPED:
-        return models.load_image_model(name, arch), _shapes_metadata(WEIGHTS_PATH)
+    if SHIPPED["image"].means(name):
+        return models.load_image_model(name, arch), _shapes_metadata(SHIPPED["image"].weights_path())
     if arch == "shapes":
         path = Path(name)
         if not path.is_file():
@@ -288,9 +283,9 @@ def _check_shapes_model(model: nn.Module) -> None:
         with torch.no_grad():
             logits = model(make_scenes(1, seed=0).images)
     except (RuntimeError, AssertionError, ValueError) as error:
-        raise _usage_error(f"the shapes benchmark needs a model taking {IMAGE_SIZE}x{IMAGE_SIZE} images ({error})") from error
+        raise UsageError(f"the shapes benchmark needs a model taking {IMAGE_SIZE}x{IMAGE_SIZE} images ({error})") from error
     if logits.shape[-1] != len(CLASSES):
-        raise _usage_error(f"the shapes benchmark needs {len(CLASSES)} classes ({', '.join(CLASSES)}); the model has {logits.shape[-1]}")
+        raise UsageError(f"the shapes benchmark needs {len(CLASSES)} classes ({', '.join(CLASSES)}); the model has {logits.shape[-1]}")
 
 
 def _distributed() -> tuple[int, int, bool]:
@@ -342,26 +337,26 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
 
 def _evaluate(args: argparse.Namespace, benchmark: str, n: int | None, shards: Shards) -> list[Path]:
     """The benchmark's evaluation over `shards`; the files written (rank 0)."""
+    row = TABLE[benchmark]
+    return row.run(args, row.methods(args.methods), n, shards)
+
+
+def evaluate_scenes(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
+    """The shapes benchmark: `evaluate_images` on a model checked to take the shapes scenes."""
+    return evaluate_images(args, methods, n, shards, _check_shapes_model)
+
+
+def evaluate_images(args: argparse.Namespace, methods: tuple[str, ...], n: int | None, shards: Shards,
+                    check: Callable[[nn.Module], None] = lambda model: None) -> list[Path]:
+    """An image benchmark (shapes, imagenet, imagenet-seg) through `relevancy.evaluation.run`: results.json,
+    report.md and perturbation.png (rank 0); `check`: what the benchmark asks of the model once it is loaded."""
     from .common import print_json
     from ..evaluation import Settings, run, write_outputs
     from ..evaluation.report import summary
 
-    if benchmark == "llm-retrieval":  # decoder methods: its own list and check
-        return evaluate_llm_retrieval(args, n, shards)
-    methods = parse_methods(args.methods)
-    if benchmark == "eraser":
-        return evaluate_rationales(args, methods, n, shards)
-    if benchmark == "shapes-clip":
-        return evaluate_shapes_clip(args, methods, n, shards)
-    if benchmark == "coco-detr":
-        return evaluate_coco_detr(args, methods, n, shards)
-    if benchmark == "shapes-detection":
-        return evaluate_shapes_detection(args, methods, n, shards)
-    if benchmark == "shapes-vqa":
-        return evaluate_shapes_vqa(args, methods, n, shards)
+    benchmark = args.benchmark
     model, info = load_model(args.model, args.arch)
-    if benchmark == "shapes":
-        _check_shapes_model(model)
+    check(model)
     settings = Settings(benchmark=benchmark, methods=methods, n=n if n is not None else 2**62,
                         batch_size=args.batch_size, seed=args.seed, paper_settings=args.paper_settings,
                         data=args.data, workers=args.workers)
@@ -397,18 +392,18 @@ def evaluate_coco_detr(args: argparse.Namespace, methods: tuple[str, ...], n: in
 def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
     """Every object the shapes DETR detects, explained by each method and scored against its exact mask
     (`relevancy.evaluation.shapes_detection`); writes results.json and report.md."""
-    from ..bench.detection import DETECTION_TEST_SEED, DETECTOR_WEIGHTS_PATH, load_detector
+    from ..bench.detection import DETECTION_TEST_SEED, load_detector
     from ..bench.scenes import CLASSES
     from ..evaluation.shapes_detection import DETECTION_THRESHOLD, detection_report, supported_methods
     from ..evaluation.shapes_detection import evaluate_shapes_detection as run_benchmark
 
-    path = DETECTOR_WEIGHTS_PATH if args.model == "shapes" else Path(args.model)
+    path = SHIPPED["detector"].weights_path() if _shipped(args) else Path(args.model)
     try:
         model = load_detector(path)
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        raise _usage_error(f"cannot load a shapes detector from {path} and its .json: {type(error).__name__}: {error}") from error
+        raise UsageError(f"cannot load a shapes detector from {path} and its .json: {type(error).__name__}: {error}") from error
     if model.config.num_labels != len(CLASSES):
-        raise _usage_error(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
+        raise UsageError(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
                            f"{path} has {model.config.num_labels}")
     threshold = args.threshold if getattr(args, "threshold", None) is not None else DETECTION_THRESHOLD
     methods = _offered(args, methods, supported_methods(model), "DETR", "shapes-detection")
@@ -418,13 +413,14 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
 
 
 def _write_generated(args: argparse.Namespace, results: dict, shipped: str, report, shards: Shards) -> list[Path]:
-    """results.json (strict JSON, the model named first) and report.md of a generated-data benchmark, written
-    atomically to --out by rank 0; printed too with --json."""
+    """results.json (strict JSON, the model named first: `shipped` where --model names the benchmark's shipped
+    model) and report.md of a generated-data benchmark, written atomically to --out by rank 0; printed too with
+    --json."""
     from ..files import strict_json, write_atomic
 
     if shards.rank != 0:
         return []
-    results = {"benchmark": results.pop("benchmark"), "model": shipped if args.model == "shapes" else args.model,
+    results = {"benchmark": results.pop("benchmark"), "model": shipped if _shipped(args) else args.model,
                **results}
     out = Path(args.out)
     written = [write_atomic(out / "results.json", json.dumps(strict_json(results), indent=1, allow_nan=False) + "\n"),
@@ -450,7 +446,7 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
     try:
         model, _ = load_vqa_lxmert(path)
     except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as error:
-        raise _usage_error(f"cannot load a shapes LXMERT from {path} and its .json: {type(error).__name__}: {error}") from error
+        raise UsageError(f"cannot load a shapes LXMERT from {path} and its .json: {type(error).__name__}: {error}") from error
     perturbation_n = getattr(args, "perturbation_n", None)
     perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
     seed = VQA_TEST_SEED + 3 * args.seed
@@ -468,7 +464,7 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
     from ..models import load_text_classifier
     from ..text.rationales import RationaleSet, rationale_test
 
-    model, tokenizer = load_text_classifier(None if args.model == "shapes" else args.model)
+    model, tokenizer = load_text_classifier(None if _shipped(args) else args.model)
     annotations, documents = load_eraser(args.data, args.split)
     data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
@@ -521,14 +517,15 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     from ..families.clip.adapter import ClipAdapter
 
     methods = _offered(args, methods, ClipAdapter.methods, "image-text pairs", "shapes-clip")
-    if args.model != "shapes" and not Path(args.model).is_file():
-        raise _usage_error(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
-    model, tokenizer = load_clip(None if args.model == "shapes" else args.model)
+    shipped = _shipped(args)
+    if not shipped and not Path(args.model).is_file():
+        raise UsageError(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
+    model, tokenizer = load_clip(None if shipped else args.model)
     results = evaluate_grounding(model, tokenizer, methods, n, seed=args.seed, batch_size=args.batch_size, progress=not args.quiet,
                                  shards=shards)
     if shards.rank != 0:
         return []
-    results["model"] = "shapes-clip (shipped)" if args.model == "shapes" else args.model
+    results["model"] = "shapes-clip (shipped)" if shipped else args.model
     out = Path(args.out)
     written = [write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"),
                write_atomic(out / "report.md", grounding_report(results))]
@@ -539,14 +536,13 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     return written
 
 
-def evaluate_llm_retrieval(args: argparse.Namespace, n: int, shards: Shards) -> list[Path]:
+def evaluate_llm_retrieval(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
     """Retrieval prompts of the generated text world explained by each decoder method, scored against their known
     evidence and by the deletion test (`relevancy.evaluation.llm_retrieval`); writes results.json and report.md."""
-    from ..evaluation.llm_retrieval import DEFAULT_METHODS, llm_report
     from ..evaluation.llm_retrieval import evaluate_llm_retrieval as run_benchmark
+    from ..evaluation.llm_retrieval import llm_report
     from ..models import load_language_model
 
-    methods = DEFAULT_METHODS if args.methods.strip() == "all" else parse_llm_methods(args.methods)
     model, tokenizer = load_language_model(args.model)
     results = run_benchmark(model, tokenizer, methods=methods, n=n, seed=args.seed, batch_size=args.batch_size,
                             progress=not args.quiet, shards=shards)
@@ -554,12 +550,58 @@ def evaluate_llm_retrieval(args: argparse.Namespace, n: int, shards: Shards) -> 
 
 
 def parse_llm_methods(spec: str) -> tuple[str, ...]:
-    """A comma-separated list of the decoder methods llm-retrieval evaluates (order kept, duplicates dropped)."""
+    """``all`` or a comma-separated list of the decoder methods llm-retrieval evaluates (order kept, duplicates
+    dropped)."""
     from ..evaluation.llm_retrieval import DEFAULT_METHODS
 
+    if spec.strip() == "all":
+        return DEFAULT_METHODS
     names = [name.strip() for name in spec.split(",")]
     for name in names:
         if name not in DEFAULT_METHODS:
-            raise _usage_error(f"method {name!r} is not evaluated by llm-retrieval; valid methods: "
+            raise UsageError(f"method {name!r} is not evaluated by llm-retrieval; valid methods: "
                                f"{', '.join(DEFAULT_METHODS)} (or 'all')")
     return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """How `evaluate` runs one benchmark: `check` (what it asks of the options, before any model loads; given
+    `--n`), `run` (the evaluation: the methods as `methods` parses `--methods`, `--n`, the shards), the catalogue's
+    kind of model it takes (its shipped model is the default `--model`) and its default `--n` (None: the whole data
+    set)."""
+
+    check: Callable[[argparse.Namespace, int | None], None]
+    run: Callable[[argparse.Namespace, tuple[str, ...], int | None, Shards], list[Path]]
+    model: str
+    default_n: int | None = None
+    methods: Callable[[str], tuple[str, ...]] = parse_methods
+    #: the name of the shipped model where the catalogue's differs (the shapes benchmarks call theirs 'shapes')
+    shipped_name: str | None = None
+
+    @property
+    def default_model(self) -> str:
+        return self.shipped_name or SHIPPED[self.model].name
+
+    def shipped(self, model: str | None) -> bool:
+        """Whether `--model model` names the benchmark's shipped model (by the catalogue's name or its own)."""
+        return model == self.default_model or SHIPPED[self.model].means(model)
+
+
+def _shipped(args: argparse.Namespace) -> bool:
+    """Whether `--model` names the shipped model of `--benchmark`."""
+    return TABLE[args.benchmark].shipped(args.model)
+
+
+#: every benchmark of `relevancy.evaluation.data.BENCHMARKS`, one row each
+TABLE = {
+    "shapes": Benchmark(_check_scenes, evaluate_scenes, "image", 500),
+    "imagenet": Benchmark(_check_image_data, evaluate_images, "image"),
+    "imagenet-seg": Benchmark(_check_image_data, evaluate_images, "image"),
+    "eraser": Benchmark(_check_eraser, evaluate_rationales, "text"),
+    "shapes-clip": Benchmark(_check_scenes, evaluate_shapes_clip, "pairs", 200, shipped_name="shapes"),
+    "coco-detr": Benchmark(_check_coco_detr, evaluate_coco_detr, "detector"),
+    "shapes-detection": Benchmark(_check_shapes_detection, evaluate_shapes_detection, "detector", 200),
+    "shapes-vqa": Benchmark(_check_shapes_vqa, evaluate_shapes_vqa, "questions", 300),
+    "llm-retrieval": Benchmark(_check_llm_retrieval, evaluate_llm_retrieval, "language", 30, parse_llm_methods),
+}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..files import check_file
 from ..messages import quoted
-from .common import GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, MAX_TEXT_CHARS, UsageError, at_most, check_inputs, print_json
+from ..apps.common import GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, MAX_TEXT_CHARS, UsageError, at_most, check_inputs
+from .common import print_results
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -44,7 +45,7 @@ def run_explain_generation(args: argparse.Namespace) -> list[Path]:
     result = explain_generation(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens, method=args.method,
                                 continuation=args.target)
     if args.json:
-        print_json({"model": args.model, "prompt": args.prompt, **result.to_json()})
+        print_results([result])
     elif sys.stdout.isatty():
         result.show()
     else:

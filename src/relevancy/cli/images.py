@@ -6,7 +6,9 @@ from pathlib import Path
 
 from ..files import check_folder, distinct_stems
 from ..pictures import preprocess
-from .common import DEFAULT_OUT, MAX_FILES, METHOD_NAMES, UsageError, at_most, check_inputs, class_target, explanation_numbers, print_json, read_image, resolve_methods, warn
+from ..apps.catalogue import SHIPPED
+from ..apps.common import METHOD_NAMES, UsageError, at_most, check_inputs, resolve_methods, warn
+from .common import DEFAULT_OUT, MAX_FILES, class_target, print_results, read_image
 
 
 #: the most scenes of each kind the demo explains (each is a row of PNGs on one page)
@@ -32,20 +34,18 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
     from .. import models
     from ..api import explain
 
-    named = Path(args.model or models.SHIPPED)
+    name = args.model or SHIPPED["image"].name
+    named = Path(name)
     if args.arch is not None and not named.exists() and named.suffix not in models.CHECKPOINT_SUFFIXES:  # a name
         raise UsageError(f"--arch names the architecture of a local checkpoint file ({', '.join(models.CHECKPOINT_SUFFIXES)}); "
-                         f"--model {args.model or models.SHIPPED} is none")
-    model = models.load_image_model(args.model or models.SHIPPED, args.arch)
-    if (args.model or models.SHIPPED) == models.SHIPPED:
+                         f"--model {name} is none")
+    model = models.load_image_model(name, args.arch)
+    if SHIPPED["image"].means(args.model):
         _warn_unless_scenes(args.images, pictures)
     images = preprocess(pictures, model)
     results = {m: explain(model, images, method=m, target=target) for m in methods}
     if args.json:
-        print_json({"model": args.model or models.SHIPPED, "method": args.method, "images": [
-            {"file": path, "methods": {m: explanation_numbers(r, i) for m, r in results.items()}}
-            for i, path in enumerate(args.images)
-        ]})
+        print_results(results.values())
     if out is None:
         return []
     from ..viz import method_grid, save_figure

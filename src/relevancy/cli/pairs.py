@@ -3,27 +3,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from ..files import check_folder, distinct_stems
-from .common import DEFAULT_OUT, UsageError, check_inputs, print_json, resolve_methods
+from ..apps.catalogue import SHIPPED
+from ..apps.common import UsageError, check_inputs, resolve_methods
+from .common import DEFAULT_OUT, print_results
 
 #: the most captions per run (each is a row of every image's PNG), their longest, and the most image-text pairs
 MAX_CAPTIONS = 16
 MAX_CAPTION_CHARS = 1_000
 MAX_PAIRS = 256
-
-
-def pair_numbers(explanation, index: int) -> dict[str, Any]:
-    """What `--json` prints for one pair and method: the logit, the image grid and the text's token scores."""
-    text = explanation.parts["text"]
-    return {
-        "logit": float(explanation.logits[index, 0]),
-        "signed": explanation.signed,
-        "image_scores": explanation.parts["image"].scores[index].detach().float().cpu().tolist(),
-        "tokens": [token for token, _ in text.token_scores(index)],
-        "text_scores": [score for _, score in text.token_scores(index)],
-    }
 
 
 def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
@@ -54,7 +43,7 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     from ..viz import method_grid, save_figure
     from ..pictures import normalised
 
-    bundle = models.load_clip_model(args.model or models.SHIPPED_CLIP)
+    bundle = models.load_clip_model(args.model or SHIPPED["pairs"].name)
     try:
         encoded = bundle.encode(list(args.text))
     except ValueError as error:  # the shipped tokenizer names unknown words
@@ -66,11 +55,7 @@ def run_explain_pairs(args: argparse.Namespace, pictures: list) -> list[Path]:
     results = {m: explain(bundle.model, batch, method=m) for m in methods}
     texts = len(args.text)
     if args.json:
-        print_json({"model": args.model or models.SHIPPED_CLIP, "method": args.method, "texts": list(args.text), "images": [
-            {"file": path, "pairs": [{"text": args.text[j], "methods": {m: pair_numbers(r, i * texts + j) for m, r in results.items()}}
-                                     for j in range(texts)]}
-            for i, path in enumerate(args.images)
-        ]})
+        print_results(results.values())
     if out is None:
         return []
     first = next(iter(results.values()))

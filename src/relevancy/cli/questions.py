@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from ..files import check_folder
-from .common import DEFAULT_OUT, UsageError, check_inputs, print_json, resolve_methods, warn
+from ..apps.catalogue import SHIPPED
+from ..apps.common import UsageError, check_inputs, resolve_methods, warn
+from .common import DEFAULT_OUT, print_results
 
 #: questions of the world per call, and the largest --scene seed
 MAX_QUESTIONS = 1000
@@ -31,13 +32,8 @@ DEFAULT_QUESTIONS = 4
 def vqa_model_path(model: str) -> Path:
     """The weights file of ``--model``: 'shapes' (the shipped shapes LXMERT) or a .safetensors file with its .json
     beside it; a UsageError otherwise."""
-    from ..bench.vqa_model import VQA_WEIGHTS_PATH
-
-    if model == "shapes":
-        if not VQA_WEIGHTS_PATH.is_file() or not VQA_WEIGHTS_PATH.with_suffix(".json").is_file():
-            raise UsageError(f"the shipped shapes LXMERT is missing ({VQA_WEIGHTS_PATH}): train it with "
-                             "python -m relevancy.bench.vqa_train, or give --model PATH.safetensors")
-        return VQA_WEIGHTS_PATH
+    if SHIPPED["questions"].means(model):
+        return SHIPPED["questions"].weights_path()
     path = Path(model)
     if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
         raise UsageError("--model: 'shapes' (the shipped shapes LXMERT) or a shapes-LXMERT .safetensors file with its "
@@ -80,30 +76,6 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[str] | None, Path 
     return methods, questions, out, vqa_model_path(args.model)
 
 
-def _numbers(explanations: dict[str, Any], batch, index: int, words: list[str], absent: str | None) -> dict[str, Any]:
-    """What --json prints for one question; `absent`: the object it asks about that the scene lacks, if any."""
-    from ..bench.vqa import ANSWERS
-
-    truth = int(batch.answers[index])
-    first = next(iter(explanations.values()))
-    entry: dict[str, Any] = {
-        "question": batch.questions[index], "answer": ANSWERS[int(first.target[index])],
-        "true_answer": ANSWERS[truth] if truth >= 0 else None, "tokens": words,
-        "region_boxes": batch.visual_pos[index].tolist(),
-        "object_regions": [int(r) for r in batch.object_region[index] if r >= 0], "absent_object": absent,
-    }
-    if truth >= 0:
-        entry["target_regions"] = batch.target_regions[index].nonzero().flatten().tolist()
-        entry["target_tokens"] = batch.target_tokens[index].nonzero().flatten().tolist()
-    entry["methods"] = {
-        m: {"logit": float(e.logits[index, int(e.target[index])]), "signed": e.signed,
-            "region_scores": e.parts["image"].scores[index].detach().float().cpu().tolist(),
-            "token_scores": e.parts["text"].scores[index, : len(words)].detach().float().cpu().tolist()}
-        for m, e in explanations.items()
-    }
-    return entry
-
-
 def _holds(batch) -> str:
     """What the scene of `batch` holds, e.g. "a blue heart, an orange square and a blue triangle"."""
     from ..bench.scenes import CLASSES
@@ -120,7 +92,7 @@ def run_explain_question(args: argparse.Namespace) -> list[Path]:
 
     from ..bench.vqa import ANSWERS, make_questions
     from ..bench.vqa_model import VQA_TEST_SEED, load_vqa_lxmert
-    from ..bench.vqa_show import absent_objects, ask, explain_questions, file_stem, question_words, save_questions
+    from ..bench.vqa_show import absent_objects, ask, explain_questions, file_stem, save_questions
     from ..evaluation.shapes_vqa import supported_methods
 
     try:
@@ -148,10 +120,9 @@ def run_explain_question(args: argparse.Namespace) -> list[Path]:
         check_folder(out, [f"{file_stem(i, q, m)}{suffix}" for i, q in enumerate(batch.questions) for m in methods
                            for suffix in (".png", ".html")])
     explanations = {m: explain_questions(model, batch, method=m, tokenizer=tokenizer) for m in methods}
-    words = question_words(batch, tokenizer)
     written = save_questions(explanations, batch, out) if out is not None else []
     if args.json:
-        print_json([_numbers(explanations, batch, i, words[i], absent[i]) for i in range(len(batch))])
+        print_results(explanations.values())
     else:
         first = next(iter(explanations.values()))
         for i, question in enumerate(batch.questions):

@@ -11,7 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .common import MAX_TEXT_CHARS, MAX_TEXTS, UsageError, at_least, check_inputs, class_target, explanation_numbers, print_json, resolve_methods
+from ..apps.catalogue import SHIPPED
+from ..apps.common import MAX_TEXT_CHARS, UsageError, at_least, check_inputs, resolve_methods
+from .common import MAX_TEXTS, class_target, print_results
 from ..files import check_file
 
 #: the shortest --max-length: [CLS], one token of text and [SEP]
@@ -44,7 +46,7 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     from ..text.model import encode
 
     methods = _check(args)
-    model, tokenizer = load_text_classifier(None if args.model is None else str(args.model))
+    model, tokenizer = load_text_classifier(None if SHIPPED["text"].means(args.model) else str(args.model))
     target = class_target(args.target)
     batch = encode(tokenizer, args.texts, max_length=args.max_length, model=model)
     results: list[TextExplanation] = []
@@ -55,9 +57,7 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
             raise RuntimeError(f"{method}: {error}") from error
     by_word = not args.tokens
     if args.json:
-        print_json({"model": args.model, "method": args.method, "texts": [
-            {"text": text, "methods": {r.method: _numbers(r, i) for r in results}} for i, text in enumerate(args.texts)
-        ]})
+        print_results(results)
     elif not args.quiet:
         for result in results:
             if sys.stdout.isatty():
@@ -67,15 +67,6 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
     if args.out is None:
         return []
     return [save_all(results, Path(args.out), by_word)]
-
-
-def _numbers(result, index: int) -> dict:
-    """`--json` for one text and method: target, class, logit, and the text's real tokens with their scores."""
-    numbers = explanation_numbers(result, index)
-    pairs = result.token_scores(index)
-    numbers["tokens"] = [token for token, _ in pairs]
-    numbers["scores"] = [score for _, score in pairs]
-    return numbers
 
 
 def print_columns(result, by_word: bool = True) -> None:
@@ -92,8 +83,7 @@ def save_all(results: list, path: Path, by_word: bool = True) -> Path:
     """One HTML page with every method's explanation of every text (atomically written)."""
     if len(results) == 1:
         return results[0].save(path, by_word=by_word)
+    from ..explanation import html_page
     from ..files import write_atomic
 
-    body = "<hr>".join(result.to_html(by_word) for result in results)
-    page = f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>relevancy</title></head><body>{body}</body></html>\n'
-    return write_atomic(path, page)
+    return write_atomic(path, html_page("relevancy", "<hr>".join(result.to_html(by_word) for result in results)))

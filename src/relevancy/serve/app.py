@@ -193,22 +193,22 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
         return Response(samples[sample_id].png, media_type="image/png")
 
     @app.post("/api/explain", response_model=ImageResponse, responses=ERROR_RESPONSES,
-              summary="Explain an image: one map per method, the top classes, the time taken")
+              summary="Explain an image: per method its result (to_json()) and its map drawn over the image")
     async def explain_image(request: ImageRequest, http: Request) -> dict[str, Any]:
         return await answer(lambda: check_image(request, catalog, samples, limits), http)
 
     @app.post("/api/explain-text", response_model=TextResponse, responses=ERROR_RESPONSES,
-              summary="Explain a text: coloured tokens per method, the classes' probabilities")
+              summary="Explain a text: per method its result (to_json()) and its coloured words")
     async def explain_text(request: TextRequest, http: Request) -> dict[str, Any]:
         return await answer(lambda: check_text(request, catalog, limits), http)
 
     @app.post("/api/explain-pairs", response_model=PairResponse, responses=ERROR_RESPONSES,
-              summary="Explain an image against captions (CLIP): per method and caption the image map and the coloured caption")
+              summary="Explain an image against captions (CLIP): per method its result (to_json()), per caption the map and the coloured caption")
     async def explain_pairs(request: PairRequest, http: Request) -> dict[str, Any]:
         return await answer(lambda: check_pairs(request, catalog, samples, limits), http)
 
     @app.post("/api/explain-generation", response_model=GenerationResponse, responses=ERROR_RESPONSES,
-              summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it")
+              summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it (to_json())")
     async def explain_generation(request: GenerationRequest, http: Request) -> dict[str, Any]:
         return await answer(lambda: check_generation(request, catalog, limits), http,
                             "ask for fewer new tokens, a shorter prompt or a faster method")

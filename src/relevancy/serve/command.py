@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 from ..extras import require
-from ..cli.common import MAX_NEW_TOKENS, UsageError, at_most, warn
+from ..apps.common import MAX_NEW_TOKENS, MAX_TEXT_CHARS, UsageError, at_most, warn
 from ..pictures import MAX_IMAGE_PIXELS
 
 MIB = 2**20
@@ -20,7 +20,7 @@ RANGES = (
     ("--max-running", "max_running", 1, 64), ("--max-waiting", "max_waiting", 0, 1_024),
     ("--time-limit", "time_limit", 0.1, 3_600), ("--max-image-mb", "max_image_mb", 0.01, 256),
     ("--max-body-mb", "max_body_mb", 0.01, 1_024), ("--max-pixels", "max_pixels", 1, MAX_IMAGE_PIXELS),
-    ("--max-text-chars", "max_text_chars", 1, 100_000), ("--max-new-tokens", "max_new_tokens", 1, MAX_NEW_TOKENS),
+    ("--max-text-chars", "max_text_chars", 1, MAX_TEXT_CHARS), ("--max-new-tokens", "max_new_tokens", 1, MAX_NEW_TOKENS),
     ("--max-prompt-tokens", "max_prompt_tokens", 1, 100_000),
     ("--threads", "threads", 1, 1_024), ("--max-memory-mb", "max_memory_mb", 1, 2**24),
 )

@@ -1,9 +1,9 @@
 """The work behind each endpoint, split in two: `check_*` refuses a bad request at once (no model runs), and
 the job it returns runs in a worker thread of the gate (decoding, tokenising, explaining), checking its
-deadline between methods."""
+deadline between methods. A job answers each method's result as its `to_json()` (`explanation`), with what the
+page needs to draw it (`view`: pictures and coloured HTML, `render.py`), its summary and the seconds it took."""
 from __future__ import annotations
 
-import difflib
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -14,21 +14,23 @@ from .catalog import Catalog, ImageModel, LanguageModel
 from .limits import Limits, RequestError, image_bytes, megabytes, open_image
 from ..cancel import Cancelled
 from .queue import Deadline, TimeUp
-from .render import image_map, picture_url
+from .render import image_view, picture_url
 from .samples import Sample
 from .schemas import GenerationRequest, ImageInput, ImageRequest, PairRequest, TextRequest
 
-TOP_CLASSES = 5
 Job = Callable[[Deadline], dict[str, Any]]
 
 
 def method_names(requested: Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
-    """The requested methods in order without repeats; a 400 naming the closest valid one otherwise."""
+    """The requested methods in order without repeats; a 400 naming the closest valid one otherwise (`methods.lookup`,
+    the one check of a method's name)."""
+    from ..methods import lookup
+
     for name in requested:
-        if name not in allowed:
-            close = difflib.get_close_matches(name, allowed, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise RequestError(400, f"unknown method '{name}'{hint} for {what}; choose from {', '.join(allowed)}")
+        try:
+            lookup(name, allowed, f"methods for {what}")
+        except ValueError as error:
+            raise RequestError(400, str(error)) from None
     return list(dict.fromkeys(requested))
 
 
@@ -90,12 +92,6 @@ def check_target(target: int | None, names: Sequence[str], model: str, unit: str
         raise RequestError(400, f"target {target} is out of range: the {model} model has {len(names)} {unit} (0 to {len(names) - 1})")
 
 
-def top_classes(logits: torch.Tensor, names: Sequence[str]) -> list[dict[str, Any]]:
-    probabilities = logits.detach().float().softmax(-1)
-    values, indices = probabilities.topk(min(TOP_CLASSES, len(probabilities)))
-    return [{"index": k, "name": names[k], "probability": p} for p, k in zip(values.tolist(), indices.tolist())]
-
-
 def sample_or_upload(source: ImageInput, samples: dict[str, Sample], limits: Limits, what: str) -> bytes:
     """The file bytes of an image input: a sample by id (looked up, never a path) or decoded base64."""
     if source.sample is not None:
@@ -115,6 +111,12 @@ def explained(model: torch.nn.Module, inputs: Any, method: str, **options: Any) 
     except (ValueError, TypeError) as error:
         raise RequestError(400, f"{method}: {error}") from error
     return result, time.perf_counter() - started
+
+
+def answered(explanation: Any, seconds: float, view: dict[str, Any]) -> dict[str, Any]:
+    """One method's answer: the result's `to_json()` exactly, how the page draws it, its summary and seconds."""
+    return {"summary": registry()[explanation.method].summary, "seconds": seconds, "explanation": explanation.to_json(),
+            "view": view}
 
 
 def check_image(request: ImageRequest, catalog: Catalog, samples: dict[str, Sample], limits: Limits) -> Job:
@@ -157,27 +159,13 @@ def check_image(request: ImageRequest, catalog: Catalog, samples: dict[str, Samp
                                   for k, raw in enumerate(examples_raw)])
             deadline.check()
             target = Concept(entry.model, examples)
-        results, first = [], None
+        results, picture = [], None
         for method in methods:
             deadline.check()
             explanation, seconds = explained(entry.model, batch, method, target=target)
-            first = first or explanation
-            picture = explanation.pixels(batch)[0]
-            results.append({"method": method, "signed": explanation.signed, "summary": registry()[method].summary,
-                            "seconds": seconds, **image_map(explanation.scores[0], explanation.heatmap()[0], explanation.signed, picture)})
-        index: int | None = int(first.target[0])
-        if concept is not None:
-            index, explained_target = None, f"concept ({len(concept)} example{'s' * (len(concept) != 1)})"
-        elif not entry.has_classes and request.target is None:  # only target-free methods were asked for
-            index, explained_target = None, "nothing in particular (these methods use no target)"
-        else:
-            explained_target = entry.class_names[index]
-        return {
-            "model": name, "input": picture_url(first.pixels(batch)[0]),
-            "top": top_classes(first.logits[0], entry.class_names) if entry.has_classes else [],
-            "target": explained_target, "target_index": index,
-            "results": results, "seconds": time.perf_counter() - started,
-        }
+            picture = explanation.parts["image"].pixels(batch)[0]  # the input as the model saw it
+            results.append(answered(explanation, seconds, image_view(explanation.heatmap()[0], explanation.signed, picture)))
+        return {"model": name, "input": picture_url(picture), "results": results, "seconds": time.perf_counter() - started}
 
     return job
 
@@ -217,19 +205,13 @@ def check_text(request: TextRequest, catalog: Catalog, limits: Limits) -> Job:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             batch = encode(entry.tokenizer, [request.text], model=entry.model)
-        results, first = [], None
+        results = []
         for method in methods:
             deadline.check()
             explanation, seconds = explained(entry.model, batch, method, target=request.target)
-            first = first or explanation
-            pairs = explanation.token_scores(0)
-            results.append({"method": method, "signed": explanation.signed, "summary": registry()[method].summary,
-                            "html": explanation.to_html(), "tokens": [t for t, _ in pairs], "scores": [s for _, s in pairs],
-                            "words": explanation.words(0), "seconds": seconds})
-        index = int(first.target[0])
-        return {"model": entry.name, "top": top_classes(first.logits[0], entry.class_names),
-                "target": entry.class_names[index], "target_index": index,
-                "warnings": [str(w.message) for w in caught], "results": results, "seconds": time.perf_counter() - started}
+            results.append(answered(explanation, seconds, {"html": explanation.to_html()}))
+        return {"model": entry.name, "warnings": [str(w.message) for w in caught], "results": results,
+                "seconds": time.perf_counter() - started}
 
     return job
 
@@ -258,24 +240,16 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
             raise RequestError(400, str(error)) from error
         images = entry.prepare([_picture(upload, None, limits, "image")])
         batch = ImageTextBatch.grid(images, encoded, tokens=bundle.token_strings(encoded["input_ids"]))  # cut at each end
-        results, first = [], None
+        results, picture = [], None
         for method in methods:
             deadline.check()
             explanation, seconds = explained(bundle.model, batch, method)
-            first = first or explanation
-            image, text = explanation.parts["image"], explanation.parts["text"]
-            heatmaps = explanation.heatmap()
-            picture = image.pixels(images)[0]
-            pairs = []
-            for p, caption in enumerate(request.captions):
-                scored = text.token_scores(p)
-                pairs.append({"caption": caption, "logit": float(explanation.logits[p, 0]), "html": text.html_line(p),
-                              "tokens": [t for t, _ in scored], "text_scores": [s for _, s in scored],
-                              **image_map(image.scores[p], heatmaps[p], explanation.signed, picture)})
-            results.append({"method": method, "signed": explanation.signed, "summary": registry()[method].summary,
-                            "legend": text.legend(), "pairs": pairs, "seconds": seconds})
-        return {"model": entry.name, "input": picture_url(first.parts["image"].pixels(images)[0]),
-                "results": results, "seconds": time.perf_counter() - started}
+            picture = explanation.parts["image"].pixels(images)[0]
+            text, heatmaps = explanation.parts["text"], explanation.heatmap()
+            pairs = [{"html": text.html_line(p), **image_view(heatmaps[p], explanation.signed, picture)}
+                     for p in range(len(request.captions))]
+            results.append(answered(explanation, seconds, {"legend": text.legend(), "pairs": pairs}))
+        return {"model": entry.name, "input": picture_url(picture), "results": results, "seconds": time.perf_counter() - started}
 
     return job
 
@@ -319,7 +293,7 @@ def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limit
 
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..generation import explain_generation
-        from ..generation_page import generation_data
+        from ..generation_page import palette
 
         started = time.perf_counter()
         deadline.check()
@@ -330,7 +304,7 @@ def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limit
             raise RequestError(400, str(error)) from error
         except Cancelled:  # between two tokens or backward rounds: time up or the client gone
             raise TimeUp from None
-        return {"model": entry.name, "text": result.text, "generated_ids": result.generated_ids.tolist(),
-                **generation_data(result.to_json()), "seconds": time.perf_counter() - started}
+        seconds = time.perf_counter() - started
+        return {"model": entry.name, "results": [answered(result, seconds, {"palette": palette(result.signed)})], "seconds": seconds}
 
     return job

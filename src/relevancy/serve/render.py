@@ -1,5 +1,5 @@
-"""Maps as the page shows them and as a script downloads them: overlay and map PNGs (data URLs), the raw
-numbers (a list and a base64 `.npy` file) and a colour bar the page draws (colormap stops and limits)."""
+"""How the page draws a result beside its `to_json()`: overlay and map PNGs (data URLs) and a colour bar (colormap
+stops and limits). The numbers themselves are the result's `to_json()`, never restated here."""
 from __future__ import annotations
 
 import base64
@@ -22,13 +22,6 @@ def data_url(pixels: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def npy_base64(scores: torch.Tensor) -> str:
-    """The raw scores as a `.npy` file (float32), base64-encoded."""
-    buffer = io.BytesIO()
-    np.save(buffer, scores.detach().float().cpu().numpy())
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
 def picture_url(picture: torch.Tensor) -> str:
     """The input as the model saw it (`(H, W, 3)` in [0, 1]) as a PNG data URL."""
     return data_url((picture.float().numpy() * 255).round().astype(np.uint8))
@@ -45,9 +38,9 @@ def colour_bar(signed: bool, low: float, high: float) -> dict[str, Any]:
     return {"colormap": viz.colormap_name(signed), "low": low, "high": high, "stops": stops, "legend": legend}
 
 
-def image_map(scores: torch.Tensor, heatmap: torch.Tensor, signed: bool, picture: torch.Tensor) -> dict[str, Any]:
-    """One map of one image: `scores` the raw grid `(h, w)` (or pixels for `lrp`), `heatmap` the map upsampled to
-    the picture `(H, W)`, `picture` `(H, W, 3)` in [0, 1]."""
+def image_view(heatmap: torch.Tensor, signed: bool, picture: torch.Tensor) -> dict[str, Any]:
+    """How the page draws one map of one image: `heatmap` the map upsampled to the picture `(H, W)`, `picture`
+    `(H, W, 3)` in [0, 1]."""
     from matplotlib import colormaps
 
     heatmap = heatmap.detach().float().cpu()
@@ -57,9 +50,6 @@ def image_map(scores: torch.Tensor, heatmap: torch.Tensor, signed: bool, picture
     return {
         "overlay": data_url(viz.overlay_pixels(heatmap, signed, picture)),
         "map_png": data_url((colours * 255).round().astype(np.uint8)),
-        "scores": scores.detach().float().cpu().tolist(),
-        "npy": npy_base64(scores),
-        "shape": list(scores.shape),
         "colour_bar": None if empty else colour_bar(signed, low, high),
         "note": viz.ALL_ZERO_NOTE if empty else None,
     }

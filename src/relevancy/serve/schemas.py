@@ -2,7 +2,7 @@
 on its OpenAPI page, /docs)."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
@@ -76,97 +76,82 @@ class ColourBar(BaseModel):
     legend: str
 
 
-class ImageMap(BaseModel):
-    """One map of one image."""
+class ImageView(BaseModel):
+    """How the page draws one map of one image."""
 
     overlay: str = Field(description="the map over a grey copy of the model's input (PNG data URL)")
     map_png: str = Field(description="the map alone, coloured as in the overlay, at the input's size (PNG data URL)")
-    scores: list[list[Optional[float]]] = Field(description="the raw scores (patch grid, or pixels for lrp)")
-    npy: str = Field(description="the raw scores as a .npy file (float32), base64")
-    shape: list[int]
     colour_bar: Optional[ColourBar] = Field(None, description="absent when the map is all zero")
     note: Optional[str] = None
 
 
-class ClassScore(BaseModel):
-    index: int
-    name: str
-    probability: float
+#: every result of the API: the explanation exactly as the library's `to_json()` gives it
+EXPLANATION = Field(description="the result's to_json(): the schema relevancy.explanation/1 (docs/api.md): kind, method, "
+                                "signed, target, logits, scores by part, tokens, ...; NaN written as null")
 
 
-class ImageResult(ImageMap):
-    method: str
-    signed: bool
-    summary: str
+class Answer(BaseModel):
+    summary: str = Field(description="what the method computes")
     seconds: float
+    explanation: dict[str, Any] = EXPLANATION
+
+
+class ImageResult(Answer):
+    view: ImageView
 
 
 class ImageResponse(BaseModel):
     model: str
     input: str = Field(description="the image as the model saw it (after resizing and cropping; PNG data URL)")
-    top: list[ClassScore] = Field(description="the classes with the highest probabilities (none for a model without classes)")
-    target: str = Field(description="what was explained: a class name, or 'concept (N examples)'")
-    target_index: Optional[int] = Field(None, description="the explained class (absent for a concept)")
-    results: list[ImageResult]
+    results: list[ImageResult] = Field(description="one per method, in the order asked")
     seconds: float
 
 
-class TextResult(BaseModel):
-    method: str
-    signed: bool
-    summary: str
+class TextView(BaseModel):
     html: str = Field(description="the coloured words (the HTML export's rendering; scores in the tooltips)")
-    tokens: list[str]
-    scores: list[Optional[float]]
-    words: list[tuple[str, Optional[float]]] = Field(description="word pieces merged, special tokens left out")
-    seconds: float
+
+
+class TextResult(Answer):
+    view: TextView
 
 
 class TextResponse(BaseModel):
     model: str
-    top: list[ClassScore]
-    target: str
-    target_index: int
     warnings: list[str]
-    results: list[TextResult]
+    results: list[TextResult] = Field(description="one per method, in the order asked")
     seconds: float
 
 
-class PairMap(ImageMap):
-    caption: str
-    logit: float
+class PairView(ImageView):
     html: str = Field(description="the caption's coloured words (scores in the tooltips)")
-    tokens: list[str]
-    text_scores: list[Optional[float]]
 
 
-class PairResult(BaseModel):
-    method: str
-    signed: bool
-    summary: str
-    legend: str = Field(description="how the caption's colours read")
-    pairs: list[PairMap]
-    seconds: float
+class PairsView(BaseModel):
+    legend: str = Field(description="how the captions' colours read")
+    pairs: list[PairView] = Field(description="one per caption, in the order given")
+
+
+class PairResult(Answer):
+    view: PairsView
 
 
 class PairResponse(BaseModel):
     model: str
     input: str
-    results: list[PairResult]
+    results: list[PairResult] = Field(description="one per method, in the order asked")
     seconds: float
+
+
+class GenerationView(BaseModel):
+    palette: list[list[str]] = Field(description="[background, text colour] from -1 to 1 (signed) or 0 to 1 of each row's maximum")
+
+
+class GenerationResult(Answer):
+    view: GenerationView
 
 
 class GenerationResponse(BaseModel):
     model: str
-    method: str
-    signed: bool
-    text: str = Field(description="the generated text (or the continuation)")
-    tokens: list[str] = Field(description="the prompt's and the generated tokens, each decoded alone")
-    prompt_length: int
-    generated_ids: list[int]
-    rows: list[list[Optional[float]]] = Field(description="per generated token g, the relevance of the prompt_length + g "
-                                                          "tokens before it for its logit (4 significant digits)")
-    logits: list[Optional[float]] = Field(description="each generated token's explained logit")
-    relevance_total: Optional[list[Optional[float]]] = Field(description="LRP methods: the share of each logit reaching the tokens")
-    palette: list[list[str]] = Field(description="[background, text colour] from -1 to 1 (signed) or 0 to 1 of each row's maximum")
+    results: list[GenerationResult] = Field(description="the one method's: a GenerationExplanation (text, tokens, "
+                                                        "prompt_length, generated_ids, a row per generated token)")
     seconds: float

@@ -1,8 +1,10 @@
-// relevancy serve: the page's behaviour. It talks to the JSON API under it (/api/...) and nothing else.
+// relevancy serve: the page's behaviour. It talks to the JSON API under it (/api/...) and nothing else. Each
+// method's answer holds the result's to_json() (`explanation`, docs/api.md) and how to draw it (`view`).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const DEFAULT_METHOD = "generic_attention";
+const TOP_CLASSES = 5;
 let info = null;
 let objectUrls = [];  // download links made for the current results, freed when new results replace them
 
@@ -140,27 +142,47 @@ function blobUrl(parts, type) {
   return url;
 }
 
-function npyBytes(base64) {
-  const raw = atob(base64);
-  const bytes = new Uint8Array(raw.length);
-  for (let k = 0; k < raw.length; k += 1) bytes[k] = raw.charCodeAt(k);
-  return bytes;
+function npyParts(scores) {
+  // one map's raw scores (nested arrays, null for NaN) as the parts of a float32 .npy file
+  const shape = [];
+  for (let level = scores; Array.isArray(level); level = level[0]) shape.push(level.length);
+  const values = Float32Array.from(scores.flat(Infinity), (value) => (value === null ? NaN : value));
+  let header = `{'descr': '<f4', 'fortran_order': False, 'shape': (${shape.join(", ")}${shape.length === 1 ? "," : ""}), }`;
+  header += " ".repeat((64 - ((10 + header.length + 1) % 64)) % 64) + "\n";  // the data starts 64-byte aligned
+  const start = new Uint8Array([0x93, 78, 85, 77, 80, 89, 1, 0, header.length & 255, header.length >> 8]);
+  return [start, new TextEncoder().encode(header), new Uint8Array(values.buffer)];
 }
 
-function mapCard(title, map, stem, extra = []) {
+function mapCard(title, view, stem, scores, explanation, extra = []) {
+  // one map: `view` how the server drew it, `scores` its raw scores, `explanation` the whole to_json() it is from
   const card = element("article", {className: "card"});
   card.append(element("h3", {text: title}));
-  card.append(element("img", {className: "overlay", src: map.overlay, alt: `${title}: map over the image`}));
-  card.append(map.colour_bar ? colourBar(map.colour_bar) : element("p", {className: "note", text: map.note}));
+  card.append(element("img", {className: "overlay", src: view.overlay, alt: `${title}: map over the image`}));
+  card.append(view.colour_bar ? colourBar(view.colour_bar) : element("p", {className: "note", text: view.note}));
   for (const node of extra) card.append(node);
-  const numbers = JSON.stringify({shape: map.shape, scores: map.scores});
   card.append(element("p", {className: "downloads"}, [
     "Raw map: ",
-    download("PNG", map.map_png, `${stem}.png`), " · ",
-    download("JSON", blobUrl([numbers], "application/json"), `${stem}.json`), " · ",
-    download(".npy", blobUrl([npyBytes(map.npy)], "application/octet-stream"), `${stem}.npy`),
+    download("PNG", view.map_png, `${stem}.png`), " · ",
+    download("JSON", blobUrl([JSON.stringify(explanation)], "application/json"), `${stem}.json`), " · ",
+    download(".npy", blobUrl(npyParts(scores), "application/octet-stream"), `${stem}.npy`),
   ]));
   return card;
+}
+
+function topClasses(logits, names) {
+  // the classes of one row's logits with the highest probabilities (softmax), best first
+  const most = Math.max(...logits);
+  const weights = logits.map((value) => Math.exp(value - most));
+  const total = weights.reduce((sum, value) => sum + value, 0);
+  return weights.map((weight, index) => ({index, name: names[index], probability: weight / total}))
+    .sort((a, b) => b.probability - a.probability).slice(0, TOP_CLASSES);
+}
+
+function heading(answer) {
+  // a result's heading: its method (wrapping at underscores), "signed" where it is, the summary on hover
+  const node = element("h3", {title: answer.summary}, [methodName(answer.explanation.method)]);
+  if (answer.explanation.signed) node.append(element("span", {className: "tag", text: "signed"}));
+  return node;
 }
 
 function freeDownloads() {
@@ -175,7 +197,7 @@ async function run(tab, path, body, render) {
   try {
     const data = await post(path, body);
     freeDownloads();
-    render(data);
+    render(data, body);
   } catch (error) {
     status(tab, error.message, "error");
   } finally {
@@ -231,14 +253,25 @@ function explainImage() {
   run("image", "/api/explain", body, renderImage);
 }
 
-function renderImage(data) {
+function explainedTarget(model, body, explanation) {
+  // what the image tab explained: a class, a feature, a concept, or nothing in particular (target-free methods)
+  const index = explanation.target[0];
+  if (body.concept) return `concept (${body.concept.length} example${body.concept.length === 1 ? "" : "s"})`;
+  if (!model.has_classes && body.target === undefined) return "nothing in particular (these methods use no target)";
+  return model.has_classes ? model.classes[index] : `feature ${index}`;
+}
+
+function renderImage(data, body) {
   const model = info.image_models.find((entry) => entry.name === data.model);
-  $("image-top").hidden = !data.top.length;
+  const first = data.results[0].explanation;
+  const top = model.has_classes ? topClasses(first.logits[0], model.classes) : [];
+  const target = explainedTarget(model, body, first);
+  $("image-top").hidden = !top.length;
   const chips = $("image-classes");
   chips.replaceChildren();
-  for (const entry of data.top) {
+  for (const entry of top) {
     const chip = element("button", {type: "button", className: "chip", text: `${entry.name} ${(entry.probability * 100).toFixed(1)} %`});
-    chip.classList.toggle("active", entry.index === data.target_index);
+    chip.classList.toggle("active", !body.concept && entry.index === first.target[0]);
     chip.addEventListener("click", () => {
       imageState.target = entry.index;
       document.querySelector("input[name=image-target][value=class]").checked = true;
@@ -253,16 +286,15 @@ function renderImage(data) {
     element("img", {className: "overlay", src: data.input, alt: "the image as the model sees it"}),
     element("p", {className: "hint", text: `as ${model.name} sees it: ${model.input_size.join(" x ")} px`}),
   ]));
-  for (const result of data.results) {
-    const stem = `${result.method}_${data.target.replace(/[^A-Za-z0-9-]+/g, "_")}`;
-    const card = mapCard(result.method, result, stem, [element("p", {className: "time", text: seconds(result.seconds)})]);
-    const heading = card.querySelector("h3");
-    heading.replaceChildren(methodName(result.method));
-    if (result.signed) heading.append(element("span", {className: "tag", text: "signed"}));
-    heading.title = result.summary;
+  for (const answer of data.results) {
+    const explanation = answer.explanation;
+    const stem = `${explanation.method}_${target.replace(/[^A-Za-z0-9-]+/g, "_")}`;
+    const card = mapCard(explanation.method, answer.view, stem, explanation.scores.image[0], explanation,
+                         [element("p", {className: "time", text: seconds(answer.seconds)})]);
+    card.querySelector("h3").replaceWith(heading(answer));
     cards.append(card);
   }
-  status("image", `Explained ${data.target} with ${data.results.length} method${data.results.length > 1 ? "s" : ""} in ${seconds(data.seconds)}.`, "done");
+  status("image", `Explained ${target} with ${data.results.length} method${data.results.length > 1 ? "s" : ""} in ${seconds(data.seconds)}.`, "done");
 }
 
 function setUpImage() {
@@ -306,18 +338,21 @@ function textChips() {
 
 function renderText(data) {
   const results = $("text-results");
-  const probabilities = data.top.map((entry) => `${entry.name} ${(entry.probability * 100).toFixed(1)} %`).join(", ");
-  results.replaceChildren(element("p", {className: "summary", text: `The model says: ${probabilities}. Explained: ${data.target}.`}));
+  const first = data.results[0].explanation;
+  const classes = info.text_model.classes;
+  const probabilities = topClasses(first.logits[0], classes).map((entry) => `${entry.name} ${(entry.probability * 100).toFixed(1)} %`).join(", ");
+  const target = classes[first.target[0]];
+  results.replaceChildren(element("p", {className: "summary", text: `The model says: ${probabilities}. Explained: ${target}.`}));
   for (const warning of data.warnings) results.append(element("p", {className: "note", text: warning}));
-  for (const result of data.results) {
+  for (const answer of data.results) {
     const block = element("article", {className: "text-result"});
     const words = element("div", {className: "words"});
-    words.innerHTML = result.html;  // the HTML export's rendering (its caption names the method); escaped by the server
-    const about = element("p", {className: "time", text: `${result.method}: ${result.summary} · ${seconds(result.seconds)}`});
+    words.innerHTML = answer.view.html;  // the HTML export's rendering (its caption names the method); escaped by the server
+    const about = element("p", {className: "time", text: `${answer.explanation.method}: ${answer.summary} · ${seconds(answer.seconds)}`});
     block.append(words, about);
     results.append(block);
   }
-  status("text", `Explained ${data.target} with ${data.results.length} method${data.results.length > 1 ? "s" : ""} in ${seconds(data.seconds)}. Hover a word for its score.`, "done");
+  status("text", `Explained ${target} with ${data.results.length} method${data.results.length > 1 ? "s" : ""} in ${seconds(data.seconds)}. Hover a word for its score.`, "done");
 }
 
 function setUpText() {
@@ -345,23 +380,26 @@ function setUpText() {
 // -- image-text tab -----------------------------------------------------------------------------------------
 const pairState = {image: null};
 
-function renderPairs(data) {
+function renderPairs(data, body) {
   const results = $("pairs-results");
   results.replaceChildren();
-  for (const result of data.results) {
-    const heading = element("h2", {title: result.summary}, [methodName(result.method)]);
-    if (result.signed) heading.append(element("span", {className: "tag", text: "signed"}));
-    heading.append(element("span", {className: "time", text: seconds(result.seconds)}));
+  for (const answer of data.results) {
+    const explanation = answer.explanation;
+    const title = element("h2", {title: answer.summary}, [methodName(explanation.method)]);
+    if (explanation.signed) title.append(element("span", {className: "tag", text: "signed"}));
+    title.append(element("span", {className: "time", text: seconds(answer.seconds)}));
     const cards = element("div", {className: "cards"});
-    result.pairs.forEach((pair, k) => {
+    answer.view.pairs.forEach((view, k) => {
       const words = element("p", {className: "words"});
-      words.innerHTML = pair.html;  // escaped by the server
-      const caption = element("div", {className: "caption"}, [words, element("p", {className: "hint", text: `logit ${pair.logit.toFixed(2)} · words: ${result.legend}`})]);
-      cards.append(mapCard(`“${pair.caption}”`, pair, `${result.method}_caption${k + 1}`, [caption]));
+      words.innerHTML = view.html;  // escaped by the server
+      const logit = explanation.logits[k][0];
+      const caption = element("div", {className: "caption"}, [words, element("p", {className: "hint", text: `logit ${logit === null ? "n/a" : logit.toFixed(2)} · words: ${answer.view.legend}`})]);
+      cards.append(mapCard(`“${body.captions[k]}”`, view, `${explanation.method}_caption${k + 1}`, explanation.scores.image[k], explanation, [caption]));
     });
-    results.append(heading, cards);
+    results.append(title, cards);
   }
-  status("pairs", `Explained ${data.results[0].pairs.length} pair${data.results[0].pairs.length > 1 ? "s" : ""} with ${data.results.length} method${data.results.length > 1 ? "s" : ""} in ${seconds(data.seconds)}.`, "done");
+  const pairs = data.results[0].view.pairs.length;
+  status("pairs", `Explained ${pairs} pair${pairs > 1 ? "s" : ""} with ${data.results.length} method${data.results.length > 1 ? "s" : ""} in ${seconds(data.seconds)}.`, "done");
 }
 
 function setUpPairs() {
@@ -386,8 +424,11 @@ function setUpPairs() {
 
 // -- text-generation tab ------------------------------------------------------------------------------------
 function renderGeneration(data) {
-  relevancyGeneration($("generation-results"), data);  // generation.js: the saved pages' drawing, shared
-  status("generation", `${data.method}: ${data.generated_ids.length} token${data.generated_ids.length > 1 ? "s" : ""} explained in ${seconds(data.seconds)}. ` +
+  const answer = data.results[0];
+  const explanation = answer.explanation;
+  relevancyGeneration($("generation-results"), explanation, answer.view.palette);  // generation.js: the saved pages' drawing, shared
+  const count = explanation.generated_ids.length;
+  status("generation", `${explanation.method}: ${count} token${count > 1 ? "s" : ""} explained in ${seconds(data.seconds)}. ` +
          "Choose a generated token (dashed) to see what it read; hover a token for its relevance.", "done");
 }
 

@@ -1,8 +1,11 @@
-/* Draws a generation explained by relevancy (GenerationExplanation): the prompt, then the generated tokens as
-   buttons; choosing one colours every token before it by its relevance for that token (its row). Plain script,
-   no library, no network: used by saved pages and by the web page's text-generation tab. */
-function relevancyGeneration(box, data) {
-  var steps = data.signed ? (data.palette.length - 1) / 2 : data.palette.length - 1;
+/* Draws a generation explained by relevancy: `data` is its GenerationExplanation.to_json() (the schema
+   relevancy.explanation/1), `palette` the [background, text colour] steps of the text views. The prompt, then the
+   generated tokens as buttons; choosing one colours every token before it by its relevance for that token (its
+   row). Plain script, no library, no network: used by saved pages and by the web page's text-generation tab. */
+function relevancyGeneration(box, data, palette) {
+  var steps = data.signed ? (palette.length - 1) / 2 : palette.length - 1;
+  var shown = function (value) { return value === null ? 'n/a' : Number(value.toPrecision(4)); };
+  var rows = data.scores.text.map(function (row, g) { return row.slice(0, data.prompt_length + g); });
   box.textContent = '';
   var caption = document.createElement('div');
   caption.className = 'generation-caption';
@@ -30,7 +33,7 @@ function relevancyGeneration(box, data) {
   var low = document.createElement('span');
   var bar = document.createElement('span');
   bar.style.cssText = 'display:inline-block;width:160px;height:10px;border:1px solid #ccc';
-  bar.style.background = 'linear-gradient(to right, ' + data.palette.map(function (pair) { return pair[0]; }).join(', ') + ')';
+  bar.style.background = 'linear-gradient(to right, ' + palette.map(function (pair) { return pair[0]; }).join(', ') + ')';
   var high = document.createElement('span');
   scale.appendChild(low);
   scale.appendChild(bar);
@@ -38,17 +41,17 @@ function relevancyGeneration(box, data) {
   function colour(value, bound) {
     var share = bound > 0 ? value / bound : 0;
     var index = data.signed ? Math.round(steps + steps * share) : Math.round(steps * Math.max(share, 0));
-    return data.palette[Math.min(Math.max(index, 0), data.palette.length - 1)];
+    return palette[Math.min(Math.max(index, 0), palette.length - 1)];
   }
   function choose(g) {
-    var row = data.rows[g];
+    var row = rows[g];
     var bound = row.reduce(function (most, v) { return Math.max(most, Math.abs(v)); }, 0);
     spans.forEach(function (span, k) {
       var pair = k < row.length ? colour(row[k], bound) : null;
       span.style.background = pair ? pair[0] : 'none';
       span.style.color = pair ? pair[1] : '';
       span.style.outline = k === data.prompt_length + g ? '2px solid #000' : '';
-      if (k < row.length) { span.title = 'relevance ' + row[k]; span.dataset.relevance = row[k]; }
+      if (k < row.length) { span.title = 'relevance ' + shown(row[k]); span.dataset.relevance = shown(row[k]); }
       else {
         delete span.dataset.relevance;
         if (k >= data.prompt_length) { span.title = 'show what this token read'; } else { span.removeAttribute('title'); }
@@ -56,14 +59,14 @@ function relevancyGeneration(box, data) {
     });
     low.textContent = data.signed ? (-bound).toPrecision(3) : '0';
     high.textContent = bound.toPrecision(3);
-    var total = data.relevance_total ? '; relevance total ' + data.relevance_total[g] : '';
+    var total = data.relevance_total ? '; relevance total ' + shown(data.relevance_total[g]) : '';
     caption.textContent = data.method + ': why ' + JSON.stringify(data.tokens[data.prompt_length + g]) +
-      ' (logit ' + data.logits[g] + total + ')' + (data.signed ? ' - red: for, blue: against' : '') +
+      ' (logit ' + shown(data.logits[g][0]) + total + ')' + (data.signed ? ' - red: for, blue: against' : '') +
       '; choose another generated token (dashed) to see what it read';
     box.dataset.chosen = g;
   }
   box.appendChild(caption);
   box.appendChild(text);
   box.appendChild(scale);
-  if (data.rows.length) { choose(0); }
+  if (rows.length) { choose(0); }
 }
