@@ -76,4 +76,4 @@ def test_evaluate_has_one_row_per_benchmark():
     assert list(TABLE) == list(BENCHMARKS)
     assert all(row.model in SHIPPED for row in TABLE.values())
     assert TABLE["shapes-clip"].shipped("shapes") and TABLE["shapes-clip"].shipped("shapes-clip")
-    assert not TABLE["coco-detr"].shipped("folder") and TABLE["eraser"].default_model == SHIPPED["text"].name
+    assert not TABLE["coco-detr"].shipped("folder") and TABLE["eraser"].shipped(SHIPPED["text"].name) and TABLE["eraser"].shipped("shapes")

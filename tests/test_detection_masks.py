@@ -115,9 +115,9 @@ def test_explain_detections_command_writes_a_panel_per_object(case, tmp_path, ca
     coco_folder(case, tmp_path)
     assert main(["explain-detections", str(tmp_path / "0.png"), "--model", str(tmp_path / "detr"),
                  "--threshold", "0.0", "--out", str(tmp_path / "out"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    objects = report[0]["objects"]
-    assert objects and all(len(o["box_xyxy"]) == 4 and o["scores"] for o in objects)
+    (result,) = json.loads(capsys.readouterr().out)  # the image's DetectionExplanation.to_json()
+    assert result["kind"] == "DetectionExplanation" and result["query"] and len(result["boxes"]) == len(result["query"])
+    assert all(len(box) == 4 for box in result["boxes"]) and len(result["scores"]["image"]) == len(result["query"])
     assert (tmp_path / "out" / "0_detections.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["explain-detections", str(tmp_path / "0.png"), "--model", str(tmp_path / "detr"), "--method", "nope",
                  "--out", str(tmp_path / "out2")]) == 2

@@ -21,13 +21,14 @@ SCHEMA = "relevancy.explanation/1"
 _MISSING = object()
 #: the parts of a result that are dataclasses of their own: `to_json` writes them with their name, `load` makes them again
 NESTED = {kind.__name__: kind for kind in (SpanRelevance, LatentRelevance)}
-#: the keys every `to_json()` has, whatever the kind (the kind's own fields follow them)
-COMMON_KEYS = ("schema", "kind", "method", "signed", "target", "logits", "scores", "tokens", "relevance_total", "tensors")
 #: what `save` writes by the path's suffix: every kind writes .json and .npz, kinds with an image part .png, kinds
 #: with a text part an HTML page
 DATA_SUFFIXES = (".json", ".npz")
 PICTURE_SUFFIXES = (".png",)
 PAGE_SUFFIXES = (".html", ".htm")
+#: the tensor dtypes numpy holds as they are (`save(".npz")` writes others as float32)
+NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
+                torch.uint8, torch.bool)
 
 
 def named_scores(target: torch.Tensor, logits: torch.Tensor, class_names: Sequence[str] | None, kind: str) -> list[str]:
@@ -149,11 +150,6 @@ class Explanation:
     def page_body(self, by_word: bool, special: bool) -> str:
         """Kinds with a text part: the body of the HTML page `save` writes (`to_html`)."""
         return self.to_html(by_word, special)
-
-
-#: the tensor dtypes numpy holds as they are (`save(".npz")` writes others as float32)
-NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64,
-                torch.uint8, torch.bool)
 
 
 def _plain(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:

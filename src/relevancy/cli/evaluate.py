@@ -150,11 +150,13 @@ def _check_image_data(args: argparse.Namespace, n: int | None) -> None:
 
 
 def _check_eraser(args: argparse.Namespace, n: int | None) -> None:
+    """eraser: an ERASER folder with the split's annotations."""
     if args.data is None or not (Path(args.data) / f"{args.split}.jsonl").is_file():
         raise UsageError(f"--benchmark eraser needs --data: an ERASER folder with docs/ (or docs.jsonl) and {args.split}.jsonl")
 
 
 def _check_coco_detr(args: argparse.Namespace, n: int | None) -> None:
+    """coco-detr: a COCO instances file and a local DETR folder (the shipped shapes detector knows no COCO class)."""
     if args.data is None or not Path(args.data).is_file():
         raise UsageError("--benchmark coco-detr needs --data: a COCO instances annotation file (JSON); the images "
                          "are read from the folder given by --images (default: the annotation file's folder)")
@@ -576,11 +578,13 @@ class Benchmark:
     model: str
     default_n: int | None = None
     methods: Callable[[str], tuple[str, ...]] = parse_methods
-    #: the name of the shipped model where the catalogue's differs (the shapes benchmarks call theirs 'shapes')
+    #: the name `evaluate` gives the shipped model where the catalogue's differs ('shapes', the default of every benchmark
+    #: but llm-retrieval's)
     shipped_name: str | None = None
 
     @property
     def default_model(self) -> str:
+        """`--model` when not given."""
         return self.shipped_name or SHIPPED[self.model].name
 
     def shipped(self, model: str | None) -> bool:
@@ -598,7 +602,7 @@ TABLE = {
     "shapes": Benchmark(_check_scenes, evaluate_scenes, "image", 500),
     "imagenet": Benchmark(_check_image_data, evaluate_images, "image"),
     "imagenet-seg": Benchmark(_check_image_data, evaluate_images, "image"),
-    "eraser": Benchmark(_check_eraser, evaluate_rationales, "text"),
+    "eraser": Benchmark(_check_eraser, evaluate_rationales, "text", shipped_name="shapes"),
     "shapes-clip": Benchmark(_check_scenes, evaluate_shapes_clip, "pairs", 200, shipped_name="shapes"),
     "coco-detr": Benchmark(_check_coco_detr, evaluate_coco_detr, "detector"),
     "shapes-detection": Benchmark(_check_shapes_detection, evaluate_shapes_detection, "detector", 200),
