@@ -348,7 +348,7 @@ def test_a_prompt_at_the_token_limit_is_answered(client):
 def test_the_endpoint_answers_whole_characters(client):
     response = client.post("/api/explain-generation", json={"prompt": "🎉 the cat", "max_new_tokens": 2, "method": "cp_lrp"})
     assert response.status_code == 200, response.text
-    tokens = response.json()["tokens"]
+    tokens = response.json()["results"][0]["explanation"]["tokens"]
     assert "🎉" in tokens and not any("\ufffd" in token for token in tokens[:4])  # the prompt's tokens: whole characters
 
 

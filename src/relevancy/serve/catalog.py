@@ -14,9 +14,10 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ..apps.catalogue import SHIPPED
+
 #: the image model `relevancy.models.dinov2_small()` gives, when this relevancy has it and its extra is installed
 PHOTO = "photo"
-SHAPES = "shapes"
 NONE = "none"
 
 
@@ -101,7 +102,7 @@ def _image_model(name: str) -> ImageModel:
                           photo_preprocess, size, has_classes=False,
                           methods=tuple(m for m in adapter_for(model).methods if m != "token_ablation"))
     model = models.load_image_model(name)
-    title = "shapes ViT (shipped, 64 px)" if name == SHAPES else name
+    title = SHIPPED["image"].title if SHIPPED["image"].means(name) else name
     count = model.num_classes if hasattr(model, "num_classes") else None
     names = adapter_for(model).class_names() or [f"class {k}" for k in range(count or 0)]
 
@@ -122,7 +123,7 @@ def load_catalog(image_names: Sequence[str] | None = None, text: str | None = No
 
     notes: list[str] = []
     images: dict[str, ImageModel] = {}
-    for name in image_names or [SHAPES, PHOTO]:
+    for name in image_names or [SHIPPED["image"].name, PHOTO]:
         if name in images:
             continue
         try:
@@ -152,7 +153,8 @@ def _text_model(name: str | None, notes: list[str]) -> TextModel | None:
         return None
     labels = getattr(model.config, "id2label", None) or {}
     names = [str(labels.get(k, f"class {k}")) for k in range(model.config.num_labels)]
-    return TextModel(name or "sentiment", "drug-review sentiment (shipped)" if name is None else name, model, tokenizer, names)
+    shipped = SHIPPED["text"]
+    return TextModel(name or shipped.name, shipped.title if name is None else name, model, tokenizer, names)
 
 
 def _pair_model(name: str | None, notes: list[str]) -> PairModel | None:
@@ -162,14 +164,14 @@ def _pair_model(name: str | None, notes: list[str]) -> PairModel | None:
     if name == NONE:
         return None
     try:
-        bundle = models.load_clip_model(name or models.SHIPPED_CLIP)
+        bundle = models.load_clip_model(name or SHIPPED["pairs"].name)
     except (MissingExtraError, ImportError) as error:
         if name is not None:
             raise
         notes.append(f"image-text tab not offered: {' '.join(str(error).split())}")
         return None
-    title = "shapes CLIP (shipped; its words: colours, sizes, positions, the 12 shapes)" if name in (None, models.SHIPPED_CLIP) else name
-    return PairModel(name or models.SHIPPED_CLIP, title, bundle)
+    shipped = SHIPPED["pairs"]
+    return PairModel(name or shipped.name, shipped.title if shipped.means(name) else name, bundle)
 
 
 def _language_model(name: str | None, notes: list[str]) -> LanguageModel | None:
@@ -179,12 +181,11 @@ def _language_model(name: str | None, notes: list[str]) -> LanguageModel | None:
     if name == NONE:
         return None
     try:
-        model, tokenizer = models.load_language_model(name or models.SHIPPED_LANGUAGE_MODEL)
+        model, tokenizer = models.load_language_model(name or SHIPPED["language"].name)
     except (MissingExtraError, ImportError) as error:
         if name is not None:
             raise
         notes.append(f"text-generation tab not offered: {' '.join(str(error).split())}")
         return None
-    shipped = name in (None, models.SHIPPED_LANGUAGE_MODEL)
-    return LanguageModel(name or models.SHIPPED_LANGUAGE_MODEL, "SmolLM2-135M-Instruct (weights dequantised from 4 bits)" if shipped else name,
-                         model, tokenizer)
+    shipped = SHIPPED["language"]
+    return LanguageModel(name or shipped.name, shipped.title if shipped.means(name) else name, model, tokenizer)
