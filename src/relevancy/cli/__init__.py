@@ -23,6 +23,10 @@ from ..apps.common import GENERATION_METHOD_NAMES, MAX_NEW_TOKENS, METHOD_NAMES,
 from .common import DEFAULT_OUT, read_image
 from .images import run_demo, run_explain
 
+#: what `--json` prints, in every explaining command's help
+TO_JSON = "a list of the results' to_json() (the schema relevancy.explanation/1, docs/api.md; relevancy.load reads each back)"
+
+
 def _lazy(module: str, function: str) -> Callable[[argparse.Namespace], list[Path]]:
     """A handler imported when its command runs: its module may import torch and the model libraries."""
     def handler(args: argparse.Namespace) -> list[Path]:
@@ -54,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="transformer_attribution", help=f"{methods}, or 'all' (side by side)")
     p.add_argument("--target", default=None, help="class to explain: an index or a class name, e.g. 'star' (default: the predicted class)")
     p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT}; with --json, PNGs are written only when --out is given)")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: per image and method the target, "
-                                                       "its class name and logit, and the score grid (rows of columns)")
+    p.add_argument("--json", action="store_true", help=f"print the results as JSON on stdout: {TO_JSON}, one per method, "
+                                                       "each over every image (or image-text pair) in the order given")
     p.set_defaults(handler=run_explain)
 
     p = commands.add_parser("explain-text", help="explain texts with a BERT-family text classifier",
@@ -72,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None, help="truncate longer texts to this many tokens, [CLS] and [SEP] included (with a warning)")
     p.add_argument("--tokens", action="store_true", help="show word pieces instead of words")
     p.add_argument("--quiet", action="store_true", help="print nothing but --json's numbers")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: per text and method the target, "
-                                                       "its class name and logit, the tokens and their scores")
+    p.add_argument("--json", action="store_true", help=f"print the results as JSON on stdout: {TO_JSON}, one per method, "
+                                                       "each over every text")
     p.set_defaults(handler=_lazy("relevancy.cli.text", "run_explain_text"))
 
     p = commands.add_parser("explain-generation", help="explain every token a decoder language model generates",
@@ -92,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, metavar="TEXT", help="explain this continuation of the prompt instead of "
                                                                   f"generating (at most {MAX_NEW_TOKENS} tokens; mind the leading space)")
     p.add_argument("--out", default=None, help="write the HTML page here (e.g. generation.html)")
-    p.add_argument("--json", action="store_true", help="print the numbers as JSON on stdout: the tokens, the prompt length, the "
-                                                       "generated ids and text, the (G, T + G) scores and the relevance totals")
+    p.add_argument("--json", action="store_true", help=f"print the result as JSON on stdout: {TO_JSON} (the tokens, the prompt "
+                                                       "length, the generated ids and text, the (G, T + G) scores, the relevance totals)")
     p.set_defaults(handler=_lazy("relevancy.cli.generation", "run_explain_generation"))
 
     p = commands.add_parser("explain-detections", help="explain every object a DETR model detects in each image",
@@ -109,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-objects", type=int, default=10, help="explain at most this many objects per image, the most "
                                                                "probable (default 10, at most 30)")
     p.add_argument("--out", default=None, help=f"output folder for the PNGs (default {DEFAULT_OUT}; with --json, PNGs are written only when --out is given)")
-    p.add_argument("--json", action="store_true", help="print per image the objects, boxes and score grids as JSON")
+    p.add_argument("--json", action="store_true", help=f"print the results as JSON on stdout: {TO_JSON}, one per image with an "
+                                                       "object (its objects' maps, classes, logits and boxes)")
     p.set_defaults(handler=_lazy("relevancy.cli.detections", "run_explain_detections"))
 
     p = commands.add_parser("explain-question", help="explain the shapes LXMERT's answers to questions about generated scenes",
@@ -130,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="generic_attention", help=f"{methods}, or 'all' (every method that explains LXMERT; "
                                                                  "default generic_attention, the ICCV'21 method)")
     p.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT})")
-    p.add_argument("--json", action="store_true", help="print per question the answer and, per method, the region and token scores as JSON")
+    p.add_argument("--json", action="store_true", help=f"print the results as JSON on stdout: {TO_JSON}, one per method, "
+                                                       "each over every question")
     p.set_defaults(handler=_lazy("relevancy.cli.questions", "run_explain_question"))
 
     p = commands.add_parser("demo", help="explain generated scenes with the shipped model (offline) and write an HTML page")

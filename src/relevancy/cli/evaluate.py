@@ -114,11 +114,10 @@ def _check(args: argparse.Namespace) -> tuple[str, int | None]:
         raise UsageError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads:,}")
     if not 0 <= args.workers <= MAX_WORKERS:
         raise UsageError(f"--workers must be between 0 and {MAX_WORKERS}, got {args.workers:,}")
-    threshold = getattr(args, "threshold", None)
-    if threshold is not None and benchmark != "shapes-detection":
-        raise UsageError("--threshold is used only with --benchmark shapes-detection")
-    if getattr(args, "perturbation_n", None) is not None and benchmark != "shapes-vqa":
-        raise UsageError("--perturbation-n is used only with --benchmark shapes-vqa")
+    for name in OWN_OPTIONS:
+        if getattr(args, name, None) is not None and name not in row.options:
+            owner = next(key for key, other in TABLE.items() if name in other.options)
+            raise UsageError(f"--{name.replace('_', '-')} is used only with --benchmark {owner}")
     row.check(args, n)
     check_folder(args.out, OUTPUT_FILES)
     return benchmark, n
@@ -578,6 +577,8 @@ class Benchmark:
     model: str
     default_n: int | None = None
     methods: Callable[[str], tuple[str, ...]] = parse_methods
+    #: the options of OWN_OPTIONS it takes
+    options: tuple[str, ...] = ()
     #: the name `evaluate` gives the shipped model where the catalogue's differs ('shapes', the default of every benchmark
     #: but llm-retrieval's)
     shipped_name: str | None = None
@@ -597,6 +598,8 @@ def _shipped(args: argparse.Namespace) -> bool:
     return TABLE[args.benchmark].shipped(args.model)
 
 
+#: the options only some benchmarks take (argument names)
+OWN_OPTIONS = ("threshold", "perturbation_n")
 #: every benchmark of `relevancy.evaluation.data.BENCHMARKS`, one row each
 TABLE = {
     "shapes": Benchmark(_check_scenes, evaluate_scenes, "image", 500),
@@ -605,7 +608,7 @@ TABLE = {
     "eraser": Benchmark(_check_eraser, evaluate_rationales, "text", shipped_name="shapes"),
     "shapes-clip": Benchmark(_check_scenes, evaluate_shapes_clip, "pairs", 200, shipped_name="shapes"),
     "coco-detr": Benchmark(_check_coco_detr, evaluate_coco_detr, "detector"),
-    "shapes-detection": Benchmark(_check_shapes_detection, evaluate_shapes_detection, "detector", 200),
-    "shapes-vqa": Benchmark(_check_shapes_vqa, evaluate_shapes_vqa, "questions", 300),
+    "shapes-detection": Benchmark(_check_shapes_detection, evaluate_shapes_detection, "detector", 200, options=("threshold",)),
+    "shapes-vqa": Benchmark(_check_shapes_vqa, evaluate_shapes_vqa, "questions", 300, options=("perturbation_n",)),
     "llm-retrieval": Benchmark(_check_llm_retrieval, evaluate_llm_retrieval, "language", 30, parse_llm_methods),
 }
