@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from decoder_families import build, checksum  # noqa: E402
-from llm_lxt_reference import LENGTHS, batches, lxt_applied, lxt_map, lxt_models, targets  # noqa: E402
+from llm_lxt_reference import LENGTHS, batches, lxt_applied, lxt_map, lxt_models, targets, write_golden  # noqa: E402
 
 #: family -> lxt's variants of it (lxt 2.1 has no CP-LRP map of Qwen3-MoE)
 VARIANTS = {"qwen3": ("attnLRP", "cp_LRP"), "gemma3": ("attnLRP", "cp_LRP"), "qwen3_moe": ("attnLRP",)}
@@ -77,9 +77,7 @@ def main() -> None:
             entry[KEYS[variant]] = maps
             print(f"{family} {variant}: map maxima {[round(float(m.abs().max()), 3) for m in maps.values()]}")
         golden["models"][family] = entry
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(golden, args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} kB) with transformers {transformers.__version__}")
+    write_golden(golden, args.out)
 
 
 if __name__ == "__main__":

@@ -160,6 +160,15 @@ def lxt_map(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, targe
     return (embeds * embeds.grad).sum(-1).detach()
 
 
+def write_golden(golden: dict, out: Path) -> None:
+    """Save a reference file (its folder made) and say its size and transformers' version."""
+    import transformers
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(golden, out)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} kB) with transformers {transformers.__version__}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/golden/llm_lxt_reference.pt")

@@ -12,10 +12,11 @@ from .hf_vit.adapter import HFViTAdapter
 from .lxmert.adapter import LxmertAdapter
 from .timm_vit.adapter import TimmViTAdapter
 from .visual_bert.adapter import VisualBertAdapter
+from .vision_language import VisionLanguageAdapter
 
 BUILT_IN: tuple[type[Adapter], ...] = (
     TimmViTAdapter, HFBertAdapter, HFViTAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
-    CausalLMAdapter,
+    CausalLMAdapter, VisionLanguageAdapter,
 )
 # families registered by users, the latest first; checked before the built-in ones
 _REGISTERED: list[type[Adapter]] = []
@@ -48,4 +49,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter"]

@@ -93,8 +93,8 @@ def one_plus_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
     """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant); in
     float32 at least and rounded once at the end, as torch's LayerNorm computes half precision; weight and bias
-    detached (as in `rms_norm`)."""
-    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    detached (as in `rms_norm`); contiguous, as torch's LayerNorm returns it (Idefics3's pixel shuffle views it)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
     centred = wide - wide.mean(-1, keepdim=True)
     y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps))
     if norm.weight is not None:

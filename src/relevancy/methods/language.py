@@ -40,6 +40,8 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
         raise ValueError("latent heads are read inside each layer, which checkpoint=True runs again in the backward: ask for them without checkpoint")
     found = adapter.input_relevance(inputs, target, rules, tokenizer, checkpoint, score, parts)
     fields: dict[str, Any] = {name: value for name, value in (("span", found.span), ("latent", found.latent)) if value is not None}
+    if found.leaves:  # a vision-language model's pixels: its adapter makes the image's maps of them
+        fields["leaves"] = found.leaves
     if rules is not None:  # the share of the explained score that reaches the tokens read (biases and positions keep the rest)
         fields["relevance_total"] = found.total / found.explained
     return found.scores, found.ids, found.logits, fields

@@ -10,7 +10,7 @@ under the rule set and the MLPs and norms run the rule set's forwards (instance 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
@@ -31,7 +31,7 @@ from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
 from .layouts import DECODER_CLASSES, Layout, is_causal_lm, recognised
-from .targets import Contrast, RowTarget, Span, reading, row_targets, token_score
+from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets, token_score
 
 #: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
 ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
@@ -46,6 +46,8 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         softcap = kwargs.get("softcap")
+        if attention_mask is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
+            attention_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=query.device)  # attends everywhere: not the kernel's causal default
         if probabilities:
             return attention(rules, query, key, value, attention_mask, scale, softcap)  # transformers' eager mask: additive
         if softcap is not None:  # Gemma 2: torch's fused kernel has no soft-capping
@@ -127,7 +129,8 @@ class InputRelevance:
     """What `CausalLMAdapter.input_relevance` finds: `scores` `(B, T)` over the prompt, `ids` `(B,)` each row's first
     explained token (-1 for a callable target), `logits` `(B, V)` the next-token logits, `explained` `(B,)` the
     explained scores, `total` `(B,)` the relevance reaching every token read (prompt and span), `span` and `latent`
-    where asked for."""
+    where asked for; `leaves`: per further input of the model (a vision-language model's pixels) its input x gradient
+    element by element, reading rows summed into the batch's rows."""
 
     scores: torch.Tensor
     ids: torch.Tensor
@@ -136,6 +139,7 @@ class InputRelevance:
     total: torch.Tensor
     span: SpanRelevance | None
     latent: LatentRelevance | None
+    leaves: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _span_texts(ids: torch.Tensor, tokenizer: object | None) -> list[list[str]]:
@@ -202,7 +206,7 @@ class CausalLMAdapter(Adapter):
             raise ValueError(f"input_ids must be (B, T) with B, T >= 1, got shape {tuple(ids.shape)}")
         if ((mask != 0) & (mask != 1)).any() or (mask.sum(1) == 0).any():
             raise ValueError("attention_mask must hold 1 at real tokens and 0 at padding, and every row at least one real token")
-        vocab = self.model.config.vocab_size
+        vocab = self.text_config.vocab_size
         if ids.min() < 0 or ids.max() >= vocab:
             raise ValueError(f"input_ids must be in the model's vocabulary, 0..{vocab - 1}: was the text tokenised with this model's tokenizer?")
         window = context_window(self.model)
@@ -320,7 +324,7 @@ class CausalLMAdapter(Adapter):
     def capped(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits soft-capped `c tanh(z / c)` where the model caps them (Gemma 2), with the cap's own gradient (lxt
         leaves the head as the model has it); as they are otherwise."""
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        cap = getattr(self.text_config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def input_relevance(self, inputs: TextBatch, target: Any, rules: RuleSet | None, tokenizer: object | None = None,
@@ -332,7 +336,7 @@ class CausalLMAdapter(Adapter):
         summed per row. One forward and one backward for the whole batch (rows are independent); `checkpoint`: each
         layer's activations recomputed in the backward instead of kept (`layers_recomputed`); `latent`: the parts
         of `LatentRelevance` ("layers", "neurons", "heads") read in the same backward."""
-        vocab = self.model.config.vocab_size
+        vocab = self.text_config.vocab_size
         function = callable(target) and not isinstance(target, torch.Tensor)
         if function and score != "logit":
             raise ValueError("score= scores token targets; a callable target is its own score: give one or the other")
@@ -344,12 +348,11 @@ class CausalLMAdapter(Adapter):
         if window is not None and read_length > window:
             raise ValueError(f"a row's prompt and the span's tokens read after it take {read_length} positions but the model's "
                              f"context window is {window} tokens: shorten the prompt or the span")
-        embed = getattr(self.decoder, self.layout.embeddings)
-        embeddings = embed(plan.ids).detach().requires_grad_(True)
         rows = len(inputs)
         with self.rules_applied(rules), self.weights_frozen(), self.layers_recomputed(checkpoint), \
                 self.latent_recorded(latent) as recorded:
-            hidden = self.hidden_states(embeddings, plan.mask)
+            leaves, hidden = self.read_forward(inputs, plan)
+            embeddings = leaves["text"]
             recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
             logits = self.head(hidden[plan.term_rows, plan.term_positions])  # (N, V): what predicts each token
             next_token = logits[:rows]  # each row's first term: its next-token logits
@@ -369,9 +372,12 @@ class CausalLMAdapter(Adapter):
                 explained = values.new_zeros(rows).index_add(0, plan.source[plan.term_rows], values * plan.term_signs)
                 plan.span_ids[:, 0] = torch.where(plan.span_ids[:, 0] < 0, term_ids[:rows], plan.span_ids[:, 0])
                 ids = plan.span_ids[:, 0]
-            gradients = torch.autograd.grad(explained.sum(), [embeddings, *recorded.hidden, *recorded.heads])
+            gradients = torch.autograd.grad(explained.sum(), [*leaves.values(), *recorded.hidden, *recorded.heads])
         read = plan.mask[..., None].to(embeddings.dtype)
         relevance = plan.gathered(input_times_gradient(embeddings, gradients[0]) * plan.mask)
+        further = {name: widened(x * g).new_zeros(rows, *x.shape[1:]).index_add_(0, plan.source, widened(x * g))
+                   for (name, x), g in list(zip(leaves.items(), gradients))[1:]}
+        gradients = (gradients[0], *gradients[len(leaves):])
         length = inputs.input_ids.shape[1]
         span = None
         if plan.ids.shape[1] > length:
@@ -386,14 +392,25 @@ class CausalLMAdapter(Adapter):
                       zip([embeddings, *recorded.hidden], [gradients[0], *hidden_gradients])] if recorded.hidden else []
             heads = None
             if recorded.heads:
-                count = self.model.config.num_attention_heads
+                count = self.text_config.num_attention_heads
                 per_head = [(x * g * read).detach().view(*x.shape[:2], count, -1).sum((1, 3)) for x, g in zip(recorded.heads, head_gradients)]
                 heads = torch.stack([h.new_zeros(rows, count).index_add(0, plan.source, h) for h in per_head])
             neurons = torch.stack(states) if states else None
             found = LatentRelevance(layers=None if neurons is None or "layers" not in latent else neurons.sum(-1),
                                     neurons=neurons if "neurons" in latent else None, heads=heads)
-        return InputRelevance(relevance[:, :length], ids, next_token.detach(), widened(explained),
-                              relevance.sum(1), span, found)
+        total = relevance.sum(1) + sum((value.flatten(1).sum(1) for value in further.values()), torch.zeros((), device=relevance.device))
+        return InputRelevance(relevance[:, :length], ids, next_token.detach(), widened(explained), total, span, found, further)
+
+    def read_forward(self, inputs: TextBatch, plan: Reading) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The relevance pass's forward over the reading rows: `(leaves, last hidden states (R, T + A, D))`, the leaves
+        the inputs whose relevance is read, the token embeddings `"text"` first."""
+        embeddings = getattr(self.decoder, self.layout.embeddings)(plan.ids).detach().requires_grad_(True)
+        return {"text": embeddings}, self.hidden_states(embeddings, plan.mask)
+
+    @property
+    def text_config(self) -> Any:
+        """The config of the decoder language model (the model's own; a vision-language model's text config)."""
+        return self.model.config.get_text_config()
 
     @contextmanager
     def latent_recorded(self, parts: frozenset[str]) -> Iterator[Recorded]:
@@ -429,6 +446,10 @@ class CausalLMAdapter(Adapter):
         with forwards_replaced(frozen):
             yield
 
+    def recomputed_layers(self) -> list[nn.Module]:
+        """The layers `checkpoint=True` runs again in the backward: the decoder's."""
+        return self.blocks
+
     @contextmanager
     def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:
         """Gradient checkpointing for one call: each decoder layer keeps only its input for the backward and runs
@@ -438,7 +459,7 @@ class CausalLMAdapter(Adapter):
         autograd runs the backward (CUDA's device threads: `guard.recomputed_as_this_thread`)."""
         context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in self.blocks] if enabled else []
+            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in self.recomputed_layers()] if enabled else []
         with forwards_replaced(recomputed):
             yield
 

@@ -82,18 +82,9 @@ class Layout:
         if not isinstance(getattr(decoder, self.embeddings, None), nn.Embedding):
             return f"{self.decoder}.{self.embeddings} is not the token embedding"
         for index, layer in enumerate(layers):
-            where = f"{self.decoder}.{self.layers}.{index}"
-            known = set()
-            for path, kinds in self.parts:
-                module = _get(layer, path)
-                kind = _kind(module, kinds, width)
-                if kind is None:
-                    found = type(module).__name__ if module is not None else "nothing"
-                    return f"{where}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
-                known.update(id(p) for p in kind.parameters(module))
-            unknown = next((name for name, p in layer.named_parameters() if id(p) not in known), None)
-            if unknown is not None:  # e.g. a norm this layout does not rule
-                return f"{where}.{unknown} belongs to no part of the {self.name} layout"
+            problem = layer_misfit(layer, self.parts, width, f"{self.decoder}.{self.layers}.{index}", self.name)
+            if problem is not None:
+                return problem
         path, kind = self.final
         module = _get(decoder, path)
         if _kind(module, (kind,), width) is None:
@@ -106,13 +97,35 @@ class Layout:
         decoder = getattr(model, self.decoder)
         found = [(_get(layer, path), kinds) for layer in getattr(decoder, self.layers) for path, kinds in self.parts]
         found.append((_get(decoder, self.final[0]), (self.final[1],)))
-        ruled = []
-        for module, kinds in found:
-            kind = _kind(module, kinds, width)
-            if kind.forward is not None:
-                ruled.append((module, kind.forward))
-            ruled.extend((getattr(module, name), part.forward) for name, part in kind.inner)
-        return ruled
+        return rule_forwards(found, width)
+
+
+def layer_misfit(layer: nn.Module, parts: tuple[tuple[str, tuple[Part, ...]], ...], width: int, where: str, name: str) -> str | None:
+    """What in `layer` (at `where`) does not fit `parts` (path on the layer, the kinds of module it may be) of the
+    layout `name`: the first part that fits none of its kinds, or a parameter that belongs to no part; None."""
+    known = set()
+    for path, kinds in parts:
+        module = _get(layer, path)
+        kind = _kind(module, kinds, width)
+        if kind is None:
+            found = type(module).__name__ if module is not None else "nothing"
+            return f"{where}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
+        known.update(id(p) for p in kind.parameters(module))
+    unknown = next((path for path, p in layer.named_parameters() if id(p) not in known), None)
+    if unknown is not None:  # e.g. a norm this layout does not rule
+        return f"{where}.{unknown} belongs to no part of the {name} layout"
+    return None
+
+
+def rule_forwards(found: list[tuple[nn.Module, tuple[Part, ...]]], width: int) -> list[tuple[nn.Module, RuleForward]]:
+    """Each fitting module's rule forward (and its inner parts'), for modules that fit one of their kinds."""
+    ruled = []
+    for module, kinds in found:
+        kind = _kind(module, kinds, width)
+        if kind.forward is not None:
+            ruled.append((module, kind.forward))
+        ruled.extend((getattr(module, name), part.forward) for name, part in kind.inner)
+    return ruled
 
 
 def _get(module: nn.Module, path: str) -> nn.Module | None:
@@ -198,7 +211,7 @@ def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
     return fused.bias is None and down.bias is None and _computes(module, width, expected)
 
 
-def _fits_plain_mlp(into: str, out: str, act: str) -> Fits:
+def fits_plain_mlp(into: str, out: str, act: str) -> Fits:
     """`out(act(into(x)))` (GPT-2's `Conv1D`s, GPT-NeoX's Linears)."""
 
     def fits(module: nn.Module, width: int) -> bool:
@@ -234,7 +247,7 @@ def _fits_mixture(module: nn.Module, width: int) -> bool:
             and router.weight.shape[0] == experts.gate_up_proj.shape[0])
 
 
-def _fits_attention(*projections: str) -> Fits:
+def fits_attention(*projections: str) -> Fits:
     """Self-attention with Linear projections from the width (the first ones) and back to it (the last)."""
 
     def fits(module: nn.Module, width: int) -> bool:
@@ -269,7 +282,7 @@ def _one_plus_rms_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Ten
     return lambda x: attnlrp.one_plus_rms_norm(x, module.weight, _eps(module))
 
 
-def _plain_mlp(into: str, out: str, act: str) -> RuleForward:
+def plain_mlp(into: str, out: str, act: str) -> RuleForward:
     """`out(act(into(x)))`, the activation under the identity rule (dropout is off in eval)."""
     return lambda module, rules: lambda x: getattr(module, out)(rules.activation(getattr(module, act), getattr(module, into)(x)))
 
@@ -291,15 +304,15 @@ FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fuse
 EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
 MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture,
                inner=(("experts", EXPERTS),))
-ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", _fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
+ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
                  owns=("q_proj", "k_proj", "v_proj", "o_proj"))
-FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", _fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
-NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", _fits_attention("query_key_value", "dense"),
+FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
+NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", fits_attention("query_key_value", "dense"),
                       owns=("query_key_value", "dense"))
 GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_attention, owns=("c_attn", "c_proj"))
-GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", _fits_plain_mlp("c_fc", "c_proj", "act"), _plain_mlp("c_fc", "c_proj", "act"))
-NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", _fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
-                _plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
+GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", fits_plain_mlp("c_fc", "c_proj", "act"), plain_mlp("c_fc", "c_proj", "act"))
+NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
+                plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
 
 
 def _pre_norm(attention: Part, mlp: tuple[Part, ...], norm: Part, *inner: str) -> tuple[tuple[str, tuple[Part, ...]], ...]:

@@ -1,0 +1,148 @@
+"""Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
+random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3), text and pixel maps, in float64.
+
+    /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt]
+
+Run it in a venv with lxt (never a dependency of relevancy; see `llm_lxt_reference.py`: lxt 2.1, transformers 5.24).
+lxt maps decoders only; "lxt's rules composed over the whole model" is here:
+- the decoder: lxt's own map of its family (`lxt.efficient.models.llama` / `qwen2` / `gemma3`, `attnLRP` or `cp_LRP`;
+  Gemma 3's also patches `Gemma3RMSNorm`, the projector's `mm_soft_emb_norm` among them);
+- the vision tower (transformers' CLIP, SigLIP, Idefics3 modules) and the projector: lxt's patches as its ViT map
+  (`lxt.efficient.models.vit_torch`) and its decoder maps use them: every attention function of the tower's modeling
+  module wrapped by `patch_attention` (AttnLRP: queries and keys 1/4, values 1/2) or `patch_cp_attention` (CP-LRP:
+  queries and keys detached), `torch.nn.LayerNorm` by `layer_norm_forward` (the divisor constant), and the
+  activation classes of the tower's MLP and the projector (QuickGELU, GELU, tanh-GELU) by `non_linear_forward`
+  (the identity rule). One adaptation: lxt's LayerNorm keeps its input's memory layout, and Idefics3's pixel shuffle
+  views the tower's output, so the patched LayerNorm returns `.contiguous()` (the same values);
+- the model (float64, eval, attention through transformers' `sdpa`: an exact float64 softmax) runs its own forward
+  from `input_ids` and `pixel_values`, the token embeddings made a leaf by a hook on the embedding's output, with
+  position ids counting real tokens (Gemma 3: `token_type_ids` 1 at the image's tokens); each row's target is the
+  plain model's most probable next token after its last real token; the maps are input x gradient summed over
+  the width at the embeddings `(B, T)` and over the colour channels at the pixels `(B, H, W)`.
+Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
+checksums (not their weights), the inputs, the targets and the maps; padded rows equal single ones to 1e-10 (checked).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
+
+from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
+from vlm_models import FAMILIES, IMAGE_TOKEN, build, checksum, inputs  # noqa: E402
+
+#: family -> (lxt's decoder map module, the tower's transformers modeling module)
+MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3")}
+VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
+
+
+def tower_map(variant: str) -> dict:
+    """lxt's patches for the tower and projector: attention, LayerNorm, the activations (identity rule)."""
+    lxt_models("llama")  # lxt.efficient entered as a bare namespace (see there)
+    from lxt.efficient.patches import layer_norm_forward, non_linear_forward, patch_attention, patch_cp_attention, patch_method
+    from transformers import activations
+
+    def contiguous_layer_norm(self, x):
+        return layer_norm_forward(self, x).contiguous()
+
+    gelus = {activations.QuickGELUActivation, activations.GELUActivation, type(activations.ACT2FN["gelu_pytorch_tanh"])}
+    def cp_attention(module) -> bool:
+        """lxt's CP-LRP patch wraps transformers' one shared ALL_ATTENTION_FUNCTIONS in place, so after the decoder's
+        patch the tower's sdpa is wrapped already (lxt then says it failed); the tower's own eager function is
+        wrapped before that check."""
+        patch_cp_attention(module)
+        return module.eager_attention_forward.__module__ == patch_cp_attention.__module__
+
+    return {"attention": patch_attention if variant == "attnLRP" else cp_attention,
+            torch.nn.LayerNorm: partial(patch_method, contiguous_layer_norm),
+            **{cls: partial(patch_method, non_linear_forward, keep_original=True) for cls in gelus}}
+
+
+def batches(family: str) -> dict[str, dict[str, torch.Tensor]]:
+    """The two rows padded right and left, and each alone."""
+    out = {side: inputs(family, side) for side in ("right", "left")}
+    for row in range(2):
+        out[f"single{row}"] = {key: value[row:row + 1] for key, value in out["right"].items()}
+        out[f"single{row}"] = {**out[f"single{row}"], **_unpadded(out[f"single{row}"])}
+    return out
+
+
+def _unpadded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    keep = batch["attention_mask"][0].bool()
+    return {"input_ids": batch["input_ids"][:, keep], "attention_mask": batch["attention_mask"][:, keep]}
+
+
+def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], target: torch.Tensor | None):
+    """`(logits at each row's last real token, text map (B, T), pixel map (B, H, W))`; with `target` None no backward."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    pixels = batch["pixel_values"].clone().requires_grad_(True)
+    leaf = {}
+
+    def hook(_module, _args, output):
+        leaf["text"] = output.detach().requires_grad_(True)
+        return leaf["text"]
+
+    extra = {"token_type_ids": (ids == IMAGE_TOKEN).long()} if family == "gemma3" else {}
+    handle = model.get_input_embeddings().register_forward_hook(hook)
+    try:
+        logits = model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=positions(mask), use_cache=False, **extra).logits
+    finally:
+        handle.remove()
+    logits = logits[torch.arange(len(ids)), last_real(mask)]
+    if target is None:
+        return logits.detach(), None, None
+    logits.gather(1, target[:, None]).sum().backward()
+    text = (leaf["text"] * leaf["text"].grad).sum(-1).detach()
+    image = (pixels * pixels.grad).detach().flatten(1, -3).sum(1)
+    return logits.detach(), text, image
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden/vlm_lxt_reference.pt")
+    args = parser.parse_args()
+    import transformers
+
+    golden: dict = {"transformers": transformers.__version__, "models": {}}
+    for family in FAMILIES:
+        model = build(family)
+        for config in (model.config, model.config.get_text_config(), model.config.vision_config):
+            config._attn_implementation = "sdpa"
+        decoder, tower = MAPS[family]
+        decoder_module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
+        tower_module = importlib.import_module(f"transformers.models.{tower}.modeling_{tower}")
+        data = batches(family)
+        entry = {"checksum": checksum(model), "inputs": data,
+                 "targets": {name: run(model, family, batch, None)[0].argmax(-1) for name, batch in data.items()}}
+        for variant, key in VARIANTS.items():
+            patches = tower_map(variant)
+            attention = patches.pop("attention")
+            with ExitStack() as stack:
+                stack.enter_context(lxt_applied(decoder_module, getattr(lxt_models(decoder), variant)))
+                stack.enter_context(lxt_applied(tower_module, {tower_module: attention, **patches}))
+                maps = {name: run(model, family, batch, entry["targets"][name])[1:] for name, batch in data.items()}
+            for row in range(2):
+                text, image = maps[f"single{row}"]
+                for side in ("right", "left"):
+                    padded_text, padded_image = maps[side][0][row], maps[side][1][row]
+                    keep = data[side]["attention_mask"][row].bool()
+                    scale = max(float(text.abs().max()), float(image.abs().max()))
+                    gap = max(float((padded_text[keep] - text[0]).abs().max()), float((padded_image - image[0]).abs().max())) / scale
+                    assert gap < 1e-10, f"{family} {variant} row {row} {side}: padded differs from single by {gap:.1e}"
+            entry[key] = {name: {"text": text, "image": image} for name, (text, image) in maps.items()}
+            print(f"{family} {variant}: text maxima {[round(float(m['text'].abs().max()), 4) for m in entry[key].values()]}, "
+                  f"image maxima {[round(float(m['image'].abs().max()), 4) for m in entry[key].values()]}")
+        golden["models"][family] = entry
+    write_golden(golden, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Vision-language decoders: transformers' LLaVA (a CLIP or SigLIP tower, its projector, a Llama / Mistral / Qwen2
+decoder), Gemma 3 with images (SigLIP, pooled projector, Gemma 3 decoder) and Idefics3 / SmolVLM (SigLIP, pixel
+shuffle, Llama decoder), unmodified.
+
+Inputs are the processor's output (`input_ids` with the image's placeholder tokens, `attention_mask`, `pixel_values`:
+one image per row). The model runs its own forward (tower, `vision_feature_layer` and select strategy as
+configured, projector, the image's features put at its placeholder tokens, the decoder) with two leaves: the token
+embeddings, which the embedding's output is made for the call, and the pixel values. The explained score is a logit
+of the token that comes next after each row's last real token, as for decoders (`causal_lm`): the targets, the
+reading of spans and contrasts and the backward under a rule set are the decoder adapter's, whose relevance pass
+this adapter feeds (`read_forward`). The rules act in the tower and projector as in the decoder: the configs' attention
+(the tower's too) is switched to the rule set's, the tower's norms and MLPs and the projector run the layout's rule
+forwards. Text relevance is input x gradient at the token embeddings, image relevance input x gradient at the
+pixels, summed over the channels (and over each patch's pixels for the patch grid).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...guard import this_thread_only
+from ..base import Adapter
+from ..causal_lm.adapter import CausalLMAdapter, position_ids
+from ..causal_lm.layouts import recognised
+from ..causal_lm.targets import Reading
+from .batch import ImageTextTokens
+from .explanation import VisionLanguageExplanation
+from .layouts import GEMMA3, IDEFICS3, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, pixel_patches
+
+#: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
+PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+class VisionLanguageAdapter(CausalLMAdapter):
+    family = "vision-language decoder"
+    #: the methods whose relevance reaches the pixels through the tower (the others are refused by name)
+    methods = ("attnlrp", "cp_lrp", "input_x_gradient")
+    generates = False
+    examples = "transformers " + VISION_LANGUAGE_CLASSES
+    explanation_class = VisionLanguageExplanation
+
+    def __init__(self, model: nn.Module) -> None:
+        Adapter.__init__(self, model)
+        self.vision = layout_of(model)  # the tower and projector, checked; a refusal names the part
+        view = decoder_view(model, self.vision)
+        self.layout, decoder_ruled = recognised(view)  # the decoder, by the decoder layouts
+        self.decoder = view.model
+        self.blocks = list(getattr(self.decoder, self.layout.layers))
+        self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
+        self.image_token = int(model.config.image_token_id)
+        self.patch = int(model.config.vision_config.patch_size)
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        """Any transformers vision-language decoder: one relevancy does not map is refused by `__init__`, naming those it maps."""
+        return is_vision_language(model)
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> ImageTextTokens:
+        """An `ImageTextTokens` on the model's device from the processor's output, the pixels in the model's dtype; a
+        one-line error for anything but one image per row of the tower's size, placeholders in every row."""
+        if not isinstance(inputs, Mapping) or "pixel_values" not in inputs or "input_ids" not in inputs:
+            got = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
+            raise TypeError(f"inputs must be the processor's output, a dict with input_ids, attention_mask and pixel_values; got {got}")
+        unknown = sorted(set(inputs) - set(PROCESSOR_KEYS))
+        if unknown:
+            raise ValueError(f"the processor's output holds {', '.join(unknown)}, which relevancy does not take; it takes {', '.join(PROCESSOR_KEYS)}")
+        text = super().check_inputs({key: inputs[key] for key in ("input_ids", "attention_mask") if key in inputs})
+        pixels = inputs["pixel_values"]
+        if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+            raise TypeError(f"pixel_values must be a float tensor (the processor's output), got {type(pixels).__name__}")
+        side = self.model.config.vision_config.image_size
+        images = 1 if self.vision is IDEFICS3 else None
+        shape = (len(text), 1, 3, side, side) if images else (len(text), 3, side, side)
+        if tuple(pixels.shape) != shape:
+            what = "(B, 1, 3, H, W): one image per row, without image splitting (do_image_splitting=False)" if images else "(B, 3, H, W): one image per row"
+            raise ValueError(f"pixel_values must be {what} of the tower's size {side} x {side}, i.e. {shape}; got {tuple(pixels.shape)}")
+        placeholders = (text.input_ids == self.image_token).sum(1)
+        if (placeholders == 0).any() or (placeholders != placeholders[0]).any():
+            raise ValueError(f"every row must hold its image's placeholder tokens (id {self.image_token}) once; counted per row: {placeholders.tolist()}")
+        parameter = next(self.model.parameters())
+        mask = inputs.get("pixel_attention_mask")
+        return ImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "token_type_ids", "tokens", "word_ids")},
+                               pixel_values=pixels.to(parameter.device, parameter.dtype),
+                               pixel_attention_mask=None if mask is None else torch.as_tensor(mask).to(parameter.device))
+
+    def describe_inputs(self, inputs: ImageTextTokens) -> dict:
+        return {**super().describe_inputs(inputs), "image_tokens": (inputs.input_ids == self.image_token).cpu()}
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def read_forward(self, inputs: ImageTextTokens, plan: Reading) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The model's own forward over the reading rows (each with its row's image), the token embeddings and the
+        pixels as leaves: `({"text": (R, T + A, D), "image": pixels}, last hidden states)`."""
+        pixels = inputs.pixel_values[plan.source].detach().requires_grad_(True)
+        further: dict[str, torch.Tensor] = {}
+        if inputs.pixel_attention_mask is not None:
+            further["pixel_attention_mask"] = inputs.pixel_attention_mask[plan.source]
+        if self.vision is GEMMA3:  # each image's tokens attend to each other
+            further["token_type_ids"] = (plan.ids == self.image_token).long()
+        leaves: dict[str, torch.Tensor] = {}
+
+        def leaf(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+            leaves["text"] = output.detach().requires_grad_(True)
+            return leaves["text"]
+
+        handle = self.model.get_input_embeddings().register_forward_hook(this_thread_only(leaf))
+        try:
+            hidden = self.model.model(input_ids=plan.ids, pixel_values=pixels, attention_mask=plan.mask, position_ids=position_ids(plan.mask),
+                                      use_cache=False, **further).last_hidden_state
+        finally:
+            handle.remove()
+        return {"text": leaves["text"], "image": pixels}, hidden
+
+    def recomputed_layers(self) -> list[nn.Module]:
+        """`checkpoint=True` runs the tower's layers again in the backward too, not only the decoder's."""
+        return [*self.vision.transformer(self.model).encoder.layers, *self.blocks]
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: ImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
+        """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch."""
+        pixels = fields.pop("leaves")["image"]
+        pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
+        return VisionLanguageExplanation(scores=scores["text"], **self.describe_inputs(inputs), **fields,
+                                         image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)

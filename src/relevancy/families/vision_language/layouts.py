@@ -1,0 +1,154 @@
+"""Where a transformers vision-language decoder (`...ForConditionalGeneration`) keeps its vision tower, projector and
+decoder, and what each part of the tower and projector must be.
+
+The decoder is recognised by `causal_lm.layouts` itself, on a view of the decoder (`DecoderView`: the bare decoder,
+its head and its text config, the shape a `...ForCausalLM` has), so a LLaVA with a Llama, Mistral or Qwen2 decoder,
+Gemma 3 and Idefics3 / SmolVLM get the decoder layouts' checks and rule forwards unchanged. The tower's encoder layers
+are checked with the same parts (a LayerNorm, self-attention, an MLP `fc2(act(fc1(x)))`) and run the same rules:
+norms with a constant divisor, the identity rule on the activation; attention is switched through the configs.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+import torch
+from torch import nn
+
+from ..base import UnsupportedModelError
+from ..causal_lm.layouts import (
+    LAYER_NORM, ONE_PLUS_RMS_NORM, Part, RuleForward, fits_attention, fits_plain_mlp, layer_misfit, plain_mlp, rule_forwards,
+)
+
+VISION_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, out_proj", fits_attention("q_proj", "k_proj", "v_proj", "out_proj"),
+                        owns=("q_proj", "k_proj", "v_proj", "out_proj"))
+VISION_MLP = Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "activation_fn"), plain_mlp("fc1", "fc2", "activation_fn"))
+#: an encoder layer of CLIP's, SigLIP's and Idefics3's vision transformers
+TOWER_LAYER = (("layer_norm1", (LAYER_NORM,)), ("self_attn", (VISION_ATTENTION,)), ("layer_norm2", (LAYER_NORM,)), ("mlp", (VISION_MLP,)))
+#: the tower's norms outside its layers (those it has)
+TOWER_NORMS = ("pre_layrnorm", "post_layernorm")
+
+
+def _fits_projector(module: nn.Module, width: int) -> bool:
+    """LLaVA's projector `linear_2(act(linear_1(x)))` from the tower's width (or several layers' side by side)."""
+    first, second = getattr(module, "linear_1", None), getattr(module, "linear_2", None)
+    return (isinstance(first, nn.Linear) and isinstance(second, nn.Linear) and first.in_features % width == 0
+            and second.in_features == first.out_features and callable(getattr(module, "act", None)))
+
+
+LLAVA_PROJECTOR = Part("LLaVA's projector linear_2(act(linear_1(x)))", _fits_projector, plain_mlp("linear_1", "linear_2", "act"))
+
+
+@dataclass(frozen=True)
+class VisionLanguageLayout:
+    """One vision-language layout: the classes it maps, the attribute of the tower, of the projector and of the
+    bare decoder on the model's inner `model`, and the projector's ruled parts (path on the projector, "" for itself; the other
+    operations of a projector, Gemma 3's average pooling and matrix product, Idefics3's pixel shuffle and Linear,
+    are linear and need none)."""
+
+    name: str
+    classes: tuple[str, ...]
+    tower: str
+    projector: str
+    decoder: str
+    projector_parts: tuple[tuple[str, Part], ...] = ()
+
+    def transformer(self, model: nn.Module) -> nn.Module:
+        """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
+        tower = getattr(model.model, self.tower)
+        return getattr(tower, "vision_model", tower)
+
+    def misfit(self, model: nn.Module) -> str | None:
+        """What of the tower or projector does not fit this layout (by its path), or None."""
+        transformer = self.transformer(model)
+        width = model.config.vision_config.hidden_size
+        layers = getattr(getattr(transformer, "encoder", None), "layers", None)
+        if not isinstance(layers, nn.ModuleList):
+            return f"model.{self.tower} has no encoder.layers (a list of layers)"
+        for index, layer in enumerate(layers):
+            problem = layer_misfit(layer, TOWER_LAYER, width, f"model.{self.tower}.encoder.layers.{index}", f"{self.name} vision tower")
+            if problem is not None:
+                return problem
+        for name in TOWER_NORMS:
+            norm = getattr(transformer, name, None)
+            if norm is not None and not LAYER_NORM.fits(norm, width):
+                return f"model.{self.tower}.{name} ({type(norm).__name__}) is not {LAYER_NORM.what}"
+        projector = getattr(model.model, self.projector)
+        for path, part in self.projector_parts:
+            module = getattr(projector, path) if path else projector
+            if not part.fits(module, width):
+                return f"model.{self.projector}{'.' + path if path else ''} ({type(module).__name__}) is not {part.what}"
+        return None
+
+    def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
+        """The tower's and projector's modules that run a rule forward under a rule set, with it."""
+        transformer = self.transformer(model)
+        found = [(getattr(layer, path), kinds) for layer in transformer.encoder.layers for path, kinds in TOWER_LAYER]
+        found += [(getattr(transformer, name), (LAYER_NORM,)) for name in TOWER_NORMS if getattr(transformer, name, None) is not None]
+        projector = getattr(model.model, self.projector)
+        found += [(getattr(projector, path) if path else projector, (part,)) for path, part in self.projector_parts]
+        return rule_forwards(found, model.config.vision_config.hidden_size)
+
+
+LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
+                             (("", LLAVA_PROJECTOR),))
+GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
+                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),))
+IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
+                                "text_model")
+LAYOUTS = (LLAVA, GEMMA3, IDEFICS3)
+#: the vision-language classes relevancy maps, for messages
+VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
+
+
+def is_vision_language(model: nn.Module) -> bool:
+    """Whether `model` is a transformers vision-language decoder (any: `layout_of` refuses the ones not mapped)."""
+    config = getattr(model, "config", None)
+    return (type(model).__name__.endswith("ForConditionalGeneration") and getattr(config, "vision_config", None) is not None
+            and callable(getattr(model, "get_output_embeddings", None)))
+
+
+def layout_of(model: nn.Module) -> VisionLanguageLayout:
+    """The layout of the model's class, checked on its tower and projector; a one-line refusal naming the part that
+    does not fit, or the classes relevancy maps."""
+    layout = next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes), None)
+    if layout is None:
+        raise UnsupportedModelError(f"cannot map {type(model).__name__}: vision-language decoders relevancy maps: {VISION_LANGUAGE_CLASSES}")
+    problem = layout.misfit(model)
+    if problem is not None:
+        raise UnsupportedModelError(f"cannot map {type(model).__name__}: {problem}; vision-language decoders: {VISION_LANGUAGE_CLASSES}")
+    return layout
+
+
+class DecoderView(nn.Module):
+    """The decoder of a vision-language model in the shape of a `...ForCausalLM` (`model`: the bare decoder,
+    `lm_head`, `config`: the text config), for `causal_lm.layouts` to recognise; it holds the model's own modules and
+    changes none."""
+
+    def __init__(self, model: nn.Module, layout: VisionLanguageLayout) -> None:
+        super().__init__()
+        self.model = getattr(model.model, layout.decoder)
+        self.lm_head = model.get_output_embeddings()
+        self.config = model.config.get_text_config()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+
+#: one view per model (the decoder layouts keep their recognition per viewed model)
+_VIEWS: weakref.WeakKeyDictionary[nn.Module, DecoderView] = weakref.WeakKeyDictionary()
+
+
+def decoder_view(model: nn.Module, layout: VisionLanguageLayout) -> DecoderView:
+    """The model's `DecoderView`, made once (a new one where the model's decoder or head was replaced)."""
+    view = _VIEWS.get(model)
+    if view is None or view.model is not getattr(model.model, layout.decoder) or view.lm_head is not model.get_output_embeddings():
+        view = _VIEWS[model] = DecoderView(model, layout)
+    return view
+
+
+def pixel_patches(relevance: torch.Tensor, patch: int) -> torch.Tensor:
+    """Per-pixel relevance `(B, H, W)` summed over each patch's pixels: `(B, H / patch, W / patch)`."""
+    return relevance.unflatten(-1, (-1, patch)).unflatten(-3, (-1, patch)).sum((-3, -1))
+
+
+__all__ = ["LAYOUTS", "VisionLanguageLayout", "DecoderView", "decoder_view", "layout_of", "is_vision_language"]

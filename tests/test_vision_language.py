@@ -1,0 +1,99 @@
+"""Vision-language decoders (tiny random float64 LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3 of
+`vlm_models.py`): AttnLRP and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single
+and padded both ways (tests/golden/vlm_lxt_reference.pt, made by benchmarks/vlm_lxt_reference.py); the result's
+shapes and fields; what is refused, by name."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_causal_lm import assert_close_to
+from vlm_models import FAMILIES, IMAGE_TOKEN, build, checksum, inputs
+
+import relevancy
+from relevancy.families.base import UnsupportedModelError
+
+GOLDEN = torch.load(Path(__file__).parent / "golden" / "vlm_lxt_reference.pt", weights_only=False)
+MODELS: dict[str, torch.nn.Module] = {}
+
+
+def model_of(family: str) -> torch.nn.Module:
+    if family not in MODELS:
+        MODELS[family] = build(family)
+    return MODELS[family]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_models_are_lxts(family):
+    """The same seed and config give the weights lxt explained."""
+    assert checksum(model_of(family)) == GOLDEN["models"][family]["checksum"], (
+        f"{family}: transformers {GOLDEN['transformers']} made other weights from the same seed; rerun benchmarks/vlm_lxt_reference.py")
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_lrp_equals_lxt(family, method):
+    """Text and pixel maps within 1e-6 of each map's maximum (lxt's identity rule divides by `x + 1e-10`), single
+    and padded right and left; the targets lxt's; relevance_total the share of the logit reaching text and pixels."""
+    entry = GOLDEN["models"][family]
+    for name, batch in entry["inputs"].items():
+        expected = entry[method][name]
+        explanation = relevancy.explain(model_of(family), batch, method=method)
+        assert torch.equal(explanation.target, entry["targets"][name])
+        assert_close_to(explanation.scores, expected["text"], f"{family} {method} {name} text")
+        assert_close_to(explanation.pixel_scores, expected["image"], f"{family} {method} {name} pixels")
+        explained = explanation.logits.gather(1, explanation.target[:, None])[:, 0]
+        total = explanation.scores.sum(1) + explanation.pixel_scores.flatten(1).sum(1)
+        assert torch.allclose(explanation.relevance_total * explained, total)
+    plain = relevancy.explain(model_of(family), entry["inputs"]["single0"], method="input_x_gradient")
+    assert not torch.allclose(plain.pixel_scores, entry[method]["single0"]["image"], rtol=1e-3)
+
+
+def test_result_shapes_and_parts():
+    """`scores` (B, T) with 0 at the image's placeholders, `image_scores` on the tower's 4 x 4 patch grid (each
+    patch's pixels summed), `heatmap()` at the image's 16 x 16 pixels; a token text as target with tokenizer=."""
+    batch = inputs("llava")
+    explanation = relevancy.explain(model_of("llava"), batch, method="attnlrp", target=[7, 9])
+    assert explanation.scores.shape == batch["input_ids"].shape
+    assert explanation.image_scores.shape == (2, 4, 4) and explanation.heatmap().shape == (2, 16, 16)
+    assert bool((explanation.scores[batch["input_ids"] == IMAGE_TOKEN] == 0).all())
+    assert torch.allclose(explanation.image_scores.sum((1, 2)), explanation.pixel_scores.sum((1, 2)))
+    assert explanation.target.tolist() == [7, 9] and len(explanation.tokens) == 2
+    assert set(explanation.parts) == {"text", "image"}
+    assert bool(((explanation.image_share > 0) & (explanation.image_share < 1)).all())
+    contrast = relevancy.explain(model_of("llava"), batch, method="attnlrp", target=relevancy.Contrast(7, 9))
+    one = relevancy.explain(model_of("llava"), batch, method="attnlrp", target=9)
+    seven = relevancy.explain(model_of("llava"), batch, method="attnlrp", target=7)
+    assert torch.allclose(contrast.pixel_scores, seven.pixel_scores - one.pixel_scores)
+
+
+def test_checkpoint_gives_the_same_maps():
+    """checkpoint=True runs the tower's and the decoder's layers again in the backward: the same maps."""
+    batch = inputs("gemma3")
+    plain = relevancy.explain(model_of("gemma3"), batch, method="attnlrp")
+    again = relevancy.explain(model_of("gemma3"), batch, method="attnlrp", checkpoint=True)
+    assert torch.allclose(plain.pixel_scores, again.pixel_scores, atol=1e-12) and torch.allclose(plain.scores, again.scores, atol=1e-12)
+
+
+def test_refusals_name_the_problem():
+    """Methods without image relevance through the tower, other vision-language classes and bad pixels are
+    refused by name."""
+    model, batch = model_of("llava"), inputs("llava")
+    with pytest.raises(UnsupportedModelError, match="'rollout' does not apply to the vision-language decoder family; its methods: attnlrp"):
+        relevancy.explain(model, batch, method="rollout")
+    with pytest.raises(ValueError, match=r"pixel_values must be \(B, 3, H, W\): one image per row"):
+        relevancy.explain(model, {**batch, "pixel_values": batch["pixel_values"][:1]}, method="attnlrp")
+    with pytest.raises(ValueError, match="placeholder tokens"):
+        relevancy.explain(model, {**batch, "input_ids": torch.where(batch["input_ids"] == IMAGE_TOKEN, 3, batch["input_ids"])}, method="attnlrp")
+    with pytest.raises(ValueError, match="image_sizes, which relevancy does not take"):
+        relevancy.explain(model, {**batch, "image_sizes": torch.tensor([[16, 16]] * 2)}, method="attnlrp")
+    import transformers
+
+    other = transformers.PaliGemmaForConditionalGeneration(transformers.PaliGemmaConfig(
+        text_config=transformers.GemmaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=1, head_dim=16),
+        vision_config=transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                      image_size=16, patch_size=4)))
+    with pytest.raises(UnsupportedModelError, match="cannot map PaliGemmaForConditionalGeneration: vision-language decoders relevancy maps: LlavaForConditionalGeneration"):
+        relevancy.explain(other, batch, method="attnlrp")

@@ -1,0 +1,68 @@
+"""Tiny random float64 vision-language decoders (LLaVA, Gemma 3, Idefics3) and their inputs, built from fixed seeds
+and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
+from __future__ import annotations
+
+import torch
+import transformers
+from decoder_families import checksum  # noqa: F401  (the reference's and the tests' one checksum)
+
+VOCAB = 96
+IMAGE_TOKEN = 95
+SIDE, PATCH = 16, 4  # a 4 x 4 patch grid
+_TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
+_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=SIDE, patch_size=PATCH,
+               initializer_range=0.2)
+#: family -> (seed, image tokens per image)
+FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4)}
+
+
+def _config(family: str) -> transformers.PretrainedConfig:
+    if family == "llava":  # the second-to-last layer's patch tokens, [CLS] cropped (LLaVA 1.5's setting)
+        return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.LlamaConfig(**_TEXT),
+                                        image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu", vision_feature_layer=-2,
+                                        vision_feature_select_strategy="default")
+    if family == "llava_full":  # two layers side by side, [CLS] kept; a Qwen2 decoder
+        return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.Qwen2Config(**_TEXT),
+                                        image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu", vision_feature_layer=[-2, -1],
+                                        vision_feature_select_strategy="full")
+    if family == "gemma3":
+        return transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**_TEXT, head_dim=8, sliding_window=4,
+                                                                                  layer_types=["sliding_attention", "full_attention"]),
+                                         vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=False),
+                                         mm_tokens_per_image=4, image_token_index=IMAGE_TOKEN, boi_token_index=93, eoi_token_index=94)
+    return transformers.Idefics3Config(text_config=transformers.LlamaConfig(**_TEXT), vision_config=transformers.Idefics3VisionConfig(**_VISION),
+                                       scale_factor=2, image_token_id=IMAGE_TOKEN)
+
+
+def build(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+    """The family's tiny model from its seed, every norm's weight (and Gemma 3's projection) drawn at random too, in
+    `dtype`, eval mode."""
+    config = _config(family)
+    torch.manual_seed(FAMILIES[family][0])
+    model = getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ("norm" in name or "layernorm" in name) and parameter.ndim == 1 and name.endswith("weight"):
+                gemma = family == "gemma3" and ("language_model" in name or "mm_soft_emb_norm" in name)
+                parameter.copy_(torch.randn_like(parameter) * 0.3 + (0.0 if gemma else 1.0))
+            elif name.endswith("mm_input_projection_weight"):  # Gemma 3 starts it at 0: no image would reach the decoder
+                parameter.copy_(torch.randn_like(parameter) * 0.2)
+    return model.to(dtype).eval()
+
+
+def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
+    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
+    `side` (pad id 0), one random image per row."""
+    generator = torch.Generator().manual_seed(seed)
+    images = FAMILIES[family][1]
+    rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
+    width = max(len(row) for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, row in enumerate(rows):
+        span = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
+        ids[r, span], mask[r, span] = row, 1
+    pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
+
