@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
-from vlm_models import FAMILIES, IMAGE_TOKEN, build, checksum, inputs  # noqa: E402
+from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, inputs  # noqa: E402
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3")}
@@ -69,15 +69,7 @@ def tower_map(variant: str) -> dict:
 def batches(family: str) -> dict[str, dict[str, torch.Tensor]]:
     """The two rows padded right and left, and each alone."""
     out = {side: inputs(family, side) for side in ("right", "left")}
-    for row in range(2):
-        out[f"single{row}"] = {key: value[row:row + 1] for key, value in out["right"].items()}
-        out[f"single{row}"] = {**out[f"single{row}"], **_unpadded(out[f"single{row}"])}
-    return out
-
-
-def _unpadded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    keep = batch["attention_mask"][0].bool()
-    return {"input_ids": batch["input_ids"][:, keep], "attention_mask": batch["attention_mask"][:, keep]}
+    return {**out, **{f"single{row}": alone(out["right"], row) for row in range(2)}}
 
 
 def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], target: torch.Tensor | None):

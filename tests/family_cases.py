@@ -16,6 +16,7 @@ from bimodal_golden import bimodal_case, build as build_bimodal, padded
 from hf_vit_models import tiny_dinov2_swiglu, tiny_hf
 from models import tiny_vit
 from decoder_families import FAMILIES as DECODER_FAMILIES, build as build_decoder
+from vlm_models import FAMILIES as VLM_FAMILIES, alone, build as build_vlm, inputs as vlm_inputs
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
 from test_detr_family import build as build_detr, images as detr_images, targets_per_image
@@ -48,6 +49,8 @@ class FamilyCase:
     build: Callable[[], torch.nn.Module]
     batch: Callable[[], Call]
     singles: Callable[[], list[Call]]
+    #: how far a batch's maps may be from each input's alone, relative to the map's maximum
+    tolerance: float = 1e-9
 
 
 def _images(size: int) -> torch.Tensor:
@@ -102,6 +105,14 @@ def _decoder_case(arch: str, build: Callable[[str], torch.nn.Module] = build_llm
                       lambda: [(llm_batch(f"single{row}"), None) for row in range(3)])
 
 
+def _vision_language_case(family: str) -> FamilyCase:
+    """Two right-padded prompts, each with its image. Gemma 3's RMSNorm computes in float32 even in a float64 model
+    (also the projector's, on the image's features), which turns a batch's 1e-16 differences of summation order into
+    1e-8 ones: its batch is held to 1e-7 (padded rows equal lxt's single ones to 1e-6 in test_vision_language.py)."""
+    return FamilyCase(lambda: build_vlm(family), lambda: (vlm_inputs(family), None),
+                      lambda: [(alone(vlm_inputs(family), row), None) for row in range(2)], 1e-7 if family == "gemma3" else 1e-9)
+
+
 class GatedAttention(Attention):
     """timm's attention with its sigmoid output gate."""
 
@@ -126,4 +137,5 @@ FAMILIES: dict[str, FamilyCase] = {
     "causal_lm_llama": _decoder_case("llama"),
     "causal_lm_gpt2": _decoder_case("gpt2"),
     **{f"causal_lm_{family}": _decoder_case(family, build_decoder) for family in DECODER_FAMILIES},
+    **{f"vision_language_{family}": _vision_language_case(family) for family in VLM_FAMILIES},
 }

@@ -66,3 +66,10 @@ def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), 
     pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
 
+
+
+def alone(batch: dict[str, torch.Tensor], row: int) -> dict[str, torch.Tensor]:
+    """Row `row` of a batch on its own, without its padding."""
+    keep = batch["attention_mask"][row].bool()
+    return {"input_ids": batch["input_ids"][row:row + 1, keep], "attention_mask": batch["attention_mask"][row:row + 1, keep],
+            "pixel_values": batch["pixel_values"][row:row + 1]}
