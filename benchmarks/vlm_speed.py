@@ -1,0 +1,104 @@
+"""Cost of `attnlrp` on a vision-language decoder of LLaVA-1.5-7B's shape (random weights): time over a plain forward
+and peak memory, for one explained token.
+
+    OMP_NUM_THREADS=1 python benchmarks/vlm_speed.py [--tower-layers 4] [--decoder-layers 2] [--methods ...] [--repeats 2]
+
+The model: transformers' `LlavaForConditionalGeneration` with LLaVA-1.5-7B's widths and token counts (a CLIP ViT-L/14
+tower at 336 px: 577 tokens of width 1024, 16 heads, MLP 4096, the second-to-last layer's 576 patch tokens; the
+two-layer GELU projector to 4096; a Llama decoder of width 4096, 32 heads, MLP 11008, vocabulary 32064) and reduced
+depth (`--tower-layers` of 24, `--decoder-layers` of 32: the CPU's time; the ratios are per layer alike), float32,
+random weights. The prompt: `<s>`, the image's 576 placeholder tokens and 24 text tokens (600 positions), one image.
+Each method runs in a fresh process (its peak resident memory its own, `llm_speed.py`'s sampling): the plain forward is
+the model's own no-grad forward computing the next token's logits only (`logits_to_keep=1`, its sdpa attention); the
+explanation is `relevancy.explain(model, inputs, method=...)` for the predicted next token, text and pixels. Reported:
+best of `--repeats` after a warm-up, the ratio, the peaks above what the process held with the model loaded, and the
+ratio of the process's totals (model included). `NAME+checkpoint`: `checkpoint=True` (every tower and decoder layer
+recomputed in the backward). One CPU thread. Results: benchmarks/results/vlm_speed.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_speed import best_time, peak_above, resident_bytes  # noqa: E402
+from machine import cpu_name, today  # noqa: E402
+
+METHODS = ("attnlrp", "attnlrp+checkpoint", "cp_lrp", "input_x_gradient")
+IMAGE_TOKEN = 32000
+
+
+def build(tower_layers: int, decoder_layers: int) -> torch.nn.Module:
+    """A random LLaVA-1.5-7B-shaped model of reduced depth, float32, eval mode."""
+    import transformers
+
+    vision = transformers.CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=tower_layers, num_attention_heads=16,
+                                           image_size=336, patch_size=14, projection_dim=768)
+    text = transformers.LlamaConfig(vocab_size=32064, hidden_size=4096, intermediate_size=11008, num_hidden_layers=decoder_layers,
+                                    num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096)
+    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu",
+                                      vision_feature_layer=-2, vision_feature_select_strategy="default")
+    torch.manual_seed(0)
+    return transformers.LlavaForConditionalGeneration(config).eval()
+
+
+def prompt() -> dict[str, torch.Tensor]:
+    """`<s>`, 576 image placeholders, 24 text tokens; one random image."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * 576), torch.randint(2, 32000, (24,), generator=generator)])[None]
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": torch.randn(1, 3, 336, 336, generator=generator)}
+
+
+def one(method: str, tower_layers: int, decoder_layers: int, repeats: int) -> dict:
+    """Time and memory of one method (run in its own process)."""
+    import relevancy
+
+    torch.set_num_threads(1)
+    model, inputs = build(tower_layers, decoder_layers), prompt()
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(**inputs, use_cache=False, logits_to_keep=1)
+
+    name, _, option = method.partition("+")
+    options = {option: True} if option else {}
+    base = resident_bytes()
+    forward_peak = peak_above(forward)  # the first call: the warm-up
+    plain = best_time(forward, repeats)
+    peak = peak_above(lambda: relevancy.explain(model, inputs, method=name, **options))
+    explained = best_time(lambda: relevancy.explain(model, inputs, method=name, **options), repeats)
+    return {"method": method, "forward_s": plain, "method_s": explained, "ratio": explained / plain,
+            "base_mb": base / 2**20, "forward_peak_mb": forward_peak / 2**20, "peak_mb": peak / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tower-layers", type=int, default=4)
+    parser.add_argument("--decoder-layers", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--one", metavar="METHOD", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(args.one, args.tower_layers, args.decoder_layers, args.repeats)))
+        return
+    print(f"LLaVA-1.5-7B's widths, {args.tower_layers} of 24 tower layers, {args.decoder_layers} of 32 decoder layers, random weights, "
+          f"576 image + 24 text tokens, float32, {cpu_name()}, 1 thread, best of {args.repeats}, {today()}")
+    print(f"{'method':<22} {'forward s':>9} {'method s':>9} {'ratio':>6} {'fwd peak MB':>11} {'peak MB':>8} {'peak ratio':>10} {'total ratio':>11}")
+    for method in args.methods:
+        out = subprocess.run([sys.executable, __file__, "--one", method, "--tower-layers", str(args.tower_layers),
+                              "--decoder-layers", str(args.decoder_layers), "--repeats", str(args.repeats)],
+                             capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        print(f"{r['method']:<22} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} {r['forward_peak_mb']:>11.0f} "
+              f"{r['peak_mb']:>8.0f} {r['peak_mb'] / max(r['forward_peak_mb'], 1):>10.2f} "
+              f"{(r['base_mb'] + r['peak_mb']) / (r['base_mb'] + r['forward_peak_mb']):>11.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
