@@ -193,6 +193,11 @@ Inputs, by model family:
       token, and latent=True (relevance of layers, neurons and heads). Returns a DecoderExplanation (span, latent,
       sink_share, excluding()). Methods: attnlrp, cp_lrp, input_x_gradient and the attention methods.
       With tokenizer=, the result names each explained token (target_tokens, its page's title).
+  transformers LlavaForConditionalGeneration / Gemma3ForConditionalGeneration / Idefics3ForConditionalGeneration /
+      SmolVLMForConditionalGeneration: the processor's output (input_ids with the image's placeholder tokens,
+      attention_mask, pixel_values: one image per row). Targets as for decoders. Returns a VisionLanguageExplanation:
+      scores (B, T) over the prompt's tokens, image_scores (B, rows, cols) on the vision tower's patch grid,
+      pixel_scores (B, H, W), heatmap() at the image's pixels. Methods: attnlrp, cp_lrp, input_x_gradient.
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit
