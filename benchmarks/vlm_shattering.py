@@ -59,7 +59,8 @@ def shapes_tower(trained: bool) -> torch.nn.Module:
     clip, _ = load_clip()
     model = build(clip.config.vision_config)
     if trained:
-        model.model.vision_tower.vision_model.load_state_dict(clip.vision_model.state_dict())
+        tower = model.model.vision_tower
+        getattr(tower, "vision_model", tower).load_state_dict(clip.vision_model.state_dict())
     return model.double().eval()
 
 
@@ -121,7 +122,7 @@ def measure(name: str, model: torch.nn.Module, batch: dict[str, torch.Tensor], p
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--depths", type=int, nargs="+", default=[2, 6, 12, 24])
+    parser.add_argument("--depths", type=int, nargs="*", default=[2, 6, 12, 24])
     parser.add_argument("--images", type=int, default=8)
     args = parser.parse_args()
     from relevancy.bench.scenes import make_scenes
