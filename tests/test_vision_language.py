@@ -86,6 +86,9 @@ def test_refusals_name_the_problem():
         relevancy.explain(model, {**batch, "pixel_values": batch["pixel_values"][:1]}, method="attnlrp")
     with pytest.raises(ValueError, match="placeholder tokens"):
         relevancy.explain(model, {**batch, "input_ids": torch.where(batch["input_ids"] == IMAGE_TOKEN, 3, batch["input_ids"])}, method="attnlrp")
+    long = inputs("llava", lengths=(60, 3))  # 77 positions; the decoder's window is 64
+    with pytest.raises(ValueError, match="the model's context window is 64 tokens"):
+        relevancy.explain(model, long, method="attnlrp")
     with pytest.raises(ValueError, match="image_sizes, which relevancy does not take"):
         relevancy.explain(model, {**batch, "image_sizes": torch.tensor([[16, 16]] * 2)}, method="attnlrp")
     import transformers

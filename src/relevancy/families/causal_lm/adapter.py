@@ -60,9 +60,10 @@ def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
 
 
 def context_window(model: nn.Module) -> int | None:
-    """The most positions the model reads, whatever its position scheme: GPT-2's learned table (`n_positions`), the
-    window RoPE was trained for (`max_position_embeddings`); None where the config names none."""
-    window = getattr(model.config, "max_position_embeddings", None)  # GPT-2's config maps it to n_positions
+    """The most positions the model's decoder reads (a vision-language model's: its text config's), whatever its
+    position scheme: GPT-2's learned table (`n_positions`), the window RoPE was trained for (`max_position_embeddings`);
+    None where the config names none."""
+    window = getattr(model.config.get_text_config(), "max_position_embeddings", None)  # GPT-2's config maps it to n_positions
     return window if isinstance(window, int) and window > 0 else None
 
 
