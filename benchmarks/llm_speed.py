@@ -100,6 +100,12 @@ def one(tokens: int, method: str, repeats: int) -> dict:
             "base_mb": base / 2**20, "forward_peak_mb": forward_peak / 2**20, "peak_mb": peak / 2**20}
 
 
+def child(argv: list[str]) -> dict:
+    """Run this Python on `argv` in a fresh process (its peak memory its own) and read the JSON line it prints last."""
+    out = subprocess.run([sys.executable, *argv], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[100, 1000])
@@ -114,9 +120,7 @@ def main() -> None:
     print(f"{'tokens':>6} {'method':<28} {'forward s':>9} {'method s':>9} {'ratio':>6} {'fwd peak MB':>11} {'peak MB':>8} {'peak ratio':>10}")
     for tokens in args.tokens:
         for method in args.methods:
-            out = subprocess.run([sys.executable, __file__, "--one", str(tokens), method, "--repeats", str(args.repeats)],
-                                 capture_output=True, text=True, check=True).stdout
-            r = json.loads(out.strip().splitlines()[-1])
+            r = child([__file__, "--one", str(tokens), method, "--repeats", str(args.repeats)])
             print(f"{r['tokens']:>6} {r['method']:<28} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} "
                   f"{r['forward_peak_mb']:>11.0f} {r['peak_mb']:>8.0f} "
                   f"{(r['base_mb'] + r['peak_mb']) / (r['base_mb'] + r['forward_peak_mb']):>10.2f}", flush=True)

@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_speed import best_time, peak_above, resident_bytes  # noqa: E402
+from llm_speed import best_time, child, peak_above, resident_bytes  # noqa: E402
 from machine import cpu_name, today  # noqa: E402
 
 METHODS = ("attnlrp", "attnlrp+checkpoint", "cp_lrp", "input_x_gradient")
@@ -95,10 +94,8 @@ def main() -> None:
           f"576 image + 24 text tokens, float32, {cpu_name()}, 1 thread, best of {args.repeats}, {today()}")
     print(f"{'method':<22} {'forward s':>9} {'method s':>9} {'ratio':>6} {'fwd peak MB':>11} {'peak MB':>8} {'peak ratio':>10} {'total ratio':>11}")
     for method in args.methods:
-        out = subprocess.run([sys.executable, __file__, "--one", method, "--tower-layers", str(args.tower_layers),
-                              "--decoder-layers", str(args.decoder_layers), "--repeats", str(args.repeats)],
-                             capture_output=True, text=True, check=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = child([__file__, "--one", method, "--tower-layers", str(args.tower_layers), "--decoder-layers", str(args.decoder_layers),
+                   "--repeats", str(args.repeats)])
         print(f"{r['method']:<22} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} {r['forward_peak_mb']:>11.0f} "
               f"{r['peak_mb']:>8.0f} {r['peak_mb'] / max(r['forward_peak_mb'], 1):>10.2f} "
               f"{(r['base_mb'] + r['peak_mb']) / (r['base_mb'] + r['forward_peak_mb']):>11.2f}", flush=True)

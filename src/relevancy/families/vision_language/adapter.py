@@ -16,7 +16,6 @@ pixels, summed over the channels (and over each patch's pixels for the patch gri
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import torch
