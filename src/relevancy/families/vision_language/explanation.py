@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from ...explanation import DecoderExplanation, json_or, save_overlays
+from ...explanation import PAGE_SUFFIXES, PICTURE_SUFFIXES, DecoderExplanation, save_overlays
 from ...parts import ImagePart, TextPart
 
 
@@ -24,6 +24,7 @@ class VisionLanguageExplanation(DecoderExplanation):
     image_tokens: torch.Tensor | None = field(default=None, repr=False)  # (B, T) bool: the image's placeholder tokens
 
     part_fields: ClassVar[dict[str, str]] = {"text": "scores", "image": "image_scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PICTURE_SUFFIXES + PAGE_SUFFIXES
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
@@ -39,10 +40,6 @@ class VisionLanguageExplanation(DecoderExplanation):
         image = self.pixel_scores.abs().flatten(1).sum(1)
         return image / (image + self.scores.abs().sum(1))
 
-    @json_or
-    def save(self, path: str | Path, images: torch.Tensor | None = None, by_word: bool = True, special: bool = False) -> Path:
-        """`.html`: the coloured prompts; any other suffix: the image maps as an overlay PNG (over `images`, the
-        pictures `(B, 3, H, W)` in [0, 1], where given); whole or not at all."""
-        if Path(path).suffix.lower() in (".html", ".htm"):
-            return super().save(path, images, by_word, special)
+    def picture(self, path: Path, images: torch.Tensor | None) -> Path:
+        """The image part as an overlay PNG, one panel per row (`images`: the rows' `pixel_values`, where given)."""
         return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])
