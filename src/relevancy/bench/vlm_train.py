@@ -1,0 +1,139 @@
+"""Train (or evaluate) the shapes LLaVA (descriptions and answers in words about the shapes world).
+
+    python -m relevancy.bench.vlm_train [--seed S] [--minutes M | --steps N] [--out DIR] [--device cpu|cuda]
+    python -m relevancy.bench.vlm_train --evaluate-only [--weights PATH] [--n 1000]
+
+Data: fresh items every step (infinite data, :func:`relevancy.bench.vlm_world.make_vlm`).  Step ``t`` of run seed
+``S`` draws its items from ``make_vlm`` seed ``S * 10**8 + 32 t`` (scene seeds up to ``+ 23``), all below
+``EVAL_SEED_BASE = 10**9``, so validation (``VLM_VAL_SEED``) and test (``VLM_TEST_SEED``) scenes are never trained on.
+
+Model: :func:`relevancy.bench.vlm_model.build_shapes_llava` with its vision tower started from the shipped shapes
+CLIP's (which already tells shapes and colours apart patch by patch); tower, projector and decoder are all trained.
+Loss: cross-entropy on the answer's tokens and ``</s>`` (the prompt and the image tokens are not scored).  AdamW,
+linear warm-up then cosine decay, following wall-clock progress with ``--minutes`` or the step count with
+``--steps`` (exactly reproducible; the shipped run).  Validation accuracy (exact answers, greedy), overall and per
+task, is logged every ``--ckpt-minutes`` with a checkpoint; the log is ``shapes_llava_train.log`` beside the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from .model import EVAL_SEED_BASE
+from .train import Run, _log, adamw, fit, machine, run_training_command, start_run, step_loader, training_parser
+from .vlm_model import (SPECIAL_TOKENS, VLM_CONFIG, VLM_TEST_SEED, VLM_VAL_SEED, VLM_WEIGHTS_PATH, build_shapes_llava,
+                        build_tokenizer, encode, evaluate_vlm, load_shapes_llava)
+from .vlm_world import VOCABULARY, make_vlm
+
+LOG_NAME = "shapes_llava_train.log"
+
+
+def save_vlm(model, path: Path, meta: dict) -> None:
+    """Write ``path`` (safetensors weights, float32) and ``path.with_suffix('.json')`` (``LlavaConfig`` keyword
+    arguments, vocabulary and ``meta``), atomically."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().cpu().float().contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(sd, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)  # safetensors writes owner-only files
+    os.replace(tmp, path)
+    info = dict(config=VLM_CONFIG, vocab=list(SPECIAL_TOKENS + VOCABULARY), **meta)
+    jtmp = path.with_suffix(".json.tmp")
+    jtmp.write_text(json.dumps(info, indent=1) + "\n")
+    os.chmod(jtmp, 0o644)
+    os.replace(jtmp, path.with_suffix(".json"))
+
+
+def step_seed(seed: int, step: int) -> int:
+    s = seed * 10**8 + 32 * step
+    assert s + 32 < EVAL_SEED_BASE
+    return s
+
+
+def _fmt(acc: dict) -> str:
+    per = " ".join(f"{k} {v:.4f}" for k, v in acc["per_task"].items())
+    return (f"overall {acc['overall']:.4f} object_words {acc['object_words']:.4f} ({per}; n={acc['n']}, "
+            f"seed {acc['seed']})")
+
+
+class _Items(torch.utils.data.IterableDataset):
+    """Training items of a fixed-step run, encoded by DataLoader workers."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        torch.set_num_threads(1)
+        tokenizer = build_tokenizer()
+        for step in range(wid, self.args.steps, nw):
+            yield _items(self.args, tokenizer, step)
+
+
+def _items(args, tokenizer, step: int) -> dict[str, torch.Tensor]:
+    batch = make_vlm(args.batch_size, step_seed(args.seed, step))
+    return dict(encode(tokenizer, batch.prompts, batch.answers), pixel_values=batch.images)
+
+
+def train(args) -> None:
+    out, log, device = start_run(args, LOG_NAME)
+    tokenizer = build_tokenizer()
+    model = build_shapes_llava(vision_from_clip=True).to(device)
+    model.train()
+    optimizer = adamw(model.named_parameters(),
+                      lambda n, p: p.ndim >= 2 and "embed" not in n, args, betas=(0.9, 0.98), eps=1e-6)
+    _log(log, f"start training seed={args.seed} config={json.dumps(VLM_CONFIG)} "
+              f"params={sum(p.numel() for p in model.parameters())} batch={args.batch_size} "
+              f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
+              f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
+              f"threads={args.threads} workers={args.workers} {machine()}")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, lr=args.lr, vision_from="shapes_clip")
+    val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
+    loader = step_loader(args, _Items(args))
+
+    def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
+        items = next(loader) if loader is not None else _items(args, tokenizer, step)
+        res = model(**{k: v.to(device) for k, v in items.items()})
+        return res.loss, {"loss": res.loss.item()}
+
+    def checkpoint(step: int, seconds: float, final: bool) -> None:
+        val = evaluate_vlm(model, tokenizer, seed=VLM_VAL_SEED, batch=val_batch)
+        save_vlm(model, out / VLM_WEIGHTS_PATH.name,
+                 dict(meta, steps=step, train_seconds=round(seconds), val=val, final=final))
+        _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val {_fmt(val)}")
+
+    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size, "items"))
+
+
+def evaluate(args) -> dict:
+    """Measure the exact-answer accuracy of the weights on ``args.n`` unseen scenes (one task each) and log it."""
+    torch.set_num_threads(args.threads)
+    weights = Path(args.weights) if args.weights else Path(args.out) / VLM_WEIGHTS_PATH.name
+    model, processor = load_shapes_llava(weights, device=args.device)
+    t = time.time()
+    acc = evaluate_vlm(model, processor.tokenizer, n=args.n, seed=VLM_TEST_SEED)
+    acc["seconds"] = round(time.time() - t, 1)
+    acc["weights"] = str(weights)
+    log = Path(args.out) / LOG_NAME
+    _log(log if Path(args.out).exists() else None, f"evaluate {weights.name}: {_fmt(acc)}")
+    print(json.dumps(acc))
+    return acc
+
+
+def main(argv=None) -> None:
+    ap = training_parser(__doc__, minutes=22.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
+    ap.set_defaults(batch_size=64, warmup=0.05)
+    run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
+                         threads_help="torch threads (on a CPU shared with other jobs use 1)")
+
+
+if __name__ == "__main__":
+    main()
