@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from relevancy.bench import llm_world
 from relevancy.cli import main
 from relevancy.evaluation import llm_retrieval
+from relevancy.evaluation.deletion import area
 from relevancy.evaluation.llm_retrieval import deletion_curves, encode, evidence_scores
 
 
@@ -76,7 +77,7 @@ def test_morf_with_perfect_scores_drops_faster_than_random_and_lerf_keeps_the_an
     random = torch.rand(ids.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     clean, curves = deletion_curves(CountingModel(evidence_ids, answer=40), inputs, context, torch.tensor([40, 40]),
                                     {"perfect": perfect, "random": random}, batch_size=5)
-    areas = {name: {d: llm_retrieval._area(c) for d, c in by.items()} for name, by in curves.items()}
+    areas = {name: {d: area(c) for d, c in by.items()} for name, by in curves.items()}
     assert (clean > -0.01).all() and (curves["perfect"]["morf"][:, 0] == 0).all()
     assert (areas["perfect"]["morf"] < areas["random"]["morf"] - 1).all()
     assert (areas["perfect"]["morf"] < areas["perfect"]["lerf"]).all()

@@ -7,7 +7,7 @@
 >>> ids = model.generate(**inputs, max_new_tokens=12)          # "... red </s>"
 
 The vision tower is the shipped shapes CLIP's (:mod:`relevancy.bench.clip_model`: 64x64 scenes, 8x8 patches, so
-64 image tokens after [CLS] is dropped), fine-tuned with the rest; the decoder is a three-layer Llama with grouped
+64 image tokens after [CLS] is dropped), frozen in training as LLaVA-1.5 freezes its CLIP; the decoder is a three-layer Llama with grouped
 query attention over a word-level vocabulary (:func:`build_tokenizer`: the words of
 :data:`~relevancy.bench.vlm_world.VOCABULARY` and ``<pad> <s> </s> <unk> <image>``, a ``PreTrainedTokenizerFast``
 built offline with the ``tokenizers`` package); :func:`build_processor` is the ``LlavaProcessor`` around it and a

@@ -7,8 +7,9 @@ Data: fresh items every step (infinite data, :func:`relevancy.bench.vlm_world.ma
 ``S`` draws its items from ``make_vlm`` seed ``S * 10**8 + 32 t`` (scene seeds up to ``+ 23``), all below
 ``EVAL_SEED_BASE = 10**9``, so validation (``VLM_VAL_SEED``) and test (``VLM_TEST_SEED``) scenes are never trained on.
 
-Model: :func:`relevancy.bench.vlm_model.build_shapes_llava` with its vision tower started from the shipped shapes
-CLIP's (which already tells shapes and colours apart patch by patch); tower, projector and decoder are all trained.
+Model: :func:`relevancy.bench.vlm_model.build_shapes_llava` with its vision tower the shipped shapes CLIP's (which
+already tells shapes and colours apart patch by patch), frozen as LLaVA-1.5 freezes its CLIP; projector and decoder
+are trained.
 Loss: cross-entropy on the answer's tokens and ``</s>`` (the prompt and the image tokens are not scored).  AdamW,
 linear warm-up then cosine decay, following wall-clock progress with ``--minutes`` or the step count with
 ``--steps`` (exactly reproducible; the shipped run).  Validation accuracy (exact answers, greedy), overall and per
@@ -88,14 +89,16 @@ def train(args) -> None:
     tokenizer = build_tokenizer()
     model = build_shapes_llava(vision_from_clip=True).to(device)
     model.train()
-    optimizer = adamw(model.named_parameters(),
+    model.model.vision_tower.requires_grad_(False)
+    optimizer = adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad],
                       lambda n, p: p.ndim >= 2 and "embed" not in n, args, betas=(0.9, 0.98), eps=1e-6)
     _log(log, f"start training seed={args.seed} config={json.dumps(VLM_CONFIG)} "
-              f"params={sum(p.numel() for p in model.parameters())} batch={args.batch_size} "
+              f"params={sum(p.numel() for p in model.parameters())} (trained "
+              f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size} "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
               f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
               f"threads={args.threads} workers={args.workers} {machine()}")
-    meta = dict(seed=args.seed, batch_size=args.batch_size, lr=args.lr, vision_from="shapes_clip")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, lr=args.lr, vision_tower="shapes_clip, frozen")
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
     loader = step_loader(args, _Items(args))
 

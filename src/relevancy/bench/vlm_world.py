@@ -50,7 +50,7 @@ TASK_WEIGHTS = (0.4,) + tuple(0.6 * w / sum(TYPE_WEIGHTS) for w in TYPE_WEIGHTS)
 VOCABULARY = tuple(dict.fromkeys(WORDS + ANSWERS + tuple(DESCRIBE.split()) + ("and",)
                                  + tuple(w for r in RELATIONS for w in r.split())))
 #: oversampling of candidate scenes per round, and the rounds at most
-OVERSAMPLE = 6
+OVERSAMPLE = 3
 MAX_ROUNDS = 8
 
 

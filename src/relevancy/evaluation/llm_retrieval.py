@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from ..bench import llm_world
+from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
 from .shards import Shards
 
 __all__ = [
@@ -56,8 +57,6 @@ __all__ = [
 DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "transformer_attribution", "generic_attention",
                    "attention_gradcam", "rollout", "raw_attention", "partial_lrp", "lrp", "token_ablation")
 RANDOM = "random"
-STEPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-DIRECTIONS = ("morf", "lerf")
 #: the random row's generator of the batch starting at prompt ``i`` is seeded ``seed * MAX_PROMPTS + i``
 MAX_PROMPTS = 1_000_000
 UNITS = ("share, pointing, accuracy: fractions in [0, 1]; morf, lerf, gap: area under the answer token's "
@@ -114,14 +113,6 @@ def evidence_scores(scores: torch.Tensor, context: torch.Tensor, evidence: torch
     return {"share": share, "pointing": evidence.gather(1, best[:, None])[:, 0].double()}
 
 
-def _deletion_order(scores: torch.Tensor, context: torch.Tensor, direction: str) -> torch.Tensor:
-    """The context positions of one prompt, most relevant first (``morf``) or least relevant first (``lerf``);
-    ties in position order."""
-    positions = context.nonzero()[:, 0]
-    values = scores[positions].double()
-    return positions[torch.argsort(-values if direction == "morf" else values, stable=True)]
-
-
 @torch.no_grad()
 def _answer_log_probabilities(model: nn.Module, sequences: Sequence[torch.Tensor], answers: Sequence[int],
                               batch_size: int) -> torch.Tensor:
@@ -148,39 +139,21 @@ def deletion_curves(model: nn.Module, inputs: Mapping[str, torch.Tensor], contex
     (``morf``, ``lerf``), the ``(B, len(steps))`` change of that log-probability as the context tokens are removed
     in the map's order. Identical deletions (nothing removed, everything removed) are read once."""
     lengths = inputs["attention_mask"].sum(1).tolist()
-    sequences: list[torch.Tensor] = []
-    answer_of: list[int] = []
-    slot: dict[tuple, int] = {}
-    plan: dict[str, dict[str, list[list[int]]]] = {}
-    for name, scores in maps.items():
-        plan[name] = {direction: [] for direction in DIRECTIONS}
-        for row, length in enumerate(lengths):
-            ids = inputs["input_ids"][row, :length]
-            for direction in DIRECTIONS:
-                order = _deletion_order(scores[row, :length], context[row, :length], direction)
-                slots = []
-                for step in steps:
-                    removed = order[:int(step * len(order))]
-                    key = (row, tuple(sorted(removed.tolist())))
-                    if key not in slot:
-                        keep = torch.ones(length, dtype=torch.bool)
-                        keep[removed] = False
-                        slot[key] = len(sequences)
-                        sequences.append(ids[keep])
-                        answer_of.append(int(answers[row]))
-                    slots.append(slot[key])
-                plan[name][direction].append(slots)
-    values = _answer_log_probabilities(model, sequences, answer_of, batch_size)
-    clean = values[[slot[(row, ())] for row in range(len(lengths))]]
-    curves = {name: {direction: values[torch.tensor(rows)] - clean[:, None] for direction, rows in by.items()}
-              for name, by in plan.items()}
-    return clean, curves
 
+    def order(name: str) -> Callable[[int, str], torch.Tensor]:
+        def of(row: int, direction: str) -> torch.Tensor:
+            positions = context[row, :lengths[row]].nonzero()[:, 0]
+            return positions[ranked(maps[name][row, positions], direction)]
+        return of
 
-def _area(curves: torch.Tensor, steps: Sequence[float] = STEPS) -> torch.Tensor:
-    """``(B,)`` trapezoid areas of ``(B, S)`` curves over ``steps``."""
-    x = torch.tensor(steps, dtype=torch.float64)
-    return ((x[1:] - x[:-1]) * (curves[:, 1:] + curves[:, :-1]) / 2).sum(1)
+    deletions, plan = plan_deletions({name: order(name) for name in maps}, len(lengths), steps)
+    sequences = []
+    for row, removed in deletions:
+        keep = torch.ones(lengths[row], dtype=torch.bool)
+        keep[list(removed)] = False
+        sequences.append(inputs["input_ids"][row, :lengths[row]][keep])
+    values = _answer_log_probabilities(model, sequences, [int(answers[row]) for row, _ in deletions], batch_size)
+    return curves_of(values, deletions, plan, len(lengths))
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -265,7 +238,7 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], n: int
         record["clean"] = clean.tolist()
         for name, scores in maps.items():
             values = {key: v.tolist() for key, v in evidence_scores(scores * inputs["attention_mask"], context, evidence).items()}
-            morf, lerf = (_area(curves[name][d]) for d in DIRECTIONS)
+            morf, lerf = (area(curves[name][d]) for d in DIRECTIONS)
             record["per_prompt"][name] = {**values, "morf": morf.tolist(), "lerf": lerf.tolist(), "gap": (lerf - morf).tolist()}
             record["curves"][name] = {d: curves[name][d].tolist() for d in DIRECTIONS}
         return record
