@@ -91,6 +91,24 @@ def test_training_labels_score_the_answer_and_the_end_only(batch):
         encode(tokenizer, ["what colour is the star"])
 
 
+def test_conversations_share_a_scene_and_score_every_answer():
+    """Training's conversations: consecutive items share a scene with distinct prompts; one row per scene holds the
+    image once and every answer, each scored with its </s>."""
+    batch = make_vlm(5, seed=SEED, turns=3)
+    assert len(batch) == 15
+    for i in range(5):
+        rows = slice(3 * i, 3 * i + 3)
+        assert (batch.images[rows] == batch.images[3 * i]).all() and len(set(batch.prompts[rows])) == 3
+    tokenizer = build_tokenizer()
+    enc = encode(tokenizer, batch.prompts, batch.answers, turns=3)
+    assert enc["input_ids"].shape[0] == 5 and (enc["input_ids"] == 4).sum(1).tolist() == [IMAGE_TOKENS] * 5
+    for i in range(5):
+        scored = enc["labels"][i][enc["labels"][i] >= 0].tolist()
+        assert tokenizer.decode(scored) == " </s> ".join(batch.answers[3 * i:3 * i + 3]) + " </s>"
+    with pytest.raises(ValueError, match="conversations of 2 turns"):
+        encode(tokenizer, batch.prompts, batch.answers, turns=2)
+
+
 def test_shipped_model_answers_unseen_scenes(shipped):
     """Above 90 % exact answers on unseen scenes (a sample here; the model card holds the 1,000-scene figure)."""
     model, processor = shipped

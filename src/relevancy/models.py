@@ -303,6 +303,15 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
     )
 
 
+def shapes_llava() -> tuple[nn.Module, object]:
+    """`(model, processor)`: the shipped shapes LLaVA (an unmodified transformers `LlavaForConditionalGeneration` that
+    describes shapes scenes and answers questions about them in words, docs/vision_language.md) in eval mode, and its
+    `LlavaProcessor`; offline."""
+    from .bench.vlm_model import load_shapes_llava
+
+    return load_shapes_llava()
+
+
 SHIPPED_LANGUAGE_MODEL = "smollm2"
 #: the real language models relevancy loads offline from installed packages, by name
 LANGUAGE_MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {"smollm2": smollm2, "gemma3": gemma3}

@@ -47,4 +47,6 @@ SHIPPED = {
                          settings=True),
     "detector": Shipped("shapes", "shapes detector", "relevancy.bench.detection:DETECTOR_WEIGHTS_PATH", "relevancy.bench.detr_train"),
     "language": Shipped("smollm2", "SmolLM2-135M-Instruct (weights dequantised from 4 bits)"),
+    "vision-language": Shipped("shapes", "shapes LLaVA", "relevancy.bench.vlm_model:VLM_WEIGHTS_PATH",
+                               "relevancy.bench.vlm_train", settings=True),
 }

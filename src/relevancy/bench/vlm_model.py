@@ -52,8 +52,8 @@ VLM_CONFIG = dict(
     vision_config=dict(model_type="clip_vision_model", image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, num_channels=3,
                        hidden_size=96, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4,
                        hidden_act="quick_gelu", projection_dim=128),
-    text_config=dict(model_type="llama", vocab_size=len(SPECIAL_TOKENS) + len(VOCABULARY), hidden_size=128,
-                     intermediate_size=384, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    text_config=dict(model_type="llama", vocab_size=len(SPECIAL_TOKENS) + len(VOCABULARY), hidden_size=96,
+                     intermediate_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                      max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0,
                      bos_token_id=1, eos_token_id=2),
     image_token_index=SPECIAL_TOKENS.index(IMAGE_TOKEN),
@@ -135,16 +135,15 @@ def load_shapes_llava(path: str | Path | None = None, device: str | torch.device
     return model.to(device), build_processor()
 
 
-def encode(tokenizer, prompts: list[str], answers: list[str] | None = None) -> dict[str, torch.Tensor]:
+def encode(tokenizer, prompts: list[str], answers: list[str] | None = None, turns: int = 1) -> dict[str, torch.Tensor]:
     """Token ids as the processor writes them for ``"<image> " + prompt`` (``<s>``, 64 image tokens, the prompt's
-    words), with each answer and ``</s>`` appended when ``answers`` are given (right padding, ``labels`` -100 but on
-    the answers' tokens); without answers the prompts are left-padded, for generation."""
+    words), left-padded, for generation; with ``answers``, for training: each answer and ``</s>`` after its prompt,
+    ``turns`` consecutive items (about one scene) one conversation per row (the image once, then prompt, answer,
+    ``</s>``, prompt, ...), right padding, ``labels`` -100 but on the answers' tokens and their ``</s>``."""
     image = " ".join([IMAGE_TOKEN] * IMAGE_TOKENS)
-    rows = [tokenizer(f"{image} {p}")["input_ids"] for p in prompts]
-    unknown = [p for p, r in zip(prompts, rows) if tokenizer.unk_token_id in r]
-    if unknown:
-        raise ValueError(f"prompt {unknown[0]!r} has words outside the shapes world's vocabulary")
     if answers is None:
+        rows = [tokenizer(f"{image} {p}")["input_ids"] for p in prompts]
+        _check_words(tokenizer, prompts, rows)
         length = max(map(len, rows))
         ids = torch.zeros(len(rows), length, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -152,16 +151,35 @@ def encode(tokenizer, prompts: list[str], answers: list[str] | None = None) -> d
             ids[b, length - len(r):] = torch.tensor(r)
             mask[b, length - len(r):] = 1
         return {"input_ids": ids, "attention_mask": mask}
-    tails = [tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for a in answers]
-    length = max(len(r) + len(t) for r, t in zip(rows, tails))
+    if len(prompts) % turns:
+        raise ValueError(f"{len(prompts)} prompts do not make conversations of {turns} turns")
+    rows, scored = [], []
+    for start in range(0, len(prompts), turns):
+        ids = tokenizer(image)["input_ids"]
+        label = [-100] * len(ids)
+        for p, a in zip(prompts[start:start + turns], answers[start:start + turns]):
+            asked = tokenizer(p, add_special_tokens=False)["input_ids"]
+            said = tokenizer(a, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            _check_words(tokenizer, [p, a], [asked, said])
+            ids, label = ids + asked + said, label + [-100] * len(asked) + said
+        rows.append(ids)
+        scored.append(label)
+    length = max(map(len, rows))
     ids = torch.zeros(len(rows), length, dtype=torch.long)
     labels = torch.full_like(ids, -100)
     mask = torch.zeros_like(ids)
-    for b, (r, t) in enumerate(zip(rows, tails)):
-        ids[b, :len(r) + len(t)] = torch.tensor(r + t)
-        labels[b, len(r):len(r) + len(t)] = torch.tensor(t)
-        mask[b, :len(r) + len(t)] = 1
+    for b, (r, label) in enumerate(zip(rows, scored)):
+        ids[b, :len(r)] = torch.tensor(r)
+        labels[b, :len(r)] = torch.tensor(label)
+        mask[b, :len(r)] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _check_words(tokenizer, texts: list[str], rows: list[list[int]]) -> None:
+    """A ValueError naming the first text with a word outside the vocabulary (tokenized as ``<unk>``)."""
+    unknown = [t for t, r in zip(texts, rows) if tokenizer.unk_token_id in r]
+    if unknown:
+        raise ValueError(f"{unknown[0]!r} has words outside the shapes world's vocabulary")
 
 
 @torch.no_grad()

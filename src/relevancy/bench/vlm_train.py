@@ -3,7 +3,10 @@
     python -m relevancy.bench.vlm_train [--seed S] [--minutes M | --steps N] [--out DIR] [--device cpu|cuda]
     python -m relevancy.bench.vlm_train --evaluate-only [--weights PATH] [--n 1000]
 
-Data: fresh items every step (infinite data, :func:`relevancy.bench.vlm_world.make_vlm`).  Step ``t`` of run seed
+Data: fresh scenes every step (infinite data, :func:`relevancy.bench.vlm_world.make_vlm`), ``--turns`` tasks about
+each joined into one conversation (the image once, then prompt, answer, ``</s>``, prompt, ...: the image tokens, most
+of a row, are read once for several answers, as LLaVA trains on multi-turn conversations; the first turn is exactly
+a single prompt's input).  Step ``t`` of run seed
 ``S`` draws its items from ``make_vlm`` seed ``S * 10**8 + 32 t`` (scene seeds up to ``+ 23``), all below
 ``EVAL_SEED_BASE = 10**9``, so validation (``VLM_VAL_SEED``) and test (``VLM_TEST_SEED``) scenes are never trained on.
 
@@ -80,8 +83,9 @@ class _Items(torch.utils.data.IterableDataset):
 
 
 def _items(args, tokenizer, step: int) -> dict[str, torch.Tensor]:
-    batch = make_vlm(args.batch_size, step_seed(args.seed, step))
-    return dict(encode(tokenizer, batch.prompts, batch.answers), pixel_values=batch.images)
+    """Step ``step``'s conversations: ``--batch-size`` scenes, ``--turns`` tasks each."""
+    batch = make_vlm(args.batch_size, step_seed(args.seed, step), turns=args.turns)
+    return dict(encode(tokenizer, batch.prompts, batch.answers, turns=args.turns), pixel_values=batch.images[::args.turns])
 
 
 def train(args) -> None:
@@ -94,11 +98,11 @@ def train(args) -> None:
                       lambda n, p: p.ndim >= 2 and "embed" not in n, args, betas=(0.9, 0.98), eps=1e-6)
     _log(log, f"start training seed={args.seed} config={json.dumps(VLM_CONFIG)} "
               f"params={sum(p.numel() for p in model.parameters())} (trained "
-              f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size} "
+              f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size}x{args.turns} turns "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
               f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
               f"threads={args.threads} workers={args.workers} {machine()}")
-    meta = dict(seed=args.seed, batch_size=args.batch_size, lr=args.lr, vision_tower="shapes_clip, frozen")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, vision_tower="shapes_clip, frozen")
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
     loader = step_loader(args, _Items(args))
 
@@ -113,7 +117,7 @@ def train(args) -> None:
                  dict(meta, steps=step, train_seconds=round(seconds), val=val, final=final))
         _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val {_fmt(val)}")
 
-    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size, "items"))
+    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size * args.turns, "answers"))
 
 
 def evaluate(args) -> dict:
@@ -133,7 +137,8 @@ def evaluate(args) -> dict:
 
 def main(argv=None) -> None:
     ap = training_parser(__doc__, minutes=22.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
-    ap.set_defaults(batch_size=64, warmup=0.05)
+    ap.set_defaults(batch_size=32, warmup=0.05)
+    ap.add_argument("--turns", type=int, default=3, help="tasks about each scene, one conversation per scene")
     run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
                          threads_help="torch threads (on a CPU shared with other jobs use 1)")
 

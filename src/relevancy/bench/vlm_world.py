@@ -145,11 +145,13 @@ def _answer_named(task: str, answer: str, objs: list[int]) -> list[int]:
     return [-1] * len(answer.split())
 
 
-def make_vlm(n: int, seed: int = 0) -> VlmBatch:
+def make_vlm(n: int, seed: int = 0, turns: int = 1) -> VlmBatch:
     """``n`` unambiguous scenes (one, two and three objects mixed as :data:`~relevancy.bench.vqa.OBJECT_MIX`), each
-    with one task drawn from :data:`TASK_WEIGHTS`, its prompt, answer and ground truth; deterministic per seed."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    with ``turns`` tasks drawn from :data:`TASK_WEIGHTS` (distinct prompts where the scene offers them; consecutive
+    items share a scene: training joins them into one conversation), their prompts, answers and ground truth;
+    deterministic per seed."""
+    if n < 0 or turns < 1:
+        raise ValueError(f"n must be >= 0 and turns >= 1, got n={n}, turns={turns}")
     rng = np.random.default_rng([seed, 11])
     counts = rng.multinomial(n, OBJECT_MIX) if n else np.zeros(3, np.int64)
     order = rng.permutation(n)
@@ -177,27 +179,41 @@ def make_vlm(n: int, seed: int = 0) -> VlmBatch:
             cx[dest, :k + 1] = cand.params["cx"][idx]
             cy[dest, :k + 1] = cand.params["cy"][idx]
             n_obj[dest] = k + 1
-    weights = np.asarray(TASK_WEIGHTS)
     prompts, answers, tasks, named = [], [], [], []
     for i in range(n):
-        k = int(n_obj[i])
-        avail = weights.copy()
+        used: set[str] = set()
+        for _ in range(turns):
+            t, prompt, answer, words = _task(rng, int(n_obj[i]), shape[i], color[i], cx[i], cy[i], used)
+            used.add(prompt)
+            prompts.append(prompt)
+            answers.append(answer)
+            tasks.append(t)
+            named.append(words)
+    scene = np.repeat(np.arange(n), turns)
+    index = torch.from_numpy(scene)
+    return VlmBatch(prompts=prompts, answers=answers, task=np.asarray(tasks, np.int64), named=named,
+                    images=images[index], pixels=pixels[scene], masks=masks[index], n_objects=n_obj[scene],
+                    shape=shape[scene], color=color[scene], seed=seed)
+
+
+def _task(rng: np.random.Generator, k: int, shape: np.ndarray, color: np.ndarray, cx: np.ndarray, cy: np.ndarray,
+          used: set[str]) -> tuple[int, str, str, list[int]]:
+    """One task about a scene of ``k`` objects, its prompt not in ``used`` where the scene offers another (20
+    draws): the task's index, the prompt, the answer and the object each answer word names."""
+    for attempt in range(20):
+        avail = np.asarray(TASK_WEIGHTS)
         while True:
             t = int(rng.choice(len(TASKS), p=avail / avail.sum()))
             if TASKS[t] == "describe":
-                answer, words = describe_scene(shape[i, :k], color[i, :k], cx[i, :k], cy[i, :k])
-                prompts.append(DESCRIBE)
+                answer, words = describe_scene(shape[:k], color[:k], cx[:k], cy[:k])
+                prompt = DESCRIBE
                 break
-            res = _question(rng, TASKS[t], k, shape[i], color[i], np.ones(MAX_OBJECTS, bool),
-                            _relation_matrix(cx[i], cy[i], k))
+            res = _question(rng, TASKS[t], k, shape, color, np.ones(MAX_OBJECTS, bool), _relation_matrix(cx, cy, k))
             if res is not None:
                 prompt, answer, objs = res
-                prompts.append(prompt)
                 words = _answer_named(TASKS[t], answer, objs)
                 break
-            avail[t] = 0.0
-        answers.append(answer)
-        tasks.append(t)
-        named.append(words)
-    return VlmBatch(prompts=prompts, answers=answers, task=np.asarray(tasks, np.int64), named=named, images=images,
-                    pixels=pixels, masks=masks, n_objects=n_obj, shape=shape, color=color, seed=seed)
+            avail = np.where(np.arange(len(TASKS)) == t, 0.0, avail)
+        if prompt not in used:
+            break
+    return t, prompt, answer, words

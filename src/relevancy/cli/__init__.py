@@ -173,7 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the regions and words of the object(s) each question is about: share of image relevance, pointing "
                         "game, token-F1, and the ICCV'21 perturbation AUCs) or llm-retrieval (a decoder language model's answers to "
                         "generated retrieval prompts, explained by every decoder method: share of relevance on the "
-                        "supporting fact, pointing, deletion AUCs of the answer's log-probability, a random row)")
+                        "supporting fact, pointing, deletion AUCs of the answer's log-probability, a random row) or vlm-shapes (the "
+                        "shipped shapes LLaVA's words naming objects in its answers about generated scenes, explained by "
+                        "every vision-language method: share of image relevance in the object's mask, pointing, patch "
+                        "deletion AUCs of the word's log-probability, beside patch ablation and random scores)")
     p.add_argument("--data", help="imagenet: the validation folder (DIR/<wnid>/*.JPEG); imagenet-seg: gtsegs_ijcv.mat; "
                                   "coco-detr: a COCO instances annotation file")
     p.add_argument("--images", help="coco-detr: the folder the annotations' file names are relative to (default: the "
@@ -182,12 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "for shapes-detection the shipped shapes DETR, for shapes-vqa the shipped shapes LXMERT), a timm model "
                         "name, or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file; for "
                         "shapes-detection a shapes-DETR, for shapes-vqa a shapes-LXMERT .safetensors file with its .json beside it); "
-                        "llm-retrieval: 'smollm2' (default), 'gemma3' or a folder of a causal language model and its tokenizer")
+                        "llm-retrieval: 'smollm2' (default), 'gemma3' or a folder of a causal language model and its tokenizer; "
+                        "vlm-shapes: 'shapes' (the shipped shapes LLaVA) or a shapes-LLaVA .safetensors file with its .json")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
     p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,
                    help="images to evaluate (shapes: one-object scenes, default 500, plus n//2 two-object scenes; "
-                        "shapes-clip, shapes-detection: default 200; shapes-vqa: questions, default 300; llm-retrieval: prompts, default 30; imagenet, "
+                        "shapes-clip, shapes-detection: default 200; shapes-vqa: questions, default 300; llm-retrieval: prompts, default 30; vlm-shapes: scenes, default 100; imagenet, "
                         "imagenet-seg: default all). Under torchrun write -n or --num-images: torchrun "
                         "reads --n as an abbreviation of its own options")
     p.add_argument("--batch-size", type=int, default=16, help="images (llm-retrieval: prompts, and the perturbed prompts read at once) explained together (default 16)")
@@ -195,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="shapes: which scenes; imagenet: which images; shapes-detection: "
                                                         "0-999, the scenes of seed DETECTION_TEST_SEED + S; shapes-vqa: 0-999, "
                                                         "the questions of seed VQA_TEST_SEED + 3 S; llm-retrieval: 0-99, the "
-                                                        "test prompts of llm_world seed S (default 0)")
+                                                        "test prompts of llm_world seed S; vlm-shapes: 0-299, the scenes of "
+                                                        "seed VLM_TEST_SEED + 32 S (default 0)")
     p.add_argument("--threshold", type=float, default=None,
                    help="shapes-detection: the detection probability threshold (default 0.5, the authors')")
     p.add_argument("--perturbation-n", type=int, default=None,

@@ -1,13 +1,13 @@
 """`relevancy evaluate`: the papers' evaluation protocols in one command.
 
-    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection|shapes-vqa|llm-retrieval
+    relevancy evaluate --benchmark shapes|imagenet|imagenet-seg|eraser|shapes-clip|coco-detr|shapes-detection|shapes-vqa|llm-retrieval|vlm-shapes
                        [--data PATH] [--images DIR] [--model NAME] [--arch A] [--methods all|a,b,c] [--n N | -n N]
                        [--batch-size B] [--out DIR] [--seed S] [--threshold P] [--perturbation-n P] [--paper-settings]
                        [--threads T] [--workers W] [--json]
 
 Writes ``DIR/results.json`` (percentages in percent), ``DIR/report.md`` and ``DIR/perturbation.png`` (rank 0
 only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, coco-detr, eraser, shapes-detection,
-shapes-vqa and llm-retrieval write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
+shapes-vqa, llm-retrieval and vlm-shapes write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
 :mod:`relevancy.cli`; the output folder is checked before any work. Every benchmark is a fixed list of batches
 (`relevancy.evaluation.shards`): under ``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains
 every K-th batch; each process records every finished batch in ``DIR/partial/`` as it goes, the same command run
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
 import math
 import os
@@ -45,6 +46,11 @@ MAX_LLM_SEED = 99
 MAX_DETECTION_SCENES = 10_000
 #: shapes-detection's --seed S draws the scenes from DETECTION_TEST_SEED + S, below the detector's validation seed
 MAX_DETECTION_SEED = 999
+#: vlm-shapes renders its scenes at once (about 75 kB each with their masks)
+MAX_VLM_ITEMS = 2_000
+#: vlm-shapes' --seed S asks about the scenes of make_vlm seed VLM_TEST_SEED + 32 S (scene seeds up to +32S+23), below
+#: the shapes LLaVA's validation seed VLM_TEST_SEED + 10_000
+MAX_VLM_SEED = 299
 #: shapes-vqa renders its scenes at once (about 20 kB each with their regions)
 MAX_VQA_QUESTIONS = 10_000
 #: shapes-vqa's --seed S asks about the scenes of make_questions seed VQA_TEST_SEED + 3 S (scene seeds +3S .. +3S+2),
@@ -238,6 +244,24 @@ def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
         raise UsageError("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md), 'gemma3' "
                            "(Gemma-3-270M, docs/gemma3.md) or a local "
                            f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
+
+
+def _check_vlm_shapes(args: argparse.Namespace, n: int) -> None:
+    """The vlm-shapes request: generated scenes and a shapes-LLaVA checkpoint."""
+    _check_generated(args, "vlm-shapes", "scenes", "LLaVA", n, MAX_VLM_ITEMS, MAX_VLM_SEED)
+    vlm_model_path(args.model)
+
+
+def vlm_model_path(model: str) -> Path:
+    """The weights file of ``--model`` for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or a .safetensors file with
+    its .json beside it; a UsageError otherwise."""
+    if SHIPPED["vision-language"].means(model):
+        return SHIPPED["vision-language"].weights_path()
+    path = Path(model)
+    if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
+        raise UsageError("--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or a shapes-LLaVA .safetensors file "
+                         f"with its .json (as relevancy.bench.vlm_train writes them) beside it, got {model!r}")
+    return path
 
 
 def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
@@ -550,19 +574,41 @@ def evaluate_llm_retrieval(args: argparse.Namespace, methods: tuple[str, ...], n
     return _write_generated(args, results, args.model, llm_report, shards)
 
 
-def parse_llm_methods(spec: str) -> tuple[str, ...]:
-    """``all`` or a comma-separated list of the decoder methods llm-retrieval evaluates (order kept, duplicates
-    dropped)."""
-    from ..evaluation.llm_retrieval import DEFAULT_METHODS
+def evaluate_vlm_shapes(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
+    """The shapes LLaVA's words naming objects in its answers about unseen scenes, explained by every method its
+    family offers and scored against the objects' masks and by patch deletion (`relevancy.evaluation.vlm_shapes`);
+    writes results.json and report.md."""
+    from ..bench.vlm_model import VLM_TEST_SEED, load_shapes_llava
+    from ..evaluation.support import supported_methods
+    from ..evaluation.vlm_shapes import DEFAULT_METHODS, vlm_report
+    from ..evaluation.vlm_shapes import evaluate_vlm_shapes as run_benchmark
 
-    if spec.strip() == "all":
-        return DEFAULT_METHODS
-    names = [name.strip() for name in spec.split(",")]
-    for name in names:
-        if name not in DEFAULT_METHODS:
-            raise UsageError(f"method {name!r} is not evaluated by llm-retrieval; valid methods: "
-                               f"{', '.join(DEFAULT_METHODS)} (or 'all')")
-    return tuple(dict.fromkeys(names))
+    path = vlm_model_path(args.model)
+    try:
+        model, processor = load_shapes_llava(path)
+    except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot load a shapes LLaVA from {path} and its .json: {type(error).__name__}: {error}") from error
+    methods = _offered(args, methods, supported_methods(model, DEFAULT_METHODS), "LLaVA", "vlm-shapes")
+    results = run_benchmark(model, processor, methods=methods, n=n, seed=VLM_TEST_SEED + 32 * args.seed,
+                            batch_size=args.batch_size, progress=not args.quiet, shards=shards)
+    return _write_generated(args, results, "shapes-llava (shipped)", vlm_report, shards)
+
+
+def listed_methods(module: str, benchmark: str) -> Callable[[str], tuple[str, ...]]:
+    """The `--methods` parser of a decoder benchmark: ``all`` (every one of the ``DEFAULT_METHODS`` of
+    ``relevancy.evaluation.<module>``, imported when parsing) or a comma-separated list of them (order kept,
+    duplicates dropped); a usage error naming the valid ones otherwise."""
+    def parse(spec: str) -> tuple[str, ...]:
+        valid = importlib.import_module(f"{__package__.rpartition('.')[0]}.evaluation.{module}").DEFAULT_METHODS
+        if spec.strip() == "all":
+            return valid
+        names = [name.strip() for name in spec.split(",")]
+        for name in names:
+            if name not in valid:
+                raise UsageError(f"method {name!r} is not evaluated by {benchmark}; valid methods: "
+                                 f"{', '.join(valid)} (or 'all')")
+        return tuple(dict.fromkeys(names))
+    return parse
 
 
 @dataclass(frozen=True)
@@ -610,5 +656,8 @@ TABLE = {
     "coco-detr": Benchmark(_check_coco_detr, evaluate_coco_detr, "detector"),
     "shapes-detection": Benchmark(_check_shapes_detection, evaluate_shapes_detection, "detector", 200, options=("threshold",)),
     "shapes-vqa": Benchmark(_check_shapes_vqa, evaluate_shapes_vqa, "questions", 300, options=("perturbation_n",)),
-    "llm-retrieval": Benchmark(_check_llm_retrieval, evaluate_llm_retrieval, "language", 30, parse_llm_methods),
+    "llm-retrieval": Benchmark(_check_llm_retrieval, evaluate_llm_retrieval, "language", 30,
+                               listed_methods("llm_retrieval", "llm-retrieval")),
+    "vlm-shapes": Benchmark(_check_vlm_shapes, evaluate_vlm_shapes, "vision-language", 100,
+                            listed_methods("vlm_shapes", "vlm-shapes")),
 }

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 BENCHMARKS = ("shapes", "imagenet", "imagenet-seg", "eraser", "shapes-clip", "coco-detr", "shapes-detection", "shapes-vqa",
-              "llm-retrieval")
+              "llm-retrieval", "vlm-shapes")
 
 #: first per-scene seed of the evaluation scenes: above every training seed (< 10**9) and away from the
 #: whole-batch seeds of ``bench.evaluate_accuracy`` (10**9, 10**9 + 1) and of training validation (10**9 + 10**4)

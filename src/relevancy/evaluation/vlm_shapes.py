@@ -1,0 +1,348 @@
+"""`relevancy evaluate --benchmark vlm-shapes`: a vision-language decoder's explanations of the words it writes,
+scored against the exact masks of the objects those words name.
+
+1. **Items**: ``make_vlm(n, seed)`` (`relevancy.bench.vlm_world`: unseen scenes of one to three objects, each with a
+   description to write or a question to answer). The model answers greedily; ``accuracy`` is the share of exact
+   answers. Only answers written exactly right are explained (a wrong word names no object of the ground truth).
+2. **Words**: every word of those answers that names an object, its colour or its shape ("a *red* *star* below a
+   *blue* *circle*"; "what color is the star" -> "*red*"). Each is explained as the next token after the image, the
+   prompt and the answer's words before it (``target``: the word's token id); a method gives ``(B, rows, cols)``
+   image scores on the vision tower's patch grid.
+3. **Metrics** per word, then means over words (and per word kind, colour or shape):
+
+   * ``share``: the positive relevance inside the named object's mask over the positive relevance of the image (the
+     map upsampled bilinearly to the pixels, `relevancy.metrics.discrimination.class_discrimination`); 0 for a map
+     with no positive value. ``other_share``: the same inside the scene's other objects' masks.
+   * ``pointing``: whether the map's top pixel (so its top patch) lies in the object's mask.
+   * ``morf`` and ``lerf``: patch deletion. The patches are ranked by the map, most relevant first (MoRF) or least
+     relevant first (LeRF, ties in patch order); at each step of `STEPS` the first ``int(step * P)`` of the ``P``
+     patches are set to the images' mean (0 after normalisation) and the model reads the image again. The curve is
+     the word's log-probability minus the unperturbed one (0 at step 0); the value is its trapezoid area over the
+     removed fraction 0..1 (`relevancy.evaluation.llm_retrieval`'s deletion test, on patches). MoRF: lower is better;
+     LeRF: higher is better; ``gap`` = ``lerf - morf``.
+   * ``time_ratio``: a method's time over a plain no-grad forward of the same rows, each having run once untimed:
+     what it costs in forward passes.
+
+Reference rows, scored the same way: ``patch_ablation`` (each patch alone set to the mean, the drop of the word's
+log-probability: one forward per patch, the slow reference), ``random`` (scores drawn uniformly, each chunk's
+generator seeded from the seed and its first item) and ``objects`` (word-blind: each patch's share of pixels inside
+any object: what finding the objects without reading the word scores).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..bench.captions import COLORS
+from ..bench.vlm_model import VLM_TEST_SEED, encode, generate
+from ..bench.vlm_world import VlmBatch, make_vlm
+from ..metrics.discrimination import class_discrimination
+from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
+from .llm_retrieval import _cell, _mean
+from .shards import Shards
+
+__all__ = ["DEFAULT_METHODS", "REFERENCES", "UNITS", "Word", "Explainer", "object_words", "word_inputs",
+           "delete_patches", "word_log_probabilities", "deletion_curves", "patch_ablation", "object_cover",
+           "grounding", "evaluate_vlm_shapes", "vlm_report"]
+
+#: relevancy's methods for vision-language decoders, in the order the report lists them (each run where the family offers it)
+DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "transformer_attribution", "generic_attention",
+                   "attention_gradcam", "rollout", "raw_attention", "token_ablation")
+PATCH_ABLATION, RANDOM, OBJECTS = "patch_ablation", "random", "objects"
+#: the rows every run adds, computed here
+REFERENCES = (PATCH_ABLATION, RANDOM, OBJECTS)
+#: the random row's generator of the chunk starting at item ``i`` is seeded ``seed * MAX_ITEMS + i``
+MAX_ITEMS = 1_000_000
+UNITS = ("share, other_share, pointing, accuracy: fractions in [0, 1]; morf, lerf, gap: area under the word's "
+         "log-probability (nats, minus the unperturbed one) over the removed fraction of the patches (0..1); "
+         "clean_log_probability: nats; time_ratio: a method's time over a plain forward of the same rows")
+_METRICS = ("share", "other_share", "pointing", "morf", "lerf", "gap")
+KINDS = ("color", "shape")
+
+#: an explainer outside relevancy: (model, inputs with pixel_values, target token ids) -> (B, rows, cols) image scores
+Explainer = Callable[[nn.Module, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word of a right answer that names an object: item, its place among the answer's words, the object."""
+
+    item: int
+    position: int
+    word: str
+    obj: int
+
+    @property
+    def kind(self) -> str:
+        return "color" if self.word in COLORS else "shape"
+
+
+def object_words(batch: VlmBatch, said: Sequence[str]) -> list[Word]:
+    """The words naming an object in the answers ``said`` that are exactly the true ones, in item and word order."""
+    return [Word(i, p, w, j) for i, answer in enumerate(said) if answer == batch.answers[i]
+            for p, (w, j) in enumerate(zip(answer.split(), batch.named[i])) if j >= 0]
+
+
+def word_inputs(tokenizer: Any, batch: VlmBatch, words: Sequence[Word]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``(inputs, targets)``: per word, the ids of ``<s>``, the image tokens, the prompt and the answer's words before
+    it (left-padded, as the processor pads for generation), its item's pixel values, and the word's token id."""
+    prefixes = [" ".join([batch.prompts[w.item], *batch.answers[w.item].split()[:w.position]]) for w in words]
+    inputs = encode(tokenizer, prefixes)
+    inputs["pixel_values"] = batch.images[[w.item for w in words]]
+    targets = torch.tensor(tokenizer.convert_tokens_to_ids([w.word for w in words]))
+    return inputs, targets
+
+
+def _grid(model: nn.Module) -> tuple[int, int, int]:
+    """``(rows, cols, patch)`` of the model's vision tower at its configured image size."""
+    vision = model.config.vision_config
+    side = vision.image_size // vision.patch_size
+    return side, side, vision.patch_size
+
+
+def delete_patches(pixel_values: torch.Tensor, removed: torch.Tensor, patch: int) -> torch.Tensor:
+    """A copy of ``pixel_values`` ``(B, C, H, W)`` with the patches ``removed`` ``(B, rows, cols)`` set to 0 (the
+    images' mean after normalisation)."""
+    keep = ~removed.repeat_interleave(patch, 1).repeat_interleave(patch, 2)
+    return pixel_values * keep[:, None].to(pixel_values.dtype)
+
+
+@torch.no_grad()
+def word_log_probabilities(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets: torch.Tensor,
+                           pixel_values: torch.Tensor | None = None, batch_size: int = 64) -> torch.Tensor:
+    """``(B,)`` float64: the log-probability of ``targets`` after each row of ``inputs`` (left-padded: read at the
+    last position; position ids count real tokens only), with ``pixel_values`` instead of the inputs' own if given,
+    in forwards of ``batch_size`` rows."""
+    pixels = inputs["pixel_values"] if pixel_values is None else pixel_values
+    device = next(model.parameters()).device
+    out = torch.empty(len(targets), dtype=torch.float64)
+    for s in range(0, len(targets), batch_size):
+        mask = inputs["attention_mask"][s:s + batch_size]
+        logits = model(input_ids=inputs["input_ids"][s:s + batch_size].to(device), attention_mask=mask.to(device),
+                       position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device),
+                       pixel_values=pixels[s:s + batch_size].to(device), use_cache=False).logits[:, -1]
+        out[s:s + len(mask)] = logits.double().log_softmax(-1).cpu()[torch.arange(len(mask)), targets[s:s + batch_size]]
+    return out
+
+
+def _perturbed(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets: torch.Tensor, rows: torch.Tensor,
+               removed: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """``(K,)`` float64: the log-probability of row ``rows[k]``'s word with the patches ``removed[k]`` ``(rows,
+    cols)`` set to the mean, in forwards of ``batch_size`` (the perturbed images made per forward)."""
+    patch = _grid(model)[2]
+    out = torch.empty(len(rows), dtype=torch.float64)
+    for s in range(0, len(rows), batch_size):
+        index = rows[s:s + batch_size]
+        part = {k: v[index] for k, v in inputs.items() if k != "pixel_values"}
+        pixels = delete_patches(inputs["pixel_values"][index], removed[s:s + batch_size], patch)
+        out[s:s + len(index)] = word_log_probabilities(model, part, targets[index], pixels, batch_size)
+    return out
+
+
+def deletion_curves(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets: torch.Tensor,
+                    maps: Mapping[str, torch.Tensor], batch_size: int,
+                    steps: Sequence[float] = STEPS) -> tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
+    """``(clean, curves)``: each word's unperturbed log-probability ``(B,)`` and, per map name and direction
+    (``morf``, ``lerf``), the ``(B, len(steps))`` change of it as the patches are set to the mean in the map's
+    order (`relevancy.evaluation.deletion`: each distinct deletion read once)."""
+    rows, cols, _ = _grid(model)
+    deletions, plan = plan_deletions({name: lambda row, direction, scores=scores: ranked(scores[row].flatten(), direction)
+                                      for name, scores in maps.items()}, len(targets), steps)
+    removed = torch.zeros(len(deletions), rows * cols, dtype=torch.bool)
+    for k, (_, units) in enumerate(deletions):
+        removed[k, list(units)] = True
+    values = _perturbed(model, inputs, targets, torch.tensor([row for row, _ in deletions]),
+                        removed.view(-1, rows, cols), batch_size)
+    return curves_of(values, deletions, plan, len(targets))
+
+
+def patch_ablation(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets: torch.Tensor,
+                   batch_size: int = 64) -> torch.Tensor:
+    """``(B, rows, cols)``: the drop of each word's log-probability when that patch alone is set to the mean (one
+    forward per patch and word, plus the clean one)."""
+    rows, cols, _ = _grid(model)
+    count = rows * cols
+    clean = word_log_probabilities(model, inputs, targets, batch_size=batch_size)
+    single = torch.eye(count, dtype=torch.bool).view(count, rows, cols)
+    index = torch.arange(len(targets)).repeat_interleave(count)
+    dropped = _perturbed(model, inputs, targets, index, single.repeat(len(targets), 1, 1), batch_size)
+    return (clean[:, None] - dropped.view(len(targets), count)).view(len(targets), rows, cols)
+
+
+def object_cover(masks: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """``(B, rows, cols)`` float64: each patch's share of pixels inside ``masks`` ``(B, H, W)``."""
+    return F.adaptive_avg_pool2d(masks.double()[:, None], (rows, cols))[:, 0]
+
+
+def grounding(maps: torch.Tensor, target: torch.Tensor, other: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per word, float64: ``share``, ``other_share`` and ``pointing`` of ``(B, rows, cols)`` maps against the named
+    object's and the other objects' ``(B, H, W)`` masks."""
+    d = class_discrimination(maps.detach().double().cpu(), target, other)
+    return {"share": d["target_share"], "other_share": d["other_share"], "pointing": d["pointing"].double()}
+
+
+def evaluate_vlm_shapes(model: nn.Module, processor: Any, methods: Sequence[str] = DEFAULT_METHODS, n: int = 100,
+                        seed: int = VLM_TEST_SEED, batch_size: int = 16, explainers: Mapping[str, Explainer] | None = None,
+                        progress: bool = False, deletion_batch_size: int = 128, shards: Shards | None = None,
+                        batch: VlmBatch | None = None) -> dict[str, Any]:
+    """The benchmark's numbers per method (see the module's docstring), JSON-able (NaN where no word counts).
+
+    ``methods``: relevancy method names (explained through `relevancy.explain`'s ``image_scores``); ``explainers``:
+    more named maps computed outside relevancy, scored the same way; the `REFERENCES` rows are always added.
+    ``batch_size``: items per chunk (their words explained together); ``batch``: the items (default
+    ``make_vlm(n, seed)``); ``shards``: where each chunk's record goes as it finishes (`relevancy.evaluation.shards`;
+    default in memory, one process). The model runs in eval mode; every module's mode is restored after."""
+    if min(n, batch_size, deletion_batch_size) < 1:
+        raise ValueError(f"n and the batch sizes must be at least 1, got n={n}, batch_size={batch_size}, "
+                         f"deletion_batch_size={deletion_batch_size}")
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        return _evaluate(model, processor.tokenizer, tuple(methods), dict(explainers or {}), make_vlm(n, seed) if batch is None else batch,
+                         seed, batch_size, progress, deletion_batch_size, Shards() if shards is None else shards)
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explainers: dict[str, Explainer],
+              batch: VlmBatch, seed: int, batch_size: int, progress: bool, deletion_batch_size: int,
+              shards: Shards) -> dict[str, Any]:
+    """`evaluate_vlm_shapes` on a model in eval mode: each chunk of items is a chunk of `shards`."""
+    from ..api import explain
+
+    rows, cols, _ = _grid(model)
+    names = [*methods, *explainers, *REFERENCES]
+    warmed: list[bool] = []
+
+    def explain_with(name: str, inputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        if name in methods:
+            return explain(model, dict(inputs), method=name, target=targets.tolist()).image_scores.detach().cpu()
+        if name == PATCH_ABLATION:
+            return patch_ablation(model, inputs, targets, deletion_batch_size)
+        return explainers[name](model, dict(inputs), targets).detach().cpu()
+
+    def chunk(start: int) -> dict[str, Any]:
+        """One chunk's record: the answers, then per object word its values, and the chunk's timings."""
+        items = range(start, min(len(batch), start + batch_size))
+        part = _subset(batch, items)
+        said = generate(model, tokenizer, part.images, part.prompts)
+        words = object_words(part, said)
+        record: dict[str, Any] = {"right": [a == b for a, b in zip(said, part.answers)], "kinds": [w.kind for w in words],
+                                  "tasks": [part.task_names()[w.item] for w in words], "seconds": {}, "per_word": {}}
+        if not words:
+            return record
+        inputs, targets = word_inputs(tokenizer, part, words)
+        if not warmed:  # untimed: each method's and the forward's first call in this process pays one-off costs
+            first = {k: v[:1] for k, v in inputs.items()}
+            word_log_probabilities(model, first, targets[:1])
+            for name in names:
+                if name not in (RANDOM, OBJECTS):
+                    explain_with(name, first, targets[:1])
+            warmed.append(True)
+        began = time.perf_counter()
+        word_log_probabilities(model, inputs, targets, batch_size=len(targets))
+        record["forward_seconds"] = time.perf_counter() - began
+        masks = part.masks[[w.item for w in words]]
+        target = masks[torch.arange(len(words)), [w.obj for w in words]]
+        other = masks.any(1) & ~target
+        generator = torch.Generator().manual_seed(seed * MAX_ITEMS + start)
+        maps: dict[str, torch.Tensor] = {}
+        for name in names:
+            began = time.perf_counter()
+            if name == RANDOM:
+                maps[name] = torch.rand((len(words), rows, cols), generator=generator, dtype=torch.float64)
+            elif name == OBJECTS:
+                maps[name] = object_cover(masks.any(1), rows, cols)
+            else:
+                maps[name] = explain_with(name, inputs, targets)
+                record["seconds"][name] = time.perf_counter() - began
+        clean, curves = deletion_curves(model, inputs, targets, maps, deletion_batch_size)
+        record["clean"] = clean.tolist()
+        for name, scores in maps.items():
+            morf, lerf = (area(curves[name][d]) for d in DIRECTIONS)
+            values = {k: v.tolist() for k, v in grounding(scores, target, other).items()}
+            record["per_word"][name] = {**values, "morf": morf.tolist(), "lerf": lerf.tolist(), "gap": (lerf - morf).tolist()}
+        return record
+
+    starts = list(range(0, len(batch), batch_size))
+    records = shards.map(starts, chunk, progress, "vlm-shapes", "item", lambda s: len(range(s, min(len(batch), s + batch_size))))
+    kinds = [k for r in records for k in r["kinds"]]
+    tasks = [t for r in records for t in r["tasks"]]
+    right = [v for r in records for v in r["right"]]
+    timed = [r for r in records if "forward_seconds" in r]
+    forward_seconds = math.fsum(r["forward_seconds"] for r in timed)
+    results: dict[str, Any] = {
+        "benchmark": "vlm-shapes", "n": len(batch), "seed": seed, "units": UNITS, "steps": list(STEPS),
+        "grid": [rows, cols], "accuracy": _mean(right), "answered": int(sum(right)), "words": len(kinds),
+        "words_per_kind": {k: kinds.count(k) for k in KINDS},
+        "words_per_task": {t: tasks.count(t) for t in dict.fromkeys(tasks)},
+        "clean_log_probability": _mean([v for r in timed for v in r["clean"]]), "methods": {},
+    }
+    for name in names:
+        per_word = {k: [v for r in timed for v in r["per_word"][name][k]] for k in _METRICS}
+        entry: dict[str, Any] = {k: _mean(v) for k, v in per_word.items()}
+        entry["per_kind"] = {kind: {k: _mean([v for v, w in zip(per_word[k], kinds) if w == kind]) for k in _METRICS}
+                             for kind in KINDS}
+        if name in (RANDOM, OBJECTS):
+            results["methods"][name] = entry
+            continue
+        seconds = math.fsum(r["seconds"][name] for r in timed)
+        entry["time_ratio"] = seconds / forward_seconds if forward_seconds else math.nan
+        entry["seconds_per_word"] = seconds / max(len(kinds), 1)
+        results["methods"][name] = entry
+    return results
+
+
+def _subset(batch: VlmBatch, items: range) -> VlmBatch:
+    """The items ``items`` of ``batch``."""
+    i = list(items)
+    return VlmBatch(prompts=[batch.prompts[k] for k in i], answers=[batch.answers[k] for k in i], task=batch.task[i],
+                    named=[batch.named[k] for k in i], images=batch.images[i], pixels=batch.pixels[i],
+                    masks=batch.masks[i], n_objects=batch.n_objects[i], shape=batch.shape[i], color=batch.color[i],
+                    seed=batch.seed)
+
+
+_LABELS = {PATCH_ABLATION: "patch ablation (reference)", RANDOM: "random scores", OBJECTS: "all objects (word-blind)"}
+
+
+def _rows(methods: Mapping[str, Any], kind: str | None = None) -> list[str]:
+    out = []
+    for name, entry in methods.items():
+        values = entry if kind is None else entry["per_kind"][kind]
+        ratio = _cell(entry["time_ratio"], 1) if "time_ratio" in entry else "0"
+        cells = " | ".join(_cell(100 * values[k], 1) if k in ("share", "other_share", "pointing") else _cell(values[k], 2)
+                           for k in _METRICS)
+        out.append(f"| {_LABELS.get(name, f'`{name}`')} | {cells} | {ratio} |")
+    return out
+
+
+def vlm_report(results: Mapping[str, Any]) -> str:
+    """The results as Markdown: all object words, then per kind of word."""
+    header = ["| method | share % ↑ | other objects % ↓ | pointing % ↑ | MoRF ↓ | LeRF ↑ | LeRF − MoRF ↑ | forwards |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    kinds = results["words_per_kind"]
+    return "\n".join([
+        f"# vlm-shapes ({results['n']} unseen scenes of seed {results['seed']}), model {results.get('model', '')}",
+        "",
+        f"The model's greedy answer is exactly right on {results['answered']} of {results['n']} items (accuracy "
+        f"{_cell(100 * results['accuracy'], 1)} %); their {results['words']} words naming an object "
+        f"({kinds['color']} colour words, {kinds['shape']} shape words) are explained, each as the next token after "
+        "the image, the prompt and the words before it. Share: positive relevance inside the named object's mask over "
+        "the image's (other objects: inside the scene's other objects' masks); pointing: the top patch lies in the "
+        "object. MoRF / LeRF: patches set to the mean most / least relevant first, area under the word's "
+        "log-probability (minus the unperturbed "
+        f"{_cell(results['clean_log_probability'], 2)} nats on average) over the removed fraction 0..1. Forwards: a "
+        "method's time over a plain forward of the same rows.",
+        "",
+        *header, *_rows(results["methods"]),
+        "",
+        *[line for kind in KINDS for line in (f"## {kind.capitalize()} words ({kinds[kind]})", "", *header,
+                                               *_rows(results["methods"], kind), "")],
+    ])

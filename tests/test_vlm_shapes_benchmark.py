@@ -1,0 +1,144 @@
+"""`relevancy evaluate --benchmark vlm-shapes`: the scoring on hand-made maps and a model that reads one patch, the
+words and their inputs, and the whole benchmark with maps given from outside on the shipped shapes LLaVA."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from relevancy.bench.vlm_model import VLM_TEST_SEED, build_tokenizer, load_shapes_llava
+from relevancy.bench.vlm_world import make_vlm
+from relevancy.evaluation import vlm_shapes as VS
+from relevancy.evaluation.deletion import area
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small models: one thread is as fast and does not fight other work for the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class OnePatch(nn.Module):
+    """A stand-in decoder whose log-probability of token 7 is the mean of patch (2, 3)'s pixels: deleting that patch
+    (setting it to 0) is the only deletion that changes it."""
+
+    config = SimpleNamespace(vision_config=SimpleNamespace(image_size=64, patch_size=8))
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, attention_mask, position_ids, pixel_values, use_cache):
+        value = pixel_values[:, :, 16:24, 24:32].mean((1, 2, 3))
+        logits = torch.zeros(len(input_ids), input_ids.shape[1], 10)
+        logits[:, -1, 7] = value
+        return SimpleNamespace(logits=logits)
+
+
+def test_grounding_on_hand_made_maps():
+    target = torch.zeros(3, 64, 64, dtype=torch.bool)
+    target[:, :16, :16] = True  # patches (0..1, 0..1)
+    other = torch.zeros(3, 64, 64, dtype=torch.bool)
+    other[:, 48:, 48:] = True  # patches (6..7, 6..7)
+    maps = torch.zeros(3, 8, 8)
+    maps[0, 0, 0] = 1.0  # inside the target only
+    maps[1, 7, 7], maps[1, 0, 0] = 3.0, 1.0  # mostly on the other object, top patch there
+    maps[2] = -1.0  # nothing positive
+    g = VS.grounding(maps, target, other)
+    assert g["share"][0] == 1.0 and g["other_share"][0] == 0.0 and g["pointing"][0] == 1.0
+    assert g["share"][1] < 0.5 < g["other_share"][1] and g["pointing"][1] == 0.0
+    assert g["share"][2] == 0.0 and g["other_share"][2] == 0.0
+
+
+def test_object_cover_is_the_share_of_each_patch_in_the_masks():
+    masks = torch.zeros(1, 64, 64, dtype=torch.bool)
+    masks[0, :8, :4] = True
+    cover = VS.object_cover(masks, 8, 8)
+    assert cover[0, 0, 0] == 0.5 and cover.sum() == 0.5
+
+
+def test_delete_patches_sets_exactly_the_removed_patches_to_the_mean():
+    pixels = torch.randn(2, 3, 64, 64) + 5.0
+    removed = torch.zeros(2, 8, 8, dtype=torch.bool)
+    removed[0, 2, 3] = True
+    out = VS.delete_patches(pixels, removed, 8)
+    assert (out[0, :, 16:24, 24:32] == 0).all() and torch.equal(out[1], pixels[1])
+    changed = (out != pixels).any(1)
+    assert changed.sum() == 64 and out.data_ptr() != pixels.data_ptr()
+
+
+def test_deletion_and_patch_ablation_find_the_one_patch_the_model_reads():
+    model = OnePatch()
+    inputs = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5, dtype=torch.long),
+              "pixel_values": torch.full((2, 3, 64, 64), 2.0)}
+    targets = torch.tensor([7, 7])
+    ablation = VS.patch_ablation(model, inputs, targets, batch_size=50)
+    assert ablation.shape == (2, 8, 8) and ablation[:, 2, 3].gt(0).all()
+    assert ablation.flatten(1).argmax(1).tolist() == [2 * 8 + 3] * 2 and (ablation.flatten(1)[:, :19] == 0).all()
+    perfect = torch.zeros(2, 8, 8)
+    perfect[:, 2, 3] = 1.0
+    worst = -perfect
+    clean, curves = VS.deletion_curves(model, inputs, targets, {"perfect": perfect, "worst": worst}, batch_size=7)
+    assert clean.shape == (2,)
+    for direction in ("morf", "lerf"):
+        assert (curves["perfect"][direction][:, 0] == 0).all() and curves["perfect"][direction].shape == (2, 11)
+    morf, lerf = area(curves["perfect"]["morf"]), area(curves["perfect"]["lerf"])
+    assert (morf < lerf).all() and (area(curves["worst"]["morf"]) > morf).all()
+    # removing everything is one deletion whichever order asked for it: the curves end at the same value
+    assert torch.equal(curves["perfect"]["morf"][:, -1], curves["worst"]["lerf"][:, -1])
+
+
+def test_object_words_keep_right_answers_only_and_their_inputs_end_before_the_word():
+    batch = make_vlm(12, seed=VLM_TEST_SEED + 99)
+    said = list(batch.answers)
+    said[0] = "wrong"
+    words = VS.object_words(batch, said)
+    assert all(w.item != 0 for w in words)
+    expected = sum(sum(j >= 0 for j in batch.named[i]) for i in range(1, 12))
+    assert len(words) == expected and {w.kind for w in words} <= {"color", "shape"}
+    tokenizer = build_tokenizer()
+    inputs, targets = VS.word_inputs(tokenizer, batch, words)
+    for row, w in enumerate(words):
+        text = tokenizer.decode(inputs["input_ids"][row][inputs["attention_mask"][row].bool()], skip_special_tokens=True)
+        before = " ".join([batch.prompts[w.item], *batch.answers[w.item].split()[:w.position]])
+        assert " ".join(text.split()) == before and tokenizer.convert_ids_to_tokens(int(targets[row])) == w.word
+        assert torch.equal(inputs["pixel_values"][row], batch.images[w.item])
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_shapes_llava()
+
+
+def test_the_benchmark_scores_maps_given_from_outside(shipped):
+    """An oracle map (the named object's own cover) beats the word-blind objects row, which beats random scores;
+    patch ablation, the reference, is scored and timed; every number is in its range."""
+    model, processor = shipped
+    batch = make_vlm(6, seed=VLM_TEST_SEED)
+    words_of = {}
+
+    def oracle(model, inputs, targets):
+        rows = words_of["rows"]
+        return VS.object_cover(torch.stack([batch.masks[w.item, w.obj] for w in rows]), 8, 8)
+
+    said = VS.generate(model, processor.tokenizer, batch.images, batch.prompts)
+    words_of["rows"] = VS.object_words(batch, said)
+    results = VS.evaluate_vlm_shapes(model, processor, methods=(), n=6, batch_size=6, explainers={"oracle": oracle},
+                                     batch=batch)
+    m = results["methods"]
+    assert list(m) == ["oracle", "patch_ablation", "random", "objects"]
+    assert results["words"] == len(words_of["rows"]) > 0 and results["answered"] >= 5
+    assert m["oracle"]["share"] > 0.8 and m["oracle"]["pointing"] == 1.0
+    assert m["oracle"]["share"] > m["objects"]["share"] > m["random"]["share"]
+    assert m["patch_ablation"]["time_ratio"] > 10 and "time_ratio" not in m["random"]
+    for entry in m.values():
+        assert all(0 <= entry[k] <= 1 for k in ("share", "other_share", "pointing"))
+        assert math.isclose(entry["gap"], entry["lerf"] - entry["morf"], abs_tol=1e-9)
+    report = VS.vlm_report(results)
+    assert "| oracle " not in report and "| `oracle` |" in report and "patch ablation (reference)" in report
