@@ -2,6 +2,7 @@
 words and their inputs, and the whole benchmark with maps given from outside on the shipped shapes LLaVA."""
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -13,15 +14,6 @@ from relevancy.bench.vlm_model import VLM_TEST_SEED, build_tokenizer, load_shape
 from relevancy.bench.vlm_world import make_vlm
 from relevancy.evaluation import vlm_shapes as VS
 from relevancy.evaluation.deletion import area
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small models: one thread is as fast and does not fight other work for the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 class OnePatch(nn.Module):
@@ -142,3 +134,42 @@ def test_the_benchmark_scores_maps_given_from_outside(shipped):
         assert math.isclose(entry["gap"], entry["lerf"] - entry["morf"], abs_tol=1e-9)
     report = VS.vlm_report(results)
     assert "| oracle " not in report and "| `oracle` |" in report and "patch ablation (reference)" in report
+
+
+# ------------------------------------------------------------------------------------------------ evaluate
+def run(*argv) -> int:
+    from relevancy.cli import main
+
+    return main([str(a) for a in argv])
+
+
+def test_the_command_explains_the_shipped_model_and_writes_results_and_report(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run("evaluate", "--benchmark", "vlm-shapes", "-n", 3, "--methods", "attnlrp", "--batch-size", 2,
+               "--threads", 1, "--quiet", "--out", out, "--json", "--seed", 1) == 0
+    captured = capsys.readouterr()
+    assert sorted(p.name for p in out.iterdir()) == ["report.md", "results.json"]
+    results = json.loads((out / "results.json").read_text())
+    assert json.loads(captured.out) == results
+    assert results["benchmark"] == "vlm-shapes" and results["model"] == "shapes-llava (shipped)" and results["n"] == 3
+    assert results["seed"] == VLM_TEST_SEED + 32 and results["words"] > 0
+    assert list(results["methods"]) == ["attnlrp", "patch_ablation", "random", "objects"]
+    assert results["methods"]["attnlrp"]["time_ratio"] < results["methods"]["patch_ablation"]["time_ratio"]
+    assert "| `attnlrp` |" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--data", "x"], "--data is not used with --benchmark vlm-shapes"),
+        (["-n", "2001"], "--n must be at most 2000"),
+        (["--seed", "300"], "--seed must be at most 299"),
+        (["--methods", "rolout"], "method 'rolout' is not evaluated by vlm-shapes; valid methods: attnlrp,"),
+        (["--methods", "attnlrp,rollout"], "method rollout does not explain LLaVA; vlm-shapes takes attnlrp"),
+        (["--model", "nothing.safetensors"], "--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or"),
+    ],
+)
+def test_bad_requests_are_clear_errors_and_write_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    assert run("evaluate", "--benchmark", "vlm-shapes", "--out", out, "--quiet", "-n", 3, *argv) == 2
+    assert message in capsys.readouterr().err and not out.exists()

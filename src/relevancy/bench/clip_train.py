@@ -44,6 +44,7 @@ import json
 import math
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,8 @@ from .captions import (COLORS, Tokenizer, attribute_arrays, caption_truth, confu
 from .clip_model import (CLIP_CONFIG, CLIP_WEIGHTS_PATH, CONTEXT_LENGTH, build_clip, evaluate_clip,
                          load_clip)
 from .model import EVAL_SEED_BASE
-from .train import Run, _log, adamw, aux_weight, fit, machine, run_training_command, start_run, step_loader, training_parser
+from .train import (Run, _log, adamw, aux_weight, fit, machine, run_training_command, save_with_json, start_run, step_loader,
+                    training_parser)
 from .scenes import CLASSES, PATCH_SIZE, make_scenes
 
 VAL_SEED = EVAL_SEED_BASE + 10_000  # quick validation during training, disjoint from the test seeds
@@ -65,19 +67,7 @@ LOG_NAME = "shapes_clip_train.log"
 def save_clip(model, tokenizer: Tokenizer, config: dict, path: Path, meta: dict) -> None:
     """Write ``path`` (safetensors weights) and ``path.with_suffix('.json')``
     (``CLIPConfig`` keyword arguments, vocabulary and ``meta``), atomically."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    os.chmod(tmp, 0o644)  # safetensors writes owner-only files
-    os.replace(tmp, path)
-    info = dict(config=config, vocab=list(tokenizer.vocab),
-                context_length=CONTEXT_LENGTH, **meta)
-    jtmp = path.with_suffix(".json.tmp")
-    jtmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.replace(jtmp, path.with_suffix(".json"))
+    save_with_json(model, path, dict(config=config, vocab=list(tokenizer.vocab), context_length=CONTEXT_LENGTH, **meta))
 
 
 def clip_config(vision_width: int | None = None, vision_layers: int | None = None,
@@ -173,20 +163,8 @@ def multi_positive_clip_loss(image_emb: torch.Tensor, text_emb: torch.Tensor,
     return 0.5 * (i2t + t2i)
 
 
-class _Batches(torch.utils.data.IterableDataset):
-    """Batches of a fixed-step run, rendered by DataLoader workers."""
-
-    def __init__(self, args, n_single: int, n_pair: int):
-        self.args, self.n_single, self.n_pair = args, n_single, n_pair
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
-        torch.set_num_threads(1)
-        tok = Tokenizer()
-        for step in range(wid, self.args.steps, nw):
-            yield make_batch(self.args.seed, step, self.n_single, self.n_pair, self.args.captions, tok,
-                             step / self.args.steps, self.args.hard_negatives)
+def _step_batch(args, n_single: int, n_pair: int, step: int):
+    return make_batch(args.seed, step, n_single, n_pair, args.captions, Tokenizer(), step / args.steps, args.hard_negatives)
 
 
 def train(args) -> None:
@@ -216,7 +194,7 @@ def train(args) -> None:
                 captions_per_scene=args.captions, hard_negatives_per_scene=args.hard_negatives,
                 aux_weight=args.aux_weight, aux_end=args.aux_end,
                 lr=args.lr)
-    loader = step_loader(args, _Batches(args, n_single, n_pair))
+    loader = step_loader(args, partial(_step_batch, args, n_single, n_pair))
 
     def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         if loader is not None:

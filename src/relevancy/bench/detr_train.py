@@ -20,7 +20,6 @@ the step count with ``--steps`` (exactly reproducible); gradient norm clipped at
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from .detection import (DETECTION_TEST_SEED, DETECTOR_CONFIG, build_detector, de
                         load_detector, make_detection_scenes)
 from .model import EVAL_SEED_BASE
 from .scenes import CLASSES
-from .train import (Run, _log, adamw, aux_weight, curriculum, fit, machine, run_training_command, save_weights,
+from .train import (Run, _log, adamw, aux_weight, curriculum, fit, machine, run_training_command, save_with_json,
                     start_run, training_parser)
 
 STRIDE = 8  # the image tokens' cell size in pixels
@@ -43,11 +42,7 @@ WEIGHTS_NAME = "shapes_detr.safetensors"
 def save_detector(model, path: Path, meta: dict) -> None:
     """Weights (safetensors) and ``path.with_suffix('.json')`` (the `DetrConfig` arguments and ``meta``), each
     written atomically."""
-    save_weights(model, path, {"format": "pt"})
-    os.chmod(path, 0o644)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(dict(config=DETECTOR_CONFIG, **meta), indent=1))
-    os.replace(tmp, path.with_suffix(".json"))
+    save_with_json(model, path, dict(config=DETECTOR_CONFIG, **meta))
 
 
 def token_targets(scenes, stride: int) -> torch.Tensor:

@@ -22,14 +22,15 @@ task, is logged every ``--ckpt-minutes`` with a checkpoint; the log is ``shapes_
 from __future__ import annotations
 
 import json
-import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from .model import EVAL_SEED_BASE
-from .train import Run, _log, adamw, fit, machine, run_training_command, start_run, step_loader, training_parser
+from .train import (Run, _log, adamw, fit, machine, run_training_command, save_with_json, start_run, step_loader,
+                    training_parser)
 from .vlm_model import (SPECIAL_TOKENS, VLM_CONFIG, VLM_TEST_SEED, VLM_VAL_SEED, VLM_WEIGHTS_PATH, build_shapes_llava,
                         build_tokenizer, encode, evaluate_vlm, load_shapes_llava)
 from .vlm_world import VOCABULARY, make_vlm
@@ -40,19 +41,7 @@ LOG_NAME = "shapes_llava_train.log"
 def save_vlm(model, path: Path, meta: dict) -> None:
     """Write ``path`` (safetensors weights, float32) and ``path.with_suffix('.json')`` (``LlavaConfig`` keyword
     arguments, vocabulary and ``meta``), atomically."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().cpu().float().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    os.chmod(tmp, 0o644)  # safetensors writes owner-only files
-    os.replace(tmp, path)
-    info = dict(config=VLM_CONFIG, vocab=list(SPECIAL_TOKENS + VOCABULARY), **meta)
-    jtmp = path.with_suffix(".json.tmp")
-    jtmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.chmod(jtmp, 0o644)
-    os.replace(jtmp, path.with_suffix(".json"))
+    save_with_json(model, path, dict(config=VLM_CONFIG, vocab=list(SPECIAL_TOKENS + VOCABULARY), **meta))
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -67,25 +56,11 @@ def _fmt(acc: dict) -> str:
             f"seed {acc['seed']})")
 
 
-class _Items(torch.utils.data.IterableDataset):
-    """Training items of a fixed-step run, encoded by DataLoader workers."""
-
-    def __init__(self, args):
-        self.args = args
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info else (0, 1)
-        torch.set_num_threads(1)
-        tokenizer = build_tokenizer()
-        for step in range(wid, self.args.steps, nw):
-            yield _items(self.args, tokenizer, step)
-
-
-def _items(args, tokenizer, step: int) -> dict[str, torch.Tensor]:
+def _items(args, step: int) -> dict[str, torch.Tensor]:
     """Step ``step``'s conversations: ``--batch-size`` scenes, ``--turns`` tasks each."""
     batch = make_vlm(args.batch_size, step_seed(args.seed, step), turns=args.turns)
-    return dict(encode(tokenizer, batch.prompts, batch.answers, turns=args.turns), pixel_values=batch.images[::args.turns])
+    return dict(encode(build_tokenizer(), batch.prompts, batch.answers, turns=args.turns),
+                pixel_values=batch.images[::args.turns])
 
 
 def train(args) -> None:
@@ -104,10 +79,10 @@ def train(args) -> None:
               f"threads={args.threads} workers={args.workers} {machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, vision_tower="shapes_clip, frozen")
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
-    loader = step_loader(args, _Items(args))
+    loader = step_loader(args, partial(_items, args))
 
     def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
-        items = next(loader) if loader is not None else _items(args, tokenizer, step)
+        items = next(loader) if loader is not None else _items(args, step)
         res = model(**{k: v.to(device) for k, v in items.items()})
         return res.loss, {"loss": res.loss.item()}
 

@@ -19,7 +19,6 @@ weights.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 
 from .captions import Tokenizer
 from .model import EVAL_SEED_BASE
-from .train import Run, _log, adamw, fit, machine, run_training_command, start_run, training_parser
+from .train import Run, _log, adamw, fit, machine, run_training_command, save_with_json, start_run, training_parser
 from .vqa import ANSWERS, MAX_LENGTH, QUESTION_TYPES, make_questions, question_tokenizer
 from .vqa_model import (VQA_CONFIG, VQA_TEST_SEED, VQA_VAL_SEED, VQA_WEIGHTS_PATH, build_vqa_lxmert,
                         evaluate_vqa, load_vqa_lxmert)
@@ -36,22 +35,10 @@ LOG_NAME = "shapes_vqa_train.log"
 
 
 def save_vqa(model, tokenizer: Tokenizer, config: dict, path: Path, meta: dict) -> None:
-    """Write ``path`` (safetensors weights) and ``path.with_suffix('.json')`` (``LxmertConfig``
-    keyword arguments, vocabulary, answers and ``meta``), atomically."""
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(sd, str(tmp), metadata={"format": "pt"})
-    os.chmod(tmp, 0o644)  # safetensors writes owner-only files
-    os.replace(tmp, path)
-    info = dict(config=config, vocab=list(tokenizer.vocab), answers=list(ANSWERS),
-                question_types=list(QUESTION_TYPES), max_length=MAX_LENGTH, **meta)
-    jtmp = path.with_suffix(".json.tmp")
-    jtmp.write_text(json.dumps(info, indent=1) + "\n")
-    os.chmod(jtmp, 0o644)
-    os.replace(jtmp, path.with_suffix(".json"))
+    """Write ``path`` (safetensors weights) and ``path.with_suffix('.json')`` (``LxmertConfig`` keyword arguments,
+    vocabulary, answers and ``meta``), atomically."""
+    save_with_json(model, path, dict(config=config, vocab=list(tokenizer.vocab), answers=list(ANSWERS),
+                                     question_types=list(QUESTION_TYPES), max_length=MAX_LENGTH, **meta))
 
 
 def step_seed(seed: int, step: int) -> int:
