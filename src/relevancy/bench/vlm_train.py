@@ -66,7 +66,7 @@ def _items(args, step: int) -> dict[str, torch.Tensor]:
 def train(args) -> None:
     out, log, device = start_run(args, LOG_NAME)
     tokenizer = build_tokenizer()
-    model = build_shapes_llava(vision_from_clip=True).to(device)
+    model = (load_shapes_llava(args.init)[0] if args.init else build_shapes_llava(vision_from_clip=True)).to(device)
     model.train()
     model.model.vision_tower.requires_grad_(False)
     optimizer = adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad],
@@ -76,8 +76,9 @@ def train(args) -> None:
               f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size}x{args.turns} turns "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
               f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
-              f"threads={args.threads} workers={args.workers} {machine()}")
-    meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, vision_tower="shapes_clip, frozen")
+              f"threads={args.threads} workers={args.workers} init={args.init} {machine()}")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, init=args.init,
+                vision_tower="shapes_clip, frozen")
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
     loader = step_loader(args, partial(_items, args))
 
@@ -114,6 +115,8 @@ def main(argv=None) -> None:
     ap = training_parser(__doc__, minutes=22.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
     ap.set_defaults(batch_size=32, warmup=0.05)
     ap.add_argument("--turns", type=int, default=3, help="tasks about each scene, one conversation per scene")
+    ap.add_argument("--init", default=None, help="start from these weights (a .safetensors file with its .json) instead "
+                                                  "of a new decoder: a further stage of training (give it another --seed)")
     run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
                          threads_help="torch threads (on a CPU shared with other jobs use 1)")
 

@@ -64,6 +64,7 @@ UNITS = ("share, other_share, pointing, accuracy: fractions in [0, 1]; morf, ler
          "clean_log_probability: nats; time_ratio: a method's time over a plain forward of the same rows")
 _METRICS = ("share", "other_share", "pointing", "morf", "lerf", "gap")
 KINDS = ("color", "shape")
+KIND_TITLES = {"color": "Colour words", "shape": "Shape words"}
 
 #: an explainer outside relevancy: (model, inputs with pixel_values, target token ids) -> (B, rows, cols) image scores
 Explainer = Callable[[nn.Module, dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
@@ -343,6 +344,6 @@ def vlm_report(results: Mapping[str, Any]) -> str:
         "",
         *header, *_rows(results["methods"]),
         "",
-        *[line for kind in KINDS for line in (f"## {kind.capitalize()} words ({kinds[kind]})", "", *header,
+        *[line for kind in KINDS for line in (f"## {KIND_TITLES[kind]} ({kinds[kind]})", "", *header,
                                                *_rows(results["methods"], kind), "")],
     ])
