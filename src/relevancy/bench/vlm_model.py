@@ -7,12 +7,12 @@
 >>> ids = model.generate(**inputs, max_new_tokens=12)          # "... red </s>"
 
 The vision tower is the shipped shapes CLIP's (:mod:`relevancy.bench.clip_model`: 64x64 scenes, 8x8 patches, so
-64 image tokens after [CLS] is dropped), frozen in training as LLaVA-1.5 freezes its CLIP; the decoder is a three-layer Llama with grouped
+65 image tokens: [CLS], kept, and the 64 patches), trained further with the rest (see ``vlm_train``); the decoder is a three-layer Llama with grouped
 query attention over a word-level vocabulary (:func:`build_tokenizer`: the words of
 :data:`~relevancy.bench.vlm_world.VOCABULARY` and ``<pad> <s> </s> <unk> <image>``, a ``PreTrainedTokenizerFast``
 built offline with the ``tokenizers`` package); :func:`build_processor` is the ``LlavaProcessor`` around it and a
 ``CLIPImageProcessor`` that takes the scenes' pixels as they are (mean = std = 0.5).  A prompt is
-``<s> <image> x 64`` and the prompt's words; the answer follows, ended by ``</s>``.
+``<s> <image> x 65`` and the prompt's words; the answer follows, ended by ``</s>``.
 
 Evaluation (:func:`evaluate_vlm`) generates greedily for ``make_vlm(n, VLM_TEST_SEED)`` and counts exact answers;
 training seeds are all below ``EVAL_SEED_BASE``.
@@ -43,7 +43,8 @@ IMAGE_TOKEN = "<image>"
 #: the special tokens, ids 0..4: padding, begin and end of a sequence, unknown words, the image placeholder
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", IMAGE_TOKEN)
 GRID = IMAGE_SIZE // PATCH_SIZE
-IMAGE_TOKENS = GRID * GRID
+#: the tower's [CLS] and its patches ("full": [CLS] is kept, the tower's summary of the scene)
+IMAGE_TOKENS = GRID * GRID + 1
 #: the most words an answer holds (three objects described) and the generation's limit in tokens
 MAX_NEW_TOKENS = 16
 
@@ -59,7 +60,7 @@ VLM_CONFIG = dict(
     image_token_index=SPECIAL_TOKENS.index(IMAGE_TOKEN),
     image_seq_length=IMAGE_TOKENS,
     vision_feature_layer=-1,
-    vision_feature_select_strategy="default",
+    vision_feature_select_strategy="full",
     projector_hidden_act="gelu",
     pad_token_id=0,
 )
@@ -89,7 +90,7 @@ def build_processor(tokenizer=None):
     images = CLIPImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, do_center_crop=False,
                                 image_mean=list(MEAN), image_std=list(STD), do_convert_rgb=True)
     return LlavaProcessor(image_processor=images, tokenizer=tokenizer or build_tokenizer(), patch_size=PATCH_SIZE,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          vision_feature_select_strategy="full", num_additional_image_tokens=1,
                           image_token=IMAGE_TOKEN)
 
 
@@ -136,7 +137,7 @@ def load_shapes_llava(path: str | Path | None = None, device: str | torch.device
 
 
 def encode(tokenizer, prompts: list[str], answers: list[str] | None = None, turns: int = 1) -> dict[str, torch.Tensor]:
-    """Token ids as the processor writes them for ``"<image> " + prompt`` (``<s>``, 64 image tokens, the prompt's
+    """Token ids as the processor writes them for ``"<image> " + prompt`` (``<s>``, 65 image tokens, the prompt's
     words), left-padded, for generation; with ``answers``, for training: each answer and ``</s>`` after its prompt,
     ``turns`` consecutive items (about one scene) one conversation per row (the image once, then prompt, answer,
     ``</s>``, prompt, ...), right padding, ``labels`` -100 but on the answers' tokens and their ``</s>``."""

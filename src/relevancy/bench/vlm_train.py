@@ -11,8 +11,8 @@ a single prompt's input).  Step ``t`` of run seed
 ``EVAL_SEED_BASE = 10**9``, so validation (``VLM_VAL_SEED``) and test (``VLM_TEST_SEED``) scenes are never trained on.
 
 Model: :func:`relevancy.bench.vlm_model.build_shapes_llava` with its vision tower the shipped shapes CLIP's (which
-already tells shapes and colours apart patch by patch), frozen as LLaVA-1.5 freezes its CLIP; projector and decoder
-are trained.
+already tells shapes and colours apart patch by patch): frozen, as LLaVA-1.5 freezes its CLIP, while projector and
+decoder learn, then (``--init`` the first stage's weights, ``--train-tower``) trained with them.
 Loss: cross-entropy on the answer's tokens and ``</s>`` (the prompt and the image tokens are not scored).  AdamW,
 linear warm-up then cosine decay, following wall-clock progress with ``--minutes`` or the step count with
 ``--steps`` (exactly reproducible; the shipped run).  Validation accuracy (exact answers, greedy), overall and per
@@ -66,9 +66,14 @@ def _items(args, step: int) -> dict[str, torch.Tensor]:
 def train(args) -> None:
     out, log, device = start_run(args, LOG_NAME)
     tokenizer = build_tokenizer()
-    model = (load_shapes_llava(args.init)[0] if args.init else build_shapes_llava(vision_from_clip=True)).to(device)
+    model = build_shapes_llava(vision_from_clip=True)
+    if args.init:  # the weights of an earlier stage, into today's config
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(args.init))
+    model = model.to(device)
     model.train()
-    model.model.vision_tower.requires_grad_(False)
+    model.model.vision_tower.requires_grad_(args.train_tower)
     optimizer = adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad],
                       lambda n, p: p.ndim >= 2 and "embed" not in n, args, betas=(0.9, 0.98), eps=1e-6)
     _log(log, f"start training seed={args.seed} config={json.dumps(VLM_CONFIG)} "
@@ -76,9 +81,9 @@ def train(args) -> None:
               f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size}x{args.turns} turns "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
               f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
-              f"threads={args.threads} workers={args.workers} init={args.init} {machine()}")
+              f"threads={args.threads} workers={args.workers} init={args.init} train_tower={args.train_tower} {machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, init=args.init,
-                vision_tower="shapes_clip, frozen")
+                vision_tower="shapes_clip, " + ("trained" if args.train_tower else "frozen"))
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
     loader = step_loader(args, partial(_items, args))
 
@@ -115,6 +120,7 @@ def main(argv=None) -> None:
     ap = training_parser(__doc__, minutes=22.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
     ap.set_defaults(batch_size=32, warmup=0.05)
     ap.add_argument("--turns", type=int, default=3, help="tasks about each scene, one conversation per scene")
+    ap.add_argument("--train-tower", action="store_true", help="train the vision tower too (default: frozen)")
     ap.add_argument("--init", default=None, help="start from these weights (a .safetensors file with its .json) instead "
                                                   "of a new decoder: a further stage of training (give it another --seed)")
     run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
