@@ -46,6 +46,7 @@ from ..metrics.discrimination import class_discrimination
 from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
 from .llm_retrieval import _cell, _mean
 from .shards import Shards
+from .support import supported_methods
 
 __all__ = ["DEFAULT_METHODS", "REFERENCES", "UNITS", "Word", "Explainer", "object_words", "word_inputs",
            "delete_patches", "word_log_probabilities", "deletion_curves", "patch_ablation", "object_cover",
@@ -188,13 +189,14 @@ def grounding(maps: torch.Tensor, target: torch.Tensor, other: torch.Tensor) -> 
     return {"share": d["target_share"], "other_share": d["other_share"], "pointing": d["pointing"].double()}
 
 
-def evaluate_vlm_shapes(model: nn.Module, processor: Any, methods: Sequence[str] = DEFAULT_METHODS, n: int = 100,
+def evaluate_vlm_shapes(model: nn.Module, processor: Any, methods: Sequence[str] | None = None, n: int = 100,
                         seed: int = VLM_TEST_SEED, batch_size: int = 16, explainers: Mapping[str, Explainer] | None = None,
                         progress: bool = False, deletion_batch_size: int = 128, shards: Shards | None = None,
                         batch: VlmBatch | None = None) -> dict[str, Any]:
     """The benchmark's numbers per method (see the module's docstring), JSON-able (NaN where no word counts).
 
-    ``methods``: relevancy method names (explained through `relevancy.explain`'s ``image_scores``); ``explainers``:
+    ``methods``: relevancy method names (explained through `relevancy.explain`'s ``image_scores``; default those of
+    `DEFAULT_METHODS` the model's family offers); ``explainers``:
     more named maps computed outside relevancy, scored the same way; the `REFERENCES` rows are always added.
     ``batch_size``: items per chunk (their words explained together); ``batch``: the items (default
     ``make_vlm(n, seed)``); ``shards``: where each chunk's record goes as it finishes (`relevancy.evaluation.shards`;
@@ -202,6 +204,8 @@ def evaluate_vlm_shapes(model: nn.Module, processor: Any, methods: Sequence[str]
     if min(n, batch_size, deletion_batch_size) < 1:
         raise ValueError(f"n and the batch sizes must be at least 1, got n={n}, batch_size={batch_size}, "
                          f"deletion_batch_size={deletion_batch_size}")
+    if methods is None:
+        methods = supported_methods(model, DEFAULT_METHODS)
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
