@@ -280,6 +280,18 @@ def evaluate(args) -> dict:
     return acc
 
 
+def logged_evaluation(args: argparse.Namespace, weights: Path, log_name: str, started: float, acc: dict,
+                      summary: str) -> dict:
+    """`acc` with the seconds since `started` and the weights file, its `summary` logged to the run's log (where
+    `--out` exists) and printed as JSON: how `--evaluate-only` ends."""
+    acc["seconds"] = round(time.time() - started, 1)
+    acc["weights"] = str(weights)
+    log = Path(args.out) / log_name
+    _log(log if Path(args.out).exists() else None, f"evaluate {weights.name}: {summary}")
+    print(json.dumps(acc))
+    return acc
+
+
 def learning_rate(args: argparse.Namespace, progress: float) -> float:
     """The shared schedule at `progress` (0..1) of a run: linear warm-up over `--warmup`, then cosine decay from
     `--lr` to `--min-lr`."""

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from .model import EVAL_SEED_BASE
-from .train import (Run, _log, adamw, fit, machine, run_training_command, save_with_json, start_run, step_loader,
-                    training_parser)
+from .train import (Run, _log, adamw, fit, logged_evaluation, machine, run_training_command, save_with_json, start_run,
+                    step_loader, training_parser)
 from .vlm_model import (SPECIAL_TOKENS, VLM_CONFIG, VLM_TEST_SEED, VLM_VAL_SEED, VLM_WEIGHTS_PATH, build_shapes_llava,
                         build_tokenizer, encode, evaluate_vlm, load_shapes_llava)
 from .vlm_world import VOCABULARY, make_vlm
@@ -108,12 +108,7 @@ def evaluate(args) -> dict:
     model, processor = load_shapes_llava(weights, device=args.device)
     t = time.time()
     acc = evaluate_vlm(model, processor.tokenizer, n=args.n, seed=VLM_TEST_SEED)
-    acc["seconds"] = round(time.time() - t, 1)
-    acc["weights"] = str(weights)
-    log = Path(args.out) / LOG_NAME
-    _log(log if Path(args.out).exists() else None, f"evaluate {weights.name}: {_fmt(acc)}")
-    print(json.dumps(acc))
-    return acc
+    return logged_evaluation(args, weights, LOG_NAME, t, acc, _fmt(acc))
 
 
 def main(argv=None) -> None:

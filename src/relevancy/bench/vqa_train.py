@@ -26,7 +26,8 @@ import torch
 
 from .captions import Tokenizer
 from .model import EVAL_SEED_BASE
-from .train import Run, _log, adamw, fit, machine, run_training_command, save_with_json, start_run, training_parser
+from .train import (Run, _log, adamw, fit, logged_evaluation, machine, run_training_command, save_with_json, start_run,
+                    training_parser)
 from .vqa import ANSWERS, MAX_LENGTH, QUESTION_TYPES, make_questions, question_tokenizer
 from .vqa_model import (VQA_CONFIG, VQA_TEST_SEED, VQA_VAL_SEED, VQA_WEIGHTS_PATH, build_vqa_lxmert,
                         evaluate_vqa, load_vqa_lxmert)
@@ -102,12 +103,7 @@ def evaluate(args) -> dict:
     t = time.time()
     batch = make_questions(args.n, VQA_TEST_SEED, vit=_vit().to(args.device))
     acc = evaluate_vqa(model, seed=VQA_TEST_SEED, batch=batch)
-    acc["seconds"] = round(time.time() - t, 1)
-    acc["weights"] = str(weights)
-    log = Path(args.out) / LOG_NAME
-    _log(log if Path(args.out).exists() else None, f"evaluate {weights.name}: {_fmt(acc)}")
-    print(json.dumps(acc))
-    return acc
+    return logged_evaluation(args, weights, LOG_NAME, t, acc, _fmt(acc))
 
 
 def main(argv=None) -> None:
