@@ -398,8 +398,9 @@ def rewrite_text(text: str, old_to_new: dict[str, str], table: dict[str, str], s
         inside = {old[len("src/relevancy/"):]: new for old, new in table.items() if old.startswith("src/relevancy/")}
         inside = {old + ("/" if old in WHOLE_FOLDERS else ""): new + ("/" if old in WHOLE_FOLDERS else "")
                   for old, new in inside.items() if "/" in old or old in WHOLE_FOLDERS}
-        pattern = re.compile(r"(?<![\w./\-])(" + "|".join(re.escape(s) for s in sorted(inside, key=len, reverse=True)) + r")(?![\w])")
-        text = pattern.sub(lambda m: inside[m.group(1)].removeprefix("src/relevancy/"), text)
+        alternatives = [re.escape(name) + ("" if name.endswith("/") else r"(?!\w)") for name in sorted(inside, key=len, reverse=True)]
+        pattern = re.compile(r"(?<![\w./\-])(" + "|".join(alternatives) + ")")
+        text = pattern.sub(lambda m: inside[m.group(0)].removeprefix("src/relevancy/"), text)
     return text
 
 
