@@ -61,6 +61,7 @@ MOVES: list[tuple[str, str]] = [
     ("relevancy.gemma3", "relevancy.zoo.gemma3"),
     ("relevancy.text", "relevancy.zoo.text"),  # the package's __init__ (load_model, encode)
     ("relevancy.text.model", "relevancy.zoo.text.model"),
+    ("relevancy.text.data", "relevancy.zoo.text.data"),  # its training data, read by benchmarks/text_speed.py too
     # the evaluation
     ("relevancy.metrics", "relevancy.evaluation.metrics"),
     ("relevancy.datasets", "relevancy.evaluation.datasets"),
@@ -80,7 +81,6 @@ MOVES: list[tuple[str, str]] = [
     ("relevancy.bench.detr_train", "training.shapes_detr"),
     ("relevancy.bench.vlm_train", "training.shapes_vlm"),
     ("relevancy.text.train", "training.sentiment"),
-    ("relevancy.text.data", "training.drug_reviews"),
 ]
 #: packages moved whole (every file below them, `static/` included); the other rows with an `__init__` move it alone
 WHOLE = {"relevancy.cli", "relevancy.serve", "relevancy.metrics"}
@@ -196,7 +196,7 @@ def file_moves(moves: dict[str, str], modules: dict[str, Path]) -> list[tuple[Pa
         for line in git("ls-files", str(old_dir)).splitlines():
             pairs.append((Path(line), new_dir / Path(line).relative_to(old_dir)))
     moving = {old for old, _ in pairs}
-    for old, new in moves.items():
+    for old in moves:
         if modules[old].name == "__init__.py" and old not in WHOLE:  # a package taken apart
             left = [line for line in git("ls-files", str(modules[old].parent)).splitlines() if Path(line) not in moving]
             if left:
