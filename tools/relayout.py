@@ -338,6 +338,8 @@ def rewrite_imports(path: Path, old_path: Path, old_to_new: dict[str, str], know
             head = re.match(r"from\s+[.\w]+\s+import", source[start:end])
             edits.append((start, start + head.end(), f"from {written_as(module, new_package, bool(node.level))} import"))
             continue
+        if "#" in source[start:end]:
+            raise LayoutError(f"{path}:{node.lineno}: this import must be split and holds a comment: split it by hand, then run again")
         statements = [f"from {written_as(module, new_package, bool(node.level))} import "
                       + ", ".join(name + (f" as {asname}" if asname else "") for name, asname in aliases)
                       for module, aliases in groups.items()]
