@@ -283,13 +283,24 @@ def written_as(module: str, package: str | None, was_relative: bool) -> str:
 def rewrite_imports(path: Path, old_path: Path, old_to_new: dict[str, str], known: set[str]) -> bool:
     """Rewrite the imports of one Python file whose old place was `old_path`; True when it changed."""
     source = path.read_text(encoding="utf-8")
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as error:
-        raise LayoutError(f"{path}: cannot parse: {error}") from None
     in_package = path.parts[0] == "training" or path.parts[:2] == ("src", "relevancy")
     old_package = file_module(old_path)[1] if in_package else None
     new_package = file_module(path)[1] if in_package else None
+    new = imports_rewritten(source, str(path), old_package, new_package, old_to_new, known)
+    if new == source:
+        return False
+    path.write_text(new, encoding="utf-8")
+    return True
+
+
+def imports_rewritten(source: str, where: str, old_package: str | None, new_package: str | None,
+                      old_to_new: dict[str, str], known: set[str]) -> str:
+    """`source` with its imports of moved modules rewritten (`old_package`/`new_package`: what `.` meant in the file
+    and means now; None outside the library and training/)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        raise LayoutError(f"{where}: cannot parse: {error}") from None
     offsets = [0]
     for line in source.splitlines(keepends=True):
         offsets.append(offsets[-1] + len(line))
@@ -304,14 +315,14 @@ def rewrite_imports(path: Path, old_path: Path, old_to_new: dict[str, str], know
             for alias in node.names:
                 moved = new_name(alias.name, old_to_new)
                 if moved != alias.name and alias.asname is None and moved.split(".")[0] != alias.name.split(".")[0]:
-                    raise LayoutError(f"{path}:{node.lineno}: `import {alias.name}` would bind another top name; write it with `as`")
+                    raise LayoutError(f"{where}:{node.lineno}: `import {alias.name}` would bind another top name; write it with `as`")
                 names.append((alias.name, moved, alias.asname))
             if any(old != moved for old, moved, _ in names):
                 edits.append((start, end, "import " + ", ".join(m + (f" as {a}" if a else "") for _, m, a in names)))
             continue
         if node.level:
             if old_package is None:
-                raise LayoutError(f"{path}:{node.lineno}: a relative import outside a package")
+                raise LayoutError(f"{where}:{node.lineno}: a relative import outside a package")
             target = resolve(old_package, node.level, node.module)
         else:
             target = node.module or ""
@@ -339,18 +350,14 @@ def rewrite_imports(path: Path, old_path: Path, old_to_new: dict[str, str], know
             edits.append((start, start + head.end(), f"from {written_as(module, new_package, bool(node.level))} import"))
             continue
         if "#" in source[start:end]:
-            raise LayoutError(f"{path}:{node.lineno}: this import must be split and holds a comment: split it by hand, then run again")
+            raise LayoutError(f"{where}:{node.lineno}: this import must be split and holds a comment: split it by hand, then run again")
         statements = [f"from {written_as(module, new_package, bool(node.level))} import "
                       + ", ".join(name + (f" as {asname}" if asname else "") for name, asname in aliases)
                       for module, aliases in groups.items()]
         edits.append((start, end, ("\n" + " " * node.col_offset).join(statements)))
-    if not edits:
-        return False
     for start, end, text in sorted(edits, reverse=True):
         source = source[:start] + text + source[end:]
-    ast.parse(source)
-    path.write_text(source, encoding="utf-8")
-    return True
+    return source
 
 
 WHOLE_FOLDERS = {old.removeprefix("relevancy.").replace(".", "/") for old in WHOLE}
@@ -382,8 +389,21 @@ def mapped_path(path: str, table: dict[str, str]) -> str | None:
     return None
 
 
-def rewrite_text(text: str, old_to_new: dict[str, str], table: dict[str, str], short: bool) -> str:
-    """Old module names and paths in a text, written as they are after the move."""
+MARKDOWN_IMPORT = re.compile(r"^([ \t]*)((?:from|import)[ \t]+relevancy\b[^\n(]*)$", re.MULTILINE)
+
+
+def rewrite_text(text: str, old_to_new: dict[str, str], table: dict[str, str], short: bool, known: set[str]) -> str:
+    """Old module names and paths in a text, written as they are after the move (in docs, each one-line import of
+    their code blocks as a Python file's)."""
+    def code_line(match: re.Match) -> str:
+        try:
+            ast.parse(match.group(2))
+        except SyntaxError:  # prose that starts like an import: its names are rewritten below
+            return match.group(0)
+        return match.group(1) + imports_rewritten(match.group(2), "a docs import", None, None, old_to_new, known)
+
+    if short:
+        text = MARKDOWN_IMPORT.sub(code_line, text)
     text = DOTTED.sub(lambda m: new_name(m.group(0), old_to_new), text)
 
     def full(match: re.Match) -> str:
@@ -453,7 +473,7 @@ def main() -> int:
     table = path_table(pairs)
     for path in text_files():
         text = path.read_text(encoding="utf-8")
-        new = rewrite_text(text, old_to_new, table, short=path.suffix in (".md", ".toml"))
+        new = rewrite_text(text, old_to_new, table, short=path.suffix in (".md", ".toml"), known=known)
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.add(str(path))
