@@ -106,6 +106,9 @@ EDITS = [
     ("src/relevancy/results/generation_page.py", 'Path(__file__).parent / "serve" / "static" / "generation.js"',
      'Path(__file__).resolve().parents[1] / "apps" / "serve" / "static" / "generation.js"'),
     ("tests/test_readme.py", '"bench import load_model"', '"worlds import load_model"'),
+    ("tests/test_apps_layer.py", 'sorted((SOURCE / "serve").rglob("*.py"))', 'sorted((SOURCE / "apps" / "serve").rglob("*.py"))'),
+    ("tests/test_apps_layer.py", 'for path in sorted((SOURCE / "apps").rglob("*.py")):',
+     'for path in sorted((SOURCE / "apps").glob("*.py")):  # the shared layer; its apps are the folders below it'),
     ("pyproject.toml", 'testpaths = ["tests"]\n', 'testpaths = ["tests"]\npythonpath = ["."]  # the tests of training/ import it\n'),
 ]
 #: text files whose mentions are rewritten (besides `.ci/run`)
