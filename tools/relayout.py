@@ -9,7 +9,7 @@ moves whole); the script `git mv`s what is still at its old place, rewrites ever
 ones mapped), then every textual mention of an old module or path (tests, benchmarks/, docs, README.md,
 pyproject.toml, .ci/run, importlib and mock strings, `python -m ...` commands), and applies the few code edits of
 `EDITS`. A module that no row places stops the run before anything changes, naming it. Run again on the result,
-it changes nothing. Logs and recorded results (`*.log`, `*/results/*`) are records of past runs and are left as
+it changes nothing. Logs and recorded results (`*.log`, `RECORDS`) are records of past runs and are left as
 they were.
 """
 from __future__ import annotations
@@ -114,6 +114,8 @@ EDITS = [
 #: text files whose mentions are rewritten (besides `.ci/run`)
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".cfg", ".ini", ".json", ".js", ".html", ".yml", ".yaml"}
 SELF = "tools/relayout.py"
+#: records of past runs, left as they were written (and `*.log` files)
+RECORDS = ("benchmarks/results/", "docs/results/")
 
 
 class LayoutError(Exception):
@@ -364,7 +366,8 @@ def imports_rewritten(source: str, where: str, old_package: str | None, new_pack
 
 
 WHOLE_FOLDERS = {old.removeprefix("relevancy.").replace(".", "/") for old in WHOLE}
-DOTTED = re.compile(r"(?<![\w.])relevancy(?:\.\w+)+")
+#: a dotted name; one followed by `/` is an identifier of its own (the results' schema `relevancy.explanation/1`)
+DOTTED = re.compile(r"(?<![\w.])relevancy(?:\.\w+)+(?![\w/])")
 FULL_PATH = re.compile(r"(?<![\w.\-])(src/relevancy/|(?<!/)relevancy/)([\w./*-]*)")
 
 
@@ -433,7 +436,7 @@ def text_files() -> list[Path]:
     files = []
     for line in git("ls-files").splitlines():
         path = Path(line)
-        if line == SELF or path.suffix == ".log" or "results" in path.parts[:-1] or not path.exists():
+        if line == SELF or path.suffix == ".log" or line.startswith(RECORDS) or not path.exists():
             continue
         if path.suffix in TEXT_SUFFIXES or line == ".ci/run":
             files.append(path)
