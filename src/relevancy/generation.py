@@ -11,6 +11,7 @@ forward (`CausalLMAdapter.forward_shared`) with a backward per token; the method
 from __future__ import annotations
 
 from numbers import Integral
+from pathlib import Path
 from typing import Any, Mapping
 
 import torch
@@ -104,10 +105,11 @@ def sampling_settings(do_sample: object, temperature: object, top_k: object, top
 
 
 def decode(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, stops: set[int],
-           sampling: dict[str, Any]) -> torch.Tensor:
+           sampling: dict[str, Any], further: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """`(B, P + G)`: the left-padded prompts `ids` and up to `max_new_tokens` decoded tokens (transformers'
     `generate`, its KV cache inside that call only): greedy, or sampled with `sampling` (a `seed` draws from a
-    generator of its own, the caller's random state left as it was)."""
+    generator of its own, the caller's random state left as it was). `further`: what else the model reads (a
+    vision-language decoder's `pixel_values`)."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
     sampling = dict(sampling)
@@ -121,7 +123,7 @@ def decode(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_new_toke
         if seed is not None:
             torch.manual_seed(seed)
         return model.generate(ids, attention_mask=mask, generation_config=settings,
-                              stopping_criteria=StoppingCriteriaList([_Checkpoint()]))
+                              stopping_criteria=StoppingCriteriaList([_Checkpoint()]), **(further or {}))
 
 
 class _Checkpoint:
@@ -191,6 +193,32 @@ def _continuations(tokenizer: Any, continuation: object, count: int, single: boo
     return forced
 
 
+def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch.Tensor]:
+    """A vision-language decoder's prompt and image through its processor (one of each): the processor's output,
+    the image's placeholder token put before a prompt that does not hold it. A path is opened as a picture."""
+    token = getattr(processor, "image_token", None)
+    if not isinstance(token, str) or getattr(processor, "image_processor", None) is None:
+        raise TypeError(f"a vision-language decoder generates with its processor (transformers AutoProcessor: tokenizer and "
+                        f"image processor), got {type(processor).__name__}: explain_generation(model, processor, prompt, image=...)")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"with an image, the prompt is one non-empty text (the processor places the image's tokens), got {quoted(prompt)}")
+    if isinstance(image, (str, Path)):
+        from .pictures import read_image
+
+        image = read_image(str(image))
+    text = prompt if token in prompt else f"{token}\n{prompt}"
+    return dict(processor(images=image, text=text, return_tensors="pt"))
+
+
+def _seen_picture(processor: Any, pixels: torch.Tensor) -> torch.Tensor:
+    """`(H, W, 3)` in [0, 1]: the image as the model saw it, the processor's normalisation undone."""
+    settings = processor.image_processor
+    mean = torch.tensor(getattr(settings, "image_mean", None) or [0.0] * 3, dtype=torch.float32)
+    std = torch.tensor(getattr(settings, "image_std", None) or [1.0] * 3, dtype=torch.float32)
+    image = pixels.detach().float().cpu().reshape(-1, *pixels.shape[-3:])[0]
+    return (image * std[:, None, None] + mean[:, None, None]).clamp(0, 1).permute(1, 2, 0)
+
+
 def _unwrapped(model: Any, tokenizer: Any, prompt: Any) -> tuple[nn.Module, Any, Any]:
     """A transformers text-generation pipeline as its model and tokenizer (`explain_generation(pipe, "text")`: the
     second argument is then the prompt)."""
@@ -210,7 +238,7 @@ def _unwrapped(model: Any, tokenizer: Any, prompt: Any) -> tuple[nn.Module, Any,
 @cancellable
 def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, max_new_tokens: int = 32, method: str = "attnlrp",
                        continuation: Any = None, *, do_sample: bool = False, temperature: float | None = None,
-                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None, image: Any = None,
                        ) -> GenerationExplanation | list[GenerationExplanation]:
     """Decode from `prompt` (at most `max_new_tokens`, bounded by the model's context window, stopping after an
     end-of-text token), or read `continuation` instead (a forced continuation: why the model would write this text),
@@ -232,6 +260,12 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
+    A vision-language decoder (LLaVA, Gemma 3, Idefics3) generates about `image` (a PIL image, an image file's
+    path, or what its processor takes), the processor given in place of the tokenizer and one text prompt (the
+    image's placeholder token put first where the prompt does not hold it); the methods that reach the pixels
+    (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a
+    `VisionLanguageGenerationExplanation`, has `image_scores` `(G, rows, cols)` too: row `g` the relevance of each
+    patch for generated token `g`, equal to `explain` on that prefix and token.
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
     backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
     `relevancy.cancel.Cancelled`.
@@ -243,9 +277,21 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     family = adapter_for(model)
     if not family.generates:
         raise UnsupportedModelError(f"explain_generation explains decoder language models, not the {family.family} family ({family.examples})")
+    images: dict[str, torch.Tensor] = {}
+    picture = None
+    if family.reads_images:
+        if image is None:
+            raise ValueError(f"a {family.family} generates about an image: pass image= (a PIL image or an image file's path)")
+        processor = tokenizer
+        processed = _image_prompt(processor, prompt, image)
+        images = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
+        tokenizer, prompt = processor.tokenizer, processed["input_ids"][0]
+        picture = _seen_picture(processor, images["pixel_values"])
+    elif image is not None:
+        raise ValueError(f"image= is read by vision-language decoders; the {family.family} family reads text only: leave image out")
     prompts, single = _prompts(tokenizer, prompt)
     forced = _continuations(tokenizer, continuation, len(prompts), single)
-    vocab = model.config.vocab_size
+    vocab = model.config.get_text_config().vocab_size
     if forced is not None and any(not 0 <= token < vocab for ids in forced for token in ids):
         raise ValueError(f"continuation token ids must be in the model's vocabulary, 0..{vocab - 1}")
     if forced is not None and sampling:
@@ -259,11 +305,12 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with prepared(model, {"input_ids": ids, "attention_mask": mask}, attention_probabilities=False) as call:
+    with prepared(model, {"input_ids": ids, "attention_mask": mask, **images}, attention_probabilities=False) as call:
         adapter, ids, mask = call.adapter, call.inputs.input_ids, call.inputs.attention_mask
+        further = {key: getattr(call.inputs, key) for key in images if getattr(call.inputs, key, None) is not None}
         if forced is None:
             stops = stop_tokens(model, tokenizer)
-            ids = decode(model, ids, mask, max_new_tokens, stops, sampling)
+            ids = decode(model, ids, mask, max_new_tokens, stops, sampling, further)
             lengths = [_until_stop(row, stops) for row in ids[:, width:].tolist()]
         else:
             lengths = [len(f) for f in forced]
@@ -271,25 +318,29 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         mask = torch.cat([mask, (torch.arange(ids.shape[1] - width)[None] < torch.tensor(lengths)[:, None]).to(mask)], 1)
         if REGISTRY[method].generation == "one_forward":
             rules = INPUT_RELEVANCE_RULES[method]
-            scores, explained = generation_relevance(adapter, ids, mask, width, rules)
-            rows = [(scores[b], explained[b], None if rules is None else scores[b].sum(-1).cpu() / explained[b].cpu())
+            scores, explained, maps = generation_relevance(adapter, ids, mask, width, rules, call.inputs)
+            reached = scores.sum(-1) + sum((value.flatten(2).sum(-1) for value in maps.values()), torch.zeros_like(explained))
+            rows = [(scores[b], explained[b], None if rules is None else reached[b].cpu() / explained[b].cpu())
                     for b in range(len(prompts))]
         else:
             sites = len(adapter.attention_sites())
             rows = [_prefix_rows(model, sites, ids[b:b + 1, width - len(p): width + lengths[b]], len(p), method)
                     for b, p in enumerate(prompts)]
             rows = [(torch.nn.functional.pad(s, (width - len(p), 0)), e, t) for (s, e, t), p in zip(rows, prompts)]
+            maps = {}
     results = []
     for b, (prompt_ids, length) in enumerate(zip(prompts, lengths)):
         start, end = width - len(prompt_ids), width + length
         row_scores, row_logits, totals = rows[b]
         generated = ids[b, width:end].cpu()
-        results.append(GenerationExplanation(
+        fields = dict(
             scores=row_scores[:length, start:end].cpu(), generated_ids=generated, logits=row_logits[:length].cpu()[:, None],
             method=method, signed=REGISTRY[method].signed, tokens=token_texts(tokenizer, ids[b, start:end].tolist()),
             prompt_length=len(prompt_ids), text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
             relevance_total=None if totals is None else totals[:length].cpu(),
-        ))
+        )
+        results.append(adapter.generation_explanation(fields, ids[b, start:end].cpu(), {name: value[b, :length].cpu()
+                                                      for name, value in maps.items()}, picture))
     return results[0] if single else results
 
 

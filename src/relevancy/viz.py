@@ -1,6 +1,7 @@
 """Colormaps and overlays: signed maps diverge around zero, non-negative maps use a sequential scale."""
 from __future__ import annotations
 
+import base64
 import io
 import textwrap
 from pathlib import Path
@@ -15,6 +16,19 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from .files import write_atomic  # noqa: E402
+
+
+def data_url(pixels: np.ndarray) -> str:
+    """An `(H, W, 3)` uint8 picture as a PNG data URL."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def picture_url(picture: torch.Tensor) -> str:
+    """The input as the model saw it (`(H, W, 3)` in [0, 1]) as a PNG data URL."""
+    return data_url((picture.float().numpy() * 255).round().astype(np.uint8))
+
 
 SIGNED_CMAP = "RdBu_r"
 UNSIGNED_CMAP = "inferno"

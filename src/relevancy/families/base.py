@@ -39,6 +39,8 @@ class Adapter:
     methods: ClassVar[tuple[str, ...]] = ()
     # whether `explain_generation` explains the family's generations (decoders: `input_relevance`, `forward_shared`)
     generates: ClassVar[bool] = False
+    # whether its generations read an image beside the prompt (`explain_generation(..., image=...)`)
+    reads_images: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

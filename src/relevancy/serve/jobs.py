@@ -14,7 +14,8 @@ from .catalog import Catalog, ImageModel, LanguageModel
 from .limits import Limits, RequestError, image_bytes, megabytes, open_image
 from ..cancel import Cancelled
 from .queue import Deadline, TimeUp
-from .render import image_view, picture_url
+from ..viz import picture_url
+from .render import image_view
 from .samples import Sample
 from .schemas import GenerationRequest, ImageInput, ImageRequest, PairRequest, TextRequest
 

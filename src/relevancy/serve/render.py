@@ -2,29 +2,15 @@
 stops and limits). The numbers themselves are the result's `to_json()`, never restated here."""
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from .. import viz
+from ..viz import data_url
 
 COLOUR_STOPS = 11  # colours sampled along the colormap for the page's colour bar (a CSS gradient)
-
-
-def data_url(pixels: np.ndarray) -> str:
-    """An `(H, W, 3)` uint8 picture as a PNG data URL."""
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-
-
-def picture_url(picture: torch.Tensor) -> str:
-    """The input as the model saw it (`(H, W, 3)` in [0, 1]) as a PNG data URL."""
-    return data_url((picture.float().numpy() * 255).round().astype(np.uint8))
 
 
 def colour_bar(signed: bool, low: float, high: float) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ...conventions import Conventions, GradCamConventions
-from ...explanation import DecoderExplanation
+from ...explanation import DecoderExplanation, GenerationExplanation
 from ...parts import LatentRelevance, SpanRelevance
 from ...guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import causal_mask
@@ -405,8 +405,21 @@ class CausalLMAdapter(Adapter):
     def read_forward(self, inputs: TextBatch, plan: Reading) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The relevance pass's forward over the reading rows: `(leaves, last hidden states (R, T + A, D))`, the leaves
         the inputs whose relevance is read, the token embeddings `"text"` first."""
-        embeddings = getattr(self.decoder, self.layout.embeddings)(plan.ids).detach().requires_grad_(True)
-        return {"text": embeddings}, self.hidden_states(embeddings, plan.mask)
+        return self.leaves_forward(inputs, plan.ids, plan.mask, plan.source)
+
+    def leaves_forward(self, inputs: TextBatch, ids: torch.Tensor, mask: torch.Tensor, source: torch.Tensor
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The forward over the token rows `ids` `(R, N)` (`mask`), row `r` belonging to input row `source[r]`:
+        `(leaves, last hidden states)`; a decoder's one leaf is the token embeddings (a vision-language decoder adds
+        its row's pixels)."""
+        embeddings = getattr(self.decoder, self.layout.embeddings)(ids).detach().requires_grad_(True)
+        return {"text": embeddings}, self.hidden_states(embeddings, mask)
+
+    def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
+                               picture: torch.Tensor | None) -> GenerationExplanation:
+        """`explain_generation`'s result for one sequence `ids` `(T + G,)` from `fields` (what every generation
+        holds); a decoder reads no image (`images`, `picture` empty)."""
+        return GenerationExplanation(**fields)
 
     @property
     def text_config(self) -> Any:

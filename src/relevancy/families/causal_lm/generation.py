@@ -12,6 +12,7 @@ import torch
 
 from ...cancel import checkpoint
 from ...lrp.attnlrp import RuleSet
+from ..text_batch import TextBatch
 from .adapter import CausalLMAdapter, input_times_gradient, widened
 
 
@@ -35,23 +36,25 @@ ROWS_PER_BACKWARD = 8
 
 
 def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torch.Tensor, prompt_length: int,
-                         rules: RuleSet | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(scores (B, G, N), explained logits (B, G))` for the sequences `ids` `(B, N)` (`mask`: 1 at real tokens;
-    prompts left-padded to `prompt_length`, the generated tokens after it, right-padded where a row ended sooner):
-    `scores[b, g]` is input x gradient (under `rules`; None: the plain gradient) of the logit of token
+                         rules: RuleSet | None, inputs: TextBatch | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """`(scores (B, G, N), explained logits (B, G), further)` for the sequences `ids` `(B, N)` (`mask`: 1 at real
+    tokens; prompts left-padded to `prompt_length`, the generated tokens after it, right-padded where a row ended
+    sooner): `scores[b, g]` is input x gradient (under `rules`; None: the plain gradient) of the logit of token
     `prompt_length + g` read at the position before it, over the real positions before it (0 elsewhere; rows past a
-    sequence's end are meaningless). One forward (the last token is only explained, never read) and
-    `ceil(G / max(1, ROWS_PER_BACKWARD // B))` backward passes, each batched over its steps (`is_grads_batched`)."""
+    sequence's end are meaningless). `inputs`: what else the forward reads per row (a vision-language decoder's
+    image, `adapter.leaves_forward`); `further` holds each such leaf's input x gradient `(B, G, H, W)`, summed over
+    the dimensions before the last two (the colour channels). One forward (the last token is only explained, never
+    read) and `ceil(G / max(1, ROWS_PER_BACKWARD // B))` backward passes, each batched over its steps
+    (`is_grads_batched`)."""
     rows, length = ids.shape
     if not 1 <= prompt_length < length:
         raise ValueError(f"sequences (B, N) with 1 <= prompt_length < N are explained, got {tuple(ids.shape)} and {prompt_length}")
-    read = ids[:, :-1]
-    embeddings = getattr(adapter.decoder, adapter.layout.embeddings)(read).detach().requires_grad_(True)
     steps = length - prompt_length
     per_pass = max(1, ROWS_PER_BACKWARD // rows)
-    passes = []
+    passes: list[list[torch.Tensor]] = []
     with adapter.rules_applied(rules), adapter.weights_frozen():
-        hidden = adapter.hidden_states(embeddings, mask[:, :-1])
+        leaves, hidden = adapter.leaves_forward(inputs, ids[:, :-1], mask[:, :-1], torch.arange(rows, device=ids.device))
         explained = adapter.capped(explained_logits(adapter.model.get_output_embeddings(), hidden[:, prompt_length - 1:],
                                                     ids[:, prompt_length:]))
         for start in range(0, steps, per_pass):
@@ -59,9 +62,12 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
             count = min(per_pass, steps - start)
             units = torch.zeros(count, rows, steps, dtype=explained.dtype, device=explained.device)
             units[torch.arange(count), :, torch.arange(start, start + count)] = 1
-            (gradient,) = torch.autograd.grad(explained, embeddings, grad_outputs=units, retain_graph=start + count < steps,
-                                              is_grads_batched=True)
-            passes.append(input_times_gradient(embeddings, gradient))  # (count, B, N - 1)
-    scores = torch.nn.functional.pad(torch.cat(passes).transpose(0, 1), (0, 1))  # the last token is read by no row
+            gradients = torch.autograd.grad(explained, list(leaves.values()), grad_outputs=units,
+                                            retain_graph=start + count < steps, is_grads_batched=True)
+            text, *others = zip(leaves.values(), gradients)
+            passes.append([input_times_gradient(*text),  # (count, B, N - 1)
+                           *(widened(x * g).flatten(2, -3).sum(2) for x, g in others)])  # (count, B, H, W)
+    scores = torch.nn.functional.pad(torch.cat([p[0] for p in passes]).transpose(0, 1), (0, 1))  # the last token is read by no row
     valid = causal_rows(prompt_length, length, scores.device)[None] & mask.bool()[:, None, :]
-    return scores * valid, widened(explained)
+    further = {name: torch.cat([p[k] for p in passes]).transpose(0, 1) for k, name in enumerate(list(leaves)[1:], 1)}
+    return scores * valid, widened(explained), further

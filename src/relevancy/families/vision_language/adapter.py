@@ -25,9 +25,8 @@ from ...guard import this_thread_only
 from ..base import Adapter
 from ..causal_lm.adapter import CausalLMAdapter, position_ids
 from ..causal_lm.layouts import recognised
-from ..causal_lm.targets import Reading
 from .batch import ImageTextTokens
-from .explanation import VisionLanguageExplanation
+from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import GEMMA3, IDEFICS3, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, pixel_patches
 
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
@@ -38,7 +37,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
     #: the methods whose relevance reaches the pixels through the tower (the others are refused by name)
     methods = ("attnlrp", "cp_lrp", "input_x_gradient")
-    generates = False
+    generates = True
+    reads_images = True
     examples = "transformers " + VISION_LANGUAGE_CLASSES
     explanation_class = VisionLanguageExplanation
 
@@ -91,15 +91,16 @@ class VisionLanguageAdapter(CausalLMAdapter):
         return {**super().describe_inputs(inputs), "image_tokens": (inputs.input_ids == self.image_token).cpu()}
 
     # -- running ----------------------------------------------------------------------------------------------
-    def read_forward(self, inputs: ImageTextTokens, plan: Reading) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The model's own forward over the reading rows (each with its row's image), the token embeddings and the
-        pixels as leaves: `({"text": (R, T + A, D), "image": pixels}, last hidden states)`."""
-        pixels = inputs.pixel_values[plan.source].detach().requires_grad_(True)
+    def leaves_forward(self, inputs: ImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, source: torch.Tensor
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The model's own forward over the token rows (each with its input row's image), the token embeddings and
+        the pixels as leaves: `({"text": (R, N, D), "image": pixels}, last hidden states)`."""
+        pixels = inputs.pixel_values[source].detach().requires_grad_(True)
         further: dict[str, torch.Tensor] = {}
         if inputs.pixel_attention_mask is not None:
-            further["pixel_attention_mask"] = inputs.pixel_attention_mask[plan.source]
+            further["pixel_attention_mask"] = inputs.pixel_attention_mask[source]
         if self.vision is GEMMA3:  # each image's tokens attend to each other
-            further["token_type_ids"] = (plan.ids == self.image_token).long()
+            further["token_type_ids"] = (ids == self.image_token).long()
         leaves: dict[str, torch.Tensor] = {}
 
         def leaf(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -108,7 +109,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
         handle = self.model.get_input_embeddings().register_forward_hook(this_thread_only(leaf))
         try:
-            hidden = self.model.model(input_ids=plan.ids, pixel_values=pixels, attention_mask=plan.mask, position_ids=position_ids(plan.mask),
+            hidden = self.model.model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=position_ids(mask),
                                       use_cache=False, **further).last_hidden_state
         finally:
             handle.remove()
@@ -124,3 +125,13 @@ class VisionLanguageAdapter(CausalLMAdapter):
         pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
         return VisionLanguageExplanation(scores=scores["text"], **self.describe_inputs(inputs), **fields,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
+
+    def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
+                               picture: torch.Tensor | None) -> VisionLanguageGenerationExplanation:
+        """A generation's result with its image part: `images["image"]` `(G, H, W)` the pixels' relevance per
+        generated token, summed per patch; `picture` `(H, W, 3)` the image as the model saw it."""
+        from ...viz import picture_url  # matplotlib, loaded when a page is drawn
+
+        return VisionLanguageGenerationExplanation(**fields, image_scores=pixel_patches(images["image"], self.patch),
+                                                   image_tokens=(ids == self.image_token).cpu(),
+                                                   image_url=None if picture is None else picture_url(picture))

@@ -1,13 +1,16 @@
-"""A vision-language decoder's explanation: the prompt's text tokens and the image, both for one explained token."""
+"""A vision-language decoder's explanations: the prompt's text tokens and the image for one explained token, and
+for every token of a generation."""
 from __future__ import annotations
 
+import base64
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from ...explanation import PAGE_SUFFIXES, PICTURE_SUFFIXES, DecoderExplanation, save_overlays
+from ...explanation import PAGE_SUFFIXES, PICTURE_SUFFIXES, DecoderExplanation, GenerationExplanation, save_overlays
 from ...parts import ImagePart, TextPart
 
 
@@ -42,4 +45,47 @@ class VisionLanguageExplanation(DecoderExplanation):
 
     def picture(self, path: Path, images: torch.Tensor | None) -> Path:
         """The image part as an overlay PNG, one panel per row (`images`: the rows' `pixel_values`, where given)."""
+        return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])
+
+
+@dataclass
+class VisionLanguageGenerationExplanation(GenerationExplanation):
+    """What a vision-language decoder looked at to write each token of a generation
+    (`relevancy.explain_generation(model, processor, prompt, image=...)`): `scores` `(G, T + G)` over the text
+    tokens as for decoders (0 at the image's placeholder tokens, whose relevance is the image's), `image_scores`
+    `(G, rows, cols)`: row `g` the relevance of each patch of the tower's grid for generated token `g` (each
+    patch's pixels summed); `image_tokens` `(T + G,)` marks the placeholders; `picture`: the image as the model saw
+    it (the processor's pixels, back in [0, 1]) as a PNG data URL, under the maps of the page and of `.png`.
+    `relevance_total` (LRP methods): the share of each logit reaching text and pixels together."""
+
+    image_scores: torch.Tensor | None = None
+    image_tokens: torch.Tensor | None = field(default=None, repr=False)
+    image_url: str | None = field(default=None, repr=False)
+
+    part_fields: ClassVar[dict[str, str]] = {"text": "scores", "image": "image_scores"}
+    suffixes: ClassVar[tuple[str, ...]] = PICTURE_SUFFIXES + PAGE_SUFFIXES
+
+    @property
+    def parts(self) -> dict[str, ImagePart | TextPart]:
+        """The text part (a row per generated token) and the image part on the patch grid, at the picture's size."""
+        size = tuple(self.pictures().shape[-2:]) if self.image_url else tuple(self.image_scores.shape[-2:])
+        return {**super().parts, "image": ImagePart(self.image_scores, self.signed, size)}
+
+    def pictures(self) -> torch.Tensor:
+        """`(G, 3, H, W)` in [0, 1]: the picture (`image_url`) once per generated token."""
+        import numpy as np
+        from PIL import Image
+
+        encoded = self.image_url.split(",", 1)[1]
+        array = np.asarray(Image.open(io.BytesIO(base64.b64decode(encoded))).convert("RGB"), dtype=np.float32) / 255
+        return torch.from_numpy(array).permute(2, 0, 1)[None].expand(len(self.generated_ids), -1, -1, -1)
+
+    def heatmap(self) -> torch.Tensor:
+        """`(G, H, W)`: each generated token's patch scores upsampled bilinearly to the picture's pixels (raw)."""
+        return self.parts["image"].heatmap()
+
+    def picture(self, path: Path, images: torch.Tensor | None) -> Path:
+        """An overlay PNG, a panel per generated token, over the picture (or `images` `(G, 3, H, W)` in [0, 1])."""
+        if images is None and self.image_url:
+            images = self.pictures()
         return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])

@@ -1,0 +1,93 @@
+"""`relevancy.explain_generation` on the tiny random float64 LLaVA of `vlm_models.py` with the offline processor of
+`vlm_processor.py`: every generated token's text and image maps, from one forward, equal `explain` on that prefix
+with that token as target; the result's JSON, page and picture; the model left as it was; bad requests named."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from bimodal_golden import assert_same, snapshot
+from test_causal_lm import assert_close_to
+from vlm_models import IMAGE_TOKEN, build
+from vlm_processor import picture, processor
+
+import relevancy
+from relevancy.families.causal_lm import generation
+from relevancy.families.vision_language import VisionLanguageGenerationExplanation
+
+PROMPT = "what is in the image ?"
+
+
+@pytest.fixture(scope="module")
+def llava():
+    return build("llava")
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp", "input_x_gradient"])
+def test_each_tokens_maps_equal_explain_on_its_prefix(llava, method, monkeypatch):
+    monkeypatch.setattr(generation, "ROWS_PER_BACKWARD", 3)  # five tokens: two batched backward passes
+    made = processor()
+    result = relevancy.explain_generation(llava, made, PROMPT, image=picture(), max_new_tokens=5, method=method)
+    inputs = made(images=picture(), text=f"<image>\n{PROMPT}", return_tensors="pt")
+    start = inputs["input_ids"].shape[1]
+    assert isinstance(result, VisionLanguageGenerationExplanation) and result.prompt_length == start
+    assert result.scores.shape == (5, start + 5) and result.image_scores.shape == (5, 4, 4)
+    assert result.scores.dtype == result.image_scores.dtype == torch.float64
+    assert result.image_tokens.tolist() == [t == IMAGE_TOKEN for t in inputs["input_ids"][0].tolist()] + [False] * 5
+    ids = torch.cat([inputs["input_ids"], result.generated_ids[None]], 1)
+    for g in range(5):
+        alone = relevancy.explain(llava, {"input_ids": ids[:, :start + g], "attention_mask": torch.ones(1, start + g, dtype=torch.long),
+                                          "pixel_values": inputs["pixel_values"]}, method=method, target=int(result.generated_ids[g]))
+        assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{method} text {g}", 1e-10)
+        assert_close_to(result.image_scores[g], alone.image_scores[0], f"{method} image {g}", 1e-10)
+        assert (result.scores[g, start + g:] == 0).all()
+        assert torch.allclose(result.logits[g, 0], alone.logits[0, result.generated_ids[g]])
+        if alone.relevance_total is not None:
+            assert torch.allclose(result.relevance_total[g], alone.relevance_total[0])
+        else:
+            assert result.relevance_total is None
+    assert not torch.equal(result.image_scores[0], result.image_scores[1])  # each token has a map of its own
+
+
+def test_a_forced_continuation_the_page_the_picture_and_the_json(llava, tmp_path):
+    made = processor()
+    result = relevancy.explain_generation(llava, made, PROMPT, continuation="a red star", image=picture(1), method="attnlrp")
+    assert result.generated_ids.tolist() == made.tokenizer("a red star", add_special_tokens=False)["input_ids"]
+    assert result.heatmap().shape == (3, 16, 16) and result.image_url.startswith("data:image/png;base64,")
+    page = result.save(tmp_path / "generation.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "relevancyGeneration" in page and result.image_url in page
+    assert "http://" not in page and "https://" not in page  # self-contained
+    assert result.save(tmp_path / "generation.png").read_bytes()[:4] == b"\x89PNG"
+    again = relevancy.load(json.loads(json.dumps(result.to_json())))
+    assert type(again) is type(result) and again.to_json() == result.to_json()
+    assert torch.equal(again.image_scores, result.image_scores) and torch.equal(again.image_tokens, result.image_tokens)
+
+
+def test_the_model_is_left_as_it_was(llava):
+    made = processor()
+    relevancy.explain_generation(llava, made, PROMPT, image=picture(), max_new_tokens=1)  # transformers' own first-run hooks
+    before = snapshot(llava)
+    relevancy.explain_generation(llava, made, PROMPT, image=picture(), max_new_tokens=2, method="cp_lrp")
+    with pytest.raises(ValueError, match="continuation token ids must be in the model's vocabulary"):
+        relevancy.explain_generation(llava, made, PROMPT, continuation=[500], image=picture())
+    assert_same(before, snapshot(llava))
+
+
+def test_bad_requests_are_named(llava, tmp_path):
+    from test_causal_lm import build as build_decoder
+    from test_generation import Characters
+
+    made = processor()
+    with pytest.raises(ValueError, match="generates about an image: pass image="):
+        relevancy.explain_generation(llava, made, PROMPT)
+    with pytest.raises(ValueError, match="the prompt is one non-empty text"):
+        relevancy.explain_generation(llava, made, [PROMPT, PROMPT], image=picture())
+    with pytest.raises(TypeError, match="generates with its processor"):
+        relevancy.explain_generation(llava, made.tokenizer, PROMPT, image=picture())
+    with pytest.raises(ValueError, match="image= is read by vision-language decoders; the decoder language model family reads text only"):
+        relevancy.explain_generation(build_decoder("llama"), Characters(), "abc", image=picture())
+    with pytest.raises(ValueError, match="methods of explain_generation"):
+        relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="nope")
+    with pytest.raises(ValueError, match="does not exist"):
+        relevancy.explain_generation(llava, made, PROMPT, image=tmp_path / "missing.png")
