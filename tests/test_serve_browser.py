@@ -187,3 +187,36 @@ def test_a_saved_generation_page_colours_what_each_token_read_with_a_scale(brows
     assert text.text.startswith(f"attnlrp: {token!r}") and "\u21b5" in text.text and "\u010a" not in text.text
     scale = text.find_element(By.CSS_SELECTOR, ".relevancy-scale")
     assert scale.is_displayed() and "linear-gradient" in scale.find_elements(By.TAG_NAME, "span")[1].value_of_css_property("background-image")
+
+
+def test_a_saved_vision_language_generation_shows_the_clicked_words_image_map(browser, tmp_path):
+    """The saved page of a tiny LLaVA's generation: the picture with the chosen word's map over it, each patch drawn
+    in the palette colour of its share of that map's largest |score|; clicking another word draws its map; the
+    image's placeholder tokens shown as one [image] mark."""
+    from vlm_models import build
+    from vlm_processor import picture, processor
+
+    import relevancy
+    from relevancy.generation_page import palette
+
+    result = relevancy.explain_generation(build("llava"), processor(), "what is in the image ?", image=picture(2),
+                                          max_new_tokens=3, method="attnlrp")
+    browser.get(result.save(tmp_path / "generation.html").as_uri())
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".relevancy-generation .generation-image canvas"))
+    box = browser.find_element(By.CSS_SELECTOR, ".relevancy-generation")
+    image = box.find_element(By.CSS_SELECTOR, ".generation-image")
+    assert image.is_displayed() and image.find_element(By.TAG_NAME, "img").get_attribute("src") == result.image_url
+    assert box.text.count("[image]") == 1 and "<image>" not in box.text
+    colours = palette(result.signed)
+    steps = (len(colours) - 1) // 2
+    for g, button in reversed(list(enumerate(box.find_elements(By.CSS_SELECTOR, "button.generated-token")))):
+        button.click()
+        wait.until(lambda d: image.get_attribute("data-token") == str(g))
+        scores = result.image_scores[g]
+        bound = float(scores.abs().max())
+        assert float(image.get_attribute("data-bound")) == pytest.approx(bound, rel=1e-3)
+        drawn = browser.execute_script("const c = arguments[0]; return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data);",
+                                       image.find_element(By.TAG_NAME, "canvas"))
+        expected = [colours[min(max(round(steps + steps * float(v) / bound), 0), len(colours) - 1)][0] for v in scores.flatten()]
+        assert ["#%02x%02x%02x" % tuple(drawn[4 * k:4 * k + 3]) for k in range(len(expected))] == expected, g

@@ -1,7 +1,9 @@
 /* Draws a generation explained by relevancy: `data` is its GenerationExplanation.to_json() (the schema
    relevancy.explanation/1), `palette` the [background, text colour] steps of the text views. The prompt, then the
    generated tokens as buttons; choosing one colours every token before it by its relevance for that token (its
-   row). Plain script, no library, no network: used by saved pages and by the web page's text-generation tab. */
+   row). A vision-language decoder's generation (scores.image, image_url) also shows its picture with the chosen
+   token's map over it, drawn on the patch grid in the same colours, and its image placeholder tokens as one
+   [image] mark. Plain script, no library, no network: used by saved pages and by the web page's generation tab. */
 function relevancyGeneration(box, data, palette) {
   var steps = data.signed ? (palette.length - 1) / 2 : palette.length - 1;
   var shown = function (value) { return value === null ? 'n/a' : Number(value.toPrecision(4)); };
@@ -12,9 +14,14 @@ function relevancyGeneration(box, data, palette) {
   var text = document.createElement('div');
   text.style.whiteSpace = 'pre-wrap';
   text.style.lineHeight = '1.9';
+  var placeholders = data.image_tokens || [];
   var spans = data.tokens.map(function (token, k) {
     var span = document.createElement(k < data.prompt_length ? 'span' : 'button');
     span.textContent = token.replace(/\n/g, '\u21b5\n');  // a line break shown, and kept
+    if (placeholders[k]) {  // the image's tokens: their relevance is the picture's, drawn beside
+      span.textContent = placeholders[k - 1] ? '' : '[image] ';
+      span.style.display = placeholders[k - 1] ? 'none' : '';
+    }
     span.dataset.position = k;
     if (k >= data.prompt_length) {
       span.type = 'button';
@@ -38,6 +45,36 @@ function relevancyGeneration(box, data, palette) {
   scale.appendChild(low);
   scale.appendChild(bar);
   scale.appendChild(high);
+  var image = data.scores.image ? document.createElement('div') : null;
+  var canvas = null;
+  if (image) {
+    var grid = data.scores.image[0] || [[0]];
+    image.className = 'generation-image';
+    image.style.cssText = 'position:relative;display:inline-block;margin:6px 0;line-height:0';
+    var picture = document.createElement('img');
+    picture.src = data.image_url || '';
+    picture.alt = 'the image the model saw';
+    picture.style.cssText = 'width:224px;height:224px;image-rendering:auto;filter:grayscale(0.6)';
+    canvas = document.createElement('canvas');
+    canvas.width = grid[0].length;
+    canvas.height = grid.length;
+    canvas.style.cssText = 'position:absolute;left:0;top:0;width:224px;height:224px;opacity:0.6';
+    image.appendChild(picture);
+    image.appendChild(canvas);
+  }
+  function drawImage(g) {
+    var map = data.scores.image[g];
+    var bound = map.reduce(function (most, line) {
+      return line.reduce(function (m, v) { return Math.max(m, Math.abs(v)); }, most);
+    }, 0);
+    var context = canvas.getContext('2d');
+    map.forEach(function (line, y) {
+      line.forEach(function (v, x) { context.fillStyle = colour(v, bound)[0]; context.fillRect(x, y, 1, 1); });
+    });
+    image.dataset.bound = shown(bound);
+    image.dataset.token = g;
+    image.title = 'the image\'s relevance for ' + JSON.stringify(data.tokens[data.prompt_length + g]) + ' (patch grid, largest |score| ' + shown(bound) + ')';
+  }
   function colour(value, bound) {
     var share = bound > 0 ? value / bound : 0;
     var index = data.signed ? Math.round(steps + steps * share) : Math.round(steps * Math.max(share, 0));
@@ -64,8 +101,10 @@ function relevancyGeneration(box, data, palette) {
       ' (logit ' + shown(data.logits[g][0]) + total + ')' + (data.signed ? ' - red: for, blue: against' : '') +
       '; choose another generated token (dashed) to see what it read';
     box.dataset.chosen = g;
+    if (image) { drawImage(g); }
   }
   box.appendChild(caption);
+  if (image) { box.appendChild(image); }
   box.appendChild(text);
   box.appendChild(scale);
   if (rows.length) { choose(0); }
