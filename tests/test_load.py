@@ -71,7 +71,7 @@ def test_lrp_totals_a_concept_and_a_decoders_result_load_back(tmp_path):
     round_trips(spanned, tmp_path)
 
 
-def test_a_generation_loads_back(tmp_path):
+def test_generations_load_back(tmp_path):
     from test_causal_lm import build
     from test_generation import PROMPT, Characters
 
@@ -79,11 +79,17 @@ def test_a_generation_loads_back(tmp_path):
     round_trips(result, tmp_path)
     loaded = relevancy.load(result.save(tmp_path / "generation.json"))
     assert loaded.token_scores(1) == result.token_scores(1) and loaded.to_html() == result.to_html()
+    from vlm_models import build as build_vlm
+    from vlm_processor import picture, processor
+
+    seen = relevancy.explain_generation(build_vlm("llava"), processor(), "what is in the image ?", image=picture(), max_new_tokens=2)
+    round_trips(seen, tmp_path)
+    assert relevancy.load(seen.save(tmp_path / "seen.json")).to_html() == seen.to_html()
 
 
 def test_every_result_class_is_covered():
     covered = {"ImageExplanation", "TextExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation",
-               "DecoderExplanation", "GenerationExplanation", "VisionLanguageExplanation"}
+               "DecoderExplanation", "GenerationExplanation", "VisionLanguageExplanation", "VisionLanguageGenerationExplanation"}
     assert {kind.__name__ for kind in _kinds(relevancy.Explanation)} == covered
 
 

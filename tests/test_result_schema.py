@@ -105,7 +105,7 @@ def test_every_familys_result_follows_the_schema(family):
     assert result_problems(json.loads(json.dumps(result.to_json())), documented()[0]) == []
 
 
-def test_lrp_totals_a_decoders_span_and_latent_and_a_generation_follow_the_schema():
+def test_lrp_totals_a_decoders_span_and_latent_and_generations_follow_the_schema():
     from test_causal_lm import build
     from test_generation import PROMPT, Characters
 
@@ -115,7 +115,11 @@ def test_lrp_totals_a_decoders_span_and_latent_and_a_generation_follow_the_schem
     spanned = relevancy.explain(decoder.build(), inputs, method="attnlrp", target=relevancy.Span([11, 22, 33]), latent=True,
                                 exclude="first")
     generation = relevancy.explain_generation(build("llama"), Characters(), PROMPT, max_new_tokens=3, method="cp_lrp")
-    for result in (spanned, generation):
+    from vlm_models import build as build_vlm
+    from vlm_processor import picture, processor
+
+    seen = relevancy.explain_generation(build_vlm("llava"), processor(), "what is in the image ?", image=picture(), max_new_tokens=2)
+    for result in (spanned, generation, seen):
         assert result.relevance_total is not None
         assert result_problems(json.loads(json.dumps(result.to_json())), schema) == [], type(result).__name__
 
