@@ -128,6 +128,33 @@ def _check_folder(name: str, option: str) -> None:
         raise FileNotFoundError(f"{option} {name}: no such folder (a model folder, or a hub name such as org/model)")
 
 
+def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
+    """`(model, processor)` of a vision-language decoder in a local folder (`save_pretrained` of a transformers
+    LLaVA, Gemma 3 or Idefics3 `...ForConditionalGeneration` and its processor). Errors are one line naming what
+    was wrong."""
+    from .families.vision_language.layouts import VISION_LANGUAGE_CLASSES
+
+    wanted = f"a vision-language decoder ({VISION_LANGUAGE_CLASSES}; docs/vision_language.md) and its processor"
+    if not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(f"--model {name}: --image takes a local folder of {wanted} (save_pretrained); no such folder")
+    _check_saved_model(name, lambda a: a in VISION_LANGUAGE_CLASSES.split(", "), wanted)
+    transformers = require("transformers", "llm")
+    folder = str(Path(name).expanduser())
+    try:
+        model = transformers.AutoModelForImageTextToText.from_pretrained(folder).eval()
+        processor = transformers.AutoProcessor.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
+    from .families.base import UnsupportedModelError
+    from .families.vision_language import VisionLanguageAdapter
+
+    try:
+        VisionLanguageAdapter(model)  # checked on its modules: a refusal names the part it could not map
+    except UnsupportedModelError as error:
+        raise ValueError(f"--model {name}: {error}") from None
+    return model, processor
+
+
 def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) -> None:
     """A ValueError when `name` is a local folder whose config.json is missing or names architectures that
     `accepted` refuses: such a folder gets one line naming what it holds, not the loader's words about tokenizers."""
@@ -324,7 +351,8 @@ def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, 
     tokenizer (`save_pretrained`). Errors are one line naming what was wrong."""
     if name in LANGUAGE_MODELS:
         return LANGUAGE_MODELS[name]()
-    wanted = "a decoder language model (a transformers ...ForCausalLM of the families in docs/language_models.md) and its tokenizer"
+    wanted = ("a decoder language model (a transformers ...ForCausalLM of the families in docs/language_models.md) and its "
+              "tokenizer (a vision-language decoder's folder is read with --image)")
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: not {' or '.join(map(repr, LANGUAGE_MODELS))}, and no such folder (a folder of {wanted}, save_pretrained)")
     _check_saved_model(name, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")), wanted)

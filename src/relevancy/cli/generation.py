@@ -1,5 +1,5 @@
-"""`relevancy explain-generation "PROMPT" [--model smollm2|FOLDER] [--method M] [--max-new-tokens N] [--target TEXT]
-[--json] [--out x.html]`.
+"""`relevancy explain-generation "PROMPT" [--model smollm2|FOLDER] [--image PICTURE] [--method M] [--max-new-tokens N]
+[--target TEXT] [--json] [--out x.html]`.
 
 The options are defined in `relevancy.cli` (which loads no torch); this is the handler. It prints each generated
 token's row (the tokens before it, coloured) in a terminal, token and score columns when stdout is not a terminal,
@@ -33,17 +33,22 @@ def _check(args: argparse.Namespace) -> None:
         if Path(args.out).suffix.lower() not in (".html", ".htm"):
             raise UsageError(f"--out must name an .html file, got {args.out}")
         check_file(args.out)
+    if args.image is not None and not Path(args.model).expanduser().is_dir():
+        raise UsageError(f"--image needs --model FOLDER, a local folder of a vision-language decoder and its processor "
+                         f"(save_pretrained), got --model {args.model}")
 
 
 def run_explain_generation(args: argparse.Namespace) -> list[Path]:
     """Generate from `args.prompt` and explain every generated token; returns the files written."""
     _check(args)
     from ..generation import explain_generation
-    from ..models import load_language_model
+    from ..models import load_language_model, load_vision_language_model
+    from ..pictures import read_image
 
-    model, tokenizer = load_language_model(args.model)
+    picture = None if args.image is None else read_image(args.image, warn=lambda line: print(line, file=sys.stderr))
+    model, tokenizer = load_language_model(args.model) if picture is None else load_vision_language_model(args.model)
     result = explain_generation(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens, method=args.method,
-                                continuation=args.target)
+                                continuation=args.target, image=picture)
     if args.json:
         print_results([result])
     elif sys.stdout.isatty():
