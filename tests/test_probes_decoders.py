@@ -366,7 +366,7 @@ def test_the_token_limit_is_a_serve_option_with_a_range(capsys, value, shown):
 def test_a_generation_past_its_time_limit_asks_for_less_generation(client, monkeypatch):
     from relevancy.serve import app as app_module
 
-    def slow(request, catalog, limits):
+    def slow(request, catalog, samples, limits):
         return lambda deadline: time.sleep(0.5) or {}
 
     gate = client.app.state.gate

@@ -75,6 +75,7 @@ def test_a_continuation(client):
     ({"prompt": "x" * 301}, 413, ("the prompt has 301 characters; the limit is 300",)),
     ({"prompt": PROMPT, "continuation": " cat" * 40}, 400, ("the continuation is 40 tokens; the limit is 32",)),
     ({"prompt": PROMPT, "temperature": 0.7}, 422, ("temperature",)),
+    ({"prompt": PROMPT, "image": {"sample": "scene-1"}}, 400, ("model reads text only: leave the image out",)),
 ])
 def test_bad_requests_are_one_line_errors(client, body, status, words):
     refused(client.post("/api/explain-generation", json=body), status, *words)

@@ -155,12 +155,29 @@ def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
     return model, processor
 
 
+def reads_images(name: str) -> bool:
+    """Whether `name` is a local folder of a vision-language decoder (its config.json names one of
+    `VISION_LANGUAGE_CLASSES`): what `load_vision_language_model` loads."""
+    from .families.vision_language.layouts import VISION_LANGUAGE_CLASSES
+
+    return Path(name).expanduser().is_dir() and any(
+        a in VISION_LANGUAGE_CLASSES.split(", ") for a in _saved_architectures(name, "a model and its tokenizer or processor"))
+
+
 def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) -> None:
     """A ValueError when `name` is a local folder whose config.json is missing or names architectures that
     `accepted` refuses: such a folder gets one line naming what it holds, not the loader's words about tokenizers."""
-    folder = Path(name).expanduser()
-    if not folder.is_dir():
+    if not Path(name).expanduser().is_dir():
         return
+    architectures = _saved_architectures(name, wanted)
+    if architectures and not any(accepted(a) for a in architectures):
+        raise ValueError(f"--model {name} holds a {', '.join(map(str, architectures))}; this command takes {wanted}")
+
+
+def _saved_architectures(name: str, wanted: str) -> list:
+    """The architectures the config.json of the local folder `name` names (read to `MAX_CONFIG_BYTES`); a ValueError
+    naming `wanted` when there is no readable one."""
+    folder = Path(name).expanduser()
     check_model_path(name, "--model")
     unreadable = f"--model {name} holds no readable config.json: it takes a folder of {wanted} (save_pretrained)"
     try:
@@ -174,9 +191,7 @@ def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) 
         config = json.loads(text)
     except ValueError:
         raise ValueError(unreadable) from None
-    architectures = config.get("architectures") or [] if isinstance(config, dict) else []
-    if architectures and not any(accepted(a) for a in architectures):
-        raise ValueError(f"--model {name} holds a {', '.join(map(str, architectures))}; this command takes {wanted}")
+    return config.get("architectures") or [] if isinstance(config, dict) else []
 
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:

@@ -173,8 +173,8 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
              "methods": text_methods},
             "pair_model": None if catalog.pairs is None else {"name": catalog.pairs.name, "title": catalog.pairs.title},
             "language_model": None if catalog.language is None else
-            {"name": catalog.language.name, "title": catalog.language.title,
-             "methods": [{"name": n, "summary": summary} for n, summary in generation_methods().items()]},
+            {"name": catalog.language.name, "title": catalog.language.title, "reads_images": catalog.language.reads_images,
+             "methods": [{"name": n, "summary": summary} for n, summary in generation_methods(catalog.language).items()]},
             "methods": [{"name": n, "signed": m.signed, "summary": m.summary, "concept": m.accepts_concept,
                          "pairs": n in pair_methods()} for n, m in methods.items() if n in offered],
             "samples": [{"id": key, "title": sample.title} for key, sample in samples.items()],
@@ -210,7 +210,7 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     @app.post("/api/explain-generation", response_model=GenerationResponse, responses=ERROR_RESPONSES,
               summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it (to_json())")
     async def explain_generation(request: GenerationRequest, http: Request) -> dict[str, Any]:
-        return await answer(lambda: check_generation(request, catalog, limits), http,
+        return await answer(lambda: check_generation(request, catalog, samples, limits), http,
                             "ask for fewer new tokens, a shorter prompt or a faster method")
 
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)

@@ -62,12 +62,14 @@ class PairModel:
 
 @dataclass
 class LanguageModel:
-    """A decoder language model and its tokenizer (the text-generation tab)."""
+    """A decoder language model and its tokenizer (the text-generation tab); or a vision-language decoder and its
+    processor (`reads_images`: each generation is about an uploaded image)."""
 
     name: str
     title: str
     model: nn.Module
     tokenizer: object
+    reads_images: bool = False
 
 
 @dataclass
@@ -180,12 +182,13 @@ def _language_model(name: str | None, notes: list[str]) -> LanguageModel | None:
 
     if name == NONE:
         return None
+    images = name is not None and models.reads_images(name)
     try:
-        model, tokenizer = models.load_language_model(name or SHIPPED["language"].name)
+        model, tokenizer = models.load_vision_language_model(name) if images else models.load_language_model(name or SHIPPED["language"].name)
     except (MissingExtraError, ImportError) as error:
         if name is not None:
             raise
         notes.append(f"text-generation tab not offered: {' '.join(str(error).split())}")
         return None
     shipped = SHIPPED["language"]
-    return LanguageModel(name or shipped.name, shipped.title if shipped.means(name) else name, model, tokenizer)
+    return LanguageModel(name or shipped.name, shipped.title if shipped.means(name) else name, model, tokenizer, images)

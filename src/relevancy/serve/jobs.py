@@ -46,7 +46,7 @@ BYTES_PER_PIXEL = 16
 def attention_bytes(tokens: int, model: torch.nn.Module) -> int:
     """The estimated peak memory of explaining a decoder over `tokens` tokens: 4 B x ATTENTION_COPIES x tokens^2
     x heads x layers (from the model's config)."""
-    config = model.config
+    config = model.config.get_text_config()  # a vision-language decoder's: its decoder's
     return 4 * ATTENTION_COPIES * tokens ** 2 * config.num_attention_heads * config.num_hidden_layers
 
 
@@ -255,42 +255,59 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
     return job
 
 
-def generation_methods() -> dict[str, str]:
-    """The text-generation tab's methods and their summaries."""
+def generation_methods(entry: LanguageModel) -> dict[str, str]:
+    """The generation tab's methods for the entry's model (those of one forward it offers) and their summaries."""
+    from ..families import adapter_for
     from ..generation import ONE_FORWARD_METHODS
 
-    return {name: registry()[name].summary for name in ONE_FORWARD_METHODS}
+    offered = adapter_for(entry.model).methods
+    return {name: registry()[name].summary for name in ONE_FORWARD_METHODS if name in offered}
 
 
 def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int:
     """The estimated peak memory of a generation request: `attention_bytes` of the prompt's tokens plus the tokens
-    to generate (or the continuation's)."""
-    tokens = len(entry.tokenizer(request.prompt)["input_ids"])
+    to generate (or the continuation's); a vision-language decoder's image counts a token per patch of its tower."""
+    tokenizer = text_tokenizer(entry)
+    tokens = len(tokenizer(request.prompt)["input_ids"])
+    if entry.reads_images:
+        vision = entry.model.config.vision_config
+        tokens += (vision.image_size // vision.patch_size) ** 2
     if request.continuation is not None:
-        tokens += len(entry.tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
+        tokens += len(tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
     else:
         tokens += request.max_new_tokens
     return attention_bytes(tokens, entry.model)
 
 
-def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limits) -> Job:
+def text_tokenizer(entry: LanguageModel) -> Any:
+    """The entry's tokenizer (a vision-language decoder's: its processor's)."""
+    return entry.tokenizer.tokenizer if entry.reads_images else entry.tokenizer
+
+
+def check_generation(request: GenerationRequest, catalog: Catalog, samples: dict[str, Sample], limits: Limits) -> Job:
     if catalog.language is None:
         raise RequestError(404, "this server has no language model (it was started without one)")
     entry = catalog.language
-    method = method_names([request.method], list(generation_methods()), "text generation")[0]
+    method = method_names([request.method], list(generation_methods(entry)), "this model's generations")[0]
     if not 1 <= request.max_new_tokens <= limits.max_new_tokens:
         raise RequestError(400, f"max_new_tokens must be between 1 and {limits.max_new_tokens} on this server, got {request.max_new_tokens}")
     check_text_length(request.prompt, limits, "the prompt")
-    prompt_tokens = len(entry.tokenizer(request.prompt)["input_ids"])  # as explain_generation tokenises it
+    tokenizer = text_tokenizer(entry)
+    prompt_tokens = len(tokenizer(request.prompt)["input_ids"])  # as explain_generation tokenises it (the image's tokens apart)
     if prompt_tokens > limits.max_prompt_tokens:
         raise RequestError(413, f"the prompt is {prompt_tokens:,} tokens; the limit is {limits.max_prompt_tokens:,} on this server")
     if request.continuation is not None:
         check_text_length(request.continuation, limits, "the continuation")
-        tokens = len(entry.tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
+        tokens = len(tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
         if tokens > limits.max_new_tokens:
             raise RequestError(400, f"the continuation is {tokens} tokens; the limit is {limits.max_new_tokens} on this server")
-
-    check_memory(estimate_generation(request, entry), "this generation", limits)
+    if entry.reads_images and request.image is None:
+        raise RequestError(400, f"the {entry.name} model generates about an image: give one (upload it or pick a sample)")
+    if not entry.reads_images and request.image is not None:
+        raise RequestError(400, f"the {entry.name} model reads text only: leave the image out")
+    upload = None if request.image is None else sample_or_upload(request.image, samples, limits, "the image")
+    check_memory(estimate_generation(request, entry) + (0 if upload is None else image_bytes_estimate([upload], limits)),
+                 "this generation", limits)
 
     def job(deadline: Deadline) -> dict[str, Any]:
         from ..generation import explain_generation
@@ -298,9 +315,11 @@ def check_generation(request: GenerationRequest, catalog: Catalog, limits: Limit
 
         started = time.perf_counter()
         deadline.check()
+        picture = None if upload is None else _picture(upload, None, limits, "the image")
         try:
             result = explain_generation(entry.model, entry.tokenizer, request.prompt, max_new_tokens=request.max_new_tokens,
-                                        method=method, continuation=request.continuation, should_stop=deadline.should_stop)
+                                        method=method, continuation=request.continuation, should_stop=deadline.should_stop,
+                                        image=picture)
         except ValueError as error:  # e.g. a continuation longer than the model's positions
             raise RequestError(400, str(error)) from error
         except Cancelled:  # between two tokens or backward rounds: time up or the client gone

@@ -66,6 +66,9 @@ class GenerationRequest(Strict):
                                                       "generation stops earlier after an end-of-text token")
     method: NAME = Field("attnlrp", description="attnlrp, cp_lrp or input_x_gradient (one forward for every token)")
     continuation: Optional[str] = Field(None, description="explain this continuation of the prompt instead of generating")
+    image: Optional[ImageInput] = Field(None, description="the image the prompt asks about: required where the server's model is "
+                                                          "a vision-language decoder (GET /api/info: language_model.reads_images), "
+                                                          "refused otherwise")
 
 
 class ColourBar(BaseModel):
@@ -153,5 +156,7 @@ class GenerationResult(Answer):
 class GenerationResponse(BaseModel):
     model: str
     results: list[GenerationResult] = Field(description="the one method's: a GenerationExplanation (text, tokens, "
-                                                        "prompt_length, generated_ids, a row per generated token)")
+                                                        "prompt_length, generated_ids, a row per generated token); a "
+                                                        "vision-language decoder's VisionLanguageGenerationExplanation "
+                                                        "adds an image map per generated token (scores.image, image_url)")
     seconds: float

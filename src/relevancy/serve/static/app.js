@@ -422,7 +422,9 @@ function setUpPairs() {
   });
 }
 
-// -- text-generation tab ------------------------------------------------------------------------------------
+// -- generation tab -----------------------------------------------------------------------------------------
+const generationState = {image: null};
+
 function renderGeneration(data) {
   const answer = data.results[0];
   const explanation = answer.explanation;
@@ -442,6 +444,11 @@ function setUpGeneration() {
   $("generation-model").textContent = `Model: ${model.title}. At most ${info.limits.max_text_chars.toLocaleString()} characters.`;
   $("generation-prompt").maxLength = info.limits.max_text_chars;
   $("generation-tokens").max = info.limits.max_new_tokens;
+  if (model.reads_images) {  // a vision-language decoder: each generation is about an image
+    $("generation-image").hidden = false;
+    $("generation-prompt").value = "What is in the image?";
+    imagePicker("generation", generationState);
+  }
   const methods = $("generation-methods");
   for (const method of model.methods) {
     const radio = element("input", {type: "radio", value: method.name, name: "generation-method"});
@@ -458,6 +465,10 @@ function setUpGeneration() {
     const tokens = Number($("generation-tokens").value);
     if (!prompt.trim()) { status("generation", "Write a prompt first.", "error"); return; }
     const body = {prompt, method: document.querySelector("input[name=generation-method]:checked").value};
+    if (model.reads_images) {
+      if (!generationState.image) { status("generation", "Choose an image first: upload one or pick a sample.", "error"); return; }
+      body.image = generationState.image;
+    }
     if ($("generation-forced").checked) {
       body.continuation = $("generation-continuation").value;
       if (!body.continuation) { status("generation", "Write the continuation to explain, or untick it to generate.", "error"); return; }
