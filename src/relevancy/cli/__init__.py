@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "each over every text")
     p.set_defaults(handler=_lazy("relevancy.cli.text", "run_explain_text"))
 
-    p = commands.add_parser("explain-generation", help="explain every token a decoder language model generates",
+    p = commands.add_parser("explain-generation", help="explain every token a decoder language model (or, with --image, a "
+                                                       "vision-language decoder) generates",
                             description="Generate greedily from a prompt with a decoder language model (or read a given "
                                         "continuation, --target) and explain every generated token over the prompt and "
                                         "the tokens before it: coloured rows in a terminal, token and score columns when "
@@ -234,8 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "or 'none' (default: the shipped sentiment model, with the 'text' extra)")
     p.add_argument("--clip-model", default=None, help="the image-text tab's model: as `explain --text --model`, or 'none' "
                                                       "(default: the shipped shapes CLIP, with the 'text' extra)")
-    p.add_argument("--language-model", default=None, help="the text-generation tab's model: 'smollm2', a folder of a decoder "
-                                                          "language model (as `explain-generation --model`), or 'none' "
+    p.add_argument("--language-model", default=None, help="the generation tab's model: 'smollm2', a folder of a decoder "
+                                                          "language model (as `explain-generation --model`), a folder of a "
+                                                          "vision-language decoder and its processor (the tab then takes an "
+                                                          "image upload, as `explain-generation --image`), or 'none' "
                                                           "(default: SmolLM2, see docs/smollm2.md)")
     p.add_argument("--max-running", type=int, default=2, help="explanations computed at once (default 2)")
     p.add_argument("--max-waiting", type=int, default=4, help="explanation requests that may wait for a slot; more are "
