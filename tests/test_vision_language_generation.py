@@ -9,7 +9,7 @@ import pytest
 import torch
 from bimodal_golden import assert_same, snapshot
 from test_causal_lm import assert_close_to
-from vlm_models import IMAGE_TOKEN, build
+from vlm_models import IMAGE_TOKEN, build, inputs
 from vlm_processor import picture, processor
 
 import relevancy
@@ -91,3 +91,40 @@ def test_bad_requests_are_named(llava, tmp_path):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="nope")
     with pytest.raises(ValueError, match="does not exist"):
         relevancy.explain_generation(llava, made, PROMPT, image=tmp_path / "missing.png")
+
+
+class GivenInputs:
+    """A processor stand-in for the families `vlm_processor.py` has no processor for: it answers `vlm_models.inputs`
+    (one row) whatever the prompt and image, with the word-level tokenizer and a [-1, 1] normalisation."""
+
+    image_token = "<image>"
+
+    def __init__(self, family: str) -> None:
+        from vlm_processor import tokenizer
+
+        self.family, self.tokenizer = family, tokenizer()
+        self.image_processor = type("ImageProcessor", (), {"image_mean": [0.5] * 3, "image_std": [0.5] * 3})()
+
+    def __call__(self, images: object, text: str, return_tensors: str) -> dict[str, torch.Tensor]:
+        return inputs(self.family, lengths=(4,))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("family", ["llava_full", "gemma3", "idefics3"])
+def test_every_familys_generation_equals_explain(family):
+    """LLaVA with [CLS] kept and two tower layers (Qwen2 decoder), Gemma 3 (pooled projector, each image's tokens
+    attending to each other), Idefics3 (pixel shuffle, one image of shape (1, 3, H, W) per row)."""
+    model = build(family)
+    result = relevancy.explain_generation(model, GivenInputs(family), PROMPT, image=picture(), max_new_tokens=3, method="cp_lrp")
+    batch = inputs(family, lengths=(4,))
+    start = batch["input_ids"].shape[1]
+    ids = torch.cat([batch["input_ids"], result.generated_ids[None]], 1)
+    assert result.image_scores.shape == (3, 4, 4) and result.image_url.startswith("data:image/png;base64,")
+    for g in range(3):
+        alone = relevancy.explain(model, {"input_ids": ids[:, :start + g], "attention_mask": torch.ones(1, start + g, dtype=torch.long),
+                                          "pixel_values": batch["pixel_values"]}, method="cp_lrp", target=int(result.generated_ids[g]))
+        assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{family} text {g}", 1e-10)
+        assert_close_to(result.image_scores[g], alone.image_scores[0], f"{family} image {g}", 1e-10)
+        assert torch.allclose(result.relevance_total[g], alone.relevance_total[0])
