@@ -13,6 +13,7 @@ from vlm_models import IMAGE_TOKEN, build, inputs
 from vlm_processor import picture, processor
 
 import relevancy
+from relevancy.families.base import UnsupportedModelError
 from relevancy.families.causal_lm import generation
 from relevancy.families.vision_language import VisionLanguageGenerationExplanation
 
@@ -89,6 +90,9 @@ def test_bad_requests_are_named(llava, tmp_path):
         relevancy.explain_generation(build_decoder("llama"), Characters(), "abc", image=picture())
     with pytest.raises(ValueError, match="methods of explain_generation"):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="nope")
+    with pytest.raises(UnsupportedModelError, match="method 'rollout' does not apply to the vision-language decoder family; "
+                                                    "its methods: attnlrp, cp_lrp, input_x_gradient"):
+        relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="rollout")
     with pytest.raises(ValueError, match="does not exist"):
         relevancy.explain_generation(llava, made, PROMPT, image=tmp_path / "missing.png")
 

@@ -277,6 +277,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     family = adapter_for(model)
     if not family.generates:
         raise UnsupportedModelError(f"explain_generation explains decoder language models, not the {family.family} family ({family.examples})")
+    REGISTRY[method].check_offered(family)
     images: dict[str, torch.Tensor] = {}
     picture = None
     if family.reads_images:

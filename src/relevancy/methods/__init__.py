@@ -53,15 +53,20 @@ class Method:
         """The strategy for the adapter's streams, chosen once from its attention sites: `across` where some
         attention has queries and keys from different streams, `run` otherwise. A method the adapter's family does
         not offer (`Adapter.methods`) is refused by name."""
+        self.check_offered(adapter)
+        if self.across is not None and streams_attend_to_each_other(adapter.attention_sites()):
+            return self.across
+        return self.run
+
+    def check_offered(self, adapter: Adapter) -> None:
+        """A one-line refusal, naming the family's methods and the families it explains, where the adapter's family
+        does not offer this method (`Adapter.methods`)."""
         if self.name not in adapter.methods:
             offering = [family.family for family in adapters() if self.name in family.methods]
             raise UnsupportedModelError(
                 f"method '{self.name}' does not apply to the {adapter.family} family; its methods: "
                 f"{', '.join(adapter.methods)}. '{self.name}' explains: {'; '.join(dict.fromkeys(offering)) or 'no family'}"
             )
-        if self.across is not None and streams_attend_to_each_other(adapter.attention_sites()):
-            return self.across
-        return self.run
 
     def option_names(self) -> list[str]:
         """The keyword options `run` takes (after adapter, inputs, target)."""
