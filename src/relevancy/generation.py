@@ -6,7 +6,9 @@ of prompts is decoded in one `generate` call (left-padded) and, for the input-re
 forward of the whole batch and batched backward passes (`families.causal_lm.generation`). The other methods explain
 one row per generated token, the prefix before it: the attention and gradient methods read those prefixes as one
 forward (`CausalLMAdapter.forward_shared`) with a backward per token; the methods of a pass (or forwards) per token
-(transformer attribution, LRP, token ablation) run the prefixes as the rows of one batch.
+(transformer attribution, LRP, token ablation) run the prefixes as the rows of one batch. A vision-language decoder
+generates about an image (`image=`, through its processor): the same one forward reads the image too, and each
+generated token gets its image map beside its text relevance.
 """
 from __future__ import annotations
 
