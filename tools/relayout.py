@@ -55,7 +55,6 @@ MOVES: list[tuple[str, str]] = [
     ("relevancy.bench.vqa_model", "relevancy.worlds.shapes_lxmert"),
     ("relevancy.bench.vlm_model", "relevancy.worlds.shapes_vlm"),
     # the loaders of models by name, of packaged models, of the shipped text classifier
-    ("relevancy.models", "relevancy.zoo.models"),
     ("relevancy.photos", "relevancy.zoo.photos"),
     ("relevancy.smollm2", "relevancy.zoo.smollm2"),
     ("relevancy.gemma3", "relevancy.zoo.gemma3"),
@@ -89,14 +88,14 @@ DATA = [("src/relevancy/bench/weights", "src/relevancy/worlds/weights"),
         ("src/relevancy/text/weights", "src/relevancy/zoo/text/weights")]
 #: modules that stay where they are; packages that stay with everything below them (the new ones too, for what is
 #: added there later)
-STAYS = {"relevancy", "relevancy.api", "relevancy.generation"}
+STAYS = {"relevancy", "relevancy.api", "relevancy.generation", "relevancy.models"}  # models: the public `relevancy.models`
 STAYS_BELOW = ["relevancy.families", "relevancy.lrp", "relevancy.methods", "relevancy.evaluation", "relevancy.core",
                "relevancy.results", "relevancy.worlds", "relevancy.zoo", "relevancy.apps", "training"]
 #: the new packages' faces, made where missing
 INITS = {
     "src/relevancy/core/__init__.py": '"""The core every layer may use: streams and attention sites, conventions, the model guard, messages,\noptional extras, cancellation, files written whole, class names."""\n',
     "src/relevancy/results/__init__.py": '"""The results and their rendering: Explanation classes, their parts, pictures and pages."""\n',
-    "src/relevancy/zoo/__init__.py": '"""Models to explain: loaded by name (`zoo.models`), packaged real models (SmolLM2, Gemma 3, DINOv2) and the\nshipped text classifier (`zoo.text`)."""\n',
+    "src/relevancy/zoo/__init__.py": '"""Models to explain (loaded by name in `relevancy.models`): packaged real models (SmolLM2, Gemma 3, DINOv2) and the\nshipped text classifier (`zoo.text`)."""\n',
     "src/relevancy/apps/__init__.py": '"""The apps on top of the library: the command line, the web page, the demos."""\n',
     "src/relevancy/apps/demos/__init__.py": '"""The demos the command line runs: the shapes world, real photographs, the question world."""\n',
     "training/__init__.py": '"""Training of the shipped models, outside the library\'s import path: `python -m training.NAME` from the\nrepository\'s root (each module\'s docstring gives its command)."""\n',
