@@ -68,7 +68,7 @@ MOVES: list[tuple[str, str]] = [
     # the apps: command line, web page, demos, what the two share
     ("relevancy.cli", "relevancy.apps.cli"),
     ("relevancy.serve", "relevancy.apps.serve"),
-    ("relevancy.pictures", "relevancy.apps.pictures"),
+    ("relevancy.pictures", "relevancy.core.pictures"),
     ("relevancy.bench.demo", "relevancy.apps.demos.shapes"),
     ("relevancy.bench.photo_demo", "relevancy.apps.demos.photos"),
     ("relevancy.bench.photo_concepts", "relevancy.apps.demos.photo_concepts"),
