@@ -16,7 +16,7 @@ ARCHS = ("llama", "gpt2")
 LRP_METHODS = ("attnlrp", "cp_lrp")
 VOCAB = 96
 METHODS = LRP_METHODS + ("input_x_gradient",)
-#: the seeds' LRP methods, under the layouts' rule maps (families/causal_lm/rules.py)
+#: the seeds' LRP methods, under the layouts' rule maps (families/causal_lm/layouts.py)
 PROPAGATION_METHODS = ("transformer_attribution", "lrp", "partial_lrp")
 #: the image and text families' methods that decoders take (read at the last real token, under the causal mask)
 SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "cdam", "token_ablation") + PROPAGATION_METHODS
@@ -182,14 +182,15 @@ def test_transformer_attribution_reads_the_past_only_and_differs_from_rollout(mo
 
 def test_the_rule_maps_cover_every_module_and_refuse_a_cache(arch, model):
     """Every module of the model has a rule (the session refuses a module without one); a KV cache is refused by
-    name, and the model is left as it was."""
+    name, and the model is left as it was. (The attention is relevancy's through the configs, as every call has it:
+    `explaining`.)"""
     from relevancy.lrp import PAPER, relevance_session
     from relevancy.lrp.engine import MissingRuleError
 
     adapter = CausalLMAdapter(model)
     before = snapshot(model)
     ids = batch("single0")["input_ids"]
-    with relevance_session(model, adapter.relevance_rule_map(), PAPER) as session:
+    with adapter.explaining(True), relevance_session(model, adapter.relevance_rule_map(), PAPER) as session:
         model(input_ids=ids, use_cache=False)
         assert len(session.attentions) == len(adapter.attention_sites())
         with pytest.raises(MissingRuleError, match="no KV cache"):

@@ -5,6 +5,7 @@ them all, `family_cases.py`), and a model is recognised by its modules: one whos
 layers say another is refused, naming the part."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,22 +136,24 @@ def test_a_norm_that_computes_otherwise_is_refused():
         CausalLMAdapter(model)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gemma2", "gpt_neox"])
-def test_the_seeds_lrp_methods_are_refused_by_name_where_no_rule_map_is(family):
-    with pytest.raises(UnsupportedModelError, match=r"^method 'transformer_attribution' does not apply .* its methods: .*attnlrp"):
-        relevancy.explain(model_of(family), batch("single0"), method="transformer_attribution")
-
-
-@pytest.mark.parametrize("method", ["transformer_attribution", "lrp"])
-def test_qwen3_runs_the_paper_rules_with_its_query_and_key_norms(method):
-    """Qwen3 shares Llama's rule map, its query and key norms passing relevance: the CVPR'21 rules conserve the
-    explained 1 on every row of a padded batch, and a padded row's map is the row's alone."""
-    options = {"rules": "paper"} if method == "lrp" else {}
-    model = model_of("qwen3")
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", ["transformer_attribution", "lrp", "partial_lrp"])
+def test_every_layout_runs_the_seeds_lrp_methods(family, method):
+    """Every layout's one rule map serves the seeds' methods too (the CVPR'21 rules: RoPE, query and key norms,
+    Gemma's norms around both branches and its soft-caps, OLMo 2's norms after them, GPT-NeoX's parallel branches,
+    a mixture's experts and router weights): the rules conserve the explained 1 on every row of a padded batch, a
+    padded row's map is the row's alone, and the model is as it was after."""
+    options = {"rules": "paper"} if method != "transformer_attribution" else {}
+    model = model_of(family)
+    before, modeling = snapshot(model), vars(sys.modules[type(model).__module__])
+    rotation = modeling.get("apply_rotary_pos_emb")  # the modeling file's RoPE, replaced in this thread for the call
     explanation = relevancy.explain(model, batch("left"), method=method, **options)
-    assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
+    assert_same(before, snapshot(model))
+    assert modeling.get("apply_rotary_pos_emb") is rotation
+    if method != "partial_lrp":  # partial LRP reads the last attention's relevance, not the input's
+        assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
     single = relevancy.explain(model, batch("single2"), method=method, **options).scores
-    assert_close_to(explanation.scores[2, -3:], single[0], f"qwen3 {method}", 1e-9)
+    assert_close_to(explanation.scores[2, -3:], single[0], f"{family} {method}", 1e-9)
 
 
 def test_gemma2_soft_caps_attention_and_logits():

@@ -131,7 +131,7 @@ def test_gates_keep_the_relevance_with_the_value(layer):
     explanation = relevancy.explain(model, images, method="partial_lrp", rules="paper", exact=True)
     assert torch.allclose(explanation.relevance_total, torch.ones(2, dtype=torch.float64), atol=1e-6)
     gate_values = torch.rand(2, 3, dtype=torch.float64)
-    value, gate_share = engine.gate_rule(None, (torch.randn(2, 3), gate_values), None, torch.ones(2, 3))
+    value, gate_share = engine.gate_rule(engine.Session(PAPER), (torch.randn(2, 3), gate_values), None, torch.ones(2, 3))
     assert torch.equal(value, torch.ones(2, 3)) and torch.equal(gate_share, torch.zeros(2, 3))
 
 

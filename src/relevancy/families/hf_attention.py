@@ -29,7 +29,7 @@ from torch import nn
 
 from ..guard import acts_for
 from ..lrp.attention import attend
-from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, add, default_leaves, gate
+from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, activation, add, default_leaves, gate
 from ._shared import eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
@@ -60,10 +60,16 @@ def exact_eager_attention(module, query, key, value, attention_mask, scaling, dr
     return context.transpose(1, 2).contiguous(), probabilities
 
 
+def gated_forward(mlp: nn.Module, session: Session | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """transformers' gated feed-forward (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: DINOv2's SwiGLU, the
+    decoders' MLPs) in the engine's operations: the activation under the activation rule, the gating product under
+    the gate rule, the projections under their own entries (or as they are, for a rule set that carries a gradient)."""
+    return lambda x: mlp.down_proj(gate(session, mlp.up_proj(x), activation(session, mlp.act_fn, mlp.gate_proj(x))))
+
+
 def gated_mlp(mlp: nn.Module, session: Session) -> Replacements:
-    """transformers' gated feed-forward (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: DINOv2's SwiGLU, Llama's
-    MLP): the gating product under the gate rule, the projections under their own entries."""
-    return {"forward": lambda x: mlp.down_proj(gate(session, mlp.up_proj(x), mlp.act_fn(mlp.gate_proj(x))))}
+    """A rule map entry for transformers' gated feed-forward (`gated_forward`)."""
+    return {"forward": gated_forward(mlp, session)}
 
 
 def post_norm_residual(module: nn.Module, session: Session) -> Replacements:

@@ -1,4 +1,7 @@
-"""Layer-wise relevance propagation on unmodified models, in one backward pass (see engine.py)."""
-from .engine import GRADIENT, PAPER, RELEVANCE, VANILLA, MissingRuleError, RuleSet, Session, relevance_session
+"""Relevance propagation on unmodified models: one rule vocabulary (`rule_sets`), one engine (`engine`), one
+attention (`attention`)."""
+from .engine import GRADIENT, RELEVANCE, MissingRuleError, Session, relevance_session
+from .rule_sets import ATTNLRP, CP_LRP, PAPER, RULE_SETS, VANILLA, RuleSet
 
-__all__ = ["GRADIENT", "PAPER", "RELEVANCE", "VANILLA", "MissingRuleError", "RuleSet", "Session", "relevance_session"]
+__all__ = ["ATTNLRP", "CP_LRP", "GRADIENT", "PAPER", "RELEVANCE", "RULE_SETS", "VANILLA", "MissingRuleError", "RuleSet",
+           "Session", "relevance_session"]

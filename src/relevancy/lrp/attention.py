@@ -1,8 +1,10 @@
-"""The one attention of every family: `softmax(q k^T * scale + mask) v`, plain or under a session's rules.
+"""The one attention of every family and every rule set: `softmax(q k^T * scale + mask) v`, plain or under a
+session's rules.
 
 Outside a session (`session=None`) it is the exact eager attention the transformers families register
-(`families/hf_attention.py`); inside one it is the rule-aware forward every family's attention module is patched
-with, through a thin adapter that only projects the queries, keys and values and shapes the heads. What differs
+(`families/hf_attention.py`, the decoders' `causal_lm/adapter.py`); inside one it is the rule-aware forward every
+family's attention runs (the explicit pass of the seeds' rule sets, the modified gradient of AttnLRP and CP-LRP),
+through a thin adapter that only projects the queries, keys and values and shapes the heads. What differs
 between the families' reference codes is stated as an `AttentionStyle`: where the scale is applied (their
 rounding differs) and which rule the additive mask gets. The probabilities are recorded in the session.
 """
@@ -12,7 +14,9 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
+import torch.nn.functional as F
 
+from . import gradient
 from .engine import Session, add, matmul, passthrough, passthrough_rule, softmax, softmax_of
 
 
@@ -52,12 +56,15 @@ def _passing(session: Session | None, steps: list[Callable[[torch.Tensor], torch
     return passthrough(session, run, x)
 
 
-def _masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _masked(scores: torch.Tensor, mask: torch.Tensor | None, in_place: bool) -> torch.Tensor:
+    """The scores with the mask applied; `in_place` where the scores are a fresh tensor no backward needs (the same
+    numbers, one `(T, T)` allocation fewer)."""
     if mask is None:
         return scores
     if mask.dtype == torch.bool:  # True where attending is allowed
-        return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return scores + mask
+        blocked, value = ~mask, torch.finfo(scores.dtype).min
+        return scores.masked_fill_(blocked, value) if in_place else scores.masked_fill(blocked, value)
+    return scores.add_(mask) if in_place else scores + mask
 
 
 def attend(
@@ -71,21 +78,45 @@ def attend(
     style: AttentionStyle = MULTIPLIED,
     causal: bool = False,
     dropout: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    softcap: float | None = None,
+    probabilities: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`(softmax(q k^T * scale + mask) v, probabilities)` for heads `(B, H, T, d)`; the context stays in heads.
     (`scale` is the divisor where the style divides.)
 
-    `mask`: additive (or boolean, True where allowed), broadcast to `(B, H, Tq, Tk)` and cut to the keys' length;
-    `causal` without a mask makes the causal one. The products get the session's matmul rule, scale and mask pass
-    relevance (or the mask takes its share, see `AttentionStyle`), the softmax gets the session's softmax rule.
+    `k` and `v` may have fewer heads than `q` (grouped-query attention): the query heads are viewed as (key heads,
+    group) and broadcast against their key head, so keys and values are never copied per head. `mask`: additive (or
+    boolean, True where allowed), broadcast to `(B, H, Tq, Tk)` and cut to the keys' length; `causal` without a mask
+    makes the causal one. `softcap` (Gemma 2): the scores soft-capped `c tanh(s / c)` before the mask.
+
+    Under the session's rule set: an explicit one gives the products the matmul rule, lets scale, soft-cap and mask
+    pass relevance (or the mask takes its share, see `AttentionStyle`), the softmax its softmax rule, and records
+    the probabilities; a gradient one shares the backward of queries, keys and values (`RuleSet.query_key`,
+    `value`). Without `probabilities` (not under an explicit rule set) torch's fused kernel computes it and none
+    are returned: a pass that needs the input's relevance alone keeps no `(T, T)` matrix.
     """
+    explicit = session is not None and session.rule_set.explicit
+    if session is not None and not explicit:
+        rule_set = session.rule_set
+        q, k, v = gradient.take(q, rule_set.query_key), gradient.take(k, rule_set.query_key), gradient.take(v, rule_set.value)
+    batch, heads, length, width = q.shape
+    groups = heads // k.shape[1]
+    if not probabilities and not explicit and softcap is None and style.scale != "divide":
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask[..., : k.shape[-2]]
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and causal and length > 1,
+                                                 scale=scale, enable_gqa=groups > 1)
+        return context, None
     keys = k.shape[-2]
     if mask is not None and mask.dtype != torch.bool:
         mask = mask[..., :keys].to(q.dtype)
-    elif mask is None and causal and q.shape[-2] > 1:
-        mask = causal_mask(q.shape[-2], keys, q)
+    elif mask is None and causal and length > 1:
+        mask = causal_mask(length, keys, q)
     if style.scale == "queries":
         q = passthrough(session, lambda t: t * scale, q)
+    if groups > 1:  # (B, key heads, group, T, d) against (B, key heads, 1, d, S)
+        q, k, v = q.view(batch, k.shape[1], groups, length, width), k.unsqueeze(2), v.unsqueeze(2)
+        mask = mask.unsqueeze(2) if mask is not None and mask.ndim == 4 else mask
     products = matmul(session, q, k.transpose(-2, -1))
     # the element-wise steps between the product and the softmax pass relevance unchanged: run as one operation, so
     # that one (T, T) tensor is kept for the backward instead of one per step (the same values, in the same order)
@@ -94,16 +125,20 @@ def attend(
         steps.append(lambda t: t / scale)
     elif style.scale == "multiply":
         steps.append(lambda t: t * scale)
+    if softcap is not None:
+        steps.append(lambda t: torch.tanh(t / softcap) * softcap)
     mask_added = style.mask == "add" and mask is not None and mask.dtype != torch.bool
     if mask is not None and not mask_added:
-        steps.append(lambda t: _masked(t, mask))
+        fresh = bool(steps) or not explicit  # in an explicit pass the first step's input is the rule's own leaf
+        steps.append(lambda t: _masked(t, mask, in_place=fresh))
     if mask_added:
-        probabilities = softmax(session, add(session, _passing(session, steps, products), mask))
-    elif session is not None and session.rule_set.softmax is passthrough_rule:  # the softmax passes relevance too
-        probabilities = _passing(session, [*steps, softmax_of], products)
+        weights = softmax(session, add(session, _passing(session, steps, products), mask))
+    elif explicit and session.rule_set.softmax is passthrough_rule:  # the softmax passes relevance too
+        weights = _passing(session, [*steps, softmax_of], products)
     else:
-        probabilities = softmax(session, _passing(session, steps, products))
-    probabilities = dropout(probabilities)
-    if session is not None:
-        session.attentions.append(probabilities)
-    return matmul(session, probabilities, v), probabilities
+        weights = softmax(session, _passing(session, steps, products))
+    weights = dropout(weights.flatten(1, 2) if groups > 1 else weights)  # (B, H, T, S): what the output is computed from
+    if explicit:
+        session.attentions.append(weights)
+    context = matmul(session, weights.view(products.shape) if groups > 1 else weights, v)
+    return (context.reshape(batch, heads, length, -1) if groups > 1 else context), weights

@@ -9,7 +9,7 @@ not a fork. Every patched forward is removed when the session ends, also after a
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import FunctionType, MethodType
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -17,16 +17,13 @@ import torch
 from torch import nn
 
 from ..guard import this_thread_only
-from . import rules
+from . import gradient, rules
+from .rule_sets import (
+    RelevanceRule, RuleSet, gate_rule, linear_module_rule, passthrough_rule, pixel_conv_rule, reweigh_rule, rule_of,
+    first_token_rule, weight_rule,
+)
 
-GRADIENT, RELEVANCE = "gradient", "relevance"
-
-# A relevance rule: (session, detached inputs, the forward output, relevance at the output) -> relevance per input.
-RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
-# A linear rule: (session, input, weight `(out, in)`, relevance at the output, the forward's output `x W^T + bias` or
-# None where it is something else, the bias or None) -> relevance at the input.
-LinearRule = Callable[["Session", torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"], torch.Tensor]
-
+GRADIENT, RELEVANCE = "gradient", "relevance"  # the modes of an explicit pass's backward
 
 @dataclass
 class Session:
@@ -87,118 +84,24 @@ class RuleFunction(torch.autograd.Function):
         else:
             with torch.no_grad():
                 shares = ctx.rule(ctx.session, tuple(x.detach() for x in ctx.local), ctx.output.detach(), incoming)
-            result = [r if need else None for r, need in zip(shares, wanted)]
+            # an input broadcast in the forward (a key head shared by a group of query heads) sums its copies' shares
+            result = [(r if r.shape == x.shape else r.sum_to_size(x.shape)) if need else None
+                      for r, x, need in zip(shares, ctx.local, wanted)]
         return (None, None, None, *result)
 
 
-# -- the rules as session-aware functions -----------------------------------------------------------------
-def passthrough_rule(_session: Session, _inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-    return (rules.passthrough(relevance),)
-
-
-def add_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return rules.add(*inputs, relevance, rescale=session.rule_set.rescale_residuals, exact=session.exact)
-
-
-def matmul_rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return rules.matmul_halved(*inputs, relevance, exact=session.exact, product=output)
-
-
-def gate_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`value * gate` (element-wise gating: a sigmoid or SiLU gate, a gated MLP): all of the relevance stays with the
-    value, none goes to the gate, which reweighs the value as a weight does (conserving)."""
-    return relevance, torch.zeros_like(inputs[1])
-
-
-def reweigh_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-    return (rules.reweigh_branches(inputs[0], relevance),)
-
-
-def first_token_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-    (tokens,) = inputs
-    shares = torch.zeros_like(tokens)
-    shares[:, 0] = rules.reweigh_branches(tokens[:, 0], relevance)
-    return (shares,)
-
-
-def linear_share(
-    session: Session, x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, output: torch.Tensor | None, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """alpha=1, beta=0 (bias ignored), with the rule set's denominator."""
-    return rules.linear_alpha1_beta0(x, weight, relevance, session.rule_set.shared_linear_denominator, output, bias)
-
-
-def weight_rule(weight: torch.Tensor, affine: bool = False, bias: torch.Tensor | None = None) -> RelevanceRule:
-    """The rule set's Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it). `affine`: the
-    forward computes exactly `x W^T + bias` (`bias` None for none), so the rule may take the product from its
-    output."""
-
-    def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (session.rule_set.linear(session, inputs[0], weight, relevance, output if affine else None, bias),)
-
-    return rule
-
-
-def linear_module_rule(module: nn.Linear) -> RelevanceRule:
-    """The Linear rule for an nn.Linear: the product taken from the output where the module runs nn.Linear's own
-    forward (a subclass with its own forward may compute something else)."""
-    return weight_rule(module.weight, type(module).forward is nn.Linear.forward, module.bias)
-
-
-def rule_of(kind: Callable[[RuleSet], RelevanceRule]) -> RelevanceRule:
-    """The rule the session's rule set gives an operation kind (`kind` picks the `RuleSet` field, e.g.
-    `lambda rules: rules.softmax`), looked up when relevance flows, so that the rule set decides."""
-
-    def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return kind(session.rule_set)(session, inputs, output, relevance)
-
-    return rule
-
-
-def pixel_conv_rule(module: nn.Conv2d) -> RelevanceRule:
-    def rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (rules.conv_zb(inputs[0], module.weight, relevance, module.stride, module.padding, exact=session.exact),)
-
-    return rule
-
-
-@dataclass(frozen=True)
-class RuleSet:
-    """Which rule each kind of operation gets: a value, so that a rule set is swapped without touching any family's
-    canonical forwards (which only say what operation they compute). The flags choose between the paper's
-    (conserving) rules and the vanilla LRP baselines' in the default rule functions.
-
-    `exact` reproduces the reference's arithmetic where it differs from the rules' mathematics: its `1e-9`
-    stabiliser in every division, and its branch splits (`Clone`) and [CLS] selection (`IndexSelect`), which
-    scale the arriving relevance by `x / (x + 1e-9)`. Otherwise the rules divide stably (see `rules`).
-    """
-
-    name: str
-    shared_linear_denominator: bool
-    rescale_residuals: bool
-    exact: bool = False
-    linear: LinearRule = linear_share
-    add: RelevanceRule = add_rule
-    matmul: RelevanceRule = matmul_rule
-    softmax: RelevanceRule = passthrough_rule
-    normalisation: RelevanceRule = passthrough_rule
-    activation: RelevanceRule = passthrough_rule
-    gate: RelevanceRule = gate_rule
-
-
-    def with_exact(self, exact: bool) -> RuleSet:
-        """This rule set in the reference's arithmetic (`exact=True`) or the stable default."""
-        return replace(self, exact=exact)
-
-
-PAPER = RuleSet("paper", shared_linear_denominator=True, rescale_residuals=True)
-VANILLA = RuleSet("vanilla", shared_linear_denominator=False, rescale_residuals=False)
-
-
 # -- operations used by canonical forwards -----------------------------------------------------------------
+# Each runs the model's operation; the session's rule set decides what its backward carries: under an explicit
+# rule set (`RuleSet.explicit`) it runs through a `RuleFunction` with the rule set's rule for its kind, under a
+# gradient rule set on the live graph with the rule set's modified gradient (`lrp.gradient`), and outside a
+# session (`None`) as the plain operation.
+def _explicit(session: Session | None) -> bool:
+    return session is not None and session.rule_set.explicit
+
+
 def _apply(session: Session | None, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
-    """`fn(*inputs)` under `rule` in a session; the plain operation outside one (`session=None`)."""
-    return fn(*inputs) if session is None else session.apply(rule, fn, *inputs)
+    """`fn(*inputs)` under `rule` in an explicit session; the operation with its own gradient otherwise."""
+    return session.apply(rule, fn, *inputs) if _explicit(session) else fn(*inputs)
 
 
 def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -207,18 +110,24 @@ def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 
 
 def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """`u @ v` of two feature maps under the rule set's matmul rule."""
+    """`u @ v` of two feature maps under the rule set's matmul rule (a gradient rule set shares the factors before:
+    `attention.attend`)."""
     return _apply(session, _MATMUL, rules.matmul, u, v)
 
 
 def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor) -> torch.Tensor:
-    """`value * gate_values`, an element-wise gate (same shape), under the rule set's gate rule."""
-    return _apply(session, _GATE, torch.mul, value, gate_values)
+    """`value * gate_values`, an element-wise gate, under the rule set's gate shares."""
+    if session is None:
+        return torch.mul(value, gate_values)
+    if session.rule_set.explicit:
+        return session.apply(gate_rule, torch.mul, value, gate_values)
+    value_share, gate_share = session.rule_set.gate
+    return gradient.take(gate_values, gate_share) * gradient.take(value, value_share)
 
 
 def softmax(session: Session | None, scores: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension (in float32 at least, back in the scores' dtype) under the rule set's
-    softmax rule."""
+    softmax rule (a gradient rule set: its true gradient)."""
     return _apply(session, _SOFTMAX, softmax_of, scores)
 
 
@@ -227,30 +136,48 @@ def softmax_of(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(scores.dtype)
 
 
+def activation(session: Session | None, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)`, an element-wise activation, under the rule set's activation rule (a gradient rule set: the identity
+    rule; an input that needs no gradient needs no rule)."""
+    if _explicit(session):
+        return session.apply(_ACTIVATION, fn, x)
+    return gradient.identity_rule(fn, x) if session is not None and x.requires_grad else fn(x)
+
+
+def normalisation(session: Session | None, fn: Callable[[torch.Tensor], torch.Tensor],
+                  constant_divisor: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A norm `fn(x)` under the rule set's normalisation rule; a gradient rule set runs `constant_divisor(x)`, the
+    same norm with its divisor held constant in the backward (the identity rule, `lrp.gradient`)."""
+    if _explicit(session):
+        return session.apply(_NORMALISATION, fn, x)
+    return fn(x) if session is None else constant_divisor(x)
+
+
 def linear(
-    session: Session, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, weight: torch.Tensor
+    session: Session | None, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     """`fn(x)`, the product of `x` with `weight` (`(out, in)`; a bias is ignored by the rule) under the Linear rule:
-    for weights no nn.Linear holds (open_clip's fused in-projection and projection parameters)."""
-    return session.apply(weight_rule(weight), fn, x)
+    for weights no nn.Linear holds (open_clip's fused in-projection, a mixture's stored experts)."""
+    return session.apply(weight_rule(weight), fn, x) if _explicit(session) else fn(x)
 
 
 def passthrough(session: Session | None, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """`fn(x)` for an operation that moves relevance unchanged (scaling, readouts): no rule set changes that."""
+    """`fn(x)` for an operation that moves relevance unchanged in an explicit pass (scaling, readouts, a rotation);
+    its own gradient otherwise."""
     return _apply(session, passthrough_rule, fn, x)
 
 
-def branch(session: Session, x: torch.Tensor) -> torch.Tensor:
+def branch(session: Session | None, x: torch.Tensor) -> torch.Tensor:
     """`x` about to feed several branches (a residual and its block): their relevances add up at `x`.
 
     Exact sessions apply the reference's `Clone` factor to the sum; otherwise autograd's accumulation is the rule.
     """
-    return session.apply(reweigh_rule, torch.clone, x) if session.exact else x
+    return session.apply(reweigh_rule, torch.clone, x) if _explicit(session) and session.exact else x
 
 
-def first_token(session: Session, x: torch.Tensor) -> torch.Tensor:
+def first_token(session: Session | None, x: torch.Tensor) -> torch.Tensor:
     """`x[:, 0]`, the [CLS] readout: relevance goes back to token 0 (times the reference's factor when exact)."""
-    return session.apply(first_token_rule, lambda t: t[:, 0], x) if session.exact else x[:, 0]
+    return session.apply(first_token_rule, lambda t: t[:, 0], x) if _explicit(session) and session.exact else x[:, 0]
 
 
 # -- patching ----------------------------------------------------------------------------------------------
@@ -266,7 +193,7 @@ def leaf(rule_for: Callable[[nn.Module], RelevanceRule]) -> ForwardFactory:
 
     def factory(module: nn.Module, session: Session):
         original, rule = module.forward, rule_for(module)
-        return {"forward": lambda x: session.apply(rule, original, x)}
+        return {"forward": lambda x: _apply(session, rule, original, x)}
 
     return factory
 
@@ -279,10 +206,11 @@ def unchanged(_module: nn.Module, _session: Session) -> Replacements:
 _ADD = rule_of(lambda rules: rules.add)
 _MATMUL = rule_of(lambda rules: rules.matmul)
 _SOFTMAX = rule_of(lambda rules: rules.softmax)
-_GATE = rule_of(lambda rules: rules.gate)
+_NORMALISATION = rule_of(lambda rules: rules.normalisation)
+_ACTIVATION = rule_of(lambda rules: rules.activation)
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
-NORMALISATION = leaf(lambda _m: rule_of(lambda rules: rules.normalisation))
-ACTIVATION = leaf(lambda _m: rule_of(lambda rules: rules.activation))
+NORMALISATION = leaf(lambda _m: _NORMALISATION)
+ACTIVATION = leaf(lambda _m: _ACTIVATION)
 LINEAR = leaf(linear_module_rule)
 PIXEL_CONV = leaf(pixel_conv_rule)
 
@@ -325,34 +253,52 @@ def _entry(rule_map: Mapping[type, ForwardFactory], module: nn.Module) -> Forwar
 
 
 @contextmanager
-def relevance_session(
-    model: nn.Module,
-    rule_map: Mapping[type, ForwardFactory],
-    rule_set: RuleSet,
-    overrides: Mapping[nn.Module, ForwardFactory] | None = None,
-) -> Iterator[Session]:
-    """Apply `rule_map` to every module of `model` for the block, in the calling thread only (other threads run the model as it is), with `rule_set`'s rules (and
-    arithmetic: see `RuleSet.exact`); the model is restored on exit. `overrides` pick a factory for particular modules."""
-    session = Session(rule_set)
-    overrides = dict(overrides or {})
-    plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
+def replaced(replacements: Iterable[tuple[object, str, object]]) -> Iterator[None]:
+    """Each `(owner, name, value)`: the attribute set on the owner for the block (a function in the calling thread
+    only: another thread calls what was there), what the owner had before (its own attribute, or none: its class's)
+    given back after, also after an exception. The one way relevancy patches and restores a model."""
     patched: list[tuple[object, str, bool, object]] = []
     try:
-        for module, factory in plans:
-            for key, replacement in factory(module, session).items():
-                owner, name = key if isinstance(key, tuple) else (module, key)
-                had_own = name in owner.__dict__
-                patched.append((owner, name, had_own, owner.__dict__.get(name)))
-                if isinstance(replacement, (FunctionType, MethodType)):
-                    # the user's own forwards from other threads run the model's computation, not the rules
-                    replacement = this_thread_only(replacement, otherwise=getattr(owner, name))
-                object.__setattr__(owner, name, replacement)
-        yield session
+        for owner, name, replacement in replacements:
+            had_own = name in owner.__dict__
+            patched.append((owner, name, had_own, owner.__dict__.get(name)))
+            if isinstance(replacement, (FunctionType, MethodType)):
+                # the user's own forwards from other threads run the model's computation, not the rules
+                replacement = this_thread_only(replacement, otherwise=getattr(owner, name))
+            object.__setattr__(owner, name, replacement)
+        yield
     finally:
         for owner, name, had_own, previous in reversed(patched):
             if had_own:
                 object.__setattr__(owner, name, previous)
             else:
                 object.__delattr__(owner, name)
+
+
+def _replacements(plans: list[tuple[nn.Module, ForwardFactory]], session: Session) -> Iterator[tuple[object, str, object]]:
+    """Each module's replacements from its rule map entry, made as the patching reaches the module."""
+    for module, factory in plans:
+        for key, replacement in factory(module, session).items():
+            owner, name = key if isinstance(key, tuple) else (module, key)
+            yield owner, name, replacement
+
+
+@contextmanager
+def relevance_session(
+    model: nn.Module,
+    rule_map: Mapping[type, ForwardFactory],
+    rule_set: RuleSet,
+    overrides: Mapping[nn.Module, ForwardFactory] | None = None,
+) -> Iterator[Session]:
+    """Apply `rule_map` to every module of `model` for the block, in the calling thread only (other threads run the
+    model as it is), with `rule_set`'s rules (and arithmetic: see `RuleSet.exact`); the model is restored on exit.
+    `overrides` pick a factory for particular modules."""
+    session = Session(rule_set)
+    overrides = dict(overrides or {})
+    plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
+    try:
+        with replaced(_replacements(plans, session)):
+            yield session
+    finally:
         session.attentions.clear()
         session.block_inputs.clear()

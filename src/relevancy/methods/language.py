@@ -7,12 +7,12 @@ from typing import Any, Callable
 import torch
 
 from ..families.base import Adapter
-from ..lrp.attnlrp import ATTNLRP, CP_LRP, RuleSet
+from ..lrp import RULE_SETS, RuleSet
 from ..messages import quoted
 from ..parts import LATENT_PARTS
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
-INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": ATTNLRP, "cp_lrp": CP_LRP, "input_x_gradient": None}
+INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": RULE_SETS["attnlrp"], "cp_lrp": RULE_SETS["cp_lrp"], "input_x_gradient": None}
 
 
 def latent_parts(latent: object) -> frozenset[str]:
@@ -31,7 +31,7 @@ def latent_parts(latent: object) -> frozenset[str]:
 def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet | None, tokenizer: object | None,
                      checkpoint: bool, score: object, latent: object) -> tuple:
     """The method's `(scores, ids, logits, fields)` on a decoder; fp16 / bf16 models run in their own dtype (no copy
-    of their weights: the rules keep what needs the precision in float32, `lrp.attnlrp`), the maps come in float32;
+    of their weights: the rules keep what needs the precision in float32, `lrp.gradient`), the maps come in float32;
     the rule-based ones report `relevance_total`. `checkpoint`:
     recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
     one more forward of time; the same map)."""

@@ -12,17 +12,16 @@ from typing import Iterator
 import torch
 
 from ..capture import Forward, record_forward
-from ..conventions import LrpConventions, RuleName, check_choice, given_or
+from ..conventions import LrpConventions, given_or
 from ..families.base import Adapter
 from ..guard import this_thread_only
-from ..lrp import GRADIENT, PAPER, RELEVANCE, VANILLA, RuleSet, Session, relevance_session
+from ..lrp import GRADIENT, PAPER, RELEVANCE, RULE_SETS, RuleSet, Session, relevance_session
 from ..streams import Stream
 from ..targets import Target
 
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)
 CONSERVATION_TOLERANCE = 1e-2
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-RULE_SETS = {"vanilla": VANILLA, "paper": PAPER}
 
 
 def unit_seed(score: torch.Tensor) -> torch.Tensor:
@@ -30,9 +29,16 @@ def unit_seed(score: torch.Tensor) -> torch.Tensor:
 
 
 def rule_set_for(rules: str | None, conventions: LrpConventions) -> RuleSet:
-    """The LRP-baseline rules: "vanilla" (`layers_lrp`, the ViT reference) or "paper" (`layers_ours`: the BERT
-    reference uses these for its baselines too); the family's convention when not given."""
-    return RULE_SETS[check_choice("rules", given_or(rules, conventions.rules), RuleName)]
+    """The LRP-baseline rules by name (`lrp.RULE_SETS`): "vanilla" (`layers_lrp`, the ViT reference) or "paper"
+    (`layers_ours`: the BERT reference uses these for its baselines too); the family's convention when not given.
+    The rule sets that carry a gradient (AttnLRP, CP-LRP) are methods of their own, named in the refusal."""
+    name = given_or(rules, conventions.rules)
+    explicit = [key for key, rule_set in RULE_SETS.items() if rule_set.explicit]
+    if name not in explicit:
+        others = [key for key in RULE_SETS if key not in explicit]
+        raise ValueError(f"rules must be one of {', '.join(explicit)}; got {name!r} ({', '.join(others)} are methods of "
+                         "their own, method=...)")
+    return RULE_SETS[name]
 
 
 def stream_depths(adapter: Adapter, streams: dict[str, Stream]) -> dict[str, int]:

@@ -22,39 +22,38 @@ from ...conventions import Conventions, GradCamConventions
 from ...explanation import DecoderExplanation, GenerationExplanation
 from ...parts import LatentRelevance, SpanRelevance
 from ...guard import recomputed_as_this_thread, this_thread_only
-from ...lrp.attention import causal_mask
-from ...lrp.attnlrp import RuleSet, attention, fused_attention
+from ...lrp.attention import SCALED_QUERIES, attend
+from ...lrp.engine import Session, passthrough, replaced
+from ...lrp.rule_sets import RuleSet
 from ...messages import quoted
 from ...streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
-from ..base import SEED_METHODS, Adapter, UnsupportedModelError
+from ..base import SEED_METHODS, Adapter
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import DECODER_CLASSES, Layout, is_causal_lm, recognised
+from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rule_map
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets, token_score
 
-#: the attention implementation relevancy registers in transformers per rule set (None: the plain gradient)
-ATTENTION_NAMES = {None: "relevancy_causal_exact", "attnlrp": "relevancy_attnlrp", "cp_lrp": "relevancy_cp_lrp"}
+#: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
+ATTENTION_NAME = "relevancy_causal"
 
 
-def _registered_attention(rules: RuleSet | None, probabilities: bool) -> str:
-    """The name under which the attention under `rules` is registered: with `probabilities`, the exact eager one
-    (and transformers' eager mask); without, torch's fused kernel (and transformers' sdpa mask), which keeps no
-    `(T, T)` matrix for the backward."""
+def _registered_attention(probabilities: bool) -> str:
+    """The name of relevancy's attention (`lrp.attention.attend`) under the session the attention module's config
+    holds for the call (`layouts.SESSION`; none: the plain gradient): with `probabilities`, the exact eager one (and
+    transformers' eager mask); without, torch's fused kernel where the session's rule set allows (and transformers'
+    sdpa mask), which keeps no `(T, T)` matrix for the backward."""
     from transformers.masking_utils import eager_mask, sdpa_mask
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        softcap = kwargs.get("softcap")
-        if attention_mask is None and not kwargs.get("is_causal", getattr(module, "is_causal", True)):
-            attention_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=query.device)  # attends everywhere: not the kernel's causal default
-        if probabilities:
-            return attention(rules, query, key, value, attention_mask, scale, softcap)  # transformers' eager mask: additive
-        if softcap is not None:  # Gemma 2: torch's fused kernel has no soft-capping
-            return attention(rules, query, key, value, sdpa_as_additive(attention_mask, query, key), scale, softcap)
-        return fused_attention(rules, query, key, value, attention_mask, scale), None
+        session = vars(getattr(module, "config", None) or object).get(SESSION)
+        causal = kwargs.get("is_causal", getattr(module, "is_causal", True))  # a vision tower attends everywhere
+        context, weights = attend(session, query, key, value, scale, attention_mask, style=SCALED_QUERIES,
+                                  causal=causal, softcap=kwargs.get("softcap"), probabilities=probabilities)
+        return context.transpose(1, 2).contiguous(), weights
 
-    name = ATTENTION_NAMES[None if rules is None else rules.name] + ("" if probabilities else "_fused")
+    name = ATTENTION_NAME + ("" if probabilities else "_fused")
     register_gated(name, attention_forward, eager_mask if probabilities else sdpa_mask)
     return name
 
@@ -76,17 +75,6 @@ def input_times_gradient(embeddings: torch.Tensor, gradient: torch.Tensor) -> to
     """`(..., T)` input x gradient summed over the width, in float32 at least (a half-precision model's relevance
     is a sum of many small terms)."""
     return torch.linalg.vecdot(widened(embeddings), widened(gradient))
-
-
-def sdpa_as_additive(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
-    """transformers' sdpa mask (boolean, True where allowed; None for plainly causal) as the eager attention adds it."""
-    if mask is None:
-        return causal_mask(query.shape[-2], key.shape[-2], query)[None, None] if query.shape[-2] > 1 else None
-    return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
-
-
-#: the seeds' LRP methods: offered where the layout has a rule map
-PROPAGATION_METHODS = ("transformer_attribution", "partial_lrp", "lrp")
 
 
 class LayerInput:
@@ -182,8 +170,6 @@ class CausalLMAdapter(Adapter):
         self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
-        if self.layout.rule_map is None:  # no rule map for the seeds' LRP methods yet: those are refused by name
-            self.methods = tuple(m for m in type(self).methods if m not in PROPAGATION_METHODS)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -233,10 +219,14 @@ class CausalLMAdapter(Adapter):
                 for layer in getattr(self.decoder, self.layout.layers)]
 
     def relevance_rule_map(self) -> dict:
-        """The layout's rule map for the seeds' LRP methods (transformer attribution, LRP, partial LRP)."""
-        if self.layout.rule_map is None:
-            raise UnsupportedModelError(f"no relevance rule map for the {self.layout.name} layout yet (its methods: {', '.join(self.methods)})")
-        return self.layout.rule_map(self.model, self.decoder, self.blocks)
+        """The layout's rule map for the seeds' LRP methods (transformer attribution, LRP, partial LRP), with the
+        logits' soft-cap (Gemma 2) passing relevance."""
+        own = self.capped
+
+        def capped(_model: nn.Module, session: Session) -> dict:
+            return {(self, "capped"): lambda logits: passthrough(session, own, logits)}
+
+        return {**rule_map(self.layout, self.model, self.ruled), type(self.model): capped}
 
     def attention_inputs(self) -> dict[str, Hookable]:
         """The tokens entering the last layer's attention: the output of the norm before it, or where attention
@@ -260,14 +250,20 @@ class CausalLMAdapter(Adapter):
 
     @contextmanager
     def rules_applied(self, rules: RuleSet | None, probabilities: bool = False) -> Iterator[None]:
-        """The attention under `rules` in every config (the exact eager one where the call reads the
-        `probabilities`, else torch's fused kernel) and, with rules, the layout's rule forwards on its MLPs and norms
-        (instance attributes); everything restored after, also after an exception."""
-        rule_forwards = [] if rules is None else [
-            (module, forward(module, rules)) for module, forward in self.ruled]
-        restore = switch_attention(transformers_configs(self.model), _registered_attention(rules, probabilities))
+        """Every config switched to relevancy's attention (the exact eager one where the call reads the
+        `probabilities`, else torch's fused kernel) and, with a rule set that carries a gradient (AttnLRP, CP-LRP),
+        its session on every config (read by every attention the configs switch) and the rule forwards on its MLPs and norms (instance
+        attributes; the layers run as they are); everything restored after, also after an exception."""
+        if rules is not None and rules.explicit:
+            raise ValueError(f"the {rules.name} rules carry relevance: they run in a relevance session (relevance_rule_map)")
+        replacements: list[tuple[object, str, object]] = []
+        if rules is not None:
+            session = Session(rules)
+            replacements = [(module, "forward", forward(module, session)) for module, forward in self.ruled]
+            replacements += [(config, SESSION, session) for config in transformers_configs(self.model)]
+        restore = switch_attention(transformers_configs(self.model), _registered_attention(probabilities))
         try:
-            with forwards_replaced(rule_forwards):
+            with replaced(replacements):
                 yield
         finally:
             restore()
@@ -457,7 +453,7 @@ class CausalLMAdapter(Adapter):
         thread still gets its gradients). Instance attributes, in the calling thread only, removed after."""
         frozen = [(module, lambda x, _m=module: F.linear(x, _m.weight.detach(), None if _m.bias is None else _m.bias.detach()))
                   for module in self.model.modules() if type(module).forward is nn.Linear.forward]
-        with forwards_replaced(frozen):
+        with replaced([(module, "forward", forward) for module, forward in frozen]):
             yield
 
     def recomputed_layers(self) -> list[nn.Module]:
@@ -474,24 +470,5 @@ class CausalLMAdapter(Adapter):
         context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
             _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in self.recomputed_layers()] if enabled else []
-        with forwards_replaced(recomputed):
+        with replaced([(module, "forward", forward) for module, forward in recomputed]):
             yield
-
-
-@contextmanager
-def forwards_replaced(replacements: list[tuple[nn.Module, Callable[..., Any]]]) -> Iterator[None]:
-    """Each module's `forward` replaced by an instance attribute for the block, in the calling thread only (a
-    forward of the user's from another thread runs the module's own); what the module had before (its class's
-    forward, or an instance attribute of its own) given back after, also after an exception."""
-    patched: list[tuple[nn.Module, object]] = []
-    try:
-        for module, forward in replacements:
-            patched.append((module, module.__dict__.get("forward")))
-            module.forward = this_thread_only(forward, otherwise=module.forward)
-        yield
-    finally:
-        for module, own in reversed(patched):
-            if own is None:
-                del module.forward
-            else:
-                module.forward = own

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...cancel import checkpoint
-from ...lrp.attnlrp import RuleSet
+from ...lrp.rule_sets import RuleSet
 from ..text_batch import TextBatch
 from .adapter import CausalLMAdapter, input_times_gradient, widened
 

@@ -1,14 +1,27 @@
-"""The decoder layouts: where a transformers `...ForCausalLM` keeps its parts, what each part must be, and the forward
-each part runs under an AttnLRP rule set (`lrp.attnlrp`).
+"""The decoder layouts: where a transformers `...ForCausalLM` keeps its parts, what each part must be, and the one
+rule map of each layout, written once in the rule vocabulary (`lrp.rule_sets`) for every rule set: the seeds'
+explicit relevance pass (transformer attribution, LRP, partial LRP under `PAPER` / `VANILLA`) and the modified
+gradient of AttnLRP and CP-LRP.
 
 A layout is chosen by `config.model_type` and then checked on the model's own modules (types, shapes, and what a
 norm or an MLP computes on a probe input: Llama's RMSNorm `x / rms(x) * w` and Gemma's `x / rms(x) * (1 + w)` have the
 same parameters and differ only there). A model whose name says one layout and whose layers say another is
 refused, naming the first part that does not fit; a model of an unknown `model_type` is taken by the first layout
-its modules fit. Attention needs no rule forward: the adapter switches it through the config (see `adapter.py`).
+its modules fit.
+
+The rule map of a layout: each part's forward in the engine's operations (`Part.forward`: norms, MLPs, a mixture's
+experts), the layer's residual adds (`Residual`: pre-norm, Gemma's norms around both branches, OLMo 2's after
+them, GPT-NeoX's parallel branches), and attention through the config: the adapter switches every config to
+relevancy's attention (`lrp.attention.attend`), which reads the call's session off the attention module. Under a
+rule set that carries a gradient the layers run as they are (their additions' gradient is the rule); under an
+explicit one every module runs through the rule map (`rule_map`), RoPE's rotation passing relevance coordinate by
+coordinate (a position-dependent rotation carries no relevance of its own).
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -17,14 +30,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...lrp import attnlrp
-from ...lrp.attnlrp import RuleSet
-from ...lrp.engine import ForwardFactory
+from ...lrp import gradient
+from ...lrp.engine import ACTIVATION as ACTIVATION_LEAF
+from ...lrp.engine import (
+    ForwardFactory, MissingRuleError, Replacements, Session, activation, add, branch, by_type, gate, leaf, linear,
+    normalisation, passthrough, unchanged,
+)
+from ...lrp.rule_sets import weight_rule
 from ..base import UnsupportedModelError
-from .rules import gpt2_rules, llama_rules
+from ..hf_attention import gated_forward, transformers_leaves
 
-#: a module and a rule set -> the forward that replaces the module's for one call
-RuleForward = Callable[[nn.Module, RuleSet], Callable[..., torch.Tensor]]
+#: the attribute of a config that holds the call's session, read by relevancy's attention in its modules
+SESSION = "relevancy_session"
+#: a module and the call's session -> the forward that replaces the module's for one call
+RuleForward = Callable[[nn.Module, Session], Callable[..., torch.Tensor]]
 #: a module and the model's width -> whether it is the part (types, shapes, what it computes)
 Fits = Callable[[nn.Module, int], bool]
 
@@ -49,6 +68,54 @@ class Part:
         return [p for name in self.owns for p in getattr(module, name).parameters()]
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(layer_type: type) -> inspect.Signature:
+    return inspect.signature(layer_type.forward)
+
+
+def _by_name(layer: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """A layer's inputs after the hidden states, by the names of its own forward (GPT-2's come in order); refused
+    where they hold a KV cache or cross-attention: relevance runs over the whole sequence at once."""
+    named = _signature(type(layer)).bind(layer, None, *args, **kwargs).arguments
+    named = {**{key: value for key, value in list(named.items())[2:] if key != "kwargs"}, **named.get("kwargs", {})}
+    if any(named.get(name) is not None for name in ("cache", "past_key_values", "layer_past", "encoder_hidden_states")):
+        raise MissingRuleError("relevance propagation runs decoders over the whole sequence: no KV cache, no cross-attention")
+    return named
+
+
+@dataclass(frozen=True)
+class Residual:
+    """How a layer adds its attention and its MLP to the residual stream, by the names of its modules: the norms
+    `before_...` a branch (its input) and `after_...` it (its output; None: no such norm), and `parallel`, the
+    layer's flag that says the MLP reads the layer's input beside attention (GPT-NeoX), summed as the model sums."""
+
+    attention: str
+    mlp: str
+    before_attention: str | None
+    before_mlp: str | None
+    after_attention: str | None = None
+    after_mlp: str | None = None
+    parallel: str | None = None
+
+    def rule(self, layer: nn.Module, session: Session) -> Replacements:
+        """The layer's forward with both residual adds under the add rule, each input feeding two branches."""
+
+        def around(name: str | None, x: torch.Tensor) -> torch.Tensor:
+            return x if name is None else getattr(layer, name)(x)
+
+        def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            named = _by_name(layer, args, kwargs)
+            x = branch(session, hidden_states)
+            attended = around(self.after_attention, getattr(layer, self.attention)(around(self.before_attention, x), **named)[0])
+            if self.parallel is not None and getattr(layer, self.parallel):
+                fed = around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x)))
+                return add(session, add(session, fed, attended), x)
+            x = branch(session, add(session, x, attended))
+            return add(session, x, around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x))))
+
+        return {"forward": forward}
+
+
 @dataclass(frozen=True)
 class Layout:
     """One decoder layout: `classes` (the transformers classes it maps, for messages), `model_types`
@@ -57,7 +124,7 @@ class Layout:
     before attention; None where attention reads the residual stream: the layer's input), of the attention's
     output projection on the attention (its input: the heads' outputs side by side); `parts`: (path on a
     layer, the kinds of module it may be) and `final`: (path on the decoder, kind) - every module the rules touch;
-    `rule_map`: the rule map of the seeds' LRP methods (see `rules.py`), None where the layout has none yet."""
+    `residual`: how a layer adds its branches to the residual stream."""
 
     name: str
     classes: tuple[str, ...]
@@ -70,7 +137,7 @@ class Layout:
     attention_output: str
     parts: tuple[tuple[str, tuple[Part, ...]], ...]
     final: tuple[str, Part]
-    rule_map: Callable[[nn.Module, nn.Module, list[nn.Module]], dict[type, ForwardFactory]] | None = None
+    residual: Residual
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
@@ -265,41 +332,62 @@ def _fits_gpt2_attention(module: nn.Module, width: int) -> bool:
             and out.weight.shape == (width, width) and not getattr(module, "is_cross_attention", False))
 
 
-# -- the parts' rule forwards ----------------------------------------------------------------------------------
-def _gated_mlp(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: attnlrp.gated_mlp(rules, module.gate_proj, module.up_proj, module.down_proj, module.act_fn, x)
+# -- the parts' rule forwards: the model's computation in the engine's operations ------------------------------
+def _fused_gated_mlp(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Phi-3's MLP `down(up * act(gate))`, `gate, up = gate_up_proj(x).chunk(2)`."""
 
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        gate_values, up = module.gate_up_proj(x).chunk(2, dim=-1)
+        return module.down_proj(gate(session, up, activation(session, module.activation_fn, gate_values)))
 
-def _fused_gated_mlp(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: attnlrp.fused_gated_mlp(rules, module.gate_up_proj, module.down_proj, module.activation_fn, x)
-
-
-def _rms_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: attnlrp.rms_norm(x, module.weight, _eps(module))
-
-
-def _one_plus_rms_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: attnlrp.one_plus_rms_norm(x, module.weight, _eps(module))
+    return forward
 
 
 def plain_mlp(into: str, out: str, act: str) -> RuleForward:
-    """`out(act(into(x)))`, the activation under the identity rule (dropout is off in eval)."""
-    return lambda module, rules: lambda x: getattr(module, out)(rules.activation(getattr(module, act), getattr(module, into)(x)))
+    """`out(act(into(x)))` (dropout is off in eval)."""
+    return lambda module, session: lambda x: getattr(module, out)(activation(session, getattr(module, act), getattr(module, into)(x)))
 
 
-def _layer_norm(module: nn.Module, rules: RuleSet) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: attnlrp.layer_norm(x, module)
+def _norm(constant_divisor: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> RuleForward:
+    """A norm under the normalisation rule: its own forward, or `constant_divisor(module, x)` for a gradient rule set."""
+    return lambda module, session: (lambda x, _own=module.forward: normalisation(session, _own, lambda t: constant_divisor(module, t), x))
 
 
-def _experts(module: nn.Module, rules: RuleSet) -> Callable[..., torch.Tensor]:
-    return lambda x, top_k_index, top_k_weights: attnlrp.routed_experts(
-        rules, module.gate_up_proj, module.down_proj, module.act_fn, x, top_k_index, top_k_weights)
+def _experts(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+    """A mixture of experts `sum_k w_k expert_k(x)` over tokens `x (N, D)`, each token's experts `index (N, k)` and
+    router weights `weights (N, k)`, experts stored as `gate_up (E, 2I, D)`, `down (E, D, I)` (transformers 5's
+    Qwen3-MoE and Mixtral). Each expert is a gated MLP; its output times its router weight is a gating product (the
+    router weight the gate: AttnLRP half each, as lxt's qwen3_moe map; the seeds' rules and CP-LRP all to the
+    expert's output). The router's softmax and top-k run in the model's own forward."""
+    gate_up, down, act = module.gate_up_proj, module.down_proj, module.act_fn
+
+    def forward(x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        slots, parts, places = index.shape[1], [], []
+        for expert in index.unique().tolist():
+            if expert >= len(gate_up):  # transformers' marker of an unused slot
+                continue
+            token, slot = torch.where(index == expert)
+            into, back = gate_up[expert], down[expert]
+            gate_values, up = linear(session, lambda t: F.linear(t, into), x[token], into).chunk(2, dim=-1)
+            hidden = linear(session, lambda t: F.linear(t, back), gate(session, up, activation(session, act, gate_values)), back)
+            parts.append(gate(session, hidden, weights[token, slot, None]).to(x.dtype))
+            places.append(token * slots + slot)
+        # each token's experts side by side (N, k, D), then summed slot by slot under the add rule
+        chosen = x.new_zeros(len(x) * slots, x.shape[-1]).index_copy(0, torch.cat(places), torch.cat(parts)).view(len(x), slots, -1)
+        out = chosen[:, 0]
+        for slot in range(1, slots):
+            out = add(session, out, chosen[:, slot])
+        return out
+
+    return forward
 
 
-RMS_NORM = Part("an RMSNorm computing x / rms(x) * w", _fits_rms_norm(one_plus=False), _rms_norm)
-ONE_PLUS_RMS_NORM = Part("Gemma's RMSNorm computing x / rms(x) * (1 + w)", _fits_rms_norm(one_plus=True), _one_plus_rms_norm)
-LAYER_NORM = Part("a LayerNorm of the model's width", _fits_layer_norm, _layer_norm)
-GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, _gated_mlp)
+RMS_NORM = Part("an RMSNorm computing x / rms(x) * w", _fits_rms_norm(one_plus=False),
+                _norm(lambda norm, x: gradient.rms_norm(x, norm.weight, _eps(norm))))
+ONE_PLUS_RMS_NORM = Part("Gemma's RMSNorm computing x / rms(x) * (1 + w)", _fits_rms_norm(one_plus=True),
+                         _norm(lambda norm, x: gradient.one_plus_rms_norm(x, norm.weight, _eps(norm))))
+LAYER_NORM = Part("a LayerNorm of the model's width", _fits_layer_norm, _norm(lambda norm, x: gradient.layer_norm(x, norm)))
+GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, gated_forward)
 FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fused_gated_mlp, _fused_gated_mlp)
 EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
 MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture,
@@ -322,42 +410,55 @@ def _pre_norm(attention: Part, mlp: tuple[Part, ...], norm: Part, *inner: str) -
             ("post_attention_layernorm", (norm,)), ("mlp", mlp))
 
 
+#: Llama's layer: a norm before each branch
+PRE_NORM = Residual("self_attn", "mlp", before_attention="input_layernorm", before_mlp="post_attention_layernorm")
+#: Gemma's: norms before and after each branch
+SANDWICH = Residual("self_attn", "mlp", before_attention="input_layernorm", before_mlp="pre_feedforward_layernorm",
+                    after_attention="post_attention_layernorm", after_mlp="post_feedforward_layernorm")
+#: OLMo 2's: a norm after each branch
+POST_NORM = Residual("self_attn", "mlp", before_attention=None, before_mlp=None, after_attention="post_attention_layernorm",
+                     after_mlp="post_feedforward_layernorm")
+
+
 def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...], parts: tuple, norm: Part,
-                rule_map: Callable | None = None, attention_norm: str | None = "input_layernorm") -> Layout:
+                residual: Residual = PRE_NORM, attention_norm: str | None = "input_layernorm") -> Layout:
     """A layout with Llama's names: `model.embed_tokens`, `model.layers`, `self_attn`, the final `model.norm`."""
     return Layout(name, classes, model_types, decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
-                  attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), rule_map=rule_map)
+                  attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), residual=residual)
 
 
 #: Gemma's norms around the MLP as well as around attention
 _GEMMA_MLP_NORMS = (("pre_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)), ("post_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)))
 LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"), ("llama", "mistral", "qwen2"),
-                    _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM, llama_rules)
+                    _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM)
 QWEN3 = _llama_like("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM, "q_norm", "k_norm"),
-                    RMS_NORM, llama_rules)
+                    RMS_NORM)
 QWEN3_MOE = _llama_like("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",),
                         _pre_norm(ATTENTION, (MIXTURE, GATED_MLP), RMS_NORM, "q_norm", "k_norm"), RMS_NORM)
 MIXTRAL = _llama_like("mixtral", ("MixtralForCausalLM",), ("mixtral",), _pre_norm(ATTENTION, (MIXTURE,), RMS_NORM), RMS_NORM)
 PHI3 = _llama_like("phi3", ("Phi3ForCausalLM",), ("phi3",), _pre_norm(FUSED_ATTENTION, (FUSED_GATED_MLP,), RMS_NORM), RMS_NORM)
 GEMMA3 = _llama_like("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",),
-                     _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM, "q_norm", "k_norm") + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM)
+                     _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM, "q_norm", "k_norm") + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM,
+                     SANDWICH)
 GEMMA2 = _llama_like("gemma2", ("Gemma2ForCausalLM",), ("gemma2",),
-                     _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM) + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM)
+                     _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM) + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM, SANDWICH)
 OLMO2 = _llama_like("olmo2", ("Olmo2ForCausalLM",), ("olmo2",),
                     (("self_attn", (ATTENTION,)), ("self_attn.q_norm", (RMS_NORM,)), ("self_attn.k_norm", (RMS_NORM,)),
                      ("post_attention_layernorm", (RMS_NORM,)), ("mlp", (GATED_MLP,)), ("post_feedforward_layernorm", (RMS_NORM,))),
-                    RMS_NORM, attention_norm=None)
+                    RMS_NORM, POST_NORM, attention_norm=None)
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
     parts=(("input_layernorm", (LAYER_NORM,)), ("attention", (NEOX_ATTENTION,)), ("post_attention_layernorm", (LAYER_NORM,)),
            ("mlp", (NEOX_MLP,))),
     final=("final_layer_norm", LAYER_NORM),
+    residual=Residual("attention", "mlp", before_attention="input_layernorm", before_mlp="post_attention_layernorm",
+                      parallel="use_parallel_residual"),
 )
 GPT2 = Layout(
     "gpt2", ("GPT2LMHeadModel",), ("gpt2",), decoder="transformer", embeddings="wte", layers="h", attention="attn", attention_norm="ln_1", attention_output="c_proj",
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
-    final=("ln_f", LAYER_NORM), rule_map=gpt2_rules,
+    final=("ln_f", LAYER_NORM), residual=Residual("attn", "mlp", before_attention="ln_1", before_mlp="ln_2"),
 )
 LAYOUTS = (LLAMA, QWEN3, QWEN3_MOE, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
@@ -410,3 +511,53 @@ def layout_of(model: nn.Module) -> Layout:
         f"model type {model_type!r} fits no decoder layout"
     raise UnsupportedModelError(
         f"cannot map {type(model).__name__}: {said}; decoder families: {DECODER_CLASSES} (docs/adding-a-family.md)")
+
+
+# -- the rule map of the explicit pass ---------------------------------------------------------------------------
+#: transformers' `Conv1D` (GPT-2): `x W + b` with `W` stored `(in, out)`, under the Linear rule
+CONV1D = leaf(lambda module: weight_rule(module.weight.t(), affine=True, bias=module.bias))
+
+
+def _session_attribute(attention: nn.Module, session: Session) -> Replacements:
+    """The call's session on the attention's config, where relevancy's attention reads it (`adapter.py`)."""
+    return {(attention.config, SESSION): session}
+
+
+def _rotation_passing(modeling: object) -> ForwardFactory:
+    """An entry (for the decoder, run once per call) that replaces the modeling file's `apply_rotary_pos_emb`, for this
+    thread and call, by the same rotation of queries and keys passing relevance coordinate by coordinate; nothing
+    where the file rotates nothing (GPT-2)."""
+    rotate = getattr(modeling, "apply_rotary_pos_emb", None)
+
+    def factory(_decoder: nn.Module, session: Session) -> Replacements:
+        if rotate is None:
+            return {}
+        return {(modeling, "apply_rotary_pos_emb"): lambda q, k, cos, sin, *args, **kwargs: (
+            passthrough(session, lambda t: rotate(t, t, cos, sin, *args, **kwargs)[0], q),
+            passthrough(session, lambda t: rotate(t, t, cos, sin, *args, **kwargs)[1], k))}
+
+    return factory
+
+
+def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, RuleForward]]) -> dict[type, ForwardFactory]:
+    """The layout's rule map for a session that carries relevance (the seeds' LRP methods), keyed by the types of the
+    model's own modules: transformers' leaves (Linear, GPT-2's `Conv1D`), the ruled parts' forwards, the layers'
+    residual adds, attention's session and rotation; the model, the decoder, its rotary embedding, a mixture and
+    its router as they are (the router's weights take no relevance: the gate rule). Activations run inside the
+    MLPs' forwards, which apply the activation rule themselves."""
+    from transformers.pytorch_utils import Conv1D
+
+    decoder = getattr(model, layout.decoder)
+    layers = list(getattr(decoder, layout.layers))
+    attentions = [getattr(layer, layout.attention) for layer in layers]
+    mixtures = [module for layer in layers for module in [getattr(layer, layout.residual.mlp)] if hasattr(module, "experts")]
+    leaves = transformers_leaves()
+    activations = {cls for cls, entry in leaves.items() if entry is ACTIVATION_LEAF}
+    return {
+        **leaves, **{cls: unchanged for cls in activations}, Conv1D: CONV1D,
+        **by_type([model, getattr(decoder, "rotary_emb", None), *mixtures, *(m.gate for m in mixtures)], unchanged),
+        type(decoder): _rotation_passing(sys.modules[type(attentions[0]).__module__]),
+        **by_type(layers, layout.residual.rule),
+        **by_type(attentions, _session_attribute),
+        **{type(module): (lambda forward: lambda m, session: {"forward": forward(m, session)})(forward) for module, forward in ruled},
+    }

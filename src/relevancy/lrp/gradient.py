@@ -1,0 +1,111 @@
+"""The rules of the rule sets that carry a gradient (`RuleSet.carries == "gradient"`): AttnLRP (Achtibat et al.,
+ICML 2024) and CP-LRP's variant of it, as autograd operations the engine's operations apply (`engine.gate`,
+`engine.activation`, `engine.normalisation`, `attention.attend`).
+
+Both are written in the gradient x input form: each rule changes what flows backward through one operation, so
+that one ordinary backward pass of the explained logit, multiplied by the input embeddings, gives the relevance of
+each input dimension. The rules, operation by operation:
+- Linear layers (projections, the output head): gradient x input is LRP's epsilon-0 rule, the bias keeping its share.
+- An element-wise non-linearity `y = f(x)` (SiLU, GELU): the identity rule, all relevance passes unchanged:
+  the backward multiplies by `f(x) / x` instead of `f'(x)` (`identity_rule`).
+- A product of two model-dependent factors (the gate times the up projection of a gated MLP; attention's
+  `q k^T` and `probabilities @ v`): the uniform rule, half to each factor. Gradient x input would give each factor
+  the whole product, so the backward is halved (`share`). In attention this folds into the inputs: values get
+  1/2 (they are a factor once), queries and keys 1/4 (a factor of `q k^T`, whose result, through the softmax,
+  is the other factor of `probabilities @ v`).
+- Softmax: its true gradient (gradient x input on a softmax is the rule the paper derives for it).
+- RMSNorm and LayerNorm: the identity rule on the normalisation: the divisor (the root mean square, the
+  standard deviation) is held constant in the backward (`norm_identity`), so relevance passes as through a
+  fixed scaling.
+CP-LRP (Ali et al., ICML 2022) keeps relevance off everything that only decides where attention goes: queries and
+keys are detached (the probabilities are a constant weighting of the values, which take the whole relevance), and
+in a gated MLP the gate is detached (a constant weighting of the up projection).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class _ScaledBackward(torch.autograd.Function):
+    """Identity forward; the backward multiplies the incoming gradient by a constant."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+class _IdentityRule(torch.autograd.Function):
+    """`y = f(x)` forward; backward `grad * f(x) / x` (0 where x is 0), so that input x gradient equals the
+    output's relevance element by element. The ratio is one division and one in-place pass (what is not finite,
+    i.e. x == 0, set to 0) rather than a comparison, a division and a selection: a few percent of a decoder's
+    backward in bf16 on one CPU thread (torch.profiler)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        y = fn(x)
+        ctx.save_for_backward(torch.div(y, x).nan_to_num_(0.0, 0.0, 0.0))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (ratio,) = ctx.saved_tensors
+        return grad * ratio, None
+
+
+def share(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """`x` unchanged, with `factor` of the relevance flowing back into it (the uniform rule's share)."""
+    return _ScaledBackward.apply(x, factor)
+
+
+def identity_rule(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)` for an element-wise `fn`, relevance passed through unchanged."""
+    return _IdentityRule.apply(x, fn)
+
+
+def norm_identity(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
+    """`x / divisor` with the divisor constant in the backward: the identity rule on a normalisation."""
+    return x / divisor.detach()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm (as Llama computes it: in float32 at least, scaled after the cast back) under the identity rule; the
+    weight detached (relevance never flows into weights: autograd keeps no copy of the normed tokens for it)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    normed = norm_identity(wide, torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + eps))
+    return weight.detach() * normed.to(x.dtype)
+
+
+def one_plus_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm `x / rms(x) * (1 + w)` under the identity rule, as Gemma computes it (in float32, scaled
+    before the cast back)."""
+    wide = x.float()
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps).detach()
+    return (normed * (1.0 + weight.float())).type_as(x)
+
+
+def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant); in
+    float32 at least and rounded once at the end, as torch's LayerNorm computes half precision; weight and bias
+    detached (as in `rms_norm`); contiguous, as torch's LayerNorm returns it (Idefics3's pixel shuffle views it)."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
+    centred = wide - wide.mean(-1, keepdim=True)
+    y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps))
+    if norm.weight is not None:
+        y = y * norm.weight.detach().to(wide.dtype)
+    if norm.bias is not None:
+        y = y + norm.bias.detach().to(wide.dtype)
+    return y.to(x.dtype)
+
+
+def take(x: torch.Tensor, factor: float | None) -> torch.Tensor:
+    """`x` as one factor of a product whose backward it shares by `factor` (None: detached, a constant)."""
+    if factor is None:
+        return x.detach()
+    return x if factor == 1.0 else share(x, factor)
