@@ -86,3 +86,27 @@ def test_one_attention_with_grouped_heads_under_every_rule_set(rule_set):
         torch.testing.assert_close(fused[0], grouped[0])
         for a, b in zip(fused[2], grouped[2]):
             torch.testing.assert_close(a, b)
+
+
+def test_a_session_of_relevance_passes_only_gives_the_same_relevance_and_refuses_a_gradient_pass():
+    """`gradient_pass=False` (LRP, partial LRP): the operations keep no local graph, the relevance is the same to
+    the bit, and a gradient pass is refused by name."""
+    from relevancy.capture import record_forward
+    from relevancy.families import adapter_for
+    from relevancy.lrp import GRADIENT, relevance_session
+
+    model = tiny_vit(depth=2).double()
+    images = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    adapter = adapter_for(model)
+
+    def relevance(gradient_pass: bool) -> torch.Tensor:
+        with adapter.explaining(False), relevance_session(model, adapter.relevance_rule_map(), PAPER, gradient_pass=gradient_pass) as session:
+            pixels = images.clone().requires_grad_(True)
+            fwd = record_forward(adapter, pixels, [0, 1], gradients=True)
+            found = session.backward(RELEVANCE, fwd.score.sum(), [pixels], torch.ones((), dtype=torch.float64))[0]
+            if not gradient_pass:
+                with pytest.raises(RuntimeError, match=r"keeps no graph for a gradient pass \(gradient_pass=False\)"):
+                    session.backward(GRADIENT, fwd.score.sum(), [pixels], torch.ones((), dtype=torch.float64))
+        return found
+
+    assert torch.equal(relevance(True), relevance(False))

@@ -31,6 +31,10 @@ class Session:
 
     rule_set: RuleSet
     mode: str = GRADIENT
+    #: whether a gradient pass will be taken too (transformer attribution): each operation then keeps a local graph
+    #: for it; a session of relevance passes only keeps its operations' inputs and outputs alone (the rules read no
+    #: more), in less time and memory (docs/speed.md)
+    gradient_pass: bool = True
     # every attention's probabilities, in forward order (the order of the adapter's attention sites)
     attentions: list[torch.Tensor] = field(default_factory=list)
     # per stream, the tokens entering each block, block by block: recorded by rule maps that know their streams
@@ -57,17 +61,25 @@ class Session:
     def backward(self, mode: str, outputs: torch.Tensor, inputs: list[torch.Tensor], seed: torch.Tensor) -> list[torch.Tensor]:
         """One backward pass from `outputs` (seeded with `seed`) to `inputs` in the given mode. An input the outputs
         do not depend on (LXMERT's last image-to-text attention) gets zeros."""
+        if mode == GRADIENT and not self.gradient_pass:
+            raise RuntimeError("this relevance session keeps no graph for a gradient pass (gradient_pass=False)")
         self.mode = mode
         found = torch.autograd.grad(outputs, inputs, seed, retain_graph=True, allow_unused=True)
         return [torch.zeros_like(x) if r is None else r for x, r in zip(inputs, found)]
 
 
 class RuleFunction(torch.autograd.Function):
-    """Runs `fn` on detached inputs with a local graph; backward is that graph's gradient or the rule."""
+    """Runs `fn` on detached inputs, with a local graph where the session takes a gradient pass too; backward is that
+    graph's gradient or the rule."""
 
     @staticmethod
     def forward(ctx, session: Session, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor):
         wanted = ctx.needs_input_grad[3:]
+        if not session.gradient_pass:  # the rule reads the inputs and the output only
+            local = tuple(x.detach() for x in inputs)
+            output = fn(*local)
+            ctx.session, ctx.rule, ctx.local, ctx.output = session, rule, local, output
+            return output.detach()
         local = tuple(x.detach().requires_grad_(need) for x, need in zip(inputs, wanted))
         with torch.enable_grad():
             output = fn(*local)
@@ -289,11 +301,13 @@ def relevance_session(
     rule_map: Mapping[type, ForwardFactory],
     rule_set: RuleSet,
     overrides: Mapping[nn.Module, ForwardFactory] | None = None,
+    gradient_pass: bool = True,
 ) -> Iterator[Session]:
     """Apply `rule_map` to every module of `model` for the block, in the calling thread only (other threads run the
     model as it is), with `rule_set`'s rules (and arithmetic: see `RuleSet.exact`); the model is restored on exit.
-    `overrides` pick a factory for particular modules."""
-    session = Session(rule_set)
+    `overrides` pick a factory for particular modules; `gradient_pass=False`: relevance passes only (see
+    `Session.gradient_pass`)."""
+    session = Session(rule_set, gradient_pass=gradient_pass)
     overrides = dict(overrides or {})
     plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
     try:

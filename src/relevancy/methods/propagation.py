@@ -164,7 +164,7 @@ def partial_lrp(
     how = given_or(cls_entry, adapter.conventions.partial_lrp.cls_entry)
     streams = adapter.streams(inputs)
     with full_precision(adapter, inputs) as (adapter32, inputs32):
-        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session:
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact), gradient_pass=False) as session:
             if len(streams) == 1 and adapter32.blocks:
                 fwd, found = last_block_relevance(adapter32, session, inputs32, target)
             else:
@@ -208,7 +208,7 @@ def lrp(
     rule_set = rule_set_for(rules, adapter.conventions.lrp)
     stream = only_stream(adapter, inputs, "lrp")
     with full_precision(adapter, inputs) as (adapter32, inputs32):
-        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session:
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact), gradient_pass=False) as session:
             recompute = BlockRecompute.of(adapter32, inputs32, forget=[session.attentions]) if checkpoint else None
             recording = recompute.recording() if recompute else nullcontext()
             if stream.kind == "image":

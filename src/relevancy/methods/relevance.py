@@ -167,7 +167,7 @@ def site_relevance(
     streams = adapter.streams(inputs)
     sites = adapter.attention_sites()
     with full_precision(adapter, inputs) as (adapter32, inputs32):
-        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact)) as session:
+        with relevance_session(adapter32.model, adapter32.relevance_rule_map(), rule_set.with_exact(exact), gradient_pass=gradients) as session:
             fwd = record_forward(adapter32, inputs32, target, gradients=True)
             if len(session.attentions) != len(sites):
                 raise RuntimeError(
