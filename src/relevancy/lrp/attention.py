@@ -85,7 +85,8 @@ def attend(
     (`scale` is the divisor where the style divides.)
 
     `k` and `v` may have fewer heads than `q` (grouped-query attention): the query heads are viewed as (key heads,
-    group) and broadcast against their key head, so keys and values are never copied per head. `mask`: additive (or
+    group) and broadcast against their key head, so keys and values are not copied per head (under an explicit rule
+    set they are: its rules' products run as batches of matrices, and each copy's share adds up at its head). `mask`: additive (or
     boolean, True where allowed), broadcast to `(B, H, Tq, Tk)` and cut to the keys' length; `causal` without a mask
     makes the causal one. `softcap` (Gemma 2): the scores soft-capped `c tanh(s / c)` before the mask.
 
@@ -114,6 +115,8 @@ def attend(
         mask = causal_mask(length, keys, q)
     if style.scale == "queries":
         q = passthrough(session, lambda t: t * scale, q)
+    if groups > 1 and explicit:  # the rules' products on 4-D batches of matrices (bmm), copies' shares summed back
+        k, v, groups = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), 1
     if groups > 1:  # (B, key heads, group, T, d) against (B, key heads, 1, d, S)
         q, k, v = q.view(batch, k.shape[1], groups, length, width), k.unsqueeze(2), v.unsqueeze(2)
         mask = mask.unsqueeze(2) if mask is not None and mask.ndim == 4 else mask

@@ -96,9 +96,7 @@ class RuleFunction(torch.autograd.Function):
         else:
             with torch.no_grad():
                 shares = ctx.rule(ctx.session, tuple(x.detach() for x in ctx.local), ctx.output.detach(), incoming)
-            # an input broadcast in the forward (a key head shared by a group of query heads) sums its copies' shares
-            result = [(r if r.shape == x.shape else r.sum_to_size(x.shape)) if need else None
-                      for r, x, need in zip(shares, ctx.local, wanted)]
+            result = [r if need else None for r, need in zip(shares, wanted)]
         return (None, None, None, *result)
 
 
