@@ -47,7 +47,7 @@ def _registered_attention(probabilities: bool) -> str:
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        session = vars(getattr(module, "config", None) or object).get(SESSION)
+        session = vars(module).get(SESSION) or vars(getattr(module, "config", None) or object).get(SESSION)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))  # a vision tower attends everywhere
         context, weights = attend(session, query, key, value, scale, attention_mask, style=SCALED_QUERIES,
                                   causal=causal, softcap=kwargs.get("softcap"), probabilities=probabilities)

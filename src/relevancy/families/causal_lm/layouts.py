@@ -40,7 +40,8 @@ from ...lrp.rule_sets import weight_rule
 from ..base import UnsupportedModelError
 from ..hf_attention import gated_forward, transformers_leaves
 
-#: the attribute of a config that holds the call's session, read by relevancy's attention in its modules
+#: the attribute of an attention module (a seeds' relevance session) or of a config (a gradient rule set's session, for
+#: every attention of the config's modules) that holds the call's session, read by relevancy's attention
 SESSION = "relevancy_session"
 #: a module and the call's session -> the forward that replaces the module's for one call
 RuleForward = Callable[[nn.Module, Session], Callable[..., torch.Tensor]]
@@ -519,8 +520,8 @@ CONV1D = leaf(lambda module: weight_rule(module.weight.t(), affine=True, bias=mo
 
 
 def _session_attribute(attention: nn.Module, session: Session) -> Replacements:
-    """The call's session on the attention's config, where relevancy's attention reads it (`adapter.py`)."""
-    return {(attention.config, SESSION): session}
+    """The call's session on the attention module, where relevancy's attention reads it (`adapter.session_of`)."""
+    return {SESSION: session}
 
 
 def _rotation_passing(modeling: object) -> ForwardFactory:
