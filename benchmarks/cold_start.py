@@ -2,7 +2,7 @@
 
     python benchmarks/cold_start.py [--repeats 5] [--method transformer_attribution] [--out FILE]
 
-Runs `python -m relevancy.cli explain scene.png --method METHOD` `--repeats` times (each a new interpreter, so every
+Runs `python -m relevancy.apps.cli explain scene.png --method METHOD` `--repeats` times (each a new interpreter, so every
 import is paid again; the scene is drawn by the shapes generator), interleaved with the same command run through
 `main` with the cycle collector left on (what `entry_point` saves), reports the median and range of the wall time,
 then runs it once more under `python -X importtime` and splits the import time by the packages relevancy imports
@@ -30,7 +30,7 @@ def write_scene(folder: Path) -> Path:
     """One one-object shapes scene as a PNG (the picture the shipped model was trained on)."""
     from PIL import Image
 
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
 
     path = folder / "scene.png"
     Image.fromarray(make_scenes(1, seed=7, objects=1).pixels[0]).save(path)
@@ -38,12 +38,12 @@ def write_scene(folder: Path) -> Path:
 
 
 def command(scene: Path, method: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "relevancy.cli", "explain", str(scene), "--method", method, "--out", str(out)]
+    return [sys.executable, "-m", "relevancy.apps.cli", "explain", str(scene), "--method", method, "--out", str(out)]
 
 
 def command_with_collector(argv: list[str]) -> list[str]:
     """The same command through `main` alone: Python's cycle collector left as it is (the cost `entry_point` saves)."""
-    return [sys.executable, "-c", f"import sys; from relevancy.cli import main; sys.exit(main({argv[3:]!r}))"]
+    return [sys.executable, "-c", f"import sys; from relevancy.apps.cli import main; sys.exit(main({argv[3:]!r}))"]
 
 
 def wall_seconds(argv: list[str]) -> float:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from clip_speed import cpu_model  # noqa: E402
 from detr_speed import build  # noqa: E402
 
-from relevancy.capture import record_forward  # noqa: E402
+from relevancy.methods.capture import record_forward  # noqa: E402
 from relevancy.families.detr.adapter import DetrAdapter  # noqa: E402
 from relevancy.methods.coattention import weighted_in_place  # noqa: E402
 

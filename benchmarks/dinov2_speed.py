@@ -20,7 +20,7 @@ import time
 import torch
 
 import relevancy
-from relevancy.photos import dinov2_small
+from relevancy.zoo.photos import dinov2_small
 from relevancy.families.base import SEED_METHODS
 from speed import plain_forward, seconds
 

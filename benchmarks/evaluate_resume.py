@@ -4,7 +4,7 @@ against the same run uninterrupted, and the cost of recording each batch.
     OMP_NUM_THREADS=1 python benchmarks/evaluate_resume.py [--n 120] [--batch-size 4] [--methods rollout,generic_attention]
                                                           [--kill-at 0.5] [--out FILE]
 
-1. `torchrun --standalone --nproc-per-node 2 -m relevancy.cli evaluate --benchmark shapes` (the shipped model,
+1. `torchrun --standalone --nproc-per-node 2 -m relevancy.apps.cli evaluate --benchmark shapes` (the shipped model,
    `--threads 1`) uninterrupted: its wall time.
 2. The same command into a fresh folder; once rank 1 has recorded `--kill-at` of its batches, rank 1 is killed
    with SIGKILL (torchrun then ends rank 0); the batches recorded by then; then the same command again: its wall
@@ -28,13 +28,13 @@ from pathlib import Path
 from machine import cpu_name, today
 
 from relevancy.evaluation.shards import PARTIAL, Shards
-from relevancy.files import write_atomic
+from relevancy.core.files import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def command(out: Path, args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "relevancy.cli",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "relevancy.apps.cli",
             "evaluate", "--benchmark", "shapes", "--methods", args.methods, "-n", str(args.n), "--batch-size",
             str(args.batch_size), "--threads", "1", "--quiet", "--out", str(out)]
 

@@ -19,7 +19,7 @@ import torch
 from machine import cpu_name, today
 
 import relevancy
-from relevancy.bench import llm_world
+from relevancy.worlds import language as llm_world
 from relevancy.generation import decode, stop_tokens
 from relevancy.models import smollm2
 

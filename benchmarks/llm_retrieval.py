@@ -35,7 +35,7 @@ from typing import Callable
 import torch
 
 from relevancy.evaluation.llm_retrieval import DEFAULT_METHODS, Explainer, evaluate_llm_retrieval, llm_report
-from relevancy.files import strict_json, write_atomic
+from relevancy.core.files import strict_json, write_atomic
 from relevancy.models import smollm2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

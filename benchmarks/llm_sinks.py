@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 import relevancy
-from relevancy.bench import llm_world
+from relevancy.worlds import language as llm_world
 from relevancy.evaluation.llm_retrieval import answer_ids, encode, evidence_scores
-from relevancy.files import write_atomic
+from relevancy.core.files import write_atomic
 from relevancy.models import smollm2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -33,7 +33,7 @@ METHODS = ("attnlrp", "attnlrp+checkpoint", "cp_lrp", "input_x_gradient", "input
 
 def prompt_ids(tokenizer, tokens: int) -> dict[str, torch.Tensor]:
     """A prompt of exactly `tokens` tokens: facts of the retrieval world repeated, then a question and answer start."""
-    from relevancy.bench import llm_world
+    from relevancy.worlds import language as llm_world
 
     item = llm_world.prompt("test", 0)
     tail = tokenizer(item.text, return_tensors="pt")["input_ids"][0]

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from relevancy.bench import llm_world
+from relevancy.worlds import language as llm_world
 from relevancy.models import smollm2
 
 

@@ -21,9 +21,9 @@ from typing import Callable
 import torch
 
 import relevancy
-from relevancy.bench import load_model as load_shapes_model, make_scenes
-from relevancy.text import encode, load_model as load_text_model
-from relevancy.text.rationales import make_rationale_set
+from relevancy.worlds import load_model as load_shapes_model, make_scenes
+from relevancy.zoo.text import encode, load_model as load_text_model
+from relevancy.evaluation.text_rationales import make_rationale_set
 
 METHODS = ("transformer_attribution", "partial_lrp", "lrp")
 SHORT_TEXTS = ("Great.", "Awful.", "It worked.", "Terrible side effects.", "Works well, no problems.")

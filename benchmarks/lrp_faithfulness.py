@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 import relevancy
-from relevancy.bench import EVAL_SEED_BASE, MEAN, STD, Scenes, load_model, make_scenes
-from relevancy.metrics import DiscriminationTest, PerturbationTest, SegmentationTest, perturbation_auc
+from relevancy.worlds import EVAL_SEED_BASE, MEAN, STD, Scenes, load_model, make_scenes
+from relevancy.evaluation.metrics import DiscriminationTest, PerturbationTest, SegmentationTest, perturbation_auc
 
 METHODS = ("transformer_attribution", "partial_lrp", "lrp")
 ARITHMETICS: dict[str, dict[str, Any]] = {"stable (default)": {}, "exact (authors')": {"exact": True}}

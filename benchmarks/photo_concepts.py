@@ -1,5 +1,5 @@
 """Concepts that generalise: real photographs with two boxed objects, each explained by CDAM for a concept made
-from other photographs, as a plain, a contrasted and an LDA concept (relevancy.bench.photo_concepts).
+from other photographs, as a plain, a contrasted and an LDA concept (relevancy.apps.demos.photo_concepts).
 
     python benchmarks/photo_concepts.py [--seeds 3] [--examples 16] [--threads 1] [--out benchmarks/results/photo_concepts]
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from relevancy.bench.photo_concepts import SIZE, evaluate
-from relevancy.photos import dinov2_small
+from relevancy.apps.demos.photo_concepts import SIZE, evaluate
+from relevancy.zoo.photos import dinov2_small
 from dinov2_speed import cpu_name
 
 COLUMNS = (("on_target", "on target ↑"), ("on_other", "on other ↓"), ("peak_on_target", "peak on target ↑"),

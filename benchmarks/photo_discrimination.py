@@ -1,5 +1,5 @@
 """Class discrimination on real photographs: two scikit-image photographs side by side, each explained for its
-concept, with the DINOv2-S/14 of the `photos` extra (relevancy.bench.photo_demo.discrimination).
+concept, with the DINOv2-S/14 of the `photos` extra (relevancy.apps.demos.photos.discrimination).
 
     python benchmarks/photo_discrimination.py [--count 60] [--size 112] [--threads 1] [--out benchmarks/results/photo_discrimination]
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from relevancy.bench.photo_demo import DISCRIMINATION_METHODS, PHOTOS, discrimination
-from relevancy.photos import dinov2_small
+from relevancy.apps.demos.photos import DISCRIMINATION_METHODS, PHOTOS, discrimination
+from relevancy.zoo.photos import dinov2_small
 from dinov2_speed import cpu_name
 
 

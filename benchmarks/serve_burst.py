@@ -28,7 +28,7 @@ import httpx
 from machine import cpu_name, today
 from serve_load import Memory
 
-from relevancy.files import write_atomic
+from relevancy.core.files import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "Tom lives in Rome. Mia lives in Oslo. Where does Tom live? Tom lives in"
@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "serve_burst.md")
     args = parser.parse_args()
     server = subprocess.Popen(
-        [sys.executable, "-m", "relevancy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--threads", "1",
+        [sys.executable, "-m", "relevancy.apps.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--threads", "1",
          "--text-model", "none", "--clip-model", "none", "--language-model", "smollm2", "--max-running", "2",
          "--max-waiting", str(args.requests - 2), "--max-per-client", str(args.requests), "--time-limit", str(args.time_limit),
          "--max-memory-mb", str(args.max_memory_mb)],

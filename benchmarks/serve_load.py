@@ -37,8 +37,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from relevancy.bench import make_scenes
-from relevancy.files import write_atomic
+from relevancy.worlds import make_scenes
+from relevancy.core.files import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OTHER_METHODS = ("rollout", "cdam", "transformer_attribution", "lrp")
@@ -212,7 +212,7 @@ def main() -> int:
         parser.error("--clients must be at least 1, --seconds within (0, 600], --warmup within [0, 120]")
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "relevancy.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--threads", "1",
+        [sys.executable, "-m", "relevancy.apps.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--threads", "1",
          "--max-running", str(args.max_running), "--max-waiting", str(args.max_waiting), "--max-per-client", str(args.clients)],
         stdout=subprocess.PIPE, text=True, env=environment)
     try:

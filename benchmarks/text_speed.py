@@ -15,13 +15,13 @@ import warnings
 import torch
 
 import relevancy
-from relevancy.text import encode, load_model
+from relevancy.zoo.text import encode, load_model
 from relevancy.families.base import SEED_METHODS
 
 
 def texts(count: int, length: int, tokenizer) -> list[str]:
     try:
-        from relevancy.text.data import drug_reviews
+        from relevancy.zoo.text.data import drug_reviews
 
         pool = [r.text for r in drug_reviews("test")]
     except FileNotFoundError:

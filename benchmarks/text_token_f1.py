@@ -8,8 +8,8 @@ import argparse
 
 import torch
 
-from relevancy.text import load_model
-from relevancy.text.rationales import make_rationale_set, token_f1
+from relevancy.zoo.text import load_model
+from relevancy.evaluation.text_rationales import make_rationale_set, token_f1
 from relevancy.families.base import SEED_METHODS
 
 KS = (5, 10, 20, 40, 80)

@@ -57,7 +57,7 @@ def random_tower(depth: int) -> object:
 
 def shapes_tower(trained: bool) -> torch.nn.Module:
     """A LLaVA whose tower is the shipped shapes CLIP's (6 layers, width 96, 64 px, 8 px patches), trained or not."""
-    from relevancy.bench.clip_model import load_clip
+    from relevancy.worlds.shapes_clip import load_clip
 
     clip, _ = load_clip()
     model = build(clip.config.vision_config)
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="*", default=[2, 6, 12, 24])
     parser.add_argument("--images", type=int, default=8)
     args = parser.parse_args()
-    from relevancy.bench.scenes import make_scenes
+    from relevancy.worlds.scenes import make_scenes
 
     torch.set_num_threads(1)
     print(f"small LLaVA models (2-layer random Llama decoder of width 64), float64, {args.images} images, {cpu_name()}, {today()}")

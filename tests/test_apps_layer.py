@@ -1,5 +1,5 @@
 """The apps share a layer of their own (`relevancy.apps`) and never import each other: the web page's code
-(`relevancy.serve`) imports nothing of the command line's (`relevancy.cli`), read from its source; the catalogue
+(`relevancy.apps.serve`) imports nothing of the command line's (`relevancy.apps.cli`), read from its source; the catalogue
 of shipped models names what the library loads; `evaluate` has one row per benchmark."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ SOURCE = Path(relevancy.__file__).parent
 
 
 def imported_modules(path: Path, package: str) -> set[str]:
-    """Every module `path` (a module of `package`) imports, absolute (`relevancy.cli.common`), wherever the import
+    """Every module `path` (a module of `package`) imports, absolute (`relevancy.apps.cli.common`), wherever the import
     statement stands (inside functions too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -27,23 +27,23 @@ def imported_modules(path: Path, package: str) -> set[str]:
 
 
 def test_serve_imports_nothing_from_the_command_line():
-    files = sorted((SOURCE / "serve").rglob("*.py"))
+    files = sorted((SOURCE / "apps" / "serve").rglob("*.py"))
     assert len(files) >= 8
-    offending = {path.name: sorted(m for m in imported_modules(path, "relevancy.serve") if m.startswith("relevancy.cli"))
+    offending = {path.name: sorted(m for m in imported_modules(path, "relevancy.apps.serve") if m.startswith("relevancy.apps.cli"))
                  for path in files}
     assert {name: modules for name, modules in offending.items() if modules} == {}
 
 
 def test_the_reader_sees_relative_and_nested_imports(tmp_path):
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from ..cli.common import warn\n    from . import jobs\nimport relevancy.cli\n")
-    modules = imported_modules(probe, "relevancy.serve")
-    assert {"relevancy.cli.common", "relevancy.cli.common.warn", "relevancy.serve.jobs", "relevancy.cli"} <= modules
+    probe.write_text("def f():\n    from ..cli.common import warn\n    from . import jobs\nimport relevancy.apps.cli\n")
+    modules = imported_modules(probe, "relevancy.apps.serve")
+    assert {"relevancy.apps.cli.common", "relevancy.apps.cli.common.warn", "relevancy.apps.serve.jobs", "relevancy.apps.cli"} <= modules
 
 
 def test_the_apps_layer_imports_neither_app():
-    for path in sorted((SOURCE / "apps").rglob("*.py")):
-        assert not [m for m in imported_modules(path, "relevancy.apps") if m.startswith(("relevancy.cli", "relevancy.serve"))]
+    for path in sorted((SOURCE / "apps").glob("*.py")):  # the shared layer; its apps are the folders below it
+        assert not [m for m in imported_modules(path, "relevancy.apps") if m.startswith(("relevancy.apps.cli", "relevancy.apps.serve"))]
 
 
 def test_the_catalogue_names_the_librarys_shipped_models():
@@ -63,14 +63,14 @@ def test_a_missing_shipped_model_names_its_trainer():
     from relevancy.apps.catalogue import Shipped
     from relevancy.apps.common import UsageError
 
-    missing = Shipped("shapes", "shapes thing", "relevancy.apps.catalogue:__file__", "relevancy.bench.train", settings=True)
-    with pytest.raises(UsageError, match="the shipped shapes thing is missing .*python -m relevancy.bench.train"):
+    missing = Shipped("shapes", "shapes thing", "relevancy.apps.catalogue:__file__", "training.shapes_vit", settings=True)
+    with pytest.raises(UsageError, match="the shipped shapes thing is missing .*python -m training.shapes_vit"):
         missing.weights_path()  # catalogue.py has no .json beside it
 
 
 def test_evaluate_has_one_row_per_benchmark():
     from relevancy.apps.catalogue import SHIPPED
-    from relevancy.cli.evaluate import TABLE
+    from relevancy.apps.cli.evaluate import TABLE
     from relevancy.evaluation.data import BENCHMARKS
 
     assert list(TABLE) == list(BENCHMARKS)

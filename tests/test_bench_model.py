@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from relevancy.bench import CLASSES, WEIGHTS_PATH, build_model, evaluate_accuracy, load_model, make_scenes
+from relevancy.worlds import CLASSES, WEIGHTS_PATH, build_model, evaluate_accuracy, load_model, make_scenes
 
 
 def test_build_model_architecture():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from relevancy.bench import CLASSES, IMAGE_SIZE, MEAN, PATCH_SIZE, STD, make_scenes, render_object
+from relevancy.worlds import CLASSES, IMAGE_SIZE, MEAN, PATCH_SIZE, STD, make_scenes, render_object
 
 
 def test_constants_and_shapes():

@@ -13,7 +13,7 @@ import transformers
 
 import relevancy
 from bimodal_golden import assert_same, bimodal_case, build, padded, snapshot
-from relevancy import capture
+from relevancy.methods import capture
 from relevancy.families.base import UnsupportedModelError
 from relevancy.families.regions import METHODS
 

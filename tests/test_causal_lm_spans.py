@@ -232,7 +232,7 @@ def test_sink_shares_and_exclusion(model):
 
 
 def test_special_and_template_tokens():
-    from relevancy.parts import excluded_positions
+    from relevancy.results.parts import excluded_positions
 
     tokens = [["<|im_start|>", "user", "Ċ", "Hi", "<|im_end|>", "Ċ", "<|im_start|>", "assistant", "Ċ"], ["<|endoftext|>", "The", "cat"]]
     valid = torch.ones(2, 9, dtype=torch.bool)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import relevancy
-from relevancy import recompute
+from relevancy.methods import recompute
 from relevancy.families import UnsupportedModelError
 from relevancy.lrp import engine
 from family_cases import FAMILIES

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import relevancy
-from relevancy.cli import METHOD_NAMES, main
+from relevancy.apps.cli import METHOD_NAMES, main
 from relevancy.families.base import SEED_METHODS
 
 HEAVY = ("torch", "timm", "transformers", "numpy", "PIL", "matplotlib")
@@ -26,7 +26,7 @@ def test_help_loads_no_heavy_library(command):
     """`relevancy [COMMAND] --help` in a fresh interpreter: the help is printed and torch & co. are never imported."""
     script = (
         "import sys\n"
-        "from relevancy.cli import main\n"
+        "from relevancy.apps.cli import main\n"
         "try:\n"
         f"    main({command + ['--help']!r})\n"
         "except SystemExit as done:\n"
@@ -75,14 +75,14 @@ def test_the_package_loads_its_public_names_on_first_use():
     ],
 )
 def test_demo_refuses_bad_requests_before_work(tmp_path, capsys, monkeypatch, argv, message):
-    monkeypatch.setattr("relevancy.bench.demo.run_demo", lambda *a, **k: pytest.fail("the demo ran"))
+    monkeypatch.setattr("relevancy.apps.demos.shapes.run_demo", lambda *a, **k: pytest.fail("the demo ran"))
     assert main(["demo", "--out", str(tmp_path / "d"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
 
 
 def test_demo_checks_its_output_folder_before_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("relevancy.bench.demo.run_demo", lambda *a, **k: pytest.fail("the demo ran"))
+    monkeypatch.setattr("relevancy.apps.demos.shapes.run_demo", lambda *a, **k: pytest.fail("the demo ran"))
     a_file = tmp_path / "demo"
     a_file.write_text("keep me")
     assert main(["demo", "--out", str(a_file)]) == 2
@@ -96,7 +96,7 @@ def test_demo_checks_its_output_folder_before_work(tmp_path, capsys, monkeypatch
 def test_a_short_command_runs_without_the_cycle_collector(command, collector_during):
     """In its own process a short command runs with the collector off and freezes what it made at the end (the
     exit is then quick); long-running ones keep it. The collector is on again after either."""
-    from relevancy.cli import _short_lived_process
+    from relevancy.apps.cli import _short_lived_process
 
     assert gc.isenabled()
     try:
@@ -109,8 +109,8 @@ def test_a_short_command_runs_without_the_cycle_collector(command, collector_dur
 
 
 def test_the_module_entry_point_runs_a_command_and_exits_with_its_status(tmp_path):
-    """`python -m relevancy.cli` goes through `entry_point`: a bad request exits 2 with one line and writes nothing."""
-    done = subprocess.run([sys.executable, "-m", "relevancy.cli", "explain", str(tmp_path / "missing.png"), "--out", str(tmp_path / "out")],
+    """`python -m relevancy.apps.cli` goes through `entry_point`: a bad request exits 2 with one line and writes nothing."""
+    done = subprocess.run([sys.executable, "-m", "relevancy.apps.cli", "explain", str(tmp_path / "missing.png"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("relevancy explain: error:") and len(done.stderr.strip().splitlines()) == 1
@@ -121,7 +121,7 @@ def test_explanations_leave_no_reference_cycles():
     """What lets short commands run without the cycle collector: explaining (every method, the shipped model) frees
     all it made by reference counting, so nothing would wait for a collection."""
     from relevancy import explain
-    from relevancy.bench import load_model, make_scenes
+    from relevancy.worlds import load_model, make_scenes
 
     model = load_model()
     images = make_scenes(2, seed=3).images

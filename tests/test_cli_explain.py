@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import relevancy
 from relevancy.families import UnsupportedModelError
-from relevancy.cli import main
+from relevancy.apps.cli import main
 from relevancy.families.base import SEED_METHODS
 from models import tiny_vit
 
@@ -198,7 +198,7 @@ def test_save_writes_a_png_and_leaves_no_partial_file_on_failure(tmp_path, monke
 
 
 def test_signed_maps_use_a_diverging_colormap_centred_on_zero():
-    from relevancy.viz import color_limits
+    from relevancy.results.viz import color_limits
 
     low, high = color_limits(torch.tensor([[-1.0, 3.0]]), signed=True)
     assert low == -high
@@ -307,7 +307,7 @@ def pixels(picture) -> np.ndarray:
 
 
 def test_16_bit_pngs_are_scaled_not_clipped(tmp_path):
-    from relevancy.cli import read_image
+    from relevancy.apps.cli import read_image
 
     values = np.array([[0, 1028, 32896], [49344, 65535, 257]], dtype=np.uint16)  # 257 * (0, 4, 128, 192, 255, 1)
     path = tmp_path / "deep.png"
@@ -321,7 +321,7 @@ def test_16_bit_pngs_are_scaled_not_clipped(tmp_path):
 
 
 def test_float_tiffs_are_scaled_by_their_range(tmp_path):
-    from relevancy.cli import read_image
+    from relevancy.apps.cli import read_image
 
     unit = tmp_path / "unit.tiff"
     Image.fromarray(np.array([[0.0, 0.5], [0.25, 1.0]], dtype=np.float32)).save(unit)
@@ -336,7 +336,7 @@ def test_float_tiffs_are_scaled_by_their_range(tmp_path):
 
 
 def test_exif_orientation_is_applied(tmp_path):
-    from relevancy.cli import read_image
+    from relevancy.apps.cli import read_image
 
     array = np.zeros((20, 40, 3), dtype=np.uint8)
     array[:, :20] = 255  # white left half, stored landscape
@@ -350,7 +350,7 @@ def test_exif_orientation_is_applied(tmp_path):
 
 
 def test_animations_use_their_first_frame_and_say_so(tmp_path, capsys):
-    from relevancy.cli import read_image
+    from relevancy.apps.cli import read_image
 
     frames = [Image.new("RGB", (16, 16), colour) for colour in ("red", "lime", "blue")]
     path = tmp_path / "spin.gif"
@@ -374,7 +374,7 @@ def bomb(path, width: int, height: int):
 
 
 def test_oversized_images_are_refused_in_one_line(tmp_path, capsys, no_work):
-    from relevancy.cli import MAX_IMAGE_PIXELS
+    from relevancy.apps.cli import MAX_IMAGE_PIXELS
 
     assert MAX_IMAGE_PIXELS == 100_000_000
     large = bomb(tmp_path / "large.png", 12_000, 10_000)  # 120 Mpixel: over our limit, under PIL's error

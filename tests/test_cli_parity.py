@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import relevancy
-from relevancy.cli import main
+from relevancy.apps.cli import main
 
 TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
@@ -20,7 +20,7 @@ TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 def assert_is_to_json(got: dict, expl) -> None:
     """`got`, one entry of a command's `--json`, is `expl.to_json()`: the same keys, the same values, the tensors'
     dtypes and shapes, and their numbers equal up to `TOLERANCE` (the command reads the picture from a file)."""
-    from relevancy.files import strict_json
+    from relevancy.core.files import strict_json
 
     expected = json.loads(json.dumps(strict_json(expl.to_json())))
     assert got.keys() == expected.keys() and got["tensors"] == expected["tensors"] and got["kind"] == expected["kind"]
@@ -51,7 +51,7 @@ def cli_run(capsys, *argv: str) -> tuple[object, str]:
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory):
     """A two-object scene of the shapes world, saved as PNG, with its tensors."""
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
 
     scenes = make_scenes(1, seed=11, objects=2)
     path = tmp_path_factory.mktemp("parity") / "scene.png"
@@ -60,7 +60,7 @@ def scene(tmp_path_factory):
 
 
 def test_explain_gives_the_api_s_map_with_the_shipped_vit(scene, capsys):
-    from relevancy.bench import load_model
+    from relevancy.worlds import load_model
 
     path, scenes = scene
     (got,) = cli_json(capsys, "explain", str(path), "--method", "transformer_attribution", "--target", "star", "--json")
@@ -70,8 +70,8 @@ def test_explain_gives_the_api_s_map_with_the_shipped_vit(scene, capsys):
 
 
 def test_explain_text_pairs_give_the_api_s_maps_with_the_shipped_clip(scene, capsys):
-    from relevancy.bench import load_clip
-    from relevancy.bench.clip_model import CONTEXT_LENGTH
+    from relevancy.worlds import load_clip
+    from relevancy.worlds.shapes_clip import CONTEXT_LENGTH
     from relevancy.families.clip.batch import ImageTextBatch
 
     path, scenes = scene
@@ -87,7 +87,7 @@ def test_explain_text_pairs_give_the_api_s_maps_with_the_shipped_clip(scene, cap
 
 def test_explain_text_gives_the_api_s_scores_with_the_shipped_classifier(capsys):
     from relevancy.models import load_text_classifier
-    from relevancy.text.model import encode
+    from relevancy.zoo.text.model import encode
 
     text = "This medicine worked well and I slept better."
     (got,) = cli_json(capsys, "explain-text", text, "--target", "Negative", "--json", "--tokens")
@@ -100,7 +100,7 @@ def test_explain_text_gives_the_api_s_scores_with_the_shipped_classifier(capsys)
 @pytest.fixture(scope="module")
 def detector_folder(tmp_path_factory):
     """The shipped shapes DETR saved with save_pretrained (no image-processor config), and a scene of its world."""
-    from relevancy.bench.detection import DETECTION_TEST_SEED, load_detector, make_detection_scenes
+    from relevancy.worlds.detection import DETECTION_TEST_SEED, load_detector, make_detection_scenes
 
     folder = tmp_path_factory.mktemp("detr")
     load_detector().save_pretrained(folder / "model")
@@ -110,7 +110,7 @@ def detector_folder(tmp_path_factory):
 
 
 def test_explain_detections_finds_what_the_api_finds_with_the_shipped_detr(detector_folder, capsys):
-    from relevancy.bench.detection import detector_inputs, load_detector
+    from relevancy.worlds.detection import detector_inputs, load_detector
 
     folder, scenes = detector_folder
     (got,) = cli_json(capsys, "explain-detections", str(folder / "scene.png"), "--model", str(folder / "model"), "--json")
@@ -149,8 +149,8 @@ def test_explain_detections_takes_the_folder_s_image_processor(detector_folder, 
 
 
 def test_explain_question_gives_the_api_s_answer_and_maps_with_the_shipped_lxmert(capsys):
-    from relevancy.bench.vqa_model import load_vqa_lxmert
-    from relevancy.bench.vqa_show import ask, explain_questions
+    from relevancy.worlds.shapes_lxmert import load_vqa_lxmert
+    from relevancy.apps.demos.questions import ask, explain_questions
 
     question = "what color is the square"
     (got,) = cli_json(capsys, "explain-question", "--question", question, "--scene", "0", "--json")

@@ -11,7 +11,7 @@ import transformers
 from PIL import Image
 
 from golden import GOLDEN  # noqa: E402
-from relevancy.cli import main  # noqa: E402
+from relevancy.apps.cli import main  # noqa: E402
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -88,7 +88,7 @@ def test_bad_requests(photo, tmp_path, capsys, argv, message):
 
 @pytest.fixture(scope="module")
 def scene_file(tmp_path_factory):
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
 
     path = tmp_path_factory.mktemp("scenes") / "scene.png"
     Image.fromarray(make_scenes(1, seed=5, objects=2).pixels[0]).save(path)

@@ -6,7 +6,7 @@ import torch
 
 import relevancy
 from models import tiny_vit
-from relevancy.targets import CONCEPT_KINDS, LDA_SHRINKAGE, example_latents
+from relevancy.methods.targets import CONCEPT_KINDS, LDA_SHRINKAGE, example_latents
 
 GENERATOR = torch.Generator().manual_seed(0)
 CATS, CUPS, BIRDS = (torch.randn(3, 3, 32, 32, generator=GENERATOR) for _ in range(3))

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 import relevancy
-from relevancy import guard
+from relevancy.core import guard
 from relevancy.families.base import SEED_METHODS
 from models import tiny_vit
 from test_model_unchanged import assert_same, snapshot

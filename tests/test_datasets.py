@@ -7,7 +7,7 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms
 
-from relevancy.datasets import PAPER_DATA_CONFIG, ImageNetSegmentation, imagenet_folder, timm_transform
+from relevancy.evaluation.datasets import PAPER_DATA_CONFIG, ImageNetSegmentation, imagenet_folder, timm_transform
 from data_files import write_gtsegs
 
 

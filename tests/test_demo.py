@@ -6,9 +6,9 @@ from html.parser import HTMLParser
 import numpy as np
 import torch
 
-from relevancy.bench import demo
-from relevancy.cli import main
-from relevancy.viz import ALL_ZERO_NOTE, overlay_pixels
+from relevancy.apps.demos import shapes as demo
+from relevancy.apps.cli import main
+from relevancy.results.viz import ALL_ZERO_NOTE, overlay_pixels
 from relevancy.families.base import SEED_METHODS
 
 METHODS = ["raw_attention", "cdam", "transformer_attribution"]

@@ -11,7 +11,7 @@ from PIL import Image
 
 from golden import GOLDEN
 from relevancy.evaluation.detection import evaluate_detection_segmentation, write_detection_report
-from relevancy.metrics.detection_masks import (
+from relevancy.evaluation.metrics.detection_masks import (
     IOU_THRESHOLDS, kept_queries, masks_at_size, otsu_mask, otsu_threshold, query_masks,
 )
 from test_detr_family import build
@@ -91,7 +91,7 @@ def test_coco_runner_on_a_small_folder(case, tmp_path):
 
 
 def test_the_command_line_runs_the_test_on_a_saved_model(case, tmp_path):
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     build(case).save_pretrained(tmp_path / "detr")
     annotation_file = coco_folder(case, tmp_path)
@@ -102,14 +102,14 @@ def test_the_command_line_runs_the_test_on_a_saved_model(case, tmp_path):
 
 
 def test_the_command_line_names_what_coco_detr_needs(tmp_path, capsys):
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     assert main(["evaluate", "--benchmark", "coco-detr", "--out", str(tmp_path / "out")]) == 2
     assert "needs --data" in capsys.readouterr().err
 
 
 def test_explain_detections_command_writes_a_panel_per_object(case, tmp_path, capsys):
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     build(case).save_pretrained(tmp_path / "detr")
     coco_folder(case, tmp_path)

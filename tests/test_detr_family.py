@@ -162,7 +162,7 @@ def test_model_unchanged_after_success_and_failure(case, method, objects, monkey
     def fail(*_args, **_kwargs):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr("relevancy.capture.target_score", fail)
+    monkeypatch.setattr("relevancy.methods.capture.target_score", fail)
     with pytest.raises(RuntimeError, match="injected failure"):
         relevancy.explain(model, images(case), method=method, target=target)
     assert_same(before, snapshot(model))

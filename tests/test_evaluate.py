@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from relevancy.cli import main
+from relevancy.apps.cli import main
 from relevancy.evaluation import data as D
 from relevancy.evaluation.shards import Shards
 from models import tiny_vit
@@ -26,8 +26,8 @@ TINY_SHAPES = dict(embed_dim=32, depth=2, num_heads=2)
 
 @pytest.fixture(scope="module")
 def shapes_checkpoint(tmp_path_factory) -> Path:
-    """A small random shapes ViT saved as `relevancy.bench.train` saves it (architecture in the metadata)."""
-    from relevancy.bench import build_model
+    """A small random shapes ViT saved as `training.shapes_vit` saves it (architecture in the metadata)."""
+    from relevancy.worlds import build_model
 
     torch.manual_seed(0)
     model = build_model(**TINY_SHAPES)
@@ -129,7 +129,7 @@ def image_folder(root: Path, per_class: int = 3) -> Path:
 
 
 def test_imagenet_subset_folders_keep_their_imagenet_labels(tmp_path):
-    from relevancy.datasets import imagenet_folder
+    from relevancy.evaluation.datasets import imagenet_folder
 
     for wnid in ("n01443537", "n01484850"):  # ImageNet-1k classes 1 and 2; ImageFolder calls them 0 and 1
         (tmp_path / wnid).mkdir()
@@ -229,7 +229,7 @@ def test_imagenet_seg_needs_a_file_and_shapes_needs_a_shapes_model(tmp_path, cap
 @pytest.fixture()
 def no_work(forbid):
     """Fail the test if the command loads a model or runs an evaluation."""
-    forbid("relevancy.cli.evaluate.load_model", "relevancy.evaluation.run")
+    forbid("relevancy.apps.cli.evaluate.load_model", "relevancy.evaluation.run")
 
 
 def test_the_output_folder_is_checked_before_any_work(tmp_path, capsys, no_work):
@@ -329,7 +329,7 @@ def test_two_gloo_processes_give_the_single_process_numbers(tmp_path, shapes_che
     assert shapes(shapes_checkpoint, single, *argv) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "relevancy.cli",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "relevancy.apps.cli",
          "evaluate", "--model", str(shapes_checkpoint), "--arch", "shapes", "--out", str(double), "--threads", "1",
          "--quiet", *argv],
         env=env, capture_output=True, text=True, timeout=300,

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import json
 
-from relevancy.cli import main
-from relevancy.metrics.rationales import load_eraser
-from relevancy.text.rationales import make_rationale_set, write_eraser
+from relevancy.apps.cli import main
+from relevancy.evaluation.metrics.rationales import load_eraser
+from relevancy.evaluation.text_rationales import make_rationale_set, write_eraser
 
 
 def test_eraser_benchmark_end_to_end(tmp_path, capsys):

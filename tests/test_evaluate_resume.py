@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from relevancy.cli import main
+from relevancy.apps.cli import main
 from relevancy.evaluation.shards import PARTIAL, Shards
 
 from test_evaluate import shapes_checkpoint  # noqa: F401  (a fixture)
@@ -89,7 +89,7 @@ def retrieval_model(tmp_path_factory, tokenizer):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def eraser_data(tmp_path_factory) -> Path:
-    from relevancy.text.rationales import make_rationale_set, write_eraser
+    from relevancy.evaluation.text_rationales import make_rationale_set, write_eraser
 
     folder = tmp_path_factory.mktemp("eraser")
     write_eraser(make_rationale_set(6, seed=3), folder, split="test")
@@ -144,7 +144,7 @@ def start(argv: list[str], rank: int, port: int, log: Path) -> subprocess.Popen:
     """One process of a two-process gloo run, as torchrun starts it (its environment variables)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    return subprocess.Popen([sys.executable, "-m", "relevancy.cli", *argv], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "relevancy.apps.cli", *argv], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 def test_two_processes_one_killed_midway_then_run_again(tmp_path, shapes_checkpoint):  # noqa: F811

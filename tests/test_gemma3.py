@@ -9,7 +9,7 @@ import torch
 
 import relevancy
 from relevancy import models
-from relevancy.extras import MissingExtraError
+from relevancy.core.extras import MissingExtraError
 from relevancy.families.causal_lm import CausalLMAdapter
 
 

@@ -11,8 +11,8 @@ import transformers
 from language_models import save_tiny_llama
 
 import relevancy
-from relevancy.cli import main
-from relevancy.files import strict_json
+from relevancy.apps.cli import main
+from relevancy.core.files import strict_json
 from relevancy.apps.common import GENERATION_METHOD_NAMES, MAX_NEW_TOKENS
 from relevancy.generation import GENERATION_METHODS
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import relevancy
-from relevancy import capture
+from relevancy.methods import capture
 from relevancy.families import adapter_for
 from relevancy.families.hf_attention import EXACT_ATTENTION
 from relevancy.lrp import engine

@@ -10,8 +10,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from relevancy.bench import llm_world
-from relevancy.cli import main
+from relevancy.worlds import language as llm_world
+from relevancy.apps.cli import main
 from relevancy.evaluation import llm_retrieval
 from relevancy.evaluation.deletion import area
 from relevancy.evaluation.llm_retrieval import deletion_curves, encode, evidence_scores

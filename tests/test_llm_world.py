@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from relevancy.bench import llm_world
+from relevancy.worlds import language as llm_world
 
 
 def test_prompts_are_deterministic_and_splits_differ():

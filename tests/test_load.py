@@ -12,7 +12,7 @@ import torch
 from family_cases import FAMILIES
 
 import relevancy
-from relevancy.explanation import SCHEMA, _kinds
+from relevancy.results.explanation import SCHEMA, _kinds
 from relevancy.families import adapter_for
 
 
@@ -54,7 +54,7 @@ def test_every_familys_result_loads_back(family, tmp_path):
 
 
 def test_lrp_totals_a_concept_and_a_decoders_result_load_back(tmp_path):
-    from relevancy.bench import load_model, make_scenes
+    from relevancy.worlds import load_model, make_scenes
 
     model = load_model()
     scenes = make_scenes(3, seed=0)

@@ -6,7 +6,7 @@ import torch
 
 import relevancy
 from relevancy.families import adapter_for
-from relevancy.capture import record_forward
+from relevancy.methods.capture import record_forward
 from relevancy.lrp import PAPER, RELEVANCE, VANILLA, engine, relevance_session, rules
 from models import tiny_deit_distilled, tiny_vit
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import relevancy
-from relevancy.bench import load_model as load_shapes_model, make_scenes
+from relevancy.worlds import load_model as load_shapes_model, make_scenes
 from relevancy.lrp import rules
 from relevancy.methods import relevance
 from models import tiny_vit
@@ -35,7 +35,7 @@ def test_float32_maps_of_the_shipped_vit_agree_with_float64(method):
 
 @pytest.mark.parametrize("method", LRP_METHODS)
 def test_float32_maps_of_the_shipped_text_model_agree_with_float64(method):
-    from relevancy.text import encode, load_model
+    from relevancy.zoo.text import encode, load_model
 
     model, tokenizer = load_model()
     batch = dict(encode(tokenizer, ["Great.", "The side effects were awful at first, but it worked in the end."]))
@@ -47,7 +47,7 @@ def test_float32_maps_of_the_shipped_text_model_agree_with_float64(method):
 @pytest.mark.parametrize("method", LRP_METHODS)
 def test_shipped_text_model_padding_does_not_move_float32_maps(method):
     """"Great." alone and in a padded batch beside a long review: the same map within 1e-3."""
-    from relevancy.text import encode, load_model
+    from relevancy.zoo.text import encode, load_model
 
     model, tokenizer = load_model()
     texts = ["Great.", "The side effects were awful at first, but after two weeks it worked and I sleep well now."]

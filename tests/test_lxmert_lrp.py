@@ -10,7 +10,7 @@ import transformers
 import relevancy
 from bimodal_golden import assert_same, bimodal_case, build, padded, snapshot
 from golden import assert_map_close
-from relevancy import capture
+from relevancy.methods import capture
 from relevancy.lrp.engine import MissingRuleError
 from test_lxmert_family import RTOL, AnswerHead
 

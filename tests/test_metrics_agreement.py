@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from relevancy.metrics import AgreementTest, pearson, sparsity
+from relevancy.evaluation.metrics import AgreementTest, pearson, sparsity
 
 
 def _scores(b=6, n=16, seed=0):

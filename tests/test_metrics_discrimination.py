@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from relevancy.metrics import DiscriminationTest, class_discrimination
+from relevancy.evaluation.metrics import DiscriminationTest, class_discrimination
 
 
 def _scene():

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from relevancy.metrics import STEPS, PerturbationTest, all_gather, perturbation_auc, perturbation_test
-from relevancy.metrics.perturbation import _removal_masks
+from relevancy.evaluation.metrics import STEPS, PerturbationTest, all_gather, perturbation_auc, perturbation_test
+from relevancy.evaluation.metrics.perturbation import _removal_masks
 
 H = W = 16
 MEAN = STD = (0.5, 0.5, 0.5)

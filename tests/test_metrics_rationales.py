@@ -4,8 +4,8 @@ from collections import defaultdict
 import pytest
 import torch
 
-from relevancy.metrics import TOP_K, RationaleTest, token_prf, top_k_tokens, word_scores
-from relevancy.metrics.rationales import Annotation, Evidence, load_annotations, load_documents, load_eraser
+from relevancy.evaluation.metrics import TOP_K, RationaleTest, token_prf, top_k_tokens, word_scores
+from relevancy.evaluation.metrics.rationales import Annotation, Evidence, load_annotations, load_documents, load_eraser
 
 
 def _f1(p, r):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
-from relevancy.metrics import SegmentationTest, segmentation_scores
+from relevancy.evaluation.metrics import SegmentationTest, segmentation_scores
 
 
 def _reference_image(res_grid: torch.Tensor, labels: torch.Tensor, scale: int):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import relevancy
-from relevancy import capture
+from relevancy.methods import capture
 from relevancy.lrp import engine
 from relevancy.families.base import SEED_METHODS
 from hf_vit_models import tiny_hf

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from relevancy import Concept, explain
-from relevancy.bench import photo_concepts as pc
-from relevancy.bench import photo_demo
-from relevancy.metrics.discrimination import class_discrimination
-from relevancy.photos import dinov2_small, normalise
+from relevancy.apps.demos import photo_concepts as pc
+from relevancy.apps.demos import photos as photo_demo
+from relevancy.evaluation.metrics.discrimination import class_discrimination
+from relevancy.zoo.photos import dinov2_small, normalise
 
 
 @pytest.mark.parametrize("scene", list(pc.SCENES))

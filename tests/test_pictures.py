@@ -7,8 +7,8 @@ import re
 import torch
 
 import relevancy
-from relevancy.bench import load_clip, make_scenes
-from relevancy.viz import TITLE_CHARACTERS, overlay_figure, region_figure
+from relevancy.worlds import load_clip, make_scenes
+from relevancy.results.viz import TITLE_CHARACTERS, overlay_figure, region_figure
 
 
 def title_boxes(figure) -> list:
@@ -48,7 +48,7 @@ def test_image_text_explanations_name_the_tokenizers_words(tmp_path):
 
 def test_saved_html_pages_fit_a_phone(tmp_path):
     """Without a viewport tag a phone lays a page out 980 px wide and shrinks it: the coloured words become tiny."""
-    from relevancy.text import encode, load_model
+    from relevancy.zoo.text import encode, load_model
 
     model, tokenizer = load_model()
     expl = relevancy.explain(model, encode(tokenizer, ["It worked."]), method="raw_attention")

@@ -11,8 +11,8 @@ from PIL import Image
 
 import relevancy
 from models import tiny_vit
-from relevancy.cli import main
-from relevancy.cli.common import MAX_FILES
+from relevancy.apps.cli import main
+from relevancy.apps.cli.common import MAX_FILES
 
 IMAGES = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 LONGEST_ERROR = 1_000  # characters: an error quotes what the user typed, shortened
@@ -27,7 +27,7 @@ def one_line(error: pytest.ExceptionInfo) -> str:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A scene of the shapes world, files that are not what they claim, and model folders that are not DETRs."""
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
 
     root = tmp_path_factory.mktemp("probes")
     Image.fromarray(make_scenes(1, seed=3, objects=2).pixels[0]).save(root / "scene.png")
@@ -195,7 +195,7 @@ def test_a_long_target_name_is_quoted_short_and_a_nameless_model_says_so():
 
 
 def test_class_names_are_taken_as_the_command_line_takes_them():
-    from relevancy.bench import load_model, make_scenes
+    from relevancy.worlds import load_model, make_scenes
 
     model, images = load_model(), make_scenes(2, seed=1).images
     by_index = relevancy.explain(model, images, method="rollout", target=[5, 11])
@@ -209,7 +209,7 @@ def test_class_names_are_taken_as_the_command_line_takes_them():
 
 
 def test_many_class_names_are_summarised_with_the_closest():
-    from relevancy.class_names import unknown_class
+    from relevancy.core.class_names import unknown_class
 
     names = [f"class number {i}" for i in range(1_000)]
     message = unknown_class("class numbr 7", names)
@@ -227,7 +227,7 @@ def test_a_concept_batch_size_must_be_a_positive_whole_number():
 def test_detect_names_the_model_it_takes_and_the_threshold_range():
     with pytest.raises(TypeError, match="detect takes a transformers DetrForObjectDetection, got VisionTransformer"):
         relevancy.detect(tiny_vit(), IMAGES)
-    from relevancy.bench.detection import detector_inputs, load_detector
+    from relevancy.worlds.detection import detector_inputs, load_detector
 
     for threshold in (1.0, -0.1, float("nan")):
         with pytest.raises(ValueError, match=r"threshold must be a probability in \[0, 1\)"):
@@ -246,7 +246,7 @@ def test_loading_by_name_names_a_missing_folder_and_a_missing_tag():
 
 
 def test_pictures_name_the_file_and_the_problem(files):
-    from relevancy.pictures import PictureError, read_image
+    from relevancy.core.pictures import PictureError, read_image
 
     for name, message in (("notes.png", "is not a readable image"), ("folder.png", "is a folder"), ("missing.png", "does not exist")):
         with pytest.raises(PictureError, match=message) as error:
@@ -257,7 +257,7 @@ def test_pictures_name_the_file_and_the_problem(files):
 def test_imagenet_segmentation_names_a_file_that_is_not_its_data(files, tmp_path):
     import h5py
 
-    from relevancy.datasets import ImageNetSegmentation
+    from relevancy.evaluation.datasets import ImageNetSegmentation
 
     with pytest.raises(ValueError, match="is not an HDF5 \\(MATLAB v7.3\\) file"):
         ImageNetSegmentation(files / "notes.txt")
@@ -272,7 +272,7 @@ def random_detr(tmp_path_factory):
     """An untrained DETR of the shapes detector's size with 40 queries and 91 classes (not the shapes detector)."""
     from transformers import DetrConfig, DetrForObjectDetection
 
-    from relevancy.bench.detection import DETECTOR_CONFIG
+    from relevancy.worlds.detection import DETECTOR_CONFIG
 
     torch.manual_seed(0)
     config = {**DETECTOR_CONFIG, "num_queries": 40, "num_labels": 91, "id2label": None, "label2id": None}
@@ -294,7 +294,7 @@ def test_a_picture_giving_too_many_image_tokens_is_refused_before_any_work(files
 def test_every_object_at_threshold_0_gives_a_bounded_png(files, random_detr, tmp_path, capsys):
     from transformers import DetrImageProcessor
 
-    from relevancy.cli.detections import MAX_OBJECTS
+    from relevancy.apps.cli.detections import MAX_OBJECTS
 
     folder = tmp_path / "detr"
     folder.mkdir()
@@ -310,8 +310,8 @@ def test_every_object_at_threshold_0_gives_a_bounded_png(files, random_detr, tmp
 
 
 def test_the_world_s_own_questions_never_ask_about_an_absent_object():
-    from relevancy.bench.vqa import make_questions
-    from relevancy.bench.vqa_show import absent_objects
+    from relevancy.worlds.questions import make_questions
+    from relevancy.apps.demos.questions import absent_objects
 
     batch = make_questions(300, seed=7, features=False)
     assert absent_objects(batch) == [None] * 300

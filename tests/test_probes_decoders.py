@@ -19,9 +19,9 @@ from test_causal_lm import batch, build
 from test_generation import Characters
 
 import relevancy
-from relevancy.cli import main
+from relevancy.apps.cli import main
 from relevancy.families.causal_lm.targets import Contrast
-from relevancy.files import OutputError
+from relevancy.core.files import OutputError
 from relevancy.methods import REGISTRY
 
 ARCHS = ("llama", "gpt2")
@@ -223,7 +223,7 @@ def test_saving_below_a_file_is_one_line(generation, tmp_path, below):
 @pytest.fixture(scope="module")
 def special(tmp_path_factory) -> Path:
     """A folder whose config.json is a FIFO, one whose weights are, a FIFO checkpoint and an image."""
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
     from PIL import Image
 
     root = tmp_path_factory.mktemp("special")
@@ -315,8 +315,8 @@ def test_a_text_that_is_not_utf8_is_named_in_relevancys_words(capsys, words, sho
 def client(folder):
     from fastapi.testclient import TestClient
 
-    from relevancy.serve import create_app, load_catalog, make_samples
-    from relevancy.serve.limits import Limits
+    from relevancy.apps.serve import create_app, load_catalog, make_samples
+    from relevancy.apps.serve.limits import Limits
 
     catalog = load_catalog(["shapes"], text="none", pairs="none", language=str(folder))
     limits = Limits(max_text_chars=2_000, max_prompt_tokens=24, max_running=1, max_waiting=2, time_limit_s=60)
@@ -364,7 +364,7 @@ def test_the_token_limit_is_a_serve_option_with_a_range(capsys, value, shown):
 
 
 def test_a_generation_past_its_time_limit_asks_for_less_generation(client, monkeypatch):
-    from relevancy.serve import app as app_module
+    from relevancy.apps.serve import app as app_module
 
     def slow(request, catalog, samples, limits):
         return lambda deadline: time.sleep(0.5) or {}
@@ -379,8 +379,8 @@ def test_a_generation_past_its_time_limit_asks_for_less_generation(client, monke
 
 
 def test_the_gates_default_advice_stays_for_the_other_endpoints():
-    from relevancy.serve.limits import RequestError
-    from relevancy.serve.queue import Gate
+    from relevancy.apps.serve.limits import RequestError
+    from relevancy.apps.serve.queue import Gate
 
     gate = Gate(1, 0, 0.05)
     with pytest.raises(RequestError) as error:
@@ -390,7 +390,7 @@ def test_the_gates_default_advice_stays_for_the_other_endpoints():
 
 
 def test_limits_refuse_a_zero_token_limit():
-    from relevancy.serve.limits import Limits
+    from relevancy.apps.serve.limits import Limits
 
     with pytest.raises(ValueError, match="max_prompt_tokens must be at least 1, got 0"):
         dataclasses.replace(Limits(), max_prompt_tokens=0)

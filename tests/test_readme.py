@@ -26,7 +26,7 @@ BLOCKS = [(page, index, code) for page in PAGES
 
 def test_readme_has_one_python_example_per_kind_of_model():
     first_lines = [code for page, _, code in BLOCKS if page == README]
-    for loader in ("bench import load_model", "relevancy.text import", "load_clip", "load_vqa_lxmert", "load_detector"):
+    for loader in ("worlds import load_model", "relevancy.zoo.text import", "load_clip", "load_vqa_lxmert", "load_detector"):
         assert sum(loader in code for code in first_lines) == 1, loader
 
 

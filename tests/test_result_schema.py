@@ -13,7 +13,7 @@ import pytest
 from family_cases import FAMILIES
 
 import relevancy
-from relevancy.explanation import SCHEMA, _kinds
+from relevancy.results.explanation import SCHEMA, _kinds
 from relevancy.families import adapter_for
 
 PAGE = Path(__file__).parents[1] / "docs" / "api.md"
@@ -131,7 +131,7 @@ def test_every_kind_saves_by_suffix_with_the_same_arguments(kind, tmp_path):
     import numpy as np
     import torch
 
-    from relevancy.files import OutputError
+    from relevancy.core.files import OutputError
 
     example = next(example for example in documented()[1] if example["kind"] == kind)
     result = relevancy.load(example)

@@ -9,7 +9,7 @@ import torch
 
 import relevancy
 from models import tiny_vit
-from relevancy.conventions import RuleName
+from relevancy.core.conventions import RuleName
 from relevancy.lrp import ATTNLRP, CP_LRP, PAPER, RELEVANCE, RULE_SETS, VANILLA, RuleSet, Session, engine
 from relevancy.lrp.attention import SCALED_QUERIES, attend
 
@@ -91,7 +91,7 @@ def test_one_attention_with_grouped_heads_under_every_rule_set(rule_set):
 def test_a_session_of_relevance_passes_only_gives_the_same_relevance_and_refuses_a_gradient_pass():
     """`gradient_pass=False` (LRP, partial LRP): the operations keep no local graph, the relevance is the same to
     the bit, and a gradient pass is refused by name."""
-    from relevancy.capture import record_forward
+    from relevancy.methods.capture import record_forward
     from relevancy.families import adapter_for
     from relevancy.lrp import GRADIENT, relevance_session
 

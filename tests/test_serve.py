@@ -24,11 +24,11 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 import relevancy
-from relevancy.bench import make_scenes
-from relevancy.serve import Limits, create_app, load_catalog, make_samples
-from relevancy.serve import jobs
+from relevancy.worlds import make_scenes
+from relevancy.apps.serve import Limits, create_app, load_catalog, make_samples
+from relevancy.apps.serve import jobs
 from relevancy.families.base import SEED_METHODS
-from relevancy.files import strict_json
+from relevancy.core.files import strict_json
 
 LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_000_000, max_text_chars=300,
                 max_captions=3, max_concept_images=4, max_running=1, max_waiting=2, time_limit_s=60)
@@ -199,7 +199,7 @@ def test_text_answers_its_to_json_and_coloured_words(client, catalog):
     assert response.status_code == 200, response.text
     body = response.json()
     entry = catalog.text
-    batch = relevancy.text.encode(entry.tokenizer, [text], model=entry.model)
+    batch = relevancy.zoo.text.encode(entry.tokenizer, [text], model=entry.model)
     for result in body["results"]:
         expected = relevancy.explain(entry.model, batch, method=result["explanation"]["method"], target=1)
         assert result["explanation"] == as_answered(expected) and result["explanation"]["target"] == [1]
@@ -538,7 +538,7 @@ def test_one_client_holds_at_most_its_share_of_places(catalog, samples):
 def test_the_per_client_count_is_kept_per_address():
     import asyncio
 
-    from relevancy.serve.queue import Admission, Gate
+    from relevancy.apps.serve.queue import Admission, Gate
 
     release = asyncio.Event()
     answered: list[int] = []
@@ -568,7 +568,7 @@ def test_the_per_client_count_is_kept_per_address():
 # -- the command -----------------------------------------------------------------------------------------------
 def test_serve_command_prints_its_url_and_serves(tmp_path):
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "relevancy.cli", "serve", "--port", "0", "--text-model", "none",
+    server = subprocess.Popen([sys.executable, "-m", "relevancy.apps.cli", "serve", "--port", "0", "--text-model", "none",
                                "--clip-model", "none", "--language-model", "none", "--max-running", "3"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path)
     try:
@@ -593,7 +593,7 @@ def test_serve_command_prints_its_url_and_serves(tmp_path):
     (["--model", "no_such_vit", "--port", "0"], ("no_such_vit",)),
 ])
 def test_serve_command_refuses_bad_options_in_one_line(arguments, words, capsys):
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     assert main(["serve", "--text-model", "none", "--clip-model", "none", *arguments]) == 2
     error = capsys.readouterr().err.strip()
@@ -605,7 +605,7 @@ def test_serve_command_refuses_bad_options_in_one_line(arguments, words, capsys)
 def test_a_port_in_use_is_a_one_line_error(capsys):
     import socket
 
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
         assert main(["serve", "--port", str(taken.getsockname()[1])]) == 2

@@ -19,7 +19,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from relevancy.serve import create_app, load_catalog, make_samples
+from relevancy.apps.serve import create_app, load_catalog, make_samples
 from test_serve import live_server, scene_png
 
 CHROMIUM = ("chromium", "chromium-browser")
@@ -197,7 +197,7 @@ def test_a_saved_vision_language_generation_shows_the_clicked_words_image_map(br
     from vlm_processor import picture, processor
 
     import relevancy
-    from relevancy.generation_page import palette
+    from relevancy.results.generation_page import palette
 
     result = relevancy.explain_generation(build("llava"), processor(), "what is in the image ?", image=picture(2),
                                           max_new_tokens=3, method="attnlrp")

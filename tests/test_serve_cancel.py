@@ -1,7 +1,7 @@
 """The web page cancels: a generation stops between tokens when its client has gone or its time is up (and frees its
 place and memory), a request estimated over the memory budget is refused with 413 before it starts, and a burst of
 30 generation requests with half the clients gone keeps the server under its budget and frees every place within the
-time limit. Also the library's hook (`should_stop`, `relevancy.cancel`)."""
+time limit. Also the library's hook (`should_stop`, `relevancy.core.cancel`)."""
 from __future__ import annotations
 
 import threading
@@ -15,9 +15,9 @@ from language_models import save_tiny_llama
 from test_serve import live_server, refused
 
 import relevancy
-from relevancy.cancel import Cancelled, cancellable, stopping
-from relevancy.serve import Limits, create_app, load_catalog, make_samples
-from relevancy.serve import jobs
+from relevancy.core.cancel import Cancelled, cancellable, stopping
+from relevancy.apps.serve import Limits, create_app, load_catalog, make_samples
+from relevancy.apps.serve import jobs
 
 PROMPT = "the cat sat on"
 BUDGET_MB = 256

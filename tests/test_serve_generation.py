@@ -15,9 +15,9 @@ from test_serve import LIMITS, live_server, refused
 from test_serve_browser import browser, opened  # noqa: F401  (the browser fixture)
 
 import relevancy
-from relevancy.files import strict_json
+from relevancy.core.files import strict_json
 from relevancy.models import load_language_model
-from relevancy.serve import create_app, load_catalog, make_samples
+from relevancy.apps.serve import create_app, load_catalog, make_samples
 
 PROMPT = "the cat sat on"
 
@@ -94,7 +94,7 @@ def test_a_named_model_that_cannot_load_is_an_error(tmp_path):
 
 
 def test_the_limit_is_a_serve_option(capsys):
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     assert main(["serve", "--text-model", "none", "--clip-model", "none", "--language-model", "none", "--max-new-tokens", "300"]) == 2
     assert "--max-new-tokens must be between 1 and 256, got 300" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 import relevancy
-from relevancy.serve import Limits, create_app, load_catalog, make_samples
+from relevancy.apps.serve import Limits, create_app, load_catalog, make_samples
 from test_serve import GOOD, PAIRS, TEXT, encoded, live_server, picture_bytes, refused, scene_png
 
 LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_000_000, max_text_chars=300,

@@ -17,9 +17,9 @@ from test_serve_browser import browser, opened  # noqa: F401  (the browser fixtu
 from vlm_processor import saved_llava
 
 import relevancy
-from relevancy.files import strict_json
-from relevancy.serve import create_app, load_catalog, make_samples
-from relevancy.serve.limits import Limits, open_image
+from relevancy.core.files import strict_json
+from relevancy.apps.serve import create_app, load_catalog, make_samples
+from relevancy.apps.serve.limits import Limits, open_image
 
 PROMPT = "what is in the image ?"
 

@@ -1,4 +1,4 @@
-"""Captions, tokenizer and the shipped shapes CLIP (relevancy.bench.captions / clip_model)."""
+"""Captions, tokenizer and the shipped shapes CLIP (relevancy.worlds.captions / clip_model)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from relevancy.bench.captions import (
+from relevancy.worlds.captions import (
     COLORS,
     POSITIONS,
     VOCAB,
@@ -20,7 +20,7 @@ from relevancy.bench.captions import (
     sample_captions,
     zero_shot_prompt,
 )
-from relevancy.bench.scenes import CLASSES, make_scenes
+from relevancy.worlds.scenes import CLASSES, make_scenes
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_captions_deterministic_and_true(pairs):
     truth = caption_truth(a, [attribute_arrays(pairs)])
     assert truth.shape == (len(pairs), len(a)) and truth.diagonal().all()
     # "a photo of a {shape}" is true exactly of the scenes holding that shape
-    from relevancy.bench.captions import Caption
+    from relevancy.worlds.captions import Caption
 
     caps = [Caption(zero_shot_prompt(c), ((k, -1, -1, -1),)) for k, c in enumerate(CLASSES)]
     t = caption_truth(caps, [attribute_arrays(pairs)])
@@ -116,7 +116,7 @@ def test_describe_matches_the_masks(pairs):
 
 
 def test_training_batch_deterministic(tok):
-    from relevancy.bench.clip_train import make_batch
+    from training.shapes_clip import make_batch
 
     a = make_batch(0, 5, 4, 4, 2, tok)
     b = make_batch(0, 5, 4, 4, 2, tok)
@@ -145,7 +145,7 @@ def test_confusable_captions_are_false_but_share_the_words():
 def test_hard_negatives_join_the_image_to_text_term_only(tok):
     """A training batch with hard negatives: one more caption per scene; a caption true of no scene of the batch
     competes in the image-to-text term and is left out of the text-to-image term (no 0/0)."""
-    from relevancy.bench.clip_train import make_batch, multi_positive_clip_loss
+    from training.shapes_clip import make_batch, multi_positive_clip_loss
 
     images, ids, _mask, truth = make_batch(0, 5, 4, 4, 2, tok, hard_negatives=1)[:4]
     assert ids.shape == (24, 16) and truth.shape == (8, 24)
@@ -162,7 +162,7 @@ def test_hard_negatives_join_the_image_to_text_term_only(tok):
 
 @pytest.fixture(scope="module")
 def clip():
-    from relevancy.bench.clip_model import load_clip
+    from relevancy.worlds.shapes_clip import load_clip
 
     return load_clip()  # the weights ship in the package: a missing file is a failure
 
@@ -178,7 +178,7 @@ def test_hf_pools_at_the_end_token(clip):
 
 
 def test_shipped_clip_targets(clip):
-    from relevancy.bench.clip_model import evaluate_clip
+    from relevancy.worlds.shapes_clip import evaluate_clip
 
     model, tok = clip
     assert not model.training
@@ -192,7 +192,7 @@ def test_shipped_clip_targets(clip):
 def test_pair_explanation_shows_the_caption_words(clip):
     """The shipped tokenizer's start and end tokens are special: words and captions show the caption alone."""
     import relevancy
-    from relevancy.bench import make_scenes
+    from relevancy.worlds import make_scenes
     from relevancy.families.clip.batch import ImageTextBatch
 
     model, tok = clip

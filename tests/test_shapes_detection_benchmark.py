@@ -13,8 +13,8 @@ import torch
 
 from safetensors.torch import save_file
 
-from relevancy.bench.detection import DETECTION_TEST_SEED, DETECTOR_CONFIG, make_detection_scenes
-from relevancy.cli import main
+from relevancy.worlds.detection import DETECTION_TEST_SEED, DETECTOR_CONFIG, make_detection_scenes
+from relevancy.apps.cli import main
 from relevancy.evaluation import shapes_detection as SD
 
 TINY = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -70,7 +70,7 @@ def scene(two_object_seed):
 
 @pytest.fixture(scope="module")
 def cli_detector(tmp_path_factory) -> Path:
-    """Saved as relevancy.bench.detr_train saves: weights and a .json with the config; detects object 0 of scene 0."""
+    """Saved as training.shapes_detr saves: weights and a .json with the config; detects object 0 of scene 0."""
     scenes = make_detection_scenes(2, DETECTION_TEST_SEED)
     model = tiny_detector(scenes.boxes[0][0].tolist(), int(scenes.labels[0][0]))
     return save_detector(model, tmp_path_factory.mktemp("detr") / "tiny_detr.safetensors")
@@ -245,7 +245,7 @@ def test_bad_models_are_clear_errors(tmp_path, capsys, monkeypatch, cli_detector
         return capsys.readouterr().err
 
     assert "--threshold is used only with --benchmark shapes-detection" in fails("--threshold", "0.5")
-    monkeypatch.setattr("relevancy.bench.detection.DETECTOR_WEIGHTS_PATH", tmp_path / "missing.safetensors")
+    monkeypatch.setattr("relevancy.worlds.detection.DETECTOR_WEIGHTS_PATH", tmp_path / "missing.safetensors")
     assert "the shipped shapes detector is missing" in fails("--benchmark", "shapes-detection")
     missing = tmp_path / "no.safetensors"
     assert "a shapes-DETR .safetensors file with its .json" in fails("--benchmark", "shapes-detection", "--model", missing)

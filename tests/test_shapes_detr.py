@@ -1,4 +1,4 @@
-"""The detection world (relevancy.bench.detection) and the shipped shapes DETR."""
+"""The detection world (relevancy.worlds.detection) and the shipped shapes DETR."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import relevancy
-from relevancy.bench.detection import (
+from relevancy.worlds.detection import (
     DETECTION_TEST_SEED, boxes_from_masks, detector_inputs, evaluate_detector, load_detector, make_detection_scenes,
 )
-from relevancy.bench.scenes import make_scenes
+from relevancy.worlds.scenes import make_scenes
 
 
 
@@ -46,7 +46,7 @@ def detector():
 
 
 def test_shipped_detector_finds_the_objects(detector):
-    """The model card's figures are measured on 1,000 unseen scenes (src/relevancy/bench/weights/shapes_detr.md);
+    """The model card's figures are measured on 1,000 unseen scenes (src/relevancy/worlds/weights/shapes_detr.md);
     here 200 unseen scenes from the same seed, with some slack."""
     scores = evaluate_detector(detector, n=200, seed=DETECTION_TEST_SEED)
     assert scores["ap50"] >= 0.88 and scores["class_accuracy"] >= 0.9 and scores["recall50"] >= 0.93

@@ -1,4 +1,4 @@
-"""The shapes vision-language world (relevancy.bench.vlm_world), its LLaVA (relevancy.bench.vlm_model) and training."""
+"""The shapes vision-language world (relevancy.worlds.vision_language), its LLaVA (relevancy.worlds.shapes_vlm) and training."""
 from __future__ import annotations
 
 import json
@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
-from relevancy.bench.captions import COLORS, RELATIONS
-from relevancy.bench.scenes import CLASSES
-from relevancy.bench.vlm_model import (IMAGE_TOKENS, SPECIAL_TOKENS, VLM_TEST_SEED, build_processor, build_tokenizer,
+from relevancy.worlds.captions import COLORS, RELATIONS
+from relevancy.worlds.scenes import CLASSES
+from relevancy.worlds.shapes_vlm import (IMAGE_TOKENS, SPECIAL_TOKENS, VLM_TEST_SEED, build_processor, build_tokenizer,
                                        encode, evaluate_vlm, generate, load_shapes_llava)
-from relevancy.bench.vlm_world import DESCRIBE, TASKS, VOCABULARY, describe_scene, make_vlm
+from relevancy.worlds.vision_language import DESCRIBE, TASKS, VOCABULARY, describe_scene, make_vlm
 
 SEED = 321
 
@@ -132,7 +132,7 @@ def test_the_processor_path_generates_what_the_benchmark_reads(shipped):
 
 
 def test_a_step_exact_run_is_reproducible(tmp_path):
-    from relevancy.bench import vlm_train
+    from training import shapes_vlm as vlm_train
 
     weights = []
     for name in ("a", "b"):

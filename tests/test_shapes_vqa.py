@@ -1,13 +1,13 @@
-"""The shapes visual-question world (relevancy.bench.vqa) and its LXMERT (relevancy.bench.vqa_model)."""
+"""The shapes visual-question world (relevancy.worlds.questions) and its LXMERT (relevancy.worlds.shapes_lxmert)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from relevancy.bench.captions import COLORS, color_name
-from relevancy.bench.scenes import CLASSES, IMAGE_SIZE
-from relevancy.bench.vqa import (ANSWERS, BOX_JITTER, COUNT_WORDS, FEATURE_DIM, MAX_BACKGROUND_OVERLAP,
+from relevancy.worlds.captions import COLORS, color_name
+from relevancy.worlds.scenes import CLASSES, IMAGE_SIZE
+from relevancy.worlds.questions import (ANSWERS, BOX_JITTER, COUNT_WORDS, FEATURE_DIM, MAX_BACKGROUND_OVERLAP,
                                  MAX_LENGTH, N_REGIONS, QUESTION_TYPES, RELATION_WORDS, _mask_boxes,
                                  _overlap, make_questions, question_tokenizer)
 
@@ -160,7 +160,7 @@ def test_region_order_is_shuffled(big):
 
 
 def test_lxmert_takes_the_inputs(batch):
-    from relevancy.bench.vqa_model import build_vqa_lxmert, evaluate_vqa
+    from relevancy.worlds.shapes_lxmert import build_vqa_lxmert, evaluate_vqa
 
     torch.manual_seed(0)
     model = build_vqa_lxmert().eval()
@@ -174,7 +174,7 @@ def test_lxmert_takes_the_inputs(batch):
 
 def test_library_adapter_accepts_the_batch(batch):
     from relevancy.families import adapter_for
-    from relevancy.bench.vqa_model import build_vqa_lxmert
+    from relevancy.worlds.shapes_lxmert import build_vqa_lxmert
 
     model = build_vqa_lxmert().eval()
     adapter = adapter_for(model)
@@ -183,9 +183,9 @@ def test_library_adapter_accepts_the_batch(batch):
 
 
 def test_shipped_lxmert_answers_unseen_questions():
-    """99.2 % on 2,000 unseen scenes in the model card (src/relevancy/bench/weights/shapes_vqa.md); here 200 unseen
+    """99.2 % on 2,000 unseen scenes in the model card (src/relevancy/worlds/weights/shapes_vqa.md); here 200 unseen
     scenes from the same seed, every question type well above its majority answer."""
-    from relevancy.bench.vqa_model import VQA_TEST_SEED, evaluate_vqa, load_vqa_lxmert
+    from relevancy.worlds.shapes_lxmert import VQA_TEST_SEED, evaluate_vqa, load_vqa_lxmert
 
     model, _ = load_vqa_lxmert()
     scores = evaluate_vqa(model, n=200, seed=VQA_TEST_SEED)

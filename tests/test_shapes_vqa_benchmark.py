@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relevancy.bench import vqa_show
-from relevancy.bench.vqa import N_REGIONS, QUESTION_TYPES, make_questions, question_tokenizer
-from relevancy.bench.vqa_model import VQA_CONFIG, VQA_TEST_SEED, build_vqa_lxmert
-from relevancy.cli import main
+from relevancy.apps.demos import questions as vqa_show
+from relevancy.worlds.questions import N_REGIONS, QUESTION_TYPES, make_questions, question_tokenizer
+from relevancy.worlds.shapes_lxmert import VQA_CONFIG, VQA_TEST_SEED, build_vqa_lxmert
+from relevancy.apps.cli import main
 from relevancy.evaluation import shapes_vqa as SV
 
 TINY = dict(hidden_size=32, num_attention_heads=2, intermediate_size=64, l_layers=1, x_layers=1, r_layers=1)
@@ -44,8 +44,8 @@ def batch():
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    """Saved as relevancy.bench.vqa_train saves the shipped weights: safetensors and a .json beside them."""
-    from relevancy.bench.vqa_train import save_vqa
+    """Saved as training.shapes_lxmert saves the shipped weights: safetensors and a .json beside them."""
+    from training.shapes_lxmert import save_vqa
 
     path = tmp_path_factory.mktemp("vqa") / "tiny.safetensors"
     save_vqa(tiny_model(), question_tokenizer(), dict(VQA_CONFIG, **TINY), path, {})
@@ -196,7 +196,7 @@ def test_bad_models_are_clear_errors(tmp_path, capsys, monkeypatch, tiny_checkpo
         return capsys.readouterr().err
 
     assert "--perturbation-n is used only with --benchmark shapes-vqa" in fails("--perturbation-n", "3")
-    monkeypatch.setattr("relevancy.bench.vqa_model.VQA_WEIGHTS_PATH", tmp_path / "missing.safetensors")
+    monkeypatch.setattr("relevancy.worlds.shapes_lxmert.VQA_WEIGHTS_PATH", tmp_path / "missing.safetensors")
     assert "the shipped shapes LXMERT is missing" in fails("--benchmark", "shapes-vqa")
     assert "a shapes-LXMERT .safetensors file with its .json" in fails("--benchmark", "shapes-vqa", "--model", tmp_path / "no.safetensors")
     broken = tmp_path / "broken.safetensors"

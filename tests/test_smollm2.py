@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relevancy import models
-from relevancy.extras import MissingExtraError
+from relevancy.core.extras import MissingExtraError
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_a_missing_weights_package_names_how_to_install_it(monkeypatch):
 
 def test_answers_are_single_tokens_and_mostly_right(smollm2):
     """The retrieval world's answers are one token each, and the model answers most test prompts (greedy)."""
-    from relevancy.bench import llm_world
+    from relevancy.worlds import language as llm_world
 
     model, tokenizer = smollm2
     items = llm_world.prompts("test", 30)
@@ -65,7 +65,7 @@ def test_attnlrp_finds_the_evidence(smollm2, tmp_path):
     """On retrieval prompts the model answers, AttnLRP's most relevant context token lies in the supporting fact,
     and most of the context's positive relevance does."""
     import relevancy
-    from relevancy.bench import llm_world
+    from relevancy.worlds import language as llm_world
 
     model, tokenizer = smollm2
     items = llm_world.prompts("test", 8)

@@ -8,9 +8,9 @@ import relevancy
 from golden import assert_map_close, pad_ids
 from relevancy.families import adapter_for
 from relevancy.families.hf_bert.adapter import HFBertAdapter, TextBatch
-from relevancy.capture import record_forward
+from relevancy.methods.capture import record_forward
 from relevancy.lrp import PAPER, RELEVANCE, relevance_session
-from relevancy.text import TextExplanation
+from relevancy.zoo.text import TextExplanation
 
 import transformers
 

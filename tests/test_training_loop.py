@@ -1,4 +1,4 @@
-"""The one training loop of the shipped models (`relevancy.bench.train.fit`): a step-exact run is reproducible, logs
+"""The one training loop of the shipped models (`training.shapes_vit.fit`): a step-exact run is reproducible, logs
 its steps and writes its final checkpoint once with the run's facts."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import torch
 from safetensors import safe_open
 
-from relevancy.bench import train
+from training import shapes_vit as train
 
 
 def run_vit(out, steps: int = 2) -> dict[str, torch.Tensor]:

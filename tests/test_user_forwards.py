@@ -2,7 +2,7 @@
 its own forward (every method gives the map it gives alone) and the user's forwards give their normal outputs.
 
 `explain` serialises explanations per model, but not the user's plain forwards; the hooks and patched forwards an
-explanation attaches act only in its own thread (`relevancy.guard.this_thread_only`)."""
+explanation attaches act only in its own thread (`relevancy.core.guard.this_thread_only`)."""
 from __future__ import annotations
 
 import threading
@@ -24,7 +24,7 @@ ROUNDS = 3  # each method several times while the user's forwards run: races sho
 
 
 def shipped_clip() -> tuple[torch.nn.Module, object]:
-    from relevancy.bench import load_clip, make_scenes
+    from relevancy.worlds import load_clip, make_scenes
     from relevancy.families.clip.batch import ImageTextBatch
 
     model, tok = load_clip()
@@ -32,7 +32,7 @@ def shipped_clip() -> tuple[torch.nn.Module, object]:
 
 
 def shipped_detr() -> tuple[torch.nn.Module, object]:
-    from relevancy.bench.detection import detector_inputs, load_detector, make_detection_scenes
+    from relevancy.worlds.detection import detector_inputs, load_detector, make_detection_scenes
 
     return load_detector(), detector_inputs(make_detection_scenes(1, seed=5).images)
 

@@ -73,7 +73,7 @@ def test_the_model_is_left_as_it_was(llava):
     with pytest.raises(ValueError, match="continuation token ids must be in the model's vocabulary"):
         relevancy.explain_generation(llava, made, PROMPT, continuation=[500], image=picture())
     asked = []  # should_stop answers True at its third question: inside the decoding, the model switched for the call
-    with pytest.raises(relevancy.cancel.Cancelled):
+    with pytest.raises(relevancy.core.cancel.Cancelled):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), max_new_tokens=4,
                                      should_stop=lambda: asked.append(1) or len(asked) >= 3)
     assert_same(before, snapshot(llava))

@@ -11,8 +11,8 @@ import transformers
 from vlm_processor import picture, saved_llava
 
 import relevancy
-from relevancy.cli import main
-from relevancy.files import strict_json
+from relevancy.apps.cli import main
+from relevancy.core.files import strict_json
 
 PROMPT = "what is in the image ?"
 
@@ -43,7 +43,7 @@ def test_json_equals_the_library_call_and_the_page(folder, image, capsys, tmp_pa
     (numbers,) = json.loads(text)
     model = transformers.LlavaForConditionalGeneration.from_pretrained(folder).eval()
     expected = relevancy.explain_generation(model, transformers.AutoProcessor.from_pretrained(folder), PROMPT,
-                                            image=relevancy.pictures.read_image(str(image)), max_new_tokens=3)
+                                            image=relevancy.core.pictures.read_image(str(image)), max_new_tokens=3)
     assert numbers == json.loads(json.dumps(strict_json(expected.to_json())))
     assert numbers["kind"] == "VisionLanguageGenerationExplanation" and len(numbers["scores"]["image"]) == 3
     page = out.read_text()

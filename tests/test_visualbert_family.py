@@ -11,8 +11,8 @@ import transformers
 import relevancy
 from bimodal_golden import assert_same, bimodal_case, build, padded, snapshot
 from golden import assert_map_close
-from relevancy import capture
-from relevancy.capture import record_forward
+from relevancy.methods import capture
+from relevancy.methods.capture import record_forward
 from relevancy.families import adapter_for
 from relevancy.families.base import UnsupportedModelError
 from relevancy.families.visual_bert.adapter import VisualBertAdapter

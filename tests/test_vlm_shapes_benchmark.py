@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from relevancy.bench.vlm_model import VLM_TEST_SEED, build_tokenizer, load_shapes_llava
-from relevancy.bench.vlm_world import make_vlm
+from relevancy.worlds.shapes_vlm import VLM_TEST_SEED, build_tokenizer, load_shapes_llava
+from relevancy.worlds.vision_language import make_vlm
 from relevancy.evaluation import vlm_shapes as VS
 from relevancy.evaluation.deletion import area
 
@@ -138,7 +138,7 @@ def test_the_benchmark_scores_maps_given_from_outside(shipped):
 
 # ------------------------------------------------------------------------------------------------ evaluate
 def run(*argv) -> int:
-    from relevancy.cli import main
+    from relevancy.apps.cli import main
 
     return main([str(a) for a in argv])
 

@@ -21,7 +21,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from relevancy.files import write_atomic
+from relevancy.core.files import write_atomic
 
 HERE = Path(__file__).resolve().parent
 WIDTHS = {"desktop": (1400, 1000), "phone": (390, 844)}
@@ -104,7 +104,7 @@ def main() -> int:
     if sys.argv[1:2] == ["--photos"]:
         photos_figure(Path(sys.argv[2]))
         return 0
-    server = subprocess.Popen([sys.executable, "-m", "relevancy.cli", "serve", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "relevancy.apps.cli", "serve", "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         line = server.stdout.readline()
         url = line.split()[2]

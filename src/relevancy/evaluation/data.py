@@ -62,7 +62,7 @@ def plan_batches(kind: str, indices: Sequence[int], batch_size: int) -> list[Bat
 
 def shapes_batch(batch: Batch, seed: int) -> Mapping[str, torch.Tensor]:
     """Render the scenes of ``batch``: ``images`` (B, 3, H, W), ``labels`` (B, objects), ``masks`` (B, objects, H, W)."""
-    from ..bench import make_scenes
+    from ..worlds import make_scenes
 
     objects = 2 if batch.kind == "pair" else 1
     scenes = [make_scenes(1, seed=scene_seed(seed, batch.kind, i), objects=objects) for i in batch.indices]

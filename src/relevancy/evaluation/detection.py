@@ -1,5 +1,5 @@
 """The ICCV'21 DETR segmentation test on a COCO-format data set: every kept object's relevance map, thresholded by
-Otsu and upsampled (`relevancy.metrics.detection_masks`), scored as instance segmentation against the data set's
+Otsu and upsampled (`relevancy.evaluation.metrics.detection_masks`), scored as instance segmentation against the data set's
 masks with pycocotools (IoU thresholds 0.2..0.95).
 
 Images are read from `images` (a folder; each annotation's `file_name` is relative to it) and processed as DETR's
@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ..api import explain
-from ..extras import require
+from ..core.extras import require
 from .shards import Shards
-from ..metrics.detection_masks import (
+from .metrics.detection_masks import (
     coco_evaluate, encode_masks, kept_queries, masks_at_size, otsu_mask, query_masks,
 )
 
@@ -93,7 +93,7 @@ def evaluate_detection_segmentation(
 
 def write_detection_report(results: dict[str, Any], out: str | Path) -> list[Path]:
     """results.json and report.md (a table of the APs per method)."""
-    from ..files import write_atomic
+    from ..core.files import write_atomic
 
     rows = [
         f"| `{m}` | " + " | ".join(f"{100 * r['segm'][k]:.1f}" for k in ("AP", "AP50", "AP75")) + f" | {r['seconds_per_image']:.2f} |"

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from ..metrics.segmentation import normalised_maps
+from .metrics.segmentation import normalised_maps
 from .data import scene_seed
 from .shards import Shards, fsum_dicts
 
@@ -49,8 +49,8 @@ class GroundingScenes:
 
 def grounding_scenes(indices: Sequence[int], seed: int, tokenizer) -> GroundingScenes:
     """Scene `i` of the benchmark's pair set (unseen seeds, see `evaluation.data.scene_seed`), captioned."""
-    from ..bench.captions import COLORS, SIZES, attribute_arrays, object_phrase
-    from ..bench.scenes import CLASSES, make_scenes
+    from ..worlds.captions import COLORS, SIZES, attribute_arrays, object_phrase
+    from ..worlds.scenes import CLASSES, make_scenes
 
     images, named, other, captions, naming = [], [], [], [], []
     for i in indices:

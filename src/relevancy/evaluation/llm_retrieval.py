@@ -1,5 +1,5 @@
 """`relevancy evaluate --benchmark llm-retrieval`: decoder language models' explanations scored against the known
-evidence of the generated retrieval world (`relevancy.bench.llm_world`), and by deleting what they rank first.
+evidence of the generated retrieval world (`relevancy.worlds.language`), and by deleting what they rank first.
 
 1. **Prompts**: the first ``n`` test prompts of ``--seed`` (two people, six facts, a question asked first, the
    answer sentence started). Every prompt explains the logit of its *true* answer's first token
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..bench import llm_world
+from ..worlds import language as llm_world
 from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
 from .shards import Shards
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..files import strict_json
+from ..core.files import strict_json
 
 __all__ = ["OUTPUT_FILES", "PERCENT_KEYS", "UNITS", "in_percent", "render_report", "summary", "write_outputs"]
 

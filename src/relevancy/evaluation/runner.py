@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from ..api import explain
-from ..extras import require
-from ..metrics import AgreementTest, DiscriminationTest, PerturbationTest, SegmentationTest, perturbation_test
+from ..core.extras import require
+from .metrics import AgreementTest, DiscriminationTest, PerturbationTest, SegmentationTest, perturbation_test
 from . import data as D
 from .shards import Shards, progress_bar
 
@@ -321,7 +321,7 @@ def _work(settings: Settings, model: nn.Module) -> _Work:
 
         return _Work(batches, read_scenes, s.n + s.pairs)
     if s.benchmark == "imagenet":
-        from ..datasets import imagenet_folder
+        from .datasets import imagenet_folder
 
         folder = imagenet_folder(s.data, data_config(model, s.paper_settings), model)
         labels = D.imagenet_labels(folder, getattr(model, "num_classes", None))
@@ -334,7 +334,7 @@ def _work(settings: Settings, model: nn.Module) -> _Work:
 
         return _Work(batches, read_folder, len(order), {"labels": labels})
     if s.benchmark == "imagenet-seg":
-        from ..datasets import ImageNetSegmentation
+        from .datasets import ImageNetSegmentation
 
         cfg = data_config(model, s.paper_settings)
         segs = ImageNetSegmentation(s.data, size=tuple(cfg["input_size"][-2:]), mean=cfg["mean"], std=cfg["std"])
@@ -354,7 +354,7 @@ def data_config(model: nn.Module, paper: bool = False) -> dict[str, Any]:
     papers' geometry (squash resize, bilinear, no crop) keeping the model's input size, mean and std."""
     from timm.data import resolve_model_data_config
 
-    from ..datasets import PAPER_DATA_CONFIG
+    from .datasets import PAPER_DATA_CONFIG
 
     cfg = dict(resolve_model_data_config(model))
     patch_embed = getattr(model, "patch_embed", None)
@@ -372,7 +372,7 @@ def run(model: nn.Module, settings: Settings, progress: bool = True, shards: Sha
     shards = Shards() if shards is None else shards
     model.eval()
     if settings.benchmark == "shapes":
-        from ..bench import MEAN, STD
+        from ..worlds import MEAN, STD
 
         mean, std = MEAN, STD
     else:

@@ -1,6 +1,6 @@
 """`relevancy evaluate --benchmark shapes-detection`: explanations of a DETR detector scored against exact masks.
 
-The scenes are the shapes detection world's (`relevancy.bench.detection.make_detection_scenes`: one, two or three
+The scenes are the shapes detection world's (`relevancy.worlds.detection.make_detection_scenes`: one, two or three
 objects of distinct classes, a third each; pixel-exact masks and tight boxes), never seen in training (seed
 ``DETECTION_TEST_SEED + --seed``). The detector (`load_detector`: the shipped `DetrForObjectDetection` or a
 checkpoint of it) sees each 64 x 64 image through an 8 x 8 grid of image tokens.
@@ -14,13 +14,13 @@ checkpoint of it) sees each 64 x 64 image through an 8 x 8 grid of image tokens.
 3. **Metrics**, per method over the matched detections (each against its own object's exact mask):
 
    * ``segmentation``, the authors' DETR segmentation test (ICCV'21, their `mask_generator.py` with DETR's
-     `PostProcessSegm`; `relevancy.metrics.detection_masks`): the token map is min-maxed to 0..255, cast to uint8,
+     `PostProcessSegm`; `relevancy.evaluation.metrics.detection_masks`): the token map is min-maxed to 0..255, cast to uint8,
      thresholded by Otsu (OpenCV's rule) at token resolution, the 0/255 mask upsampled bilinearly to 64 x 64 and
      switched on where > 0. Against the object's mask (object = 1, everything else = 0): ``pixel_accuracy`` =
      correct pixels / all pixels, ``iou`` = [background IoU, object IoU], each intersection / union, with the
      pixel counts summed over all matched detections before dividing (as the CVPR'21 segmentation test
      accumulates them); ``miou`` = the mean of the two IoUs. ``map`` = mean over detections of the CVPR'21
-     segmentation test's AP (`relevancy.metrics.segmentation`): the continuous token map upsampled bilinearly to
+     segmentation test's AP (`relevancy.evaluation.metrics.segmentation`): the continuous token map upsampled bilinearly to
      64 x 64 and min-maxed to R in [0, 1], ``average_precision_score`` over both channels pooled (R labelled
      object, 1 - R labelled background; 2 x 64 x 64 samples). On these small objects (about 4 % of the image)
      that pooled AP is dominated by the background channel: a constant or random map scores about 0.5, but any
@@ -71,12 +71,12 @@ import torch
 from torch import nn
 
 from ..api import explain
-from ..bench.detection import DETECTION_TEST_SEED, detector_inputs, make_detection_scenes
+from ..worlds.detection import DETECTION_TEST_SEED, detector_inputs, make_detection_scenes
 from ..families.detr import detect
-from ..metrics.detection_masks import coco_evaluate, encode_masks, masks_at_size, otsu_mask
-from ..metrics.discrimination import class_discrimination
-from ..extras import require
-from ..metrics.segmentation import SegmentationTest, normalised_maps
+from .metrics.detection_masks import coco_evaluate, encode_masks, masks_at_size, otsu_mask
+from .metrics.discrimination import class_discrimination
+from ..core.extras import require
+from .metrics.segmentation import SegmentationTest, normalised_maps
 from .shards import Shards
 from .support import supported_methods
 
@@ -225,7 +225,7 @@ class _MethodRecord:
 
 def _truth_file(folder: Path, scenes, size: tuple[int, int]) -> Path:
     """The scenes' exact masks as a COCO instances file."""
-    from ..bench.scenes import CLASSES
+    from ..worlds.scenes import CLASSES
 
     images, annotations = [], []
     for i, (labels, boxes, masks) in enumerate(zip(scenes.labels, scenes.boxes, scenes.masks)):

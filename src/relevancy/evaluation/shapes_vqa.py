@@ -1,7 +1,7 @@
 """`relevancy evaluate --benchmark shapes-vqa`: bi-modal explanations of a visual-question-answering LXMERT scored
 against ground truth, on both sides.
 
-The questions are the shapes visual-question world's (`relevancy.bench.vqa.make_questions`: scenes of one to three
+The questions are the shapes visual-question world's (`relevancy.worlds.questions.make_questions`: scenes of one to three
 objects, ten regions each, questions of five types), on scenes never seen in training (``make_questions(n, seed)``,
 seed `VQA_TEST_SEED` + 3 ``--seed``). Every question knows the regions of the object(s) it is about
 (``target_regions``: the named object; for relations the referent and the answer; for counts the counted objects;
@@ -14,7 +14,7 @@ and colour words, ``object``/``objects``).
 2. **Metrics**, per method over the questions with a target object (``has_target``), means over questions:
 
    * ``share``: the share of the positive image relevance on the target regions, ``sum(max(s, 0)[target]) /
-     sum(max(s, 0))`` over the ten regions (`relevancy.metrics.discrimination.class_discrimination` on the
+     sum(max(s, 0))`` over the ten regions (`relevancy.evaluation.metrics.discrimination.class_discrimination` on the
      region row); 0 for a map with no positive value (counted in ``empty_maps``). ``other_share``: the same on the
      regions of the scene's other objects (those the question is not about); the rest lies on background regions.
    * ``pointing``: whether the highest-scoring region (the first on ties) is a target region.
@@ -39,7 +39,7 @@ and colour words, ``object``/``objects``).
    explains its question again (batch 1) and answers 8-9 perturbed copies, which makes this part 15 to 60 times
    the cost of the maps: hence the subset.
 
-``accuracy``: the model's on all ``n`` questions (`relevancy.bench.vqa_model.evaluate_vqa`). Every fraction is in
+``accuracy``: the model's on all ``n`` questions (`relevancy.worlds.shapes_lxmert.evaluate_vqa`). Every fraction is in
 [0, 1]; ``seconds_per_question`` is a method's `explain` time over all ``n`` questions,
 ``perturbation.seconds_per_question`` its four perturbation runs' time over the ``perturbation_n`` questions.
 """
@@ -54,9 +54,9 @@ import torch
 from torch import nn
 
 from ..api import explain
-from ..bench.vqa import N_REGIONS, QUESTION_TYPES, VqaBatch, make_questions
-from ..bench.vqa_model import VQA_TEST_SEED, evaluate_vqa
-from ..metrics.discrimination import class_discrimination
+from ..worlds.questions import N_REGIONS, QUESTION_TYPES, VqaBatch, make_questions
+from ..worlds.shapes_lxmert import VQA_TEST_SEED, evaluate_vqa
+from .metrics.discrimination import class_discrimination
 from .grounding import token_f1
 from .shards import Shards
 from .support import supported_methods

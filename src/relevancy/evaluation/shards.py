@@ -123,7 +123,7 @@ class Shards:
         if not self._opened:  # the folder is made by the first record (a refused command leaves nothing)
             self.folder.mkdir(parents=True, exist_ok=True)
             if not (self.folder / "run.json").exists():
-                from ..files import write_atomic
+                from ..core.files import write_atomic
 
                 write_atomic(self.folder / "run.json", self._key + "\n")  # what the records are of, for a reader
             if path.exists():  # cut a torn last line left by a kill

@@ -1,7 +1,7 @@
 """`relevancy evaluate --benchmark vlm-shapes`: a vision-language decoder's explanations of the words it writes,
 scored against the exact masks of the objects those words name.
 
-1. **Items**: ``make_vlm(n, seed)`` (`relevancy.bench.vlm_world`: unseen scenes of one to three objects, each with a
+1. **Items**: ``make_vlm(n, seed)`` (`relevancy.worlds.vision_language`: unseen scenes of one to three objects, each with a
    description to write or a question to answer). The model answers greedily; ``accuracy`` is the share of exact
    answers. Only answers written exactly right are explained (a wrong word names no object of the ground truth).
 2. **Words**: every word of those answers that names an object, its colour or its shape ("a *red* *star* below a
@@ -11,7 +11,7 @@ scored against the exact masks of the objects those words name.
 3. **Metrics** per word, then means over words (and per word kind, colour or shape):
 
    * ``share``: the positive relevance inside the named object's mask over the positive relevance of the image (the
-     map upsampled bilinearly to the pixels, `relevancy.metrics.discrimination.class_discrimination`); 0 for a map
+     map upsampled bilinearly to the pixels, `relevancy.evaluation.metrics.discrimination.class_discrimination`); 0 for a map
      with no positive value. ``other_share``: the same inside the scene's other objects' masks.
    * ``pointing``: whether the map's top pixel (so its top patch) lies in the object's mask.
    * ``morf`` and ``lerf``: patch deletion. The patches are ranked by the map, most relevant first (MoRF) or least
@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..bench.captions import COLORS
-from ..bench.vlm_model import VLM_TEST_SEED, encode, generate
-from ..bench.vlm_world import VlmBatch, make_vlm
-from ..metrics.discrimination import class_discrimination
+from ..worlds.captions import COLORS
+from ..worlds.shapes_vlm import VLM_TEST_SEED, encode, generate
+from ..worlds.vision_language import VlmBatch, make_vlm
+from .metrics.discrimination import class_discrimination
 from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
 from .llm_retrieval import _cell, _mean
 from .shards import Shards

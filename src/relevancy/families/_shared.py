@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..guard import this_thread_only
+from ..core.guard import this_thread_only
 
 
 class UnsupportedModelError(TypeError):

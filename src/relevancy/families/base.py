@@ -7,11 +7,11 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..conventions import VIT_REFERENCE, Conventions
-from ..explanation import Explanation, ImageExplanation
-from ..guard import this_thread_only
-from ..streams import AttentionSite, Hookable, Stream
-from ..class_names import named_classes
+from ..core.conventions import VIT_REFERENCE, Conventions
+from ..results.explanation import Explanation, ImageExplanation
+from ..core.guard import this_thread_only
+from ..core.streams import AttentionSite, Hookable, Stream
+from ..core.class_names import named_classes
 from ._shared import UnsupportedModelError, checked_images
 
 
@@ -126,7 +126,7 @@ class Adapter:
 
     def shared_state(self) -> list[object]:
         """Objects besides the model whose state `explaining` switches and that other models may share (weakly
-        referenceable); calls on models sharing one are serialised (see `relevancy.guard`)."""
+        referenceable); calls on models sharing one are serialised (see `relevancy.core.guard`)."""
         return []
 
     def forward(self, inputs: Any, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..guard import acts_for
+from ..core.guard import acts_for
 from ..lrp.attention import attend
 from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, activation, add, default_leaves, gate
 from ._shared import eval_mode, transformers_configs

@@ -1,6 +1,6 @@
 """What the question-and-regions families (LXMERT, VisualBERT) share: reading answer logits off the model's own
 output, and the checks of the inputs their Hugging Face models take (a tokenised question and detector region
-features). Their result, `RegionTextExplanation`, lives with the other result types (`relevancy.explanation`).
+features). Their result, `RegionTextExplanation`, lives with the other result types (`relevancy.results.explanation`).
 
 An explanation of such a model has a text part (the question's tokens, `(B, T)`) and an image part over the regions
 (`(B, N)`, one score per detector box, no grid): the maps the ICCV'21 paper reads (LXMERT: `R_t_t[CLS]` and
@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
-from ..guard import this_thread_only
+from ..core.guard import this_thread_only
 from ._shared import UnsupportedModelError
 from .base import Adapter
 

@@ -75,7 +75,7 @@ def token_tensor(value: object, name: str) -> torch.Tensor:
     )
     if rows and len({len(row) for row in value}) > 1:
         raise ValueError(
-            f"{name} rows have different lengths {[len(row) for row in value]}: pad the batch (relevancy.text.encode("
+            f"{name} rows have different lengths {[len(row) for row in value]}: pad the batch (relevancy.zoo.text.encode("
             "tokenizer, texts) or tokenizer(texts, padding=True, return_tensors='pt')) or explain one text at a time"
         )
     try:

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from ..guard import this_thread_only
+from ..core.guard import this_thread_only
 from . import gradient, rules
 from .rule_sets import (
     RelevanceRule, RuleSet, gate_rule, linear_module_rule, passthrough_rule, pixel_conv_rule, reweigh_rule, rule_of,

@@ -13,9 +13,9 @@ import torch
 
 from ..families import adapters
 from ..families.base import Adapter, UnsupportedModelError
-from ..messages import quoted
-from ..streams import streams_attend_to_each_other
-from ..targets import Target
+from ..core.messages import quoted
+from ..core.streams import streams_attend_to_each_other
+from .targets import Target
 
 
 #: the types an option's annotation names, as the values it takes (others, e.g. StartLayer, are the method's to check)

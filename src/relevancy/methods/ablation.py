@@ -6,8 +6,8 @@ from typing import Any
 import torch
 
 from ..families.base import Adapter
-from ..targets import Target, resolve_target, target_score
-from ..conventions import ClassEntry, check_choice, given_or
+from .targets import Target, resolve_target, target_score
+from ..core.conventions import ClassEntry, check_choice, given_or
 from .attention import set_class_entry
 
 

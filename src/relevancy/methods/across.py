@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from ..capture import record_forward
-from ..conventions import ClassEntry, Region, check_choice, given_or
+from .capture import record_forward
+from ..core.conventions import ClassEntry, Region, check_choice, given_or
 from ..families.base import Adapter
 from ..lrp import PAPER, RuleSet
-from ..recompute import checkpoint_refused
-from ..targets import Target
+from .recompute import checkpoint_refused
+from .targets import Target
 from . import coattention
 from .attention import StartLayer, chain, read_cross, with_identity
 from .gradients import check_generic_weights

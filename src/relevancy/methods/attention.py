@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from ..capture import record_forward
-from ..conventions import ClassEntry, check_choice, given_or
+from .capture import record_forward
+from ..core.conventions import ClassEntry, check_choice, given_or
 from ..families.base import Adapter
-from ..streams import Stream
-from ..targets import Target
+from ..core.streams import Stream
+from .targets import Target
 from . import coattention
 
 StartLayer = int | dict[str, int] | None

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..families.base import UnsupportedModelError
-from ..streams import AttentionSite, Stream
+from ..core.streams import AttentionSite, Stream
 
 Matrices = dict[tuple[str, str], torch.Tensor]
 

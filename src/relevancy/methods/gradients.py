@@ -5,12 +5,12 @@ from typing import Any
 
 import torch
 
-from ..capture import record_forward
-from ..conventions import Region, check_choice, given_or
+from .capture import record_forward
+from ..core.conventions import Region, check_choice, given_or
 from ..families.base import Adapter, forward_hooks
-from ..recompute import BlockRecompute, gradient_pass, passes_down
-from ..streams import Stream
-from ..targets import Target
+from .recompute import BlockRecompute, gradient_pass, passes_down
+from ..core.streams import Stream
+from .targets import Target
 from . import coattention
 from .attention import StartLayer, first_layer, per_stream, readout_chain, readout_row
 
@@ -91,7 +91,7 @@ def generic_attention(
     "attention" (the paper's method) or its LRP relevance "relevance" (`E_h (G * R_A)^+`, the authors' DETR and
     LXMERT `use_lrp=True`; `R_A` as in `partial_lrp`, paper rules); `exact`: the authors' LRP arithmetic (see
     relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
-    `checkpoint` (one-stream models): each block run again in the backward (`relevancy.recompute`), so that one
+    `checkpoint` (one-stream models): each block run again in the backward (`relevancy.methods.recompute`), so that one
     block's activations are held at a time, for about one forward more; the same map.
     """
     check_generic_weights(weights, exact)

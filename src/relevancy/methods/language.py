@@ -8,8 +8,8 @@ import torch
 
 from ..families.base import Adapter
 from ..lrp import RULE_SETS, RuleSet
-from ..messages import quoted
-from ..parts import LATENT_PARTS
+from ..core.messages import quoted
+from ..results.parts import LATENT_PARTS
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": RULE_SETS["attnlrp"], "cp_lrp": RULE_SETS["cp_lrp"], "input_x_gradient": None}

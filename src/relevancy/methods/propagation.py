@@ -5,12 +5,12 @@ from contextlib import nullcontext
 
 import torch
 
-from ..capture import record_forward
-from ..conventions import given_or
+from .capture import record_forward
+from ..core.conventions import given_or
 from ..families.base import Adapter, only_stream
 from ..lrp import GRADIENT, PAPER, RELEVANCE, Session, relevance_session
-from ..recompute import BlockRecompute, passes_down
-from ..targets import Target, resolve_target, target_score
+from .recompute import BlockRecompute, passes_down
+from .targets import Target, resolve_target, target_score
 from .attention import StartLayer, first_layer, readout_chain, readout_row, set_class_entry, with_identity
 from .relevance import (
     conservation, entering, full_precision, masked, per_stream_result, recording_block_inputs, rule_set_for, unit_seed,
@@ -42,7 +42,7 @@ def transformer_attribution(
     Several streams (CLIP): one relevance pass serves every stream; each stream's map reads its own attentions,
     and `relevance_total` is `(B, streams)`, the relevance reaching each stream's earliest block used (see the
     family's rules for what each stream receives; CLIP: 1 per tower).
-    `checkpoint`: one-stream models run each block again in the backward (`relevancy.recompute`), so one block's
+    `checkpoint`: one-stream models run each block again in the backward (`relevancy.methods.recompute`), so one block's
     rule graph is held at a time instead of every block's, for about one forward more; the same map.
     Models whose streams attend to each other (DETR, LXMERT): `across.transformer_attribution`.
     """

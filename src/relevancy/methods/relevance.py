@@ -11,13 +11,13 @@ from typing import Iterator
 
 import torch
 
-from ..capture import Forward, record_forward
-from ..conventions import LrpConventions, given_or
+from .capture import Forward, record_forward
+from ..core.conventions import LrpConventions, given_or
 from ..families.base import Adapter
-from ..guard import this_thread_only
+from ..core.guard import this_thread_only
 from ..lrp import GRADIENT, PAPER, RELEVANCE, RULE_SETS, RuleSet, Session, relevance_session
-from ..streams import Stream
-from ..targets import Target
+from ..core.streams import Stream
+from .targets import Target
 
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)
 CONSERVATION_TOLERANCE = 1e-2

@@ -18,15 +18,15 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from ...conventions import Conventions, GradCamConventions
-from ...explanation import DecoderExplanation, GenerationExplanation
-from ...parts import LatentRelevance, SpanRelevance
-from ...guard import recomputed_as_this_thread, this_thread_only
+from ...core.conventions import Conventions, GradCamConventions
+from ...results.explanation import DecoderExplanation, GenerationExplanation
+from ...results.parts import LatentRelevance, SpanRelevance
+from ...core.guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from ...lrp.engine import Session, passthrough, replaced
 from ...lrp.rule_sets import RuleSet
-from ...messages import quoted
-from ...streams import AttentionSite, Hookable, Stream
+from ...core.messages import quoted
+from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, Adapter
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention

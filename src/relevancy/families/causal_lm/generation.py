@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...cancel import checkpoint
+from ...core.cancel import checkpoint
 from ...lrp.rule_sets import RuleSet
 from ..text_batch import TextBatch
 from .adapter import CausalLMAdapter, input_times_gradient, widened
@@ -58,7 +58,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
         explained = adapter.capped(explained_logits(adapter.model.get_output_embeddings(), hidden[:, prompt_length - 1:],
                                                     ids[:, prompt_length:]))
         for start in range(0, steps, per_pass):
-            checkpoint()  # a caller's should_stop (relevancy.cancel) is asked before each backward round
+            checkpoint()  # a caller's should_stop (relevancy.core.cancel) is asked before each backward round
             count = min(per_pass, steps - start)
             units = torch.zeros(count, rows, steps, dtype=explained.dtype, device=explained.device)
             units[torch.arange(count), :, torch.arange(start, start + count)] = 1

@@ -16,7 +16,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 import torch
 
-from ...messages import quoted
+from ...core.messages import quoted
 
 
 @dataclass(frozen=True)

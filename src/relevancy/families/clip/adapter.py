@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...conventions import Conventions, GenericAttentionConventions
-from ...explanation import Explanation, PairExplanation
-from ...streams import AttentionSite, Stream
+from ...core.conventions import Conventions, GenericAttentionConventions
+from ...results.explanation import Explanation, PairExplanation
+from ...core.streams import AttentionSite, Stream
 from .._shared import checked_images
 from ..base import SEED_METHODS, Adapter
 from .batch import ImageTextBatch
@@ -103,7 +103,7 @@ class ClipAdapter(ClipTowersAdapter):
     """Image-text pairs of a CLIP model; inputs `(images, texts)` or an `ImageTextBatch`."""
 
     family = "CLIP (transformers CLIPModel, open_clip CLIP with a ViT image tower)"
-    examples = "transformers.CLIPModel, open_clip.create_model('ViT-B-32'), relevancy.bench.load_clip()"
+    examples = "transformers.CLIPModel, open_clip.create_model('ViT-B-32'), relevancy.worlds.load_clip()"
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...guard import exclusive, this_thread_only
+from ...core.guard import exclusive, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from .._shared import UnsupportedModelError, eval_mode, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, on_graph, register_exact_attention, switch_attention

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...guard import exclusive
+from ...core.guard import exclusive
 from .._shared import eval_mode
 from .batch import text_ids
 from .towers import towers_of

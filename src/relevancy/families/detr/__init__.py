@@ -1,7 +1,7 @@
 """DETR (transformers `DetrForObjectDetection`): an image stream encoded by self-attention and a queries stream
 that attends to it; one explained object per row."""
 
-from ...explanation import DetectionExplanation
+from ...results.explanation import DetectionExplanation
 from .adapter import Detection, DetrAdapter, detect
 from .batch import DetectionBatch
 

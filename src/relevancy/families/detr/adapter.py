@@ -20,14 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...conventions import Conventions, LrpConventions
-from ...guard import exclusive, this_thread_only
-from ...streams import AttentionSite, Hookable, Stream
+from ...core.conventions import Conventions, LrpConventions
+from ...core.guard import exclusive, this_thread_only
+from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, eval_mode, transformers_configs
 from ..base import SEED_METHODS, Adapter
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .batch import DetectionBatch
-from ...explanation import DetectionExplanation
+from ...results.explanation import DetectionExplanation
 
 # DETR's image processor normalises with ImageNet's statistics
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -18,14 +18,14 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ...conventions import (
+from ...core.conventions import (
     Conventions, GenericAttentionConventions, GradCamConventions, LrpConventions, ReadoutConventions, RolloutConventions,
     TransformerAttributionConventions,
 )
-from ...guard import this_thread_only
-from ...explanation import TextExplanation
+from ...core.guard import this_thread_only
+from ...results.explanation import TextExplanation
 from ...lrp.engine import ForwardFactory
-from ...streams import AttentionSite, Hookable, Stream
+from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import EAGER, attention_probabilities, explaining_call
@@ -220,7 +220,7 @@ class HFBertAdapter(Adapter):
         elif isinstance(inputs, str) or isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str):
             raise TypeError(
                 "inputs must be tokenised: pass the tokenizer's output, e.g. "
-                "relevancy.text.encode(tokenizer, texts) or tokenizer(texts, padding=True, return_tensors='pt')"
+                "relevancy.zoo.text.encode(tokenizer, texts) or tokenizer(texts, padding=True, return_tensors='pt')"
             )
         else:
             raise TypeError(
@@ -255,7 +255,7 @@ class HFBertAdapter(Adapter):
         if limit is not None and ids.shape[1] > limit:
             raise ValueError(
                 f"the batch has {ids.shape[1]} tokens but the model reads at most {limit}: tokenise with "
-                f"truncation (relevancy.text.encode truncates with a warning)"
+                f"truncation (relevancy.zoo.text.encode truncates with a warning)"
             )
         vocab = getattr(config, "vocab_size", None)
         if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-from ...streams import AttentionSite, Hookable, Stream
+from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, ImageAdapter, UnsupportedModelError
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call

@@ -34,13 +34,13 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ...conventions import (
+from ...core.conventions import (
     Conventions, GenericAttentionConventions, GradCamConventions, LrpConventions, ReadoutConventions, RolloutConventions,
     TransformerAttributionConventions,
 )
-from ...explanation import RegionTextExplanation
-from ...streams import AttentionSite, Hookable, Stream
-from ...guard import this_thread_only
+from ...results.explanation import RegionTextExplanation
+from ...core.streams import AttentionSite, Hookable, Stream
+from ...core.guard import this_thread_only
 from ..base import UnsupportedModelError
 from ..hf_attention import explaining_call
 from ..regions import (

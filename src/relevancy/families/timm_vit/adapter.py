@@ -7,7 +7,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ...streams import AttentionSite, Hookable, Stream
+from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import eval_mode
 from ..base import SEED_METHODS, ImageAdapter
 

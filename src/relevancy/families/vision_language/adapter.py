@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...guard import this_thread_only
+from ...core.guard import this_thread_only
 from ..base import Adapter
 from ..causal_lm.adapter import CausalLMAdapter, position_ids
 from ..causal_lm.layouts import recognised
@@ -130,7 +130,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
                                picture: torch.Tensor | None) -> VisionLanguageGenerationExplanation:
         """A generation's result with its image part: `images["image"]` `(G, H, W)` the pixels' relevance per
         generated token, summed per patch; `picture` `(H, W, 3)` the image as the model saw it."""
-        from ...viz import picture_url  # matplotlib, loaded when a page is drawn
+        from ...results.viz import picture_url  # matplotlib, loaded when a page is drawn
 
         return VisionLanguageGenerationExplanation(**fields, image_scores=pixel_patches(images["image"], self.patch),
                                                    image_tokens=(ids == self.image_token).cpu(),

@@ -10,8 +10,8 @@ from typing import ClassVar
 
 import torch
 
-from ...explanation import PAGE_SUFFIXES, PICTURE_SUFFIXES, DecoderExplanation, GenerationExplanation, save_overlays
-from ...parts import ImagePart, TextPart
+from ...results.explanation import PAGE_SUFFIXES, PICTURE_SUFFIXES, DecoderExplanation, GenerationExplanation, save_overlays
+from ...results.parts import ImagePart, TextPart
 
 
 @dataclass

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...conventions import Conventions, GenericAttentionConventions, GradCamConventions, ReadoutConventions, RolloutConventions
-from ...explanation import RegionTextExplanation
-from ...streams import AttentionSite, Hookable, Stream
-from ...guard import this_thread_only
+from ...core.conventions import Conventions, GenericAttentionConventions, GradCamConventions, ReadoutConventions, RolloutConventions
+from ...results.explanation import RegionTextExplanation
+from ...core.streams import AttentionSite, Hookable, Stream
+from ...core.guard import this_thread_only
 from .._shared import transformers_configs
 from ..base import UnsupportedModelError
 from ..hf_attention import EAGER, explaining_call

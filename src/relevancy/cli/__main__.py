@@ -1,4 +1,0 @@
-"""`python -m relevancy.cli`: the command line."""
-from . import entry_point
-
-entry_point()

@@ -1,0 +1,1 @@
+"""The results and their rendering: Explanation classes, their parts, pictures and pages."""

@@ -1,0 +1,126 @@
+"""Train (or evaluate) the shapes LLaVA (descriptions and answers in words about the shapes world).
+
+    python -m training.shapes_vlm [--seed S] [--minutes M | --steps N] [--out DIR] [--device cpu|cuda]
+    python -m training.shapes_vlm --evaluate-only [--weights PATH] [--n 1000]
+
+Data: fresh scenes every step (infinite data, :func:`relevancy.worlds.vision_language.make_vlm`), ``--turns`` tasks about
+each joined into one conversation (the image once, then prompt, answer, ``</s>``, prompt, ...: the image tokens, most
+of a row, are read once for several answers, as LLaVA trains on multi-turn conversations; the first turn is exactly
+a single prompt's input).  Step ``t`` of run seed
+``S`` draws its items from ``make_vlm`` seed ``S * 10**8 + 32 t`` (scene seeds up to ``+ 23``), all below
+``EVAL_SEED_BASE = 10**9``, so validation (``VLM_VAL_SEED``) and test (``VLM_TEST_SEED``) scenes are never trained on.
+
+Model: :func:`relevancy.worlds.shapes_vlm.build_shapes_llava` with its vision tower the shipped shapes CLIP's (which
+already tells shapes and colours apart patch by patch): frozen, as LLaVA-1.5 freezes its CLIP, while projector and
+decoder learn, then (``--init`` the first stage's weights, ``--train-tower``) trained with them.
+Loss: cross-entropy on the answer's tokens and ``</s>`` (the prompt and the image tokens are not scored).  AdamW,
+linear warm-up then cosine decay, following wall-clock progress with ``--minutes`` or the step count with
+``--steps`` (exactly reproducible; the shipped run).  Validation accuracy (exact answers, greedy), overall and per
+task, is logged every ``--ckpt-minutes`` with a checkpoint; the log is ``shapes_llava_train.log`` beside the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from relevancy.worlds.shapes_vit import EVAL_SEED_BASE
+from .shapes_vit import (Run, _log, adamw, fit, logged_evaluation, machine, run_training_command, save_with_json, start_run,
+                    step_loader, training_parser)
+from relevancy.worlds.shapes_vlm import (SPECIAL_TOKENS, VLM_CONFIG, VLM_TEST_SEED, VLM_VAL_SEED, VLM_WEIGHTS_PATH, build_shapes_llava,
+                        build_tokenizer, encode, evaluate_vlm, load_shapes_llava)
+from relevancy.worlds.vision_language import VOCABULARY, make_vlm
+
+LOG_NAME = "shapes_llava_train.log"
+
+
+def save_vlm(model, path: Path, meta: dict) -> None:
+    """Write ``path`` (safetensors weights, float32) and ``path.with_suffix('.json')`` (``LlavaConfig`` keyword
+    arguments, vocabulary and ``meta``), atomically."""
+    save_with_json(model, path, dict(config=VLM_CONFIG, vocab=list(SPECIAL_TOKENS + VOCABULARY), **meta))
+
+
+def step_seed(seed: int, step: int) -> int:
+    s = seed * 10**8 + 32 * step
+    assert s + 32 < EVAL_SEED_BASE
+    return s
+
+
+def _fmt(acc: dict) -> str:
+    per = " ".join(f"{k} {v:.4f}" for k, v in acc["per_task"].items())
+    return (f"overall {acc['overall']:.4f} object_words {acc['object_words']:.4f} ({per}; n={acc['n']}, "
+            f"seed {acc['seed']})")
+
+
+def _items(args, step: int) -> dict[str, torch.Tensor]:
+    """Step ``step``'s conversations: ``--batch-size`` scenes, ``--turns`` tasks each."""
+    batch = make_vlm(args.batch_size, step_seed(args.seed, step), turns=args.turns)
+    return dict(encode(build_tokenizer(), batch.prompts, batch.answers, turns=args.turns),
+                pixel_values=batch.images[::args.turns])
+
+
+def train(args) -> None:
+    out, log, device = start_run(args, LOG_NAME)
+    tokenizer = build_tokenizer()
+    model = build_shapes_llava(vision_from_clip=True)
+    if args.init:  # the weights of an earlier stage, into today's config
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(args.init))
+    model = model.to(device)
+    model.train()
+    model.model.vision_tower.requires_grad_(args.train_tower)
+    optimizer = adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad],
+                      lambda n, p: p.ndim >= 2 and "embed" not in n, args, betas=(0.9, 0.98), eps=1e-6)
+    _log(log, f"start training seed={args.seed} config={json.dumps(VLM_CONFIG)} "
+              f"params={sum(p.numel() for p in model.parameters())} (trained "
+              f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size}x{args.turns} turns "
+              f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
+              f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
+              f"threads={args.threads} workers={args.workers} init={args.init} train_tower={args.train_tower} {machine()}")
+    meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, init=args.init,
+                vision_tower="shapes_clip, " + ("trained" if args.train_tower else "frozen"))
+    val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
+    loader = step_loader(args, partial(_items, args))
+
+    def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
+        items = next(loader) if loader is not None else _items(args, step)
+        res = model(**{k: v.to(device) for k, v in items.items()})
+        return res.loss, {"loss": res.loss.item()}
+
+    def checkpoint(step: int, seconds: float, final: bool) -> None:
+        val = evaluate_vlm(model, tokenizer, seed=VLM_VAL_SEED, batch=val_batch)
+        save_vlm(model, out / VLM_WEIGHTS_PATH.name,
+                 dict(meta, steps=step, train_seconds=round(seconds), val=val, final=final))
+        _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val {_fmt(val)}")
+
+    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size * args.turns, "answers"))
+
+
+def evaluate(args) -> dict:
+    """Measure the exact-answer accuracy of the weights on ``args.n`` unseen scenes (one task each) and log it."""
+    torch.set_num_threads(args.threads)
+    weights = Path(args.weights) if args.weights else Path(args.out) / VLM_WEIGHTS_PATH.name
+    model, processor = load_shapes_llava(weights, device=args.device)
+    t = time.time()
+    acc = evaluate_vlm(model, processor.tokenizer, n=args.n, seed=VLM_TEST_SEED)
+    return logged_evaluation(args, weights, LOG_NAME, t, acc, _fmt(acc))
+
+
+def main(argv=None) -> None:
+    ap = training_parser(__doc__, minutes=22.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
+    ap.set_defaults(batch_size=32, warmup=0.05)
+    ap.add_argument("--turns", type=int, default=3, help="tasks about each scene, one conversation per scene")
+    ap.add_argument("--train-tower", action="store_true", help="train the vision tower too (default: frozen)")
+    ap.add_argument("--init", default=None, help="start from these weights (a .safetensors file with its .json) instead "
+                                                  "of a new decoder: a further stage of training (give it another --seed)")
+    run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
+                         threads_help="torch threads (on a CPU shared with other jobs use 1)")
+
+
+if __name__ == "__main__":
+    main()
