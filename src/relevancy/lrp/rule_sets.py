@@ -19,15 +19,19 @@ canonizers). A rule set also says what its backward pass carries (`carries`):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import Callable, Literal, Protocol
 
 import torch
 from torch import nn
 
 from . import rules
 
-if TYPE_CHECKING:  # the session is passed in; only its rule set and arithmetic are read
-    from .engine import Session
+
+class Session(Protocol):
+    """What a rule reads of the engine's session (`engine.Session` is one): its rule set and its arithmetic."""
+
+    rule_set: RuleSet
+    exact: bool
 
 # A relevance rule: (session, detached inputs, the forward output, relevance at the output) -> relevance per input.
 RelevanceRule = Callable[["Session", tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
