@@ -599,7 +599,7 @@ def listed_methods(module: str, benchmark: str) -> Callable[[str], tuple[str, ..
     ``relevancy.evaluation.<module>``, imported when parsing) or a comma-separated list of them (order kept,
     duplicates dropped); a usage error naming the valid ones otherwise."""
     def parse(spec: str) -> tuple[str, ...]:
-        valid = importlib.import_module(f"{__package__.rpartition('.')[0]}.evaluation.{module}").DEFAULT_METHODS
+        valid = importlib.import_module(f"relevancy.evaluation.{module}").DEFAULT_METHODS
         if spec.strip() == "all":
             return valid
         names = [name.strip() for name in spec.split(",")]
