@@ -283,6 +283,9 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     images: dict[str, torch.Tensor] = {}
     picture = None
     if family.reads_images:
+        if REGISTRY[method].generation != "one_forward":
+            raise UnsupportedModelError(f"explain_generation on a {family.family} takes the methods of one forward through the tower: "
+                                        f"{', '.join(generation_methods('one_forward'))}; got '{method}'")
         if image is None:
             raise ValueError(f"a {family.family} generates about an image: pass image= (a PIL image or an image file's path)")
         processor = tokenizer
