@@ -153,7 +153,7 @@ def test_concurrent_calls_agree_and_leave_the_model_unchanged(family):
 def test_every_result_is_an_explanation_with_one_protocol(family, tmp_path):
     import json
 
-    method = "rollout" if runs(family, "rollout") else "attnlrp"  # vision-language decoders: no rollout through the tower
+    method = "rollout" if runs(family, "rollout") else "attnlrp"  # a family without rollout: an LRP method
     explanation = explain(family, FAMILIES[family].batch(), method)
     assert isinstance(explanation, relevancy.Explanation)
     parts = maps(explanation)

@@ -1,15 +1,19 @@
 """Vision-language decoders (tiny random float64 LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3 of
 `vlm_models.py`): AttnLRP and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single
 and padded both ways (tests/golden/vlm_lxt_reference.pt, made by benchmarks/vlm_lxt_reference.py); the result's
-shapes and fields; what is refused, by name."""
+shapes and fields; the attention methods on the decoder's attention, the image's tokens laid back on the patch
+grid (LLaVA's by hand); what is refused, by name."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import copy
+
 import pytest
 import torch
 from test_causal_lm import assert_close_to
-from vlm_models import FAMILIES, IMAGE_TOKEN, build, checksum, inputs
+from test_model_unchanged import assert_same, snapshot
+from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, inputs
 
 import relevancy
 from relevancy.families.base import UnsupportedModelError
@@ -76,12 +80,73 @@ def test_checkpoint_gives_the_same_maps():
     assert torch.allclose(plain.pixel_scores, again.pixel_scores, atol=1e-12) and torch.allclose(plain.scores, again.scores, atol=1e-12)
 
 
+ATTENTION_METHODS = ["raw_attention", "rollout", "attention_gradcam", "generic_attention"]
+
+
+def attention_implementations(model: torch.nn.Module) -> list[str | None]:
+    return [getattr(config, "_attn_implementation", None) for config in (model.config, *(model.config.sub_configs and
+            [getattr(model.config, name) for name in model.config.sub_configs]))]
+
+
+@pytest.mark.parametrize("method", ATTENTION_METHODS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_attention_methods(family, method):
+    """The decoder's attention methods: text scores (B, T) with 0 at the image's tokens and at padding, the image's
+    tokens on the 4 x 4 patch grid (their sum kept), no pixel map and `through_tower` False; a padded row (left and
+    right) equals the row alone; the model handed back as it was (weights, hooks, attention implementations)."""
+    model = model_of(family)
+    before, implementations = snapshot(model), attention_implementations(model)
+    for side in ("right", "left"):
+        batch = inputs(family, side)
+        explanation = relevancy.explain(model, batch, method=method)
+        assert explanation.scores.shape == batch["input_ids"].shape and explanation.image_scores.shape == (2, 4, 4)
+        assert explanation.heatmap().shape == (2, 16, 16) and explanation.pixel_scores is None
+        assert explanation.through_tower is False and explanation.to_json()["through_tower"] is False
+        assert bool((explanation.scores[(batch["input_ids"] == IMAGE_TOKEN) | (batch["attention_mask"] == 0)] == 0).all())
+        assert bool((explanation.image_scores.abs().sum((1, 2)) > 0).all())
+        for row in range(2):
+            single = relevancy.explain(model, alone(batch, row), method=method)
+            keep = batch["attention_mask"][row].bool()
+            assert torch.allclose(explanation.image_scores[row], single.image_scores[0], atol=1e-12), f"{side} row {row}"
+            assert torch.allclose(explanation.scores[row, keep], single.scores[0], atol=1e-12), f"{side} row {row}"
+            assert torch.equal(explanation.target[row], single.target[0])
+    assert_same(before, snapshot(model))
+    assert attention_implementations(model) == implementations
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_raw_attention_maps_the_image_tokens_back_by_hand(family):
+    """raw_attention is the last decoder layer's head-mean attention row of the last token (the model's own eager
+    attention): over the text tokens in `scores`, and over the image's tokens laid on the patch grid by hand: LLaVA
+    one token per patch (row-major), its kept [CLS] shared by all 16 patches; Gemma 3's pooled and Idefics3's
+    shuffled tokens each shared by its 2 x 2 block of patches."""
+    batch = inputs(family, lengths=(5,))
+    explanation = relevancy.explain(model_of(family), batch, method="raw_attention")
+    own = copy.deepcopy(model_of(family))
+    own.set_attn_implementation("eager")
+    types = {"token_type_ids": (batch["input_ids"] == IMAGE_TOKEN).long()} if family == "gemma3" else {}  # the image's tokens attend to each other
+    with torch.no_grad():
+        row = own(**batch, **types, output_attentions=True).attentions[-1].mean(1)[0, -1]
+    image = batch["input_ids"][0] == IMAGE_TOKEN
+    assert torch.allclose(explanation.scores[0], row.masked_fill(image, 0))
+    tokens = row[image]
+    if family == "llava":
+        by_hand = tokens.view(4, 4)
+    elif family == "llava_full":
+        by_hand = tokens[1:].view(4, 4) + tokens[0] / 16
+    else:
+        by_hand = tokens.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1) / 4
+    assert torch.allclose(explanation.image_scores[0], by_hand)
+    assert torch.allclose(explanation.image_scores.sum() + explanation.scores.sum(), torch.ones((), dtype=torch.float64))
+
+
 def test_refusals_name_the_problem():
-    """Methods without image relevance through the tower, other vision-language classes and bad pixels are
-    refused by name."""
+    """Methods without a map here (transformer attribution: no relevance into the tower by the tower's own
+    attention), other vision-language classes and bad pixels are refused by name."""
     model, batch = model_of("llava"), inputs("llava")
-    with pytest.raises(UnsupportedModelError, match="'rollout' does not apply to the vision-language decoder family; its methods: attnlrp"):
-        relevancy.explain(model, batch, method="rollout")
+    with pytest.raises(UnsupportedModelError, match="'transformer_attribution' does not apply to the vision-language decoder family; "
+                                                    "its methods: raw_attention, rollout"):
+        relevancy.explain(model, batch, method="transformer_attribution")
     with pytest.raises(ValueError, match=r"pixel_values must be \(B, 3, H, W\): one image per row"):
         relevancy.explain(model, {**batch, "pixel_values": batch["pixel_values"][:1]}, method="attnlrp")
     with pytest.raises(ValueError, match="placeholder tokens"):

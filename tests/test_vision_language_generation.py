@@ -94,8 +94,8 @@ def test_bad_requests_are_named(llava, tmp_path):
         relevancy.explain_generation(build_decoder("llama"), Characters(), "abc", image=picture())
     with pytest.raises(ValueError, match="methods of explain_generation"):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="nope")
-    with pytest.raises(UnsupportedModelError, match="method 'rollout' does not apply to the vision-language decoder family; "
-                                                    "its methods: attnlrp, cp_lrp, input_x_gradient"):
+    with pytest.raises(UnsupportedModelError, match="explain_generation on a vision-language decoder takes the methods of one forward "
+                                                    "through the tower: attnlrp, cp_lrp, input_x_gradient; got 'rollout'"):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="rollout")
     with pytest.raises(ValueError, match="does not exist"):
         relevancy.explain_generation(llava, made, PROMPT, image=tmp_path / "missing.png")

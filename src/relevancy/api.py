@@ -197,7 +197,9 @@ Inputs, by model family:
       SmolVLMForConditionalGeneration: the processor's output (input_ids with the image's placeholder tokens,
       attention_mask, pixel_values: one image per row). Targets as for decoders. Returns a VisionLanguageExplanation:
       scores (B, T) over the prompt's tokens, image_scores (B, rows, cols) on the vision tower's patch grid,
-      pixel_scores (B, H, W), heatmap() at the image's pixels. Methods: attnlrp, cp_lrp, input_x_gradient.
+      pixel_scores (B, H, W), heatmap() at the image's pixels. Methods: attnlrp, cp_lrp, input_x_gradient (through the
+      tower to the pixels); raw_attention, rollout, attention_gradcam, generic_attention (the decoder's attention at the
+      image's tokens laid on the patch grid, not through the tower: through_tower=False, no pixel_scores).
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

@@ -23,7 +23,7 @@ from .api import explain, prepared
 from .core.cancel import cancellable, checkpoint
 from .results.explanation import GenerationExplanation
 from .families import adapter_for, adapters
-from .families.base import UnsupportedModelError
+from .families.base import Adapter, UnsupportedModelError
 from .families.causal_lm.adapter import context_window
 from .families.causal_lm.generation import causal_rows, generation_relevance
 from .core.messages import quoted
@@ -35,6 +35,13 @@ def generation_methods(*modes: str) -> tuple[str, ...]:
     """The methods whose way of explaining a generation (`Method.generation` in the registry) is one of `modes`, in
     that order."""
     return tuple(name for mode in modes for name, method in REGISTRY.items() if method.generation == mode)
+
+
+def methods_generating(family: Adapter) -> tuple[str, ...]:
+    """The methods that explain the family's generations: those it offers, and on a family that reads an image only
+    those of one forward through it (the others would explain rows of the prompt without its image)."""
+    modes = ("one_forward",) if family.reads_images else ("one_forward", "shared_forward", "prefixes")
+    return tuple(name for name in generation_methods(*modes) if name in family.methods)
 
 
 #: the methods that explain a generation: those that explain every generated token from one forward (batched backward
@@ -283,6 +290,9 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     images: dict[str, torch.Tensor] = {}
     picture = None
     if family.reads_images:
+        if method not in methods_generating(family):
+            raise UnsupportedModelError(f"explain_generation on a {family.family} takes the methods of one forward through the tower: "
+                                        f"{', '.join(methods_generating(family))}; got '{method}'")
         if image is None:
             raise ValueError(f"a {family.family} generates about an image: pass image= (a PIL image or an image file's path)")
         processor = tokenizer

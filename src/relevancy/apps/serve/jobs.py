@@ -258,9 +258,9 @@ def check_pairs(request: PairRequest, catalog: Catalog, samples: dict[str, Sampl
 def generation_methods(entry: LanguageModel) -> dict[str, str]:
     """The generation tab's methods for the entry's model (those of one forward it offers) and their summaries."""
     from ...families import adapter_for
-    from ...generation import ONE_FORWARD_METHODS
+    from ...generation import ONE_FORWARD_METHODS, methods_generating
 
-    offered = adapter_for(entry.model).methods
+    offered = methods_generating(adapter_for(entry.model))
     return {name: registry()[name].summary for name in ONE_FORWARD_METHODS if name in offered}
 
 

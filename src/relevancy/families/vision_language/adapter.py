@@ -23,11 +23,11 @@ from torch import nn
 
 from ...core.guard import this_thread_only
 from ..base import Adapter
-from ..causal_lm.adapter import CausalLMAdapter, position_ids
+from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
 from ..causal_lm.layouts import recognised
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
-from .layouts import GEMMA3, IDEFICS3, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, pixel_patches
+from .layouts import GEMMA3, IDEFICS3, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, pixel_patches, tokens_on_patches
 
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -35,8 +35,9 @@ PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attentio
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: the methods whose relevance reaches the pixels through the tower (the others are refused by name)
-    methods = ("attnlrp", "cp_lrp", "input_x_gradient")
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower; the attention methods read the decoder's
+    #: attention only, the image's tokens laid back on the patch grid (the others are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
     examples = "transformers " + VISION_LANGUAGE_CLASSES
@@ -52,6 +53,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
         self.patch = int(model.config.vision_config.patch_size)
+        #: the image tokens before the patch tokens: LLaVA's [CLS] where its select strategy keeps it ("full")
+        self.image_prefix = int(getattr(model.config, "vision_feature_select_strategy", None) == "full")
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -115,15 +118,39 @@ class VisionLanguageAdapter(CausalLMAdapter):
             handle.remove()
         return {"text": leaves["text"], "image": pixels}, hidden
 
+    def forward(self, inputs: ImageTextTokens, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's own forward (tower, projector, decoder; what the attention methods record): `(next-token
+        logits (B, V), final hidden state (B, D))` after each row's last real token."""
+        mask = inputs.attention_mask
+        _, hidden = self.leaves_forward(inputs, inputs.input_ids, mask, torch.arange(len(mask), device=mask.device))
+        last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
+        return self.head(last), last
+
+    def forward_shared(self, inputs: ImageTextTokens, graph: bool = False) -> None:
+        """None: each row runs its own forward with its own image (`explain_generation` reads the methods of one
+        forward only on this family)."""
+        return None
+
     def recomputed_layers(self) -> list[nn.Module]:
         """`checkpoint=True` runs the tower's layers again in the backward too, not only the decoder's."""
         return [*self.vision.transformer(self.model).encoder.layers, *self.blocks]
 
     def explanation(self, scores: dict[str, torch.Tensor], inputs: ImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
-        """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch."""
+        """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch. Without
+        `leaves` (the attention methods) the image's map is the decoder's scores at the image's tokens laid back on
+        the patch grid (`tokens_on_patches`), not carried through the tower (`through_tower=False`), and the text
+        scores hold 0 at the image's tokens."""
+        described = self.describe_inputs(inputs)
+        if "leaves" not in fields:
+            text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
+            on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
+            side = self.model.config.vision_config.image_size // self.patch
+            return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
+                                             image_scores=tokens_on_patches(on_tokens, side, self.image_prefix),
+                                             image_size=inputs.image_size)
         pixels = fields.pop("leaves")["image"]
         pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
-        return VisionLanguageExplanation(scores=scores["text"], **self.describe_inputs(inputs), **fields,
+        return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
 
     def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],

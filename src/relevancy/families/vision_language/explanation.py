@@ -20,18 +20,24 @@ class VisionLanguageExplanation(DecoderExplanation):
     image's) and of the image (`image_scores` `(B, rows, cols)` on the vision tower's patch grid: each patch's pixels
     summed; `pixel_scores` `(B, H, W)`: per pixel, summed over the colour channels) for the explained token.
     `relevance_total`: the share of the explained score reaching text and image together; `image_share` `(B,)`:
-    the image's share of the absolute relevance. `heatmap()`: the patch scores upsampled to the image's pixels."""
+    the image's share of the absolute relevance. `heatmap()`: the patch scores upsampled to the image's pixels.
+    `through_tower`: True where the image's relevance was carried through the vision tower to the pixels (attnlrp,
+    cp_lrp, input_x_gradient); False for the attention methods (raw_attention, rollout, attention_gradcam,
+    generic_attention), whose image map is the decoder's scores at the image's tokens laid back on the patch grid
+    through the projector's token layout, without passing through the tower (no `pixel_scores` then)."""
 
     image_scores: torch.Tensor | None = None
     pixel_scores: torch.Tensor | None = field(default=None, repr=False)
     image_tokens: torch.Tensor | None = field(default=None, repr=False)  # (B, T) bool: the image's placeholder tokens
+    image_size: tuple[int, int] | None = None  # (H, W) of the images
+    through_tower: bool = True
 
     part_fields: ClassVar[dict[str, str]] = {"text": "scores", "image": "image_scores"}
     suffixes: ClassVar[tuple[str, ...]] = PICTURE_SUFFIXES + PAGE_SUFFIXES
 
     @property
     def parts(self) -> dict[str, ImagePart | TextPart]:
-        return {**super().parts, "image": ImagePart(self.image_scores, self.signed, tuple(self.pixel_scores.shape[-2:]))}
+        return {**super().parts, "image": ImagePart(self.image_scores, self.signed, tuple(self.image_size or self.pixel_scores.shape[-2:]))}
 
     def heatmap(self) -> torch.Tensor:
         """`(B, H, W)`: the patch scores upsampled bilinearly to the image's pixels (raw values)."""
@@ -39,8 +45,9 @@ class VisionLanguageExplanation(DecoderExplanation):
 
     @property
     def image_share(self) -> torch.Tensor:
-        """`(B,)`: the image's share of the absolute relevance of pixels and text tokens together."""
-        image = self.pixel_scores.abs().flatten(1).sum(1)
+        """`(B,)`: the image's share of the absolute relevance of pixels (or, where it was not carried through the
+        tower, of the image's patches) and text tokens together."""
+        image = (self.image_scores if self.pixel_scores is None else self.pixel_scores).abs().flatten(1).sum(1)
         return image / (image + self.scores.abs().sum(1))
 
     def picture(self, path: Path, images: torch.Tensor | None) -> Path:

@@ -9,6 +9,7 @@ norms with a constant divisor, the identity rule on the activation; attention is
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 import torch
@@ -149,6 +150,20 @@ def decoder_view(model: nn.Module, layout: VisionLanguageLayout) -> DecoderView:
 def pixel_patches(relevance: torch.Tensor, patch: int) -> torch.Tensor:
     """Per-pixel relevance `(B, H, W)` summed over each patch's pixels: `(B, H / patch, W / patch)`."""
     return relevance.unflatten(-1, (-1, patch)).unflatten(-3, (-1, patch)).sum((-3, -1))
+
+
+def tokens_on_patches(scores: torch.Tensor, side: int, prefix: int = 0) -> torch.Tensor:
+    """An image's token scores `(B, N)` laid back on the tower's `side x side` patch grid `(B, side, side)`, each
+    token's score shared equally among the patches it is made from (the sums kept): the tokens after the `prefix`
+    are a row-major grid of square blocks of patches (LLaVA: one patch each; Gemma 3's average pooling and Idefics3's
+    pixel shuffle: a k x k block each); a prefix token (LLaVA's kept [CLS]) is made from every patch."""
+    blocks = scores[:, prefix:]
+    per_side = math.isqrt(blocks.shape[1])
+    if per_side * per_side != blocks.shape[1] or side % per_side:
+        raise ValueError(f"{blocks.shape[1]} image tokens are not a square grid of blocks of the tower's {side} x {side} patches")
+    k = side // per_side
+    grid = blocks.unflatten(1, (per_side, per_side)).repeat_interleave(k, 1).repeat_interleave(k, 2) / k ** 2
+    return grid + scores[:, :prefix].sum(1)[:, None, None] / side ** 2
 
 
 __all__ = ["LAYOUTS", "VisionLanguageLayout", "DecoderView", "decoder_view", "layout_of", "is_vision_language"]
