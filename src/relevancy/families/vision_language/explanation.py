@@ -51,7 +51,9 @@ class VisionLanguageExplanation(DecoderExplanation):
         return image / (image + self.scores.abs().sum(1))
 
     def picture(self, path: Path, images: torch.Tensor | None) -> Path:
-        """The image part as an overlay PNG, one panel per row (`images`: the rows' `pixel_values`, where given)."""
+        """The image part as an overlay PNG, one panel per row, over `images` where given: the rows' pictures
+        `(B, 3, H, W)` in [0, 1] (the call's inputs hold the processor's normalised `pixel_values`, and the result
+        does not know the processor's mean and std: undo them first, `pixel_values * std + mean`)."""
         return save_overlays(self.parts["image"], path, images, [f"{self.method}: {c}" for c in self.labels()])
 
 
