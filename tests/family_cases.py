@@ -41,6 +41,22 @@ def to_device(value: Any, device: str) -> Any:
     return value
 
 
+def explain_once(case: "FamilyCase"):
+    """One explanation of the case's batch by a method its family offers: rollout, or the family's first method
+    where it has no rollout (warnings ignored: a family's notes about its method are not under test here)."""
+    import warnings
+
+    import relevancy
+    from relevancy.families import adapter_for
+
+    inputs, target = case.batch()
+    model = case.build()
+    offered = adapter_for(model).methods
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return relevancy.explain(model, inputs, method="rollout" if "rollout" in offered else offered[0], target=target)
+
+
 @dataclass(frozen=True)
 class FamilyCase:
     """`build()`: the model in float64, eval mode. `batch()`: one call's inputs and target. `singles()`: the same

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import warnings
 
 import pytest
 import torch
-from family_cases import FAMILIES
+from family_cases import FAMILIES, explain_once
 
 import relevancy
 from relevancy.results.explanation import SCHEMA, _kinds
-from relevancy.families import adapter_for
 
 
 def assert_same_result(loaded, original) -> None:
@@ -43,13 +41,7 @@ def round_trips(result, tmp_path) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_familys_result_loads_back(family, tmp_path):
-    case = FAMILIES[family]
-    inputs, target = case.batch()
-    model = case.build()
-    offered = adapter_for(model).methods
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # rollout, or the first method of a family without it (vision-language decoders)
-        result = relevancy.explain(model, inputs, method="rollout" if "rollout" in offered else offered[0], target=target)
+    result = explain_once(FAMILIES[family])
     round_trips(result, tmp_path)
 
 

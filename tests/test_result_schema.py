@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
-from family_cases import FAMILIES
+from family_cases import FAMILIES, explain_once
 
 import relevancy
 from relevancy.results.explanation import SCHEMA, _kinds
-from relevancy.families import adapter_for
 
 PAGE = Path(__file__).parents[1] / "docs" / "api.md"
 TYPES = {
@@ -95,13 +93,7 @@ def test_the_reader_names_what_breaks_the_schema():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_familys_result_follows_the_schema(family):
-    case = FAMILIES[family]
-    inputs, target = case.batch()
-    model = case.build()
-    offered = adapter_for(model).methods
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # rollout, or the first method of a family without it (vision-language decoders)
-        result = relevancy.explain(model, inputs, method="rollout" if "rollout" in offered else offered[0], target=target)
+    result = explain_once(FAMILIES[family])
     assert result_problems(json.loads(json.dumps(result.to_json())), documented()[0]) == []
 
 

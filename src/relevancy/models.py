@@ -137,22 +137,34 @@ def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
     wanted = f"a vision-language decoder ({VISION_LANGUAGE_CLASSES}; docs/vision_language.md) and its processor"
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: --image takes a local folder of {wanted} (save_pretrained); no such folder")
-    _check_saved_model(name, lambda a: a in VISION_LANGUAGE_CLASSES.split(", "), wanted)
+    from .families.vision_language import VisionLanguageAdapter
+
+    return _local_decoder(name, wanted, lambda a: a in VISION_LANGUAGE_CLASSES.split(", "),
+                          "AutoModelForImageTextToText", "AutoProcessor", VisionLanguageAdapter)
+
+
+def _local_decoder(name: str, wanted: str, accepted: Callable[[str], bool], model_auto: str, companion_auto: str,
+                   adapter: type) -> tuple[nn.Module, object]:
+    """`(model, tokenizer or processor)` from the local folder `name` through transformers' `model_auto` and
+    `companion_auto` classes, checked before loading by its config's architectures (`accepted`) and after by the
+    family's `adapter` on its modules: each refusal one line naming `wanted`."""
+    from .families.base import UnsupportedModelError
+
+    _check_saved_model(name, accepted, wanted)
     transformers = require("transformers", "llm")
     folder = str(Path(name).expanduser())
     try:
-        model = transformers.AutoModelForImageTextToText.from_pretrained(folder).eval()
-        processor = transformers.AutoProcessor.from_pretrained(folder)
+        model = getattr(transformers, model_auto).from_pretrained(folder).eval()
+        companion = getattr(transformers, companion_auto).from_pretrained(folder)
     except (OSError, ValueError) as error:
         raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
-    from .families.base import UnsupportedModelError
-    from .families.vision_language import VisionLanguageAdapter
-
+    if not adapter.supports(model):
+        raise ValueError(f"--model {name} holds a {type(model).__name__}; this command takes {wanted}")
     try:
-        VisionLanguageAdapter(model)  # checked on its modules: a refusal names the part it could not map
+        adapter(model)  # checked on its modules: a refusal names the part it could not map
     except UnsupportedModelError as error:
         raise ValueError(f"--model {name}: {error}") from None
-    return model, processor
+    return model, companion
 
 
 def reads_images(name: str) -> bool:
@@ -370,21 +382,7 @@ def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, 
               "tokenizer (a vision-language decoder's folder is read with --image)")
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: not {' or '.join(map(repr, LANGUAGE_MODELS))}, and no such folder (a folder of {wanted}, save_pretrained)")
-    _check_saved_model(name, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")), wanted)
-    transformers = require("transformers", "llm")
-    folder = str(Path(name).expanduser())
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as error:
-        raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
-    from .families.base import UnsupportedModelError
     from .families.causal_lm import CausalLMAdapter
 
-    if not CausalLMAdapter.supports(model):
-        raise ValueError(f"--model {name} holds a {type(model).__name__}; this command takes {wanted}")
-    try:
-        CausalLMAdapter(model)  # checked on its modules: a refusal names the part it could not map
-    except UnsupportedModelError as error:
-        raise ValueError(f"--model {name}: {error}") from None
-    return model, tokenizer
+    return _local_decoder(name, wanted, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")),
+                          "AutoModelForCausalLM", "AutoTokenizer", CausalLMAdapter)
