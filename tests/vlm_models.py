@@ -17,28 +17,33 @@ _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_at
 FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4)}
 
 
-def _config(family: str) -> transformers.PretrainedConfig:
+def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, image_edges: tuple[int, int] = (93, 94)
+            ) -> transformers.PretrainedConfig:
+    text = {**_TEXT, "vocab_size": vocab}
     if family == "llava":  # the second-to-last layer's patch tokens, [CLS] cropped (LLaVA 1.5's setting)
-        return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.LlamaConfig(**_TEXT),
-                                        image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu", vision_feature_layer=-2,
+        return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.LlamaConfig(**text),
+                                        image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-2,
                                         vision_feature_select_strategy="default")
     if family == "llava_full":  # two layers side by side, [CLS] kept; a Qwen2 decoder
-        return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.Qwen2Config(**_TEXT),
-                                        image_token_id=IMAGE_TOKEN, projector_hidden_act="gelu", vision_feature_layer=[-2, -1],
+        return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.Qwen2Config(**text),
+                                        image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=[-2, -1],
                                         vision_feature_select_strategy="full")
     if family == "gemma3":
-        return transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**_TEXT, head_dim=8, sliding_window=4,
+        return transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**text, head_dim=8, sliding_window=4,
                                                                                   layer_types=["sliding_attention", "full_attention"]),
                                          vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=False),
-                                         mm_tokens_per_image=4, image_token_index=IMAGE_TOKEN, boi_token_index=93, eoi_token_index=94)
-    return transformers.Idefics3Config(text_config=transformers.LlamaConfig(**_TEXT), vision_config=transformers.Idefics3VisionConfig(**_VISION),
-                                       scale_factor=2, image_token_id=IMAGE_TOKEN)
+                                         mm_tokens_per_image=4, image_token_index=image_token, boi_token_index=image_edges[0],
+                                         eoi_token_index=image_edges[1])
+    return transformers.Idefics3Config(text_config=transformers.LlamaConfig(**text), vision_config=transformers.Idefics3VisionConfig(**_VISION),
+                                       scale_factor=2, image_token_id=image_token)
 
 
-def build(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
+def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN,
+          image_edges: tuple[int, int] = (93, 94)) -> torch.nn.Module:
     """The family's tiny model from its seed, every norm's weight (and Gemma 3's projection) drawn at random too, in
-    `dtype`, eval mode."""
-    config = _config(family)
+    `dtype`, eval mode; `vocab`, `image_token` and Gemma 3's `image_edges` (its begin and end of image tokens) to fit
+    a real tokenizer."""
+    config = _config(family, vocab, image_token, image_edges)
     torch.manual_seed(FAMILIES[family][0])
     model = getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config)
     with torch.no_grad():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numbers import Integral
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -203,20 +203,47 @@ def _continuations(tokenizer: Any, continuation: object, count: int, single: boo
 
 
 def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch.Tensor]:
-    """A vision-language decoder's prompt and image through its processor (one of each): the processor's output,
-    the image's placeholder token put before a prompt that does not hold it. A path is opened as a picture."""
+    """A vision-language decoder's prompt and image through its processor (one of each): the processor's output.
+    A text gets the image's placeholder token put before it where it does not hold it; chat messages go through the
+    processor's chat template with the generation prompt, an image item put first in the first user message where
+    none is there. A text that starts with the tokenizer's BOS (a chat template's) gets no second one. A path is
+    opened as a picture."""
     token = getattr(processor, "image_token", None)
     if not isinstance(token, str) or getattr(processor, "image_processor", None) is None:
         raise TypeError(f"a vision-language decoder generates with its processor (transformers AutoProcessor: tokenizer and "
                         f"image processor), got {type(processor).__name__}: explain_generation(model, processor, prompt, image=...)")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"with an image, the prompt is one non-empty text (the processor places the image's tokens), got {quoted(prompt)}")
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(message, Mapping) for message in prompt):
+        text = _chat_text(processor, prompt)
+    elif isinstance(prompt, str) and prompt.strip():
+        text = prompt if token in prompt else f"{token}\n{prompt}"
+    else:
+        raise ValueError(f"with an image, the prompt is one non-empty text or chat messages (the processor places the image's "
+                         f"tokens), got {quoted(prompt)}")
     if isinstance(image, (str, Path)):
         from .core.pictures import read_image
 
         image = read_image(str(image))
-    text = prompt if token in prompt else f"{token}\n{prompt}"
-    return dict(processor(images=image, text=text, return_tensors="pt"))
+    bos = getattr(processor.tokenizer, "bos_token", None)
+    return dict(processor(images=image, text=text, return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos))))
+
+
+def _chat_text(processor: Any, messages: Sequence[Mapping]) -> str:
+    """Chat messages about one image as the processor's chat template writes them, the generation prompt appended;
+    the image item put first in the first user message where no message holds one."""
+    if not getattr(processor, "chat_template", None):
+        raise ValueError("the prompt is chat messages but the processor has no chat template (processor.chat_template): give the prompt as text")
+    rows = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(message.get("role"), str) or not isinstance(content, (str, list, tuple)):
+            raise ValueError(f"each chat message is a dict with a 'role' and a 'content' (a text or a list of items), got {quoted(dict(message))}")
+        rows.append({**message, "content": [{"type": "text", "text": content}] if isinstance(content, str) else list(content)})
+    if not any(isinstance(item, Mapping) and item.get("type") == "image" for row in rows for item in row["content"]):
+        first = next((row for row in rows if row["role"] == "user"), None)
+        if first is None:
+            raise ValueError("chat messages about an image need a user message (the image is put first in it)")
+        first["content"] = [{"type": "image"}, *first["content"]]
+    return processor.apply_chat_template(rows, add_generation_prompt=True, tokenize=False)
 
 
 def _seen_picture(processor: Any, pixels: torch.Tensor) -> torch.Tensor:
@@ -271,7 +298,8 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
     A vision-language decoder (LLaVA, Gemma 3, Idefics3) generates about `image` (a PIL image, an image file's
     path, or what its processor takes), the processor given in place of the tokenizer and one text prompt (the
-    image's placeholder token put first where the prompt does not hold it); the methods that reach the pixels
+    image's placeholder token put first where the prompt does not hold it) or chat messages (through the processor's
+    chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
     (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a
     `VisionLanguageGenerationExplanation`, has `image_scores` `(G, rows, cols)` too: row `g` the relevance of each
     patch for generated token `g`, equal to `explain` on that prefix and token.

@@ -225,10 +225,12 @@ def _probe(module: nn.Module, width: int) -> torch.Tensor:
 
 
 def _computes(module: nn.Module, width: int, expected: Callable[[torch.Tensor], torch.Tensor]) -> bool:
-    """Whether the module's own forward gives `expected` on a probe input (to its dtype's precision)."""
+    """Whether the module's own forward gives `expected` on a probe input (to its dtype's precision). `expected` gets
+    the probe in float32 at least and reads the weights in that dtype (`x.dtype`): a float32 model's weights are not
+    copied (a 7B model's MLP weight in float64 would be a first call's largest allocation)."""
     x = _probe(module, width)
     with torch.no_grad():
-        y, want = module(x).double(), expected(x.double()).double()
+        y, want = module(x).double(), expected(x.to(torch.promote_types(x.dtype, torch.float32))).double()
     tolerance = 2e-2 if x.element_size() < 4 else 1e-4
     return y.shape == want.shape and bool(((y - want).abs() <= tolerance * want.abs().max().clamp(min=1e-12)).all())
 
@@ -262,8 +264,8 @@ def _fits_gated_mlp(module: nn.Module, width: int) -> bool:
     if not (_linear(gate, width) and _linear(up, width, getattr(gate, "out_features", None))
             and _linear(down, getattr(gate, "out_features", None), width) and callable(getattr(module, "act_fn", None))):
         return False
-    return _computes(module, width, lambda x: F.linear(module.act_fn(F.linear(x, gate.weight.double())) * F.linear(x, up.weight.double()),
-                                                        down.weight.double()))
+    return _computes(module, width, lambda x: F.linear(module.act_fn(F.linear(x, gate.weight.to(x.dtype))) * F.linear(x, up.weight.to(x.dtype)),
+                                                        down.weight.to(x.dtype)))
 
 
 def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
@@ -273,8 +275,8 @@ def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
         return False
 
     def expected(x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, fused.weight.double()).chunk(2, dim=-1)
-        return F.linear(up * module.activation_fn(gate), down.weight.double())
+        gate, up = F.linear(x, fused.weight.to(x.dtype)).chunk(2, dim=-1)
+        return F.linear(up * module.activation_fn(gate), down.weight.to(x.dtype))
 
     return fused.bias is None and down.bias is None and _computes(module, width, expected)
 
