@@ -72,12 +72,21 @@ def test_result_shapes_and_parts():
     assert torch.allclose(contrast.pixel_scores, seven.pixel_scores - one.pixel_scores)
 
 
-def test_checkpoint_gives_the_same_maps():
-    """checkpoint=True runs the tower's and the decoder's layers again in the backward: the same maps."""
-    batch = inputs("gemma3")
-    plain = relevancy.explain(model_of("gemma3"), batch, method="attnlrp")
-    again = relevancy.explain(model_of("gemma3"), batch, method="attnlrp", checkpoint=True)
-    assert torch.allclose(plain.pixel_scores, again.pixel_scores, atol=1e-12) and torch.allclose(plain.scores, again.scores, atol=1e-12)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_checkpoint_gives_the_same_maps(family, monkeypatch):
+    """checkpoint=True runs the tower's and the decoder's layers again in the backward: the same maps, also where
+    autograd runs the backward, and with it the recomputation, in a thread of its own (as on CUDA): the rule
+    forwards and the tower's switched attention act for the call there."""
+    from test_checkpoint import backward_in_a_worker_thread
+
+    batch = inputs(family)
+    plain = relevancy.explain(model_of(family), batch, method="attnlrp")
+    again = relevancy.explain(model_of(family), batch, method="attnlrp", checkpoint=True)
+    ran_in = backward_in_a_worker_thread(monkeypatch)
+    elsewhere = relevancy.explain(model_of(family), batch, method="attnlrp", checkpoint=True)
+    assert ran_in and set(ran_in) == {"autograd-worker"}
+    for result in (again, elsewhere):
+        assert torch.allclose(plain.pixel_scores, result.pixel_scores, atol=1e-12) and torch.allclose(plain.scores, result.scores, atol=1e-12)
 
 
 ATTENTION_METHODS = ["raw_attention", "rollout", "attention_gradcam", "generic_attention"]

@@ -3,7 +3,8 @@ SmolVLM's (`Idefics3Processor`) around SmolLM2's, each with its chat template, o
 vocabulary and image tokens are the tokenizer's. A chat-templated prompt with an image goes through the processor
 into `relevancy.explain` and `relevancy.explain_generation` as it comes out: the adapter's assumptions about the
 image's tokens (one run of placeholders per row, Gemma 3's token types marking them alone) hold on the real output.
-The GGUF packages are installed by `.ci/run`; without them the fixture fails naming the package to install."""
+The server's memory estimate counts the image's tokens in the decoder, after Gemma 3's pooling and Idefics3's pixel
+shuffle. The GGUF packages are installed by `.ci/run`; without them the fixture fails naming the package to install."""
 from __future__ import annotations
 
 import pytest
@@ -79,3 +80,16 @@ def test_explain_generation_with_chat_messages_through_the_real_processor(real):
     first = relevancy.explain(model, inputs, method="attnlrp", target=int(result.generated_ids[0]))
     assert_close_to(result.image_scores[0], first.image_scores[0], f"{family} generated token 0", 1e-10)
     assert_close_to(result.scores[0, :start], first.scores[0], f"{family} generated token 0, text", 1e-10)
+
+
+def test_the_servers_memory_estimate_counts_the_images_tokens_in_the_decoder(real):
+    """Gemma 3 pools the tower's 16 patches into 4 tokens, Idefics3 shuffles them into 4: the estimate counts those."""
+    from relevancy.apps.serve.catalog import LanguageModel
+    from relevancy.apps.serve.jobs import attention_bytes, estimate_generation
+    from relevancy.apps.serve.schemas import GenerationRequest
+
+    family, processor, model = real
+    entry = LanguageModel("tiny", "tiny", model, processor, reads_images=True)
+    prompt = len(processor.tokenizer(QUESTION)["input_ids"])
+    estimate = estimate_generation(GenerationRequest(prompt=QUESTION, max_new_tokens=3), entry)
+    assert estimate == attention_bytes(prompt + IMAGE_TOKENS + 3, model)

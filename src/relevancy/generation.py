@@ -224,7 +224,8 @@ def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch
 
         image = read_image(str(image))
     bos = getattr(processor.tokenizer, "bos_token", None)
-    return dict(processor(images=image, text=text, return_tensors="pt", add_special_tokens=not (bos and text.startswith(bos))))
+    templated = {"add_special_tokens": False} if bos and text.startswith(bos) else {}
+    return dict(processor(images=image, text=text, return_tensors="pt", **templated))
 
 
 def _chat_text(processor: Any, messages: Sequence[Mapping]) -> str:

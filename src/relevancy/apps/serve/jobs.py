@@ -266,12 +266,14 @@ def generation_methods(entry: LanguageModel) -> dict[str, str]:
 
 def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int:
     """The estimated peak memory of a generation request: `attention_bytes` of the prompt's tokens plus the tokens
-    to generate (or the continuation's); a vision-language decoder's image counts a token per patch of its tower."""
+    to generate (or the continuation's); a vision-language decoder's image counts the tokens it takes in the decoder
+    (a token per patch of the tower for LLaVA, fewer where the patches are pooled: Gemma 3, Idefics3)."""
+    from ...families.vision_language.layouts import layout_named
+
     tokenizer = text_tokenizer(entry)
     tokens = len(tokenizer(request.prompt)["input_ids"])
-    if entry.reads_images:
-        vision = entry.model.config.vision_config
-        tokens += (vision.image_size // vision.patch_size) ** 2
+    if entry.reads_images:  # a model the catalog loaded: its layout is one relevancy maps
+        tokens += layout_named(entry.model).image_tokens(entry.model.config)
     if request.continuation is not None:
         tokens += len(tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
     else:

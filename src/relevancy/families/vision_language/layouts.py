@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
+from typing import Any, Callable
+
 import torch
 from torch import nn
 
@@ -51,6 +53,8 @@ class VisionLanguageLayout:
     tower: str
     projector: str
     decoder: str
+    #: how many tokens one image takes in the decoder, from the model's config
+    image_tokens: Callable[[Any], int]
     projector_parts: tuple[tuple[str, Part], ...] = ()
 
     def transformer(self, model: nn.Module) -> nn.Module:
@@ -90,12 +94,19 @@ class VisionLanguageLayout:
         return rule_forwards(found, model.config.vision_config.hidden_size)
 
 
+def patch_count(config: Any) -> int:
+    """The patches of the tower's square grid (`vision_config`'s image and patch size)."""
+    return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+
+
 LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
+                             lambda config: patch_count(config) + int(config.vision_feature_select_strategy == "full"),  # [CLS] kept
                              (("", LLAVA_PROJECTOR),))
 GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
+                              lambda config: config.mm_tokens_per_image,  # the patches average-pooled
                               (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),))
 IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
-                                "text_model")
+                                "text_model", lambda config: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
@@ -108,10 +119,15 @@ def is_vision_language(model: nn.Module) -> bool:
             and callable(getattr(model, "get_output_embeddings", None)))
 
 
+def layout_named(model: nn.Module) -> VisionLanguageLayout | None:
+    """The layout of the model's class, unchecked (None for a class relevancy does not map)."""
+    return next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes), None)
+
+
 def layout_of(model: nn.Module) -> VisionLanguageLayout:
     """The layout of the model's class, checked on its tower and projector; a one-line refusal naming the part that
     does not fit, or the classes relevancy maps."""
-    layout = next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes), None)
+    layout = layout_named(model)
     if layout is None:
         raise UnsupportedModelError(f"cannot map {type(model).__name__}: vision-language decoders relevancy maps: {VISION_LANGUAGE_CLASSES}")
     problem = layout.misfit(model)
@@ -166,4 +182,4 @@ def tokens_on_patches(scores: torch.Tensor, side: int, prefix: int = 0) -> torch
     return grid + scores[:, :prefix].sum(1)[:, None, None] / side ** 2
 
 
-__all__ = ["LAYOUTS", "VisionLanguageLayout", "DecoderView", "decoder_view", "layout_of", "is_vision_language"]
+__all__ = ["LAYOUTS", "VisionLanguageLayout", "DecoderView", "decoder_view", "layout_named", "layout_of", "is_vision_language"]
