@@ -99,6 +99,13 @@ def test_bad_requests_are_named(llava, tmp_path):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="rollout")
     with pytest.raises(ValueError, match="does not exist"):
         relevancy.explain_generation(llava, made, PROMPT, image=tmp_path / "missing.png")
+    with pytest.raises(ValueError, match="the processor has no chat template"):
+        relevancy.explain_generation(llava, made, [{"role": "user", "content": PROMPT}], image=picture())
+    made.chat_template = "{% for message in messages %}{{ message['role'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="each chat message is a dict with a 'role' and a 'content'"):
+        relevancy.explain_generation(llava, made, [{"role": "user", "content": 3}], image=picture())
+    with pytest.raises(ValueError, match="chat messages about an image need a user message"):
+        relevancy.explain_generation(llava, made, [{"role": "system", "content": PROMPT}], image=picture())
 
 
 class GivenInputs:
