@@ -287,10 +287,11 @@ def banded_matmul_halved(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`matmul_halved` band by band (`causal_bands`): each band's rows of `R_u` from its columns of `u` and of the
     relevance, its share of `u^T (R/Z)` added to the columns it reaches; `R_v` multiplied out at the end."""
-    r_u = torch.zeros_like(u)
+    r_u = torch.empty_like(u)  # each band writes its rows: its columns of u, and zeros right of them
     at_v, at_v_abs = torch.zeros_like(v), (None if exact else torch.zeros_like(v))
     v_abs = None if exact else v.abs()
     for first, end, inner, outer in bands:
+        r_u[..., first:end, inner:] = 0
         band_u, band_v = u[..., first:end, :inner], v[..., :inner, :outer]
         band_r, band_z = relevance[..., first:end, :outer], product[..., first:end, :outer]
         if exact:
