@@ -7,8 +7,9 @@ one prompt of `--tokens` tokens (the retrieval world's facts repeated up to that
 run as a plain no-grad forward that computes the next token's logits only (`logits_to_keep=1`, the model's own
 sdpa attention) and explained (after one warm-up of each); reported are the best of `--repeats` times, their
 ratio, the peak resident memory of the first plain forward and of the first explanation, each above what the
-process held before it (sampled every millisecond from /proc/self/statm: Linux), and the ratio of the process's
-two peaks (what it held with the model loaded, about 1 GB with torch, plus each).
+process held before it (sampled every millisecond from /proc/self/statm: Linux), the ratio of the process's
+two peaks (what it held with the model loaded, about 1 GB with torch, plus each), and `x fwd peak`: the ratio of
+the two peaks counting the weights (513 MiB) but not torch's own memory, as `benchmarks/speed_memory.py` counts.
 A method written `NAME+checkpoint` runs with `checkpoint=True` (each layer recomputed in the backward).
 One CPU thread. Results: benchmarks/results/llm_speed.txt.
 """
@@ -28,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import cpu_name, today  # noqa: E402
 
 METHODS = ("attnlrp", "attnlrp+checkpoint", "cp_lrp", "input_x_gradient", "input_x_gradient+checkpoint",
-           "generic_attention", "transformer_attribution")
+           "generic_attention", "transformer_attribution", "transformer_attribution+checkpoint", "lrp", "lrp+checkpoint")
 
 
 def prompt_ids(tokenizer, tokens: int) -> dict[str, torch.Tensor]:
@@ -91,13 +92,14 @@ def one(tokens: int, method: str, repeats: int) -> dict:
 
     name, _, option = method.partition("+")
     options = {option: True} if option else {}
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
     base = resident_bytes()  # the process with the model loaded
     forward_peak = peak_above(forward)  # the first call: the warm-up
     plain = best_time(forward, repeats)
     peak = peak_above(lambda: relevancy.explain(model, inputs, method=name, **options))  # the first call: the warm-up
     explained = best_time(lambda: relevancy.explain(model, inputs, method=name, **options), repeats)
     return {"tokens": tokens, "method": method, "forward_s": plain, "method_s": explained, "ratio": explained / plain,
-            "base_mb": base / 2**20, "forward_peak_mb": forward_peak / 2**20, "peak_mb": peak / 2**20}
+            "base_mb": base / 2**20, "weights_mb": weights / 2**20, "forward_peak_mb": forward_peak / 2**20, "peak_mb": peak / 2**20}
 
 
 def child(argv: list[str]) -> dict:
@@ -117,13 +119,15 @@ def main() -> None:
         print(json.dumps(one(int(args.one[0]), args.one[1], args.repeats)))
         return
     print(f"SmolLM2-135M-Instruct, float32, {cpu_name()}, 1 thread, best of {args.repeats}, {today()}")
-    print(f"{'tokens':>6} {'method':<28} {'forward s':>9} {'method s':>9} {'ratio':>6} {'fwd peak MB':>11} {'peak MB':>8} {'peak ratio':>10}")
+    print(f"{'tokens':>6} {'method':<34} {'forward s':>9} {'method s':>9} {'ratio':>6} {'fwd peak MB':>11} {'peak MB':>8} "
+          f"{'peak ratio':>10} {'x fwd peak':>10}")
     for tokens in args.tokens:
         for method in args.methods:
             r = child([__file__, "--one", str(tokens), method, "--repeats", str(args.repeats)])
-            print(f"{r['tokens']:>6} {r['method']:<28} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} "
+            print(f"{r['tokens']:>6} {r['method']:<34} {r['forward_s']:>9.3f} {r['method_s']:>9.3f} {r['ratio']:>6.2f} "
                   f"{r['forward_peak_mb']:>11.0f} {r['peak_mb']:>8.0f} "
-                  f"{(r['base_mb'] + r['peak_mb']) / (r['base_mb'] + r['forward_peak_mb']):>10.2f}", flush=True)
+                  f"{(r['base_mb'] + r['peak_mb']) / (r['base_mb'] + r['forward_peak_mb']):>10.2f} "
+                  f"{(r['weights_mb'] + r['peak_mb']) / (r['weights_mb'] + r['forward_peak_mb']):>10.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,66 @@ def test_matmul_rule_halves(exact):
     torch.testing.assert_close(r_v.sum(dim=(1, 2)), relevance.sum(dim=(1, 2)) / 2)
 
 
+def plain_rule(monkeypatch, compute):
+    """`compute()` with the matmul rule's bands switched off (the rule over whole matrices)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(rules, "BANDS", 1)
+        return compute()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_causal_products_run_in_bands_with_the_same_shares(monkeypatch, exact):
+    """A causal attention's products (relevance zero above the diagonal at `q k^T`, probabilities zero above it in
+    `A v`) skip the blocks above the diagonal: the shares of the whole-matrix rule, to float64 rounding; an
+    attention that is not causal gets the whole-matrix rule."""
+    torch.manual_seed(0)
+    length, width = 2 * rules.MIN_BAND_ROWS + 5, 8
+    q, k = torch.randn(2, 3, length, width, dtype=torch.float64), torch.randn(2, 3, length, width, dtype=torch.float64)
+    at_scores = torch.randn(2, 3, length, length, dtype=torch.float64).tril()
+    causal = torch.full((length, length), float("-inf"), dtype=torch.float64).triu(1)
+    probabilities = torch.softmax(torch.randn(2, 3, length, length, dtype=torch.float64) + causal, -1)
+    v, at_context = torch.randn(2, 3, length, width, dtype=torch.float64), torch.randn(2, 3, length, width, dtype=torch.float64)
+    for u, w, relevance in ((q, k.transpose(-2, -1), at_scores), (probabilities, v, at_context)):
+        assert rules.causal_bands(u, relevance) is not None
+        banded = rules.matmul_halved(u, w, relevance, exact=exact)
+        whole = plain_rule(monkeypatch, lambda: rules.matmul_halved(u, w, relevance, exact=exact))
+        for found, expected in zip(banded, whole):
+            assert (found - expected).abs().max() <= 1e-13 * expected.abs().max()
+    assert rules.causal_bands(torch.randn(1, 2, length, length), torch.randn(1, 2, length, width)) is None
+    assert rules.causal_bands(q[..., :10, :], at_scores[..., :10, :10]) is None  # too few rows to band
+
+
+def test_a_heads_rule_runs_at_its_explained_outputs_only():
+    """A head (one row per input) read at one output: the Linear rule on that output's weights alone gives the shares
+    of the rule on every output."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(2, 16, dtype=torch.float64), torch.randn(40, 16, dtype=torch.float64)
+    relevance = torch.zeros(2, 40, dtype=torch.float64)
+    relevance[0, 3], relevance[1, 7] = 1.0, 2.0
+    assert rules.live_columns(relevance).tolist() == [3, 7]
+    for shared in (True, False):
+        found = rules.linear_alpha1_beta0(x, weight, relevance, shared)
+        expected = rules.direct_rule(x, rules.sign_parts(weight), relevance, shared)
+        torch.testing.assert_close(found, expected, rtol=1e-13, atol=0)
+
+
+def test_banded_rules_give_a_decoders_maps(monkeypatch):
+    """On a tiny causal decoder, transformer attribution and LRP with every attention product in bands give the
+    maps of the whole-matrix rule (float64)."""
+    from language_models import build
+
+    model = build("llama")
+    ids = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    monkeypatch.setattr(rules, "MIN_BAND_ROWS", 2)
+    for method in ("transformer_attribution", "lrp"):
+        banded = relevancy.explain(model, inputs, method=method).scores
+        whole = plain_rule(monkeypatch, lambda: relevancy.explain(model, inputs, method=method).scores)
+        assert (banded - whole).abs().max() <= 1e-13 * whole.abs().max()
+
+
 def test_safe_divide_matches_the_reference_stabiliser():
     a = torch.tensor([1.0, 1.0, 1.0, 1.0])
     b = torch.tensor([2.0, -2.0, 0.0, 1e-12])
