@@ -346,8 +346,8 @@ class CausalLMAdapter(Adapter):
             raise ValueError(f"a row's prompt and the span's tokens read after it take {read_length} positions but the model's "
                              f"context window is {window} tokens: shorten the prompt or the span")
         rows = len(inputs)
-        with self.rules_applied(rules), self.weights_frozen(), self.layers_recomputed(checkpoint), \
-                self.latent_recorded(latent) as recorded:
+        with self.rules_applied(rules), self.weights_frozen(), self.last_mlp_at(plan.term_rows, plan.term_positions), \
+                self.layers_recomputed(checkpoint), self.latent_recorded(latent) as recorded:
             leaves, hidden = self.read_forward(inputs, plan)
             embeddings = leaves["text"]
             recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
@@ -454,6 +454,28 @@ class CausalLMAdapter(Adapter):
         frozen = [(module, lambda x, _m=module: F.linear(x, _m.weight.detach(), None if _m.bias is None else _m.bias.detach()))
                   for module in self.model.modules() if type(module).forward is nn.Linear.forward]
         with replaced([(module, "forward", forward) for module, forward in frozen]):
+            yield
+
+    @contextmanager
+    def last_mlp_at(self, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:
+        """The last layer's MLP (whatever forward it runs for the call: the rule set's) computed at the read
+        positions only, `(rows, positions)` of the hidden states, its output 0 elsewhere: the final norm and the head
+        act position by position, so no other position of the last layer's MLP reaches a read logit, and the scores
+        and every gradient are those of the whole MLP (a position that is not read gets none). About a layer's
+        MLP less in the forward and in the backward. A mixture of experts runs whole (it routes the batch as one).
+        An instance attribute, in the calling thread only, removed after."""
+        mlp = getattr(self.blocks[-1], self.layout.residual.mlp)
+        own = mlp.forward
+        columns = None
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            nonlocal columns
+            if columns is None:  # each read position once (a target and its foil may read the same one)
+                columns = torch.unique(rows * x.shape[1] + positions)
+            flat = x.flatten(0, 1)
+            return flat.new_zeros(flat.shape).index_put((columns,), own(flat[columns][None])[0]).view_as(x)
+
+        with replaced([] if hasattr(mlp, "experts") else [(mlp, "forward", forward)]):
             yield
 
     def recomputed_layers(self) -> list[nn.Module]:

@@ -38,7 +38,7 @@ from ...lrp.engine import (
 )
 from ...lrp.rule_sets import weight_rule
 from ..base import UnsupportedModelError
-from ..hf_attention import gated_forward, transformers_leaves
+from ..hf_attention import gated_forward, gated_product, transformers_leaves
 
 #: the attribute of an attention module (a seeds' relevance session) or of a config (a gradient rule set's session, for
 #: every attention of the config's modules) that holds the call's session, read by relevancy's attention
@@ -341,7 +341,7 @@ def _fused_gated_mlp(module: nn.Module, session: Session) -> Callable[[torch.Ten
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         gate_values, up = module.gate_up_proj(x).chunk(2, dim=-1)
-        return module.down_proj(gate(session, up, activation(session, module.activation_fn, gate_values)))
+        return module.down_proj(gated_product(session, module.activation_fn, gate_values, up))
 
     return forward
 
@@ -372,7 +372,7 @@ def _experts(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]
             token, slot = torch.where(index == expert)
             into, back = gate_up[expert], down[expert]
             gate_values, up = linear(session, lambda t: F.linear(t, into), x[token], into).chunk(2, dim=-1)
-            hidden = linear(session, lambda t: F.linear(t, back), gate(session, up, activation(session, act, gate_values)), back)
+            hidden = linear(session, lambda t: F.linear(t, back), gated_product(session, act, gate_values, up), back)
             parts.append(gate(session, hidden, weights[token, slot, None]).to(x.dtype))
             places.append(token * slots + slot)
         # each token's experts side by side (N, k, D), then summed slot by slot under the add rule
