@@ -95,6 +95,39 @@ def gated(fn: Callable[[torch.Tensor], torch.Tensor], g: torch.Tensor, u: torch.
     return _GatedRule.apply(g, u, fn, *shares)
 
 
+class _Rotation(torch.autograd.Function):
+    """RoPE's rotation `x cos + rotate_half(x) sin` (`rotate_half(x) = (-x2, x1)`, the halves of the last
+    dimension), the same roundings as transformers' (each product rounded, then added), and its backward
+    `g cos + (g2 sin2, -g1 sin1)`: one large tensor and two of half its size each way, where the separate
+    steps make five (the rotation is linear: its gradient is the rule)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        out = x * cos
+        out[..., :half].sub_(x[..., half:] * sin[..., :half])
+        out[..., half:].add_(x[..., :half] * sin[..., half:])
+        ctx.save_for_backward(cos, sin)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        cos, sin = ctx.saved_tensors
+        half = grad.shape[-1] // 2
+        out = grad * cos
+        out[..., :half].add_(grad[..., half:] * sin[..., half:])
+        out[..., half:].sub_(grad[..., :half] * sin[..., :half])
+        return out, None, None
+
+
+def rotated(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' `apply_rotary_pos_emb` (Llama's: the whole head dimension rotated, `cos` and `sin` unsqueezed
+    at `unsqueeze_dim`) as one operation per tensor (`_Rotation`)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return _Rotation.apply(q, cos, sin), _Rotation.apply(k, cos, sin)
+
+
 def share(x: torch.Tensor, factor: float) -> torch.Tensor:
     """`x` unchanged, with `factor` of the relevance flowing back into it (the uniform rule's share)."""
     return _ScaledBackward.apply(x, factor)

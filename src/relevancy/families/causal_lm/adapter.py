@@ -31,7 +31,7 @@ from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, Adapter
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rule_map
+from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets, token_score
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
@@ -261,6 +261,7 @@ class CausalLMAdapter(Adapter):
             session = Session(rules)
             replacements = [(module, "forward", forward(module, session)) for module, forward in self.ruled]
             replacements += [(config, SESSION, session) for config in transformers_configs(self.model)]
+            replacements += rotation_replacements(getattr(self.blocks[0], self.layout.attention))
         restore = switch_attention(transformers_configs(self.model), _registered_attention(probabilities))
         try:
             with replaced(replacements):

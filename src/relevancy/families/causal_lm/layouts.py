@@ -542,6 +542,38 @@ def _rotation_passing(modeling: object) -> ForwardFactory:
     return factory
 
 
+@functools.lru_cache(maxsize=None)
+def _llama_rotation(rotate: Callable) -> bool:
+    """Whether a modeling file's `apply_rotary_pos_emb` gives `gradient.rotated`'s numbers bit for bit on a probe
+    (the whole head dimension rotated, as Llama rotates it)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, cos, sin = (torch.randn(shape, generator=generator, dtype=torch.float64) for shape in ((1, 2, 3, 8), (1, 1, 3, 8), (1, 3, 8), (1, 3, 8)))
+    try:
+        theirs = rotate(q, k, cos, sin)
+    except Exception:  # another signature: not Llama's
+        return False
+    return all(torch.equal(a, b) for a, b in zip(theirs, gradient.rotated(q, k, cos, sin)))
+
+
+def rotation_replacements(attention: nn.Module) -> list[tuple[object, str, object]]:
+    """For a rule set that carries a gradient: the modeling file's `apply_rotary_pos_emb` (the one `attention`'s
+    forward calls) replaced by `gradient.rotated`, the same numbers as one autograd operation per tensor, where the
+    file's is Llama's (`_llama_rotation`) and the call rotates whole heads of one dtype; the file's own otherwise
+    (partial rotary, GPT-2: none)."""
+    modeling = sys.modules[type(attention).__module__]
+    own = getattr(modeling, "apply_rotary_pos_emb", None)
+    if own is None or not _llama_rotation(own):
+        return []
+
+    def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if args or set(kwargs) - {"unsqueeze_dim"} or not (q.shape[-1] == k.shape[-1] == cos.shape[-1] == sin.shape[-1]
+                                                           and q.dtype == k.dtype == cos.dtype == sin.dtype):
+            return own(q, k, cos, sin, *args, **kwargs)
+        return gradient.rotated(q, k, cos, sin, **kwargs)
+
+    return [(modeling, "apply_rotary_pos_emb", apply)]
+
+
 def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, RuleForward]]) -> dict[type, ForwardFactory]:
     """The layout's rule map for a session that carries relevance (the seeds' LRP methods), keyed by the types of the
     model's own modules: transformers' leaves (Linear, GPT-2's `Conv1D`), the ruled parts' forwards, the layers'
