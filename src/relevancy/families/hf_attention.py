@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.guard import acts_for
+from ..lrp import gradient
 from ..lrp.attention import attend
 from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, activation, add, default_leaves, gate
 from ._shared import eval_mode, transformers_configs
@@ -64,7 +65,17 @@ def gated_forward(mlp: nn.Module, session: Session | None) -> Callable[[torch.Te
     """transformers' gated feed-forward (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: DINOv2's SwiGLU, the
     decoders' MLPs) in the engine's operations: the activation under the activation rule, the gating product under
     the gate rule, the projections under their own entries (or as they are, for a rule set that carries a gradient)."""
-    return lambda x: mlp.down_proj(gate(session, mlp.up_proj(x), activation(session, mlp.act_fn, mlp.gate_proj(x))))
+    return lambda x: mlp.down_proj(gated_product(session, mlp.act_fn, mlp.gate_proj(x), mlp.up_proj(x)))
+
+
+def gated_product(session: Session | None, act: Callable[[torch.Tensor], torch.Tensor], gate_values: torch.Tensor,
+                  up: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's hidden layer `act(gate_values) * up` under the session's activation and gate rules; a rule set
+    that carries a gradient runs both as one operation (`lrp.gradient.gated`: fewer large tensors, the same
+    arithmetic)."""
+    if session is not None and not session.rule_set.explicit:
+        return gradient.gated(act, gate_values, up, session.rule_set.gate)
+    return gate(session, up, activation(session, act, gate_values))
 
 
 def gated_mlp(mlp: nn.Module, session: Session) -> Replacements:

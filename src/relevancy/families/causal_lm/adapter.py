@@ -9,6 +9,7 @@ under the rule set and the MLPs and norms run the rule set's forwards (instance 
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -31,7 +32,7 @@ from .._shared import OutputPart, transformers_configs
 from ..base import SEED_METHODS, Adapter
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rule_map
+from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets, token_score
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
@@ -171,6 +172,12 @@ class CausalLMAdapter(Adapter):
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
 
+    @functools.cached_property
+    def configs(self) -> list[object]:
+        """The model's transformers configs a call switches (`transformers_configs`), found once per adapter, i.e.
+        per call: a walk over every module, a few milliseconds of Python on SmolLM2."""
+        return transformers_configs(self.model)
+
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
         """Any transformers decoder language model: one of no known layout is refused by `__init__`, naming why."""
@@ -246,7 +253,7 @@ class CausalLMAdapter(Adapter):
             yield
 
     def shared_state(self) -> list[object]:
-        return transformers_configs(self.model)
+        return self.configs
 
     @contextmanager
     def rules_applied(self, rules: RuleSet | None, probabilities: bool = False) -> Iterator[None]:
@@ -260,8 +267,9 @@ class CausalLMAdapter(Adapter):
         if rules is not None:
             session = Session(rules)
             replacements = [(module, "forward", forward(module, session)) for module, forward in self.ruled]
-            replacements += [(config, SESSION, session) for config in transformers_configs(self.model)]
-        restore = switch_attention(transformers_configs(self.model), _registered_attention(probabilities))
+            replacements += [(config, SESSION, session) for config in self.configs]
+            replacements += rotation_replacements(getattr(self.blocks[0], self.layout.attention))
+        restore = switch_attention(self.configs, _registered_attention(probabilities))
         try:
             with replaced(replacements):
                 yield
@@ -318,6 +326,15 @@ class CausalLMAdapter(Adapter):
         """The logits of hidden states: the output embeddings, soft-capped where the model caps them (`capped`)."""
         return self.capped(self.model.get_output_embeddings()(hidden))
 
+    def picked_logits(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """`(N,)` the logit of token `ids[n]` after `hidden[n]` (`(N, D)`), soft-capped where the model caps them: the
+        head's numbers at those ids from their rows of the output embeddings (weights detached), so that the backward
+        reads N rows of the `(V, D)` matrix rather than all of it (SmolLM2's 49,152 rows: about 5 % of a forward
+        at 100 tokens on one CPU thread)."""
+        head = self.model.get_output_embeddings()
+        logits = torch.linalg.vecdot(hidden, head.weight.detach()[ids])
+        return self.capped(logits if head.bias is None else logits + head.bias.detach()[ids])
+
     def capped(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits soft-capped `c tanh(z / c)` where the model caps them (Gemma 2), with the cap's own gradient (lxt
         leaves the head as the model has it); as they are otherwise."""
@@ -346,12 +363,16 @@ class CausalLMAdapter(Adapter):
             raise ValueError(f"a row's prompt and the span's tokens read after it take {read_length} positions but the model's "
                              f"context window is {window} tokens: shorten the prompt or the span")
         rows = len(inputs)
-        with self.rules_applied(rules), self.weights_frozen(), self.layers_recomputed(checkpoint), \
-                self.latent_recorded(latent) as recorded:
+        with self.rules_applied(rules), self.weights_frozen(), self.last_mlp_at(plan.term_rows, plan.term_positions), \
+                self.layers_recomputed(checkpoint), self.latent_recorded(latent) as recorded:
             leaves, hidden = self.read_forward(inputs, plan)
             embeddings = leaves["text"]
             recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
-            logits = self.head(hidden[plan.term_rows, plan.term_positions])  # (N, V): what predicts each token
+            read = hidden[plan.term_rows, plan.term_positions]
+            # a logit score differentiates the explained tokens' logits only (`picked_logits`); the head's whole
+            # (N, V) output is then read without a graph: it names the predicted tokens and is reported
+            picked = not function and isinstance(score, str) and score == "logit" and isinstance(self.model.get_output_embeddings(), nn.Linear)
+            logits = self.head(read.detach() if picked else read)  # (N, V): what predicts each token
             next_token = logits[:rows]  # each row's first term: its next-token logits
             if function:
                 explained = target(next_token)
@@ -362,7 +383,7 @@ class CausalLMAdapter(Adapter):
             else:
                 predicted = plan.term_ids < 0  # the target None: each row's most probable next token
                 term_ids = torch.where(predicted, logits.detach().argmax(-1), plan.term_ids)
-                values = scorer(logits, term_ids)
+                values = self.picked_logits(read, term_ids) if picked else scorer(logits, term_ids)
                 if not isinstance(values, torch.Tensor) or values.shape != term_ids.shape:
                     got = f"shape {tuple(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
                     raise ValueError(f"score= as a callable must return one score per explained token, shape ({len(term_ids)},); got {got}")
@@ -454,6 +475,28 @@ class CausalLMAdapter(Adapter):
         frozen = [(module, lambda x, _m=module: F.linear(x, _m.weight.detach(), None if _m.bias is None else _m.bias.detach()))
                   for module in self.model.modules() if type(module).forward is nn.Linear.forward]
         with replaced([(module, "forward", forward) for module, forward in frozen]):
+            yield
+
+    @contextmanager
+    def last_mlp_at(self, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[None]:
+        """The last layer's MLP (whatever forward it runs for the call: the rule set's) computed at the read
+        positions only, `(rows, positions)` of the hidden states, its output 0 elsewhere: the final norm and the head
+        act position by position, so no other position of the last layer's MLP reaches a read logit, and the scores
+        and every gradient are those of the whole MLP (a position that is not read gets none). About a layer's
+        MLP less in the forward and in the backward. A mixture of experts runs whole (it routes the batch as one).
+        An instance attribute, in the calling thread only, removed after."""
+        mlp = getattr(self.blocks[-1], self.layout.residual.mlp)
+        own = mlp.forward
+        columns = None
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            nonlocal columns
+            if columns is None:  # each read position once (a target and its foil may read the same one)
+                columns = torch.unique(rows * x.shape[1] + positions)
+            flat = x.flatten(0, 1)
+            return flat.new_zeros(flat.shape).index_put((columns,), own(flat[columns][None])[0]).view_as(x)
+
+        with replaced([] if hasattr(mlp, "experts") else [(mlp, "forward", forward)]):
             yield
 
     def recomputed_layers(self) -> list[nn.Module]:

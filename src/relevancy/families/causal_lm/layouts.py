@@ -38,7 +38,7 @@ from ...lrp.engine import (
 )
 from ...lrp.rule_sets import weight_rule
 from ..base import UnsupportedModelError
-from ..hf_attention import gated_forward, transformers_leaves
+from ..hf_attention import gated_forward, gated_product, transformers_leaves
 
 #: the attribute of an attention module (a seeds' relevance session) or of a config (a gradient rule set's session, for
 #: every attention of the config's modules) that holds the call's session, read by relevancy's attention
@@ -341,7 +341,7 @@ def _fused_gated_mlp(module: nn.Module, session: Session) -> Callable[[torch.Ten
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         gate_values, up = module.gate_up_proj(x).chunk(2, dim=-1)
-        return module.down_proj(gate(session, up, activation(session, module.activation_fn, gate_values)))
+        return module.down_proj(gated_product(session, module.activation_fn, gate_values, up))
 
     return forward
 
@@ -372,7 +372,7 @@ def _experts(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]
             token, slot = torch.where(index == expert)
             into, back = gate_up[expert], down[expert]
             gate_values, up = linear(session, lambda t: F.linear(t, into), x[token], into).chunk(2, dim=-1)
-            hidden = linear(session, lambda t: F.linear(t, back), gate(session, up, activation(session, act, gate_values)), back)
+            hidden = linear(session, lambda t: F.linear(t, back), gated_product(session, act, gate_values, up), back)
             parts.append(gate(session, hidden, weights[token, slot, None]).to(x.dtype))
             places.append(token * slots + slot)
         # each token's experts side by side (N, k, D), then summed slot by slot under the add rule
@@ -540,6 +540,38 @@ def _rotation_passing(modeling: object) -> ForwardFactory:
             passthrough(session, lambda t: rotate(t, t, cos, sin, *args, **kwargs)[1], k))}
 
     return factory
+
+
+@functools.lru_cache(maxsize=None)
+def _llama_rotation(rotate: Callable) -> bool:
+    """Whether a modeling file's `apply_rotary_pos_emb` gives `gradient.rotated`'s numbers bit for bit on a probe
+    (the whole head dimension rotated, as Llama rotates it)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, cos, sin = (torch.randn(shape, generator=generator, dtype=torch.float64) for shape in ((1, 2, 3, 8), (1, 1, 3, 8), (1, 3, 8), (1, 3, 8)))
+    try:
+        theirs = rotate(q, k, cos, sin)
+    except Exception:  # another signature: not Llama's
+        return False
+    return all(torch.equal(a, b) for a, b in zip(theirs, gradient.rotated(q, k, cos, sin)))
+
+
+def rotation_replacements(attention: nn.Module) -> list[tuple[object, str, object]]:
+    """For a rule set that carries a gradient: the modeling file's `apply_rotary_pos_emb` (the one `attention`'s
+    forward calls) replaced by `gradient.rotated`, the same numbers as one autograd operation per tensor, where the
+    file's is Llama's (`_llama_rotation`) and the call rotates whole heads of one dtype; the file's own otherwise
+    (partial rotary, GPT-2: none)."""
+    modeling = sys.modules[type(attention).__module__]
+    own = getattr(modeling, "apply_rotary_pos_emb", None)
+    if own is None or not _llama_rotation(own):
+        return []
+
+    def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if args or set(kwargs) - {"unsqueeze_dim"} or not (q.shape[-1] == k.shape[-1] == cos.shape[-1] == sin.shape[-1]
+                                                           and q.dtype == k.dtype == cos.dtype == sin.dtype):
+            return own(q, k, cos, sin, *args, **kwargs)
+        return gradient.rotated(q, k, cos, sin, **kwargs)
+
+    return [(modeling, "apply_rotary_pos_emb", apply)]
 
 
 def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, RuleForward]]) -> dict[type, ForwardFactory]:
