@@ -192,3 +192,51 @@ def test_checkpoint_recomputes_the_calls_forwards_in_the_thread_autograd_runs_th
     assert outputs
     for output in outputs:
         torch.testing.assert_close(output, normal, rtol=1e-10, atol=1e-10)
+
+
+def deeper(family: str) -> torch.nn.Module:
+    """A tiny float64 model of `family` ("llama": a text decoder; else vlm_models') with 5 tower and 4 decoder layers
+    (the text decoder 7): segments of 3 layers, a last one shorter, LLaVA's chosen hidden state inside a segment."""
+    import transformers
+    from vlm_models import _config
+
+    torch.manual_seed(0)
+    if family == "llama":
+        config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=7, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+        return transformers.LlamaForCausalLM(config).double().eval()
+    config = _config(family)
+    config.vision_config.num_hidden_layers, config.text_config.num_hidden_layers = 5, 4
+    if family == "gemma3":
+        config.text_config.layer_types = ["sliding_attention", "full_attention"] * 2
+    return getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config).double().eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "llava", "gemma3", "idefics3"])
+def test_segments_of_layers_give_the_plain_maps_and_keep_fewer_inputs(family, monkeypatch):
+    """`checkpoint=True` on a decoder (and a vision-language model's tower) runs the layers in segments of
+    ceil(sqrt(L)) (`lrp.segments`): the maps are the plain call's, also with the backward in a thread of its own;
+    the backward runs segments of several layers again, from fewer kept inputs than layers."""
+    from relevancy.lrp import segments
+    from vlm_models import inputs as vlm_inputs
+
+    model = deeper(family)
+    batch = {"input_ids": torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])} if family == "llama" else vlm_inputs(family)
+    plain = relevancy.explain(model, batch, method="attnlrp")
+    reruns: list[tuple[int, int]] = []
+    rerun = segments._rerun
+    monkeypatch.setattr(segments, "_rerun", lambda calls, start, *rest: reruns.append((len(calls), start.data_ptr()))
+                        or rerun(calls, start, *rest))
+    checkpointed = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
+    layers = 7 if family == "llama" else 9
+    assert max(length for length, _ in reruns) == 3, reruns
+    assert len({start for _, start in reruns}) < layers / 2, "one kept input per segment"
+    ran_in = backward_in_a_worker_thread(monkeypatch)
+    elsewhere = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
+    assert ran_in and set(ran_in) == {"autograd-worker"}
+    for result in (checkpointed, elsewhere):
+        for name in ("scores", "pixel_scores"):
+            if getattr(plain, name, None) is not None:
+                expected = getattr(plain, name)
+                torch.testing.assert_close(getattr(result, name), expected, rtol=0, atol=1e-12 * expected.abs().max().item())
+    assert all("forward" not in module.__dict__ for module in model.modules())
