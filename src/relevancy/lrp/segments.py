@@ -35,8 +35,8 @@ Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
 def segment_size(layers: int) -> int:
-    """Layers per segment for `layers` layers: ceil(sqrt(layers)), which about minimises segment inputs plus the
-    inputs of the one segment run again."""
+    """Layers per segment for a stack of `layers` layers: ceil(sqrt(layers)), which about minimises the segments'
+    inputs plus the inputs of the one segment run again (a vision tower and a decoder each their own)."""
     return max(1, math.ceil(math.sqrt(layers)))
 
 
@@ -74,16 +74,16 @@ class _Joined(torch.autograd.Function):
 
 
 @contextmanager
-def segments_recomputed(layers: list[nn.Module], size: int) -> Iterator[None]:
-    """Within the block, `layers` (in the order the model calls them) run in segments of up to `size` layers as the
-    module docstring says (their forwards patched in this thread only and given back after, `engine.replaced`). A layer whose hidden-state input is not the previous layer's output
+def segments_recomputed(stacks: list[list[nn.Module]]) -> Iterator[None]:
+    """Within the block, the layers of each stack (in the order the model calls them) run in segments of up to
+    `segment_size(len(stack))` layers as the module docstring says (their forwards patched in this thread only and given back after, `engine.replaced`). A layer whose hidden-state input is not the previous layer's output
     (the next stack, a model that changes the state between layers) starts a new segment."""
     owner = threading.get_ident()
     segment: dict[str, Any] = {"start": None, "calls": [], "last": None}
 
-    def forward(*args: Any, _run: Callable[..., Any], **kwargs: Any) -> Any:
+    def forward(*args: Any, _run: Callable[..., Any], _size: int, **kwargs: Any) -> Any:
         hidden, rest = (args[0], args[1:]) if args else (kwargs.pop("hidden_states"), ())
-        if hidden is not segment["last"] or len(segment["calls"]) == size:
+        if hidden is not segment["last"] or len(segment["calls"]) == _size:
             segment["start"], segment["calls"] = hidden, []
         segment["calls"].append((_run, rest, kwargs))
         with torch.no_grad():
@@ -92,8 +92,8 @@ def segments_recomputed(layers: list[nn.Module], size: int) -> Iterator[None]:
         segment["last"] = joined
         return joined if isinstance(output, torch.Tensor) else (joined, *output[1:])
 
-    with replaced([(layer, "forward", lambda *args, _run=layer.forward, **kwargs: forward(*args, _run=_run, **kwargs))
-                   for layer in layers]):
+    with replaced([(layer, "forward", lambda *args, _run=layer.forward, _size=segment_size(len(stack)), **kwargs:
+                    forward(*args, _run=_run, _size=_size, **kwargs)) for stack in stacks for layer in stack]):
         try:
             yield
         finally:

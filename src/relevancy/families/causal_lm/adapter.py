@@ -25,7 +25,7 @@ from ...core.guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from ...lrp.engine import Session, passthrough, replaced
 from ...lrp.rule_sets import RuleSet
-from ...lrp.segments import segment_size, segments_recomputed
+from ...lrp.segments import segments_recomputed
 from ...core.messages import quoted
 from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
@@ -458,9 +458,10 @@ class CausalLMAdapter(Adapter):
         with replaced([(module, "forward", forward) for module, forward in frozen]):
             yield
 
-    def recomputed_layers(self) -> list[nn.Module]:
-        """The layers `checkpoint=True` runs again in the backward: the decoder's."""
-        return self.blocks
+    def recomputed_stacks(self) -> list[list[nn.Module]]:
+        """The stacks of layers `checkpoint=True` runs again in the backward, each in the order the model calls its
+        layers: the decoder's."""
+        return [self.blocks]
 
     @contextmanager
     def layers_recomputed(self, enabled: bool = True, per_layer: bool = False) -> Iterator[None]:
@@ -471,13 +472,13 @@ class CausalLMAdapter(Adapter):
         layer's output and what it computes inside on the graph (latent relevance reads the gradient there). Either
         recomputation runs this call's forwards in whatever thread autograd runs the backward (CUDA's device
         threads: `guard.recomputed_as_this_thread`)."""
-        layers = self.recomputed_layers() if enabled else []
+        stacks = self.recomputed_stacks() if enabled else []
         if not per_layer:
-            with segments_recomputed(layers, segment_size(len(layers))):
+            with segments_recomputed(stacks):
                 yield
             return
         context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in layers]
+            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for stack in stacks for layer in stack]
         with replaced([(module, "forward", forward) for module, forward in recomputed]):
             yield
