@@ -194,9 +194,10 @@ def test_checkpoint_recomputes_the_calls_forwards_in_the_thread_autograd_runs_th
         torch.testing.assert_close(output, normal, rtol=1e-10, atol=1e-10)
 
 
+
 def deeper(family: str) -> torch.nn.Module:
-    """A tiny float64 model of `family` ("llama": a text decoder; else vlm_models') with 5 tower and 4 decoder layers
-    (the text decoder 7): segments of 3 layers, a last one shorter, LLaVA's chosen hidden state inside a segment."""
+    """A tiny float64 model of `family` ("llama": a text decoder of 7 layers; else vlm_models') with 5 tower and 4
+    decoder layers: uneven halves, LLaVA's chosen hidden state inside the tower."""
     import transformers
     from vlm_models import _config
 
@@ -213,24 +214,32 @@ def deeper(family: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("family", ["llama", "llava", "gemma3", "idefics3"])
-def test_segments_of_layers_give_the_plain_maps_and_keep_fewer_inputs(family, monkeypatch):
-    """`checkpoint=True` on a decoder (and a vision-language model's tower) runs the layers in segments of
-    ceil(sqrt(L)) (`lrp.segments`): the maps are the plain call's, also with the backward in a thread of its own;
-    the backward runs segments of several layers again, from fewer kept inputs than layers."""
+def test_stacks_run_again_by_bisection_give_the_plain_maps(family, monkeypatch):
+    """`checkpoint=True` on a decoder (and a vision-language model's tower) keeps each stack's input only and runs
+    its layers again by bisection in the backward (`lrp.segments`): the maps are the plain call's, also with the
+    backward in a thread of its own; the deepest recursion holds about log2(L) + 1 inputs, not L."""
     from relevancy.lrp import segments
+
     from vlm_models import inputs as vlm_inputs
 
     model = deeper(family)
     batch = {"input_ids": torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])} if family == "llama" else vlm_inputs(family)
     plain = relevancy.explain(model, batch, method="attnlrp")
-    reruns: list[tuple[int, int]] = []
-    rerun = segments._rerun
-    monkeypatch.setattr(segments, "_rerun", lambda calls, start, *rest: reruns.append((len(calls), start.data_ptr()))
-                        or rerun(calls, start, *rest))
+    depth, deepest = [0], [0]
+    backpropagated = segments._backpropagated
+
+    def counted(calls, start, grad):
+        depth[0] += 1
+        deepest[0] = max(deepest[0], depth[0])
+        try:
+            return backpropagated(calls, start, grad)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(segments, "_backpropagated", counted)
     checkpointed = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
-    layers = 7 if family == "llama" else 9
-    assert max(length for length, _ in reruns) == 3, reruns
-    assert len({start for _, start in reruns}) < layers / 2, "one kept input per segment"
+    # ceil(log2(n)) halvings, then one layer: n = 7 (Llama), 5 (a tower read at its end), 4 (LLaVA's tower read at -2, the decoders)
+    assert deepest[0] == (3 if family == "llava" else 4), deepest
     ran_in = backward_in_a_worker_thread(monkeypatch)
     elsewhere = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
     assert ran_in and set(ran_in) == {"autograd-worker"}

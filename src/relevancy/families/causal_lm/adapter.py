@@ -25,7 +25,7 @@ from ...core.guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from ...lrp.engine import Session, passthrough, replaced
 from ...lrp.rule_sets import RuleSet
-from ...lrp.segments import segments_recomputed
+from ...lrp.segments import stacks_recomputed
 from ...core.messages import quoted
 from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
@@ -332,7 +332,7 @@ class CausalLMAdapter(Adapter):
         teacher-forced after the prompt, a `Contrast`; or a callable `f(next-token logits (B, V)) -> (B,)`) is
         scored per explained token by `score` ("logit", "log_prob" or `f(logits (N, V), ids (N,)) -> (N,)`) and
         summed per row. One forward and one backward for the whole batch (rows are independent); `checkpoint`: the
-        layers' activations recomputed in the backward instead of kept (`layers_recomputed`: in segments, per layer
+        layers' activations recomputed in the backward instead of kept (`layers_recomputed`: by bisection, per layer
         with `latent`); `latent`: the parts
         of `LatentRelevance` ("layers", "neurons", "heads") read in the same backward."""
         vocab = self.text_config.vocab_size
@@ -458,27 +458,27 @@ class CausalLMAdapter(Adapter):
         with replaced([(module, "forward", forward) for module, forward in frozen]):
             yield
 
-    def recomputed_stacks(self) -> list[list[nn.Module]]:
-        """The stacks of layers `checkpoint=True` runs again in the backward, each in the order the model calls its
-        layers: the decoder's."""
-        return [self.blocks]
+    def recomputed_layers(self) -> list[nn.Module]:
+        """The layers `checkpoint=True` runs again in the backward: the decoder's."""
+        return self.blocks
 
     @contextmanager
     def layers_recomputed(self, enabled: bool = True, per_layer: bool = False) -> Iterator[None]:
         """Gradient checkpointing for one call, in eval mode (transformers' own switch acts in training mode only),
-        removed after (instance attributes). By default in segments of about sqrt(L) layers (`lrp.segments`): the
-        inputs held at once are about 2 sqrt(L) layers' instead of L, at about two forwards more. `per_layer`: each
-        layer under torch's non-reentrant checkpoint, every layer's input kept, about one forward more, and every
-        layer's output and what it computes inside on the graph (latent relevance reads the gradient there). Either
+        removed after (instance attributes). By default only each stack's input is kept and the backward runs its
+        layers again by bisection (`lrp.segments`): about log2(L) + 1 layer inputs held at once instead of L, at
+        about log2(L) / 2 + 1 forwards more. `per_layer`: each layer under torch's non-reentrant checkpoint, every
+        layer's input kept, about one forward more, and every layer's output and what it computes inside on the
+        graph (latent relevance reads the gradient there). Either
         recomputation runs this call's forwards in whatever thread autograd runs the backward (CUDA's device
         threads: `guard.recomputed_as_this_thread`)."""
-        stacks = self.recomputed_stacks() if enabled else []
+        layers = self.recomputed_layers() if enabled else []
         if not per_layer:
-            with segments_recomputed(stacks):
+            with stacks_recomputed(layers):
                 yield
             return
         context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for stack in stacks for layer in stack]
+            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in layers]
         with replaced([(module, "forward", forward) for module, forward in recomputed]):
             yield

@@ -131,9 +131,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
         forward only on this family)."""
         return None
 
-    def recomputed_stacks(self) -> list[list[nn.Module]]:
+    def recomputed_layers(self) -> list[nn.Module]:
         """`checkpoint=True` runs the tower's layers again in the backward too, not only the decoder's."""
-        return [list(self.vision.transformer(self.model).encoder.layers), list(self.blocks)]
+        return [*self.vision.transformer(self.model).encoder.layers, *self.blocks]
 
     def explanation(self, scores: dict[str, torch.Tensor], inputs: ImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
         """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch. Without
