@@ -14,8 +14,8 @@ explanation is `relevancy.explain(model, inputs, method=...)` for the predicted 
 the best of `--repeats` of each after a warm-up, forward and explanation interleaved, the ratio, the peaks of the
 calls after the warm-ups above what the process held with the model loaded (glibc told to map every allocation of
 64 KiB or more on its own, `MALLOC_MMAP_THRESHOLD_`, so that freed tensors leave the resident memory at once), and the
-ratio of the process's totals (model included). `NAME+checkpoint`: `checkpoint=True` (every tower and decoder layer
-recomputed in the backward). One CPU thread. Results: benchmarks/results/vlm_speed.txt.
+ratio of the process's totals (model included). `NAME+checkpoint`: `checkpoint=True` (the tower's and the decoder's
+inputs kept only, their layers run again by bisection in the backward, `relevancy.lrp.segments`). One CPU thread. Results: benchmarks/results/vlm_speed.txt.
 """
 from __future__ import annotations
 

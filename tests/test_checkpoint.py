@@ -192,3 +192,60 @@ def test_checkpoint_recomputes_the_calls_forwards_in_the_thread_autograd_runs_th
     assert outputs
     for output in outputs:
         torch.testing.assert_close(output, normal, rtol=1e-10, atol=1e-10)
+
+
+
+def deeper(family: str) -> torch.nn.Module:
+    """A tiny float64 model of `family` ("llama": a text decoder of 7 layers; else vlm_models') with 5 tower and 4
+    decoder layers: uneven halves, LLaVA's chosen hidden state inside the tower."""
+    import transformers
+    from vlm_models import _config
+
+    torch.manual_seed(0)
+    if family == "llama":
+        config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=7, num_attention_heads=4,
+                                          num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+        return transformers.LlamaForCausalLM(config).double().eval()
+    config = _config(family)
+    config.vision_config.num_hidden_layers, config.text_config.num_hidden_layers = 5, 4
+    if family == "gemma3":
+        config.text_config.layer_types = ["sliding_attention", "full_attention"] * 2
+    return getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config).double().eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "llava", "gemma3", "idefics3"])
+def test_stacks_run_again_by_bisection_give_the_plain_maps(family, monkeypatch):
+    """`checkpoint=True` on a decoder (and a vision-language model's tower) keeps each stack's input only and runs
+    its layers again by bisection in the backward (`lrp.segments`): the maps are the plain call's, also with the
+    backward in a thread of its own; the deepest recursion holds about log2(L) + 1 inputs, not L."""
+    from relevancy.lrp import segments
+
+    from vlm_models import inputs as vlm_inputs
+
+    model = deeper(family)
+    batch = {"input_ids": torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]])} if family == "llama" else vlm_inputs(family)
+    plain = relevancy.explain(model, batch, method="attnlrp")
+    depth, deepest = [0], [0]
+    backpropagated = segments._backpropagated
+
+    def counted(calls, start, grad):
+        depth[0] += 1
+        deepest[0] = max(deepest[0], depth[0])
+        try:
+            return backpropagated(calls, start, grad)
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(segments, "_backpropagated", counted)
+    checkpointed = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
+    # ceil(log2(n)) halvings, then one layer: n = 7 (Llama), 5 (a tower read at its end), 4 (LLaVA's tower read at -2, the decoders)
+    assert deepest[0] == (3 if family == "llava" else 4), deepest
+    ran_in = backward_in_a_worker_thread(monkeypatch)
+    elsewhere = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
+    assert ran_in and set(ran_in) == {"autograd-worker"}
+    for result in (checkpointed, elsewhere):
+        for name in ("scores", "pixel_scores"):
+            if getattr(plain, name, None) is not None:
+                expected = getattr(plain, name)
+                torch.testing.assert_close(getattr(result, name), expected, rtol=0, atol=1e-12 * expected.abs().max().item())
+    assert all("forward" not in module.__dict__ for module in model.modules())

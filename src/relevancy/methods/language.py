@@ -33,8 +33,8 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
     """The method's `(scores, ids, logits, fields)` on a decoder; fp16 / bf16 models run in their own dtype (no copy
     of their weights: the rules keep what needs the precision in float32, `lrp.gradient`), the maps come in float32;
     the rule-based ones report `relevance_total`. `checkpoint`:
-    recompute each layer in the backward instead of keeping its activations (less memory on long prompts, about
-    one more forward of time; the same map)."""
+    recompute the layers in the backward instead of keeping their activations (less memory on long prompts and deep
+    models, `CausalLMAdapter.layers_recomputed`; the same map)."""
     parts = latent_parts(latent)
     if checkpoint and "heads" in parts:
         raise ValueError("latent heads are read inside each layer, which checkpoint=True runs again in the backward: ask for them without checkpoint")

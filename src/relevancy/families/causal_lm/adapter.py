@@ -26,6 +26,7 @@ from ...core.guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from ...lrp.engine import Session, passthrough, replaced
 from ...lrp.rule_sets import RuleSet
+from ...lrp.segments import stacks_recomputed
 from ...core.messages import quoted
 from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
@@ -347,8 +348,9 @@ class CausalLMAdapter(Adapter):
         under `rules` (None: the plain gradient). The target (`targets.row_targets`: a token, a span read
         teacher-forced after the prompt, a `Contrast`; or a callable `f(next-token logits (B, V)) -> (B,)`) is
         scored per explained token by `score` ("logit", "log_prob" or `f(logits (N, V), ids (N,)) -> (N,)`) and
-        summed per row. One forward and one backward for the whole batch (rows are independent); `checkpoint`: each
-        layer's activations recomputed in the backward instead of kept (`layers_recomputed`); `latent`: the parts
+        summed per row. One forward and one backward for the whole batch (rows are independent); `checkpoint`: the
+        layers' activations recomputed in the backward instead of kept (`layers_recomputed`: by bisection, per layer
+        with `latent`); `latent`: the parts
         of `LatentRelevance` ("layers", "neurons", "heads") read in the same backward."""
         vocab = self.text_config.vocab_size
         function = callable(target) and not isinstance(target, torch.Tensor)
@@ -364,7 +366,7 @@ class CausalLMAdapter(Adapter):
                              f"context window is {window} tokens: shorten the prompt or the span")
         rows = len(inputs)
         with self.rules_applied(rules), self.weights_frozen(), self.last_mlp_at(plan.term_rows, plan.term_positions), \
-                self.layers_recomputed(checkpoint), self.latent_recorded(latent) as recorded:
+                self.layers_recomputed(checkpoint, per_layer=bool(latent)), self.latent_recorded(latent) as recorded:
             leaves, hidden = self.read_forward(inputs, plan)
             embeddings = leaves["text"]
             recorded.on = False  # a layer run again in the backward (checkpoint) records nothing
@@ -504,14 +506,22 @@ class CausalLMAdapter(Adapter):
         return self.blocks
 
     @contextmanager
-    def layers_recomputed(self, enabled: bool = True) -> Iterator[None]:
-        """Gradient checkpointing for one call: each decoder layer keeps only its input for the backward and runs
-        again there (torch's non-reentrant checkpoint), so the activations held at once are one layer's, at about
-        one more forward of time. transformers' own switch acts in training mode only; this one acts in eval mode
-        and is removed after (instance attributes). The recomputation runs this call's forwards in whatever thread
-        autograd runs the backward (CUDA's device threads: `guard.recomputed_as_this_thread`)."""
+    def layers_recomputed(self, enabled: bool = True, per_layer: bool = False) -> Iterator[None]:
+        """Gradient checkpointing for one call, in eval mode (transformers' own switch acts in training mode only),
+        removed after (instance attributes). By default only each stack's input is kept and the backward runs its
+        layers again by bisection (`lrp.segments`): about log2(L) + 1 layer inputs held at once instead of L, at
+        about log2(L) / 2 + 1 forwards more. `per_layer`: each layer under torch's non-reentrant checkpoint, every
+        layer's input kept, about one forward more, and every layer's output and what it computes inside on the
+        graph (latent relevance reads the gradient there). Either
+        recomputation runs this call's forwards in whatever thread autograd runs the backward (CUDA's device
+        threads: `guard.recomputed_as_this_thread`)."""
+        layers = self.recomputed_layers() if enabled else []
+        if not per_layer:
+            with stacks_recomputed(layers):
+                yield
+            return
         context = recomputed_as_this_thread()
         recomputed = [(layer, lambda *args, _run=layer.forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in self.recomputed_layers()] if enabled else []
+            _run, *args, use_reentrant=False, context_fn=context, **kwargs)) for layer in layers]
         with replaced([(module, "forward", forward) for module, forward in recomputed]):
             yield
