@@ -276,3 +276,41 @@ def test_inputs_and_concepts_made_in_inference_mode_work_later(family, later):
                 scores = relevancy.explain(model, batch, method=method, target=concept).scores
                 assert_same_map(scores, expected[f"{method} on a concept"], f"{method} on a concept {name}")
     assert_same_map(concepts["built in inference_mode"].vector, expected["concept vector"], "concept vector")
+
+
+def test_a_shared_function_patched_by_overlapping_calls_is_given_back_whatever_order_they_end():
+    """Two calls in two threads patch one shared function (two models of a family share their modeling file's
+    functions, e.g. RoPE's rotation under attnlrp): whichever ends first, the function is the original after both,
+    and a call that ended no longer acts (its gate hands on to what it replaced)."""
+    import types
+
+    from relevancy.lrp.engine import replaced
+
+    def original(x):
+        return x
+
+    for first_to_end in ("a", "b"):
+        shared = types.SimpleNamespace(rotate=original)
+        entered = {name: threading.Event() for name in "ab"}
+        leave = {name: threading.Event() for name in "ab"}
+        seen: dict[str, int] = {}
+
+        def call(name: str, add: int) -> None:
+            with replaced([(shared, "rotate", lambda x: x + add)]):
+                entered[name].set()
+                leave[name].wait(5)
+                seen[name] = shared.rotate(0)
+
+        a = threading.Thread(target=call, args=("a", 1))
+        a.start()
+        entered["a"].wait(5)
+        b = threading.Thread(target=call, args=("b", 2))
+        b.start()
+        entered["b"].wait(5)
+        assert shared.rotate(0) == 0  # this thread runs the original
+        for name in (first_to_end, "b" if first_to_end == "a" else "a"):
+            leave[name].set()
+            {"a": a, "b": b}[name].join(5)
+            if name == first_to_end:
+                assert shared.rotate(0) == 0
+        assert shared.rotate is original and seen == {"a": 1, "b": 2}, (first_to_end, seen)

@@ -41,10 +41,13 @@ def this_thread_only(hook: Callable[..., T], otherwise: Callable[..., T] | None 
 
     @functools.wraps(hook)  # the signature too: transformers inspects it (feed_forward_chunk)
     def gated(*args, **kwargs):
-        if acts_for(owner):
+        if gated.retired is None and acts_for(owner):
             return hook(*args, **kwargs)
         return None if otherwise is None else otherwise(*args, **kwargs)
 
+    #: set by `lrp.engine.replaced` when its call ends while a later call's patch sits on top of this gate: from then
+    #: on the gate only hands on to `otherwise`, and the later call's restore skips it (`(had_own, previous)`)
+    gated.retired = None
     return gated
 
 

@@ -8,6 +8,8 @@ not a fork. Every patched forward is removed when the session ends, also after a
 """
 from __future__ import annotations
 
+import threading
+
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FunctionType, MethodType
@@ -262,27 +264,41 @@ def _entry(rule_map: Mapping[type, ForwardFactory], module: nn.Module) -> Forwar
     )
 
 
+_restoring = threading.Lock()
+
+
 @contextmanager
 def replaced(replacements: Iterable[tuple[object, str, object]]) -> Iterator[None]:
     """Each `(owner, name, value)`: the attribute set on the owner for the block (a function in the calling thread
     only: another thread calls what was there), what the owner had before (its own attribute, or none: its class's)
-    given back after, also after an exception. The one way relevancy patches and restores a model."""
-    patched: list[tuple[object, str, bool, object]] = []
+    given back after, also after an exception. The one way relevancy patches and restores a model.
+
+    Calls in several threads may patch the same function (two models of one family share their modeling file's
+    functions) and end in any order: a call that ends under a later call's patch leaves that patch in place and
+    retires its own gate (it hands on to what it replaced), and a restore that would give back a retired gate gives
+    back what that gate replaced, so the last call to end leaves the original."""
+    patched: list[tuple[object, str, bool, object, object]] = []
     try:
         for owner, name, replacement in replacements:
             had_own = name in owner.__dict__
-            patched.append((owner, name, had_own, owner.__dict__.get(name)))
             if isinstance(replacement, (FunctionType, MethodType)):
                 # the user's own forwards from other threads run the model's computation, not the rules
                 replacement = this_thread_only(replacement, otherwise=getattr(owner, name))
+            patched.append((owner, name, had_own, owner.__dict__.get(name), replacement))
             object.__setattr__(owner, name, replacement)
         yield
     finally:
-        for owner, name, had_own, previous in reversed(patched):
-            if had_own:
-                object.__setattr__(owner, name, previous)
-            else:
-                object.__delattr__(owner, name)
+        with _restoring:
+            for owner, name, had_own, previous, installed in reversed(patched):
+                if owner.__dict__.get(name) is not installed and getattr(installed, "retired", False) is None:
+                    installed.retired = (had_own, previous)  # a later call's patch is on top: it restores past ours
+                    continue
+                while getattr(previous, "retired", None) is not None:
+                    had_own, previous = previous.retired
+                if had_own:
+                    object.__setattr__(owner, name, previous)
+                else:
+                    object.__delattr__(owner, name)
 
 
 def _replacements(plans: list[tuple[nn.Module, ForwardFactory]], session: Session) -> Iterator[tuple[object, str, object]]:
