@@ -126,7 +126,7 @@ def test_the_benchmark_scores_maps_given_from_outside(shipped):
     assert results["words"] == len(words_of["rows"]) > 0 and 0 < results["answered"] <= 6
     assert m["oracle"]["share"] > 0.3 and m["oracle"]["pointing"] >= 0.8
     assert m["oracle"]["share"] > m["objects"]["share"] > m["random"]["share"]
-    assert m["patch_ablation"]["time_ratio"] > 10 and "time_ratio" not in m["random"]
+    assert m["patch_ablation"]["time_ratio"] > 5 and "time_ratio" not in m["random"]  # 64 patches per word, batched
     for entry in m.values():
         assert all(0 <= entry[k] <= 1 for k in ("share", "other_share", "pointing"))
         assert math.isclose(entry["gap"], entry["lerf"] - entry["morf"], abs_tol=1e-9)

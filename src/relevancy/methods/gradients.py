@@ -93,6 +93,8 @@ def generic_attention(
     relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
     `checkpoint` (one-stream models): each block run again in the backward (`relevancy.methods.recompute`), so that one
     block's activations are held at a time, for about one forward more; the same map.
+    A stream fed by a model of its own (`Adapter.feeds`: a vision-language decoder's tower) has its readout row
+    carried on into that model (`carried_into`), every layer it reads, gradients from the same backward.
     """
     check_generic_weights(weights, exact)
     conventions = adapter.conventions.generic_attention
@@ -118,7 +120,7 @@ def generic_attention(
         fed[index] = probabilities
 
     with forward_hooks([site.probabilities for site in fed_sites], keep):
-        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
+        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=not feeds)
     streams = adapter.streams(inputs)
     used = {}
     for name, stream in streams.items():
