@@ -40,8 +40,9 @@ PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attentio
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower; the attention methods read the decoder's
-    #: attention only, the image's tokens laid back on the patch grid (the others are refused by name)
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention the tower's patch tokens
+    #: (`feeds`), token_ablation occludes the tower's patches (`ablated`); raw_attention, rollout, attention_gradcam read
+    #: the decoder's attention only, the image's tokens laid back on the patch grid (the others are refused by name)
     methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
