@@ -93,21 +93,12 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ra * rb).sum(-1) / (ra.norm(dim=-1) * rb.norm(dim=-1))
 
 
-def occlusion(model: torch.nn.Module, batch: dict[str, torch.Tensor], target: torch.Tensor, patch: int) -> torch.Tensor:
-    """`(B, patches)`: the explained logit's drop when each patch's pixels are set to 0."""
-    grid = batch["pixel_values"].shape[-1] // patch
-    drops = []
-    with torch.no_grad():
-        for row in range(len(target)):
-            ids = batch["input_ids"][row:row + 1]
-            full = model(input_ids=ids, pixel_values=batch["pixel_values"][row:row + 1]).logits[0, -1, target[row]]
-            pixels = batch["pixel_values"][row].repeat(grid * grid, 1, 1, 1)
-            for k in range(grid * grid):
-                r, c = divmod(k, grid)
-                pixels[k, :, r * patch:(r + 1) * patch, c * patch:(c + 1) * patch] = 0
-            logits = model(input_ids=ids.expand(grid * grid, -1), pixel_values=pixels).logits[:, -1, target[row]]
-            drops.append(full - logits)
-    return torch.stack(drops)
+def occlusion(model: torch.nn.Module, batch: dict[str, torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+    """`(B, patches)`: the explained logit's drop when each patch's pixels are set to 0 (relevancy's `token_ablation`
+    of the image's patches)."""
+    import relevancy
+
+    return relevancy.explain(model, batch, method="token_ablation", target=target.tolist(), ablate="image").image_scores.flatten(1)
 
 
 def cancellation(pixels: torch.Tensor, patch: int) -> torch.Tensor:
@@ -130,7 +121,7 @@ def measure(name: str, model: torch.nn.Module, batch: dict[str, torch.Tensor], p
     import relevancy
 
     target = relevancy.explain(model, batch, method="input_x_gradient").target
-    truth = occlusion(model, batch, target, patch)
+    truth = occlusion(model, batch, target)
     for method in methods:
         explanation = relevancy.explain(model, batch, method=method, target=target)
         agreement = spearman(explanation.image_scores.flatten(1), truth)

@@ -89,7 +89,7 @@ def test_checkpoint_gives_the_same_maps(family, monkeypatch):
         assert torch.allclose(plain.pixel_scores, result.pixel_scores, atol=1e-12) and torch.allclose(plain.scores, result.scores, atol=1e-12)
 
 
-ATTENTION_METHODS = ["raw_attention", "rollout", "attention_gradcam", "generic_attention"]
+ATTENTION_METHODS = ["raw_attention", "rollout", "attention_gradcam"]  # generic_attention: tests/test_vision_language_tower.py
 
 
 def attention_implementations(model: torch.nn.Module) -> list[str | None]:

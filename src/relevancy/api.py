@@ -56,8 +56,8 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
         named = _target_tokens(options.get("tokenizer"), indices)
         if not isinstance(scores, dict):  # a one-stream method
             scores = {next(iter(streams)): scores}
-        if not spec.pixels:
-            scores = {name: adapter.arrange(streams[name], values) for name, values in scores.items()}
+        if not spec.pixels:  # a unit that is no stream of the adapter's (a vision-language tower's patches) is the family's to lay out
+            scores = {name: adapter.arrange(streams[name], values) if name in streams else values for name, values in scores.items()}
         explanation = adapter.explanation(
             {name: values.detach() for name, values in scores.items()},
             inputs,
@@ -198,8 +198,9 @@ Inputs, by model family:
       attention_mask, pixel_values: one image per row). Targets as for decoders. Returns a VisionLanguageExplanation:
       scores (B, T) over the prompt's tokens, image_scores (B, rows, cols) on the vision tower's patch grid,
       pixel_scores (B, H, W), heatmap() at the image's pixels. Methods: attnlrp, cp_lrp, input_x_gradient (through the
-      tower to the pixels); raw_attention, rollout, attention_gradcam, generic_attention (the decoder's attention at the
-      image's tokens laid on the patch grid, not through the tower: through_tower=False, no pixel_scores).
+      tower to the pixels); generic_attention (the ICCV'21 rule carried into the tower's patch tokens); token_ablation
+      (text tokens deleted, the tower's patches set to 0); raw_attention, rollout, attention_gradcam (the decoder's
+      attention at the image's tokens laid on the patch grid, not through the tower: through_tower=False).
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

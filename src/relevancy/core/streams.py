@@ -3,7 +3,8 @@
 A one-stream model (ViT, BERT) has one stream and one self-attention site per block; CLIP has two streams
 (`image`, `text`) that never attend to each other; co-attention and encoder-decoder models add cross sites
 (query stream != key stream). Methods compute relevance per stream pair from these declarations alone, so they
-are written once for every family: the ICCV'21 paper's `R^ii`, `R^tt`, `R^it`, `R^ti`.
+are written once for every family: the ICCV'21 paper's `R^ii`, `R^tt`, `R^it`, `R^ti`. A stream may be fed by a
+model of its own (`Feed`: a vision-language decoder's image tokens, made by its vision tower and projector).
 """
 from __future__ import annotations
 
@@ -71,3 +72,23 @@ def streams_attend_to_each_other(sites: Sequence[AttentionSite]) -> bool:
     """Whether some attention has queries and keys from different streams (LXMERT, DETR): then every map is read
     at one readout stream's row, and the methods take their co-attention strategy (`methods.across`)."""
     return any(not site.is_self for site in sites)
+
+
+@dataclass(frozen=True)
+class Feed:
+    """Tokens of stream `into` made from the output tokens of a stream that runs before it, with no attention between
+    the two (a vision-language decoder's image tokens, made by its projector from its vision tower's tokens).
+
+    `source`: the feeding stream (its prefix tokens, its patch grid); `sites`: its self-attention sites in forward
+    order; `depths`: after how many of them its tokens are read (several: read at each depth and put side by side,
+    LLaVA's list of `vision_feature_layer`s); `positions` `(B, T)` bool: where they are in stream `into`, the same
+    count N in every row; `weights` `(N, T_source)`: each fed token's share of each source token (rows summing to
+    1: one token per source token, or a block of them pooled or shuffled into one)."""
+
+    source: Stream
+    sites: tuple[AttentionSite, ...]
+    depths: tuple[int, ...]
+    into: str
+    positions: torch.Tensor
+    weights: torch.Tensor
+

@@ -24,7 +24,8 @@ scored against the exact masks of the objects those words name.
      what it costs in forward passes.
 
 Reference rows, scored the same way: ``patch_ablation`` (each patch alone set to the mean, the drop of the word's
-log-probability: one forward per patch, the slow reference), ``random`` (scores drawn uniformly, each chunk's
+log-probability: one forward per patch, the slow reference; relevancy's ``token_ablation`` of the patches on the
+log-probability), ``random`` (scores drawn uniformly, each chunk's
 generator seeded from the seed and its first item) and ``objects`` (word-blind: each patch's share of pixels inside
 any object: what finding the objects without reading the word scores).
 """
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..families.vision_language.layouts import occluded
 from ..worlds.captions import COLORS
 from ..worlds.shapes_vlm import VLM_TEST_SEED, encode, generate
 from ..worlds.vision_language import VlmBatch, make_vlm
@@ -110,9 +112,8 @@ def _grid(model: nn.Module) -> tuple[int, int, int]:
 
 def delete_patches(pixel_values: torch.Tensor, removed: torch.Tensor, patch: int) -> torch.Tensor:
     """A copy of ``pixel_values`` ``(B, C, H, W)`` with the patches ``removed`` ``(B, rows, cols)`` set to 0 (the
-    images' mean after normalisation)."""
-    keep = ~removed.repeat_interleave(patch, 1).repeat_interleave(patch, 2)
-    return pixel_values * keep[:, None].to(pixel_values.dtype)
+    images' mean after normalisation), as ``token_ablation`` occludes them."""
+    return occluded(pixel_values, removed, patch)
 
 
 @torch.no_grad()
@@ -166,15 +167,13 @@ def deletion_curves(model: nn.Module, inputs: Mapping[str, torch.Tensor], target
 
 def patch_ablation(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets: torch.Tensor,
                    batch_size: int = 64) -> torch.Tensor:
-    """``(B, rows, cols)``: the drop of each word's log-probability when that patch alone is set to the mean (one
-    forward per patch and word, plus the clean one)."""
-    rows, cols, _ = _grid(model)
-    count = rows * cols
-    clean = word_log_probabilities(model, inputs, targets, batch_size=batch_size)
-    single = torch.eye(count, dtype=torch.bool).view(count, rows, cols)
-    index = torch.arange(len(targets)).repeat_interleave(count)
-    dropped = _perturbed(model, inputs, targets, index, single.repeat(len(targets), 1, 1), batch_size)
-    return (clean[:, None] - dropped.view(len(targets), count)).view(len(targets), rows, cols)
+    """``(B, rows, cols)`` float64: the drop of each word's log-probability when that patch alone is set to the mean
+    (one forward per patch and word, plus the clean one, in forwards of ``batch_size``): relevancy's
+    ``token_ablation`` of the image's patches, ``score="log_prob"``."""
+    from ..api import explain
+
+    return explain(model, dict(inputs), method="token_ablation", target=targets.tolist(), score="log_prob", ablate="image",
+                   chunk_size=batch_size).image_scores.detach().double().cpu()
 
 
 def object_cover(masks: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

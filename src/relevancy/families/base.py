@@ -10,7 +10,7 @@ from torch import nn
 from ..core.conventions import VIT_REFERENCE, Conventions
 from ..results.explanation import Explanation, ImageExplanation
 from ..core.guard import this_thread_only
-from ..core.streams import AttentionSite, Hookable, Stream
+from ..core.streams import AttentionSite, Feed, Hookable, Stream
 from ..core.class_names import named_classes
 from ._shared import UnsupportedModelError, checked_images
 
@@ -159,6 +159,17 @@ class Adapter:
         holds the tokens at `positions[stream][r]` of that stream (a stream missing from `positions`: all).
         """
         raise NotImplementedError
+
+    def feeds(self, inputs: Any) -> list[Feed]:
+        """The streams fed by a model of their own before their first attention (`Feed`: a vision-language
+        decoder's vision tower), whose relevance `generic_attention` carries on into that model; none by default."""
+        return []
+
+    def ablated(self, inputs: Any) -> tuple[dict[str, torch.Tensor], dict[str, Stream]]:
+        """What token ablation removes one at a time: per unit the tokens `(B, T, ...)` that `forward_tokens` takes and
+        the unit's `Stream` (its prefix tokens are kept, its tokens that are not `valid` are not removed); by default
+        `embed`'s tokens and `streams`, each content token dropped before the first block."""
+        return self.embed(inputs), self.streams(inputs)
 
 
 def only_stream(adapter: Adapter, inputs: Any, method: str) -> Stream:

@@ -9,7 +9,7 @@ from .capture import record_forward
 from ..core.conventions import Region, check_choice, given_or
 from ..families.base import Adapter, forward_hooks
 from .recompute import BlockRecompute, gradient_pass, passes_down
-from ..core.streams import Stream
+from ..core.streams import Feed, Stream
 from .targets import Target
 from . import coattention
 from .attention import StartLayer, first_layer, per_stream, readout_chain, readout_row
@@ -93,6 +93,8 @@ def generic_attention(
     relevancy.lrp.rules). On self-attention models the LRP-weighted rule is `transformer_attribution`.
     `checkpoint` (one-stream models): each block run again in the backward (`relevancy.methods.recompute`), so that one
     block's activations are held at a time, for about one forward more; the same map.
+    A stream fed by a model of its own (`Adapter.feeds`: a vision-language decoder's tower) has its readout row
+    carried on into that model (`carried_into`), every layer it reads, gradients from the same backward.
     """
     check_generic_weights(weights, exact)
     conventions = adapter.conventions.generic_attention
@@ -105,9 +107,20 @@ def generic_attention(
         )
     coattention.cross_options_error(cross)
     start_layer = given_or(start_layer, conventions.start_layer)
+    feeds = adapter.feeds(inputs)
+    if checkpoint and feeds:
+        raise ValueError("checkpoint=True runs generic_attention block by block on one stream; this model's stream is fed by a "
+                         "model of its own (a vision tower) whose relevance it carries on: explain without checkpoint")
     if checkpoint:
         return generic_attention_block_by_block(adapter, inputs, target, start_layer, how)
-    fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True)
+    fed_sites = [site for feed in feeds for site in feed.sites[:max(feed.depths)]]
+    fed: list[torch.Tensor | None] = [None] * len(fed_sites)
+
+    def keep(index: int, probabilities: torch.Tensor) -> None:
+        fed[index] = probabilities
+
+    with forward_hooks([site.probabilities for site in fed_sites], keep):
+        fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=not feeds)
     streams = adapter.streams(inputs)
     used = {}
     for name, stream in streams.items():
@@ -116,10 +129,31 @@ def generic_attention(
     flat = [a for name in streams for a in used[name]]
     # R = prod_l (I + E_h (G_l * A_l)^+), read at the readout row (carried back through the blocks: no (T, T) product);
     # each block's E_h (G_l * A_l)^+ is taken as the backward reaches it, so no two full gradients are held at once
-    cams = iter(fwd.reduced_gradients(flat, coattention.weighted_head_mean, [used[name][0] for name in streams]))
+    roots = [used[name][0] for name in streams] + fed[:1]
+    cams = iter(fwd.reduced_gradients(flat + fed, coattention.weighted_head_mean, roots))
     updates = {name: [next(cams) for _ in attentions] for name, attentions in used.items()}
     scores = per_stream(adapter, inputs, how, lambda stream: readout_chain(updates[stream.name], stream, identity=True))
+    for feed in feeds:
+        scores[feed.source.name] = carried_into(feed, scores[feed.into], [next(cams) for _ in range(max(feed.depths))])
     return scores, fwd.indices, fwd.logits
+
+
+def carried_into(feed: Feed, row: torch.Tensor, updates: list[torch.Tensor]) -> torch.Tensor:
+    """The readout row `row` `(B, T)` of the stream a `Feed` feeds, carried on into the feeding stream (the ICCV'21
+    self-attention rule there, as for CLIP's towers): its entries at the fed tokens shared among the source tokens
+    each is made from (`feed.weights`), then back through the source's blocks `R = prod_l (I + E_h (G_l * A_l)^+)`
+    (`updates`: each block's `E_h (G_l * A_l)^+`, first to last). Read at several depths, the relevance enters at
+    each: at the deepest, and again at each shallower one on its own path down, `v R_deep + v R_shallow` (the fed
+    token is made of both sides by side). `(B, N)` over the source's content tokens."""
+    entering = row[feed.positions.to(row.device)].view(len(row), -1) @ feed.weights.to(row)
+    carried = torch.zeros_like(entering)
+    for depth in range(max(feed.depths), 0, -1):
+        if depth in feed.depths:
+            carried = carried + entering
+        carried = carried + torch.bmm(carried.unsqueeze(1), updates[depth - 1]).squeeze(1)
+    if 0 in feed.depths:
+        carried = carried + entering
+    return carried[:, feed.source.prefix_tokens:]
 
 
 def generic_attention_block_by_block(adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer, how) -> tuple:

@@ -22,12 +22,17 @@ import torch
 from torch import nn
 
 from ...core.guard import this_thread_only
+from ...core.streams import AttentionSite, Feed, Stream
+from .._shared import OutputPart
+from ..hf_attention import attention_probabilities
 from ..base import Adapter
 from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
 from ..causal_lm.layouts import recognised
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
-from .layouts import GEMMA3, IDEFICS3, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, pixel_patches, tokens_on_patches
+from .layouts import (
+    GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
+)
 
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -35,9 +40,10 @@ PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attentio
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower; the attention methods read the decoder's
-    #: attention only, the image's tokens laid back on the patch grid (the others are refused by name)
-    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "attnlrp", "cp_lrp", "input_x_gradient")
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention the tower's patch tokens
+    #: (`feeds`), token_ablation occludes the tower's patches (`ablated`); raw_attention, rollout, attention_gradcam read
+    #: the decoder's attention only, the image's tokens laid back on the patch grid (the others are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
     examples = "transformers " + VISION_LANGUAGE_CLASSES
@@ -53,6 +59,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
         self.patch = int(model.config.vision_config.patch_size)
+        self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its select strategy keeps it ("full")
         self.image_prefix = int(getattr(model.config, "vision_feature_select_strategy", None) == "full")
 
@@ -99,11 +106,6 @@ class VisionLanguageAdapter(CausalLMAdapter):
         """The model's own forward over the token rows (each with its input row's image), the token embeddings and
         the pixels as leaves: `({"text": (R, N, D), "image": pixels}, last hidden states)`."""
         pixels = inputs.pixel_values[source].detach().requires_grad_(True)
-        further: dict[str, torch.Tensor] = {}
-        if inputs.pixel_attention_mask is not None:
-            further["pixel_attention_mask"] = inputs.pixel_attention_mask[source]
-        if self.vision is GEMMA3:  # each image's tokens attend to each other
-            further["token_type_ids"] = (ids == self.image_token).long()
         leaves: dict[str, torch.Tensor] = {}
 
         def leaf(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -112,17 +114,80 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
         handle = self.model.get_input_embeddings().register_forward_hook(this_thread_only(leaf))
         try:
-            hidden = self.model.model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=position_ids(mask),
-                                      use_cache=False, **further).last_hidden_state
+            hidden = self.hidden_of(inputs, ids, mask, pixels, source)
         finally:
             handle.remove()
         return {"text": leaves["text"], "image": pixels}, hidden
+
+    def hidden_of(self, inputs: ImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
+                  source: torch.Tensor) -> torch.Tensor:
+        """The model's own forward (tower, projector, decoder) over the token rows `ids` (`mask`) with the images
+        `pixels`, row `r` of input row `source[r]`: the decoder's last hidden states `(R, N, D)`."""
+        further: dict[str, torch.Tensor] = {}
+        if inputs.pixel_attention_mask is not None:
+            further["pixel_attention_mask"] = inputs.pixel_attention_mask[source]
+        if self.vision is GEMMA3:  # each image's tokens attend to each other
+            further["token_type_ids"] = (ids == self.image_token).long()
+        return self.model.model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=position_ids(mask),
+                                use_cache=False, **further).last_hidden_state
 
     def forward(self, inputs: ImageTextTokens, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own forward (tower, projector, decoder; what the attention methods record): `(next-token
         logits (B, V), final hidden state (B, D))` after each row's last real token."""
         mask = inputs.attention_mask
         _, hidden = self.leaves_forward(inputs, inputs.input_ids, mask, torch.arange(len(mask), device=mask.device))
+        last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
+        return self.head(last), last
+
+    def feeds(self, inputs: ImageTextTokens) -> list[Feed]:
+        """The image's tokens in the decoder, fed by the vision tower through the projector (`generic_attention`
+        carries the decoder's relevance on into the tower): the tower's tokens (CLIP's [CLS] first, none for
+        SigLIP) read after the layers `vision_feature_layer` names (LLaVA: `hidden_states[k]`, one or several
+        side by side; Gemma 3, Idefics3: the last layer's), each image token made of one tower token (LLaVA; a
+        kept [CLS] of the tower's [CLS]) or of its block of patch tokens, pooled or pixel-shuffled, in equal shares
+        (`tokens_on_patches`' layout)."""
+        transformer = self.vision.transformer(self.model)
+        layers = transformer.encoder.layers
+        patches = self.side ** 2
+        prefix = int(getattr(transformer.embeddings, "num_positions", patches)) - patches  # CLIP's [CLS]
+        selected = getattr(self.model.config, "vision_feature_layer", -1) if self.vision is LLAVA else -1
+        depths = tuple(sorted({k % (len(layers) + 1) for k in ([selected] if isinstance(selected, int) else selected)}))
+        positions = inputs.input_ids == self.image_token
+        count = int(positions[0].sum())  # every row holds its image's tokens once (`check_inputs`)
+        weights = torch.zeros(count, prefix + patches, dtype=torch.float64, device=positions.device)
+        weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix)  # LLaVA's kept [CLS]
+        weights[self.image_prefix:, prefix:] = tokens_on_patches(torch.eye(count - self.image_prefix, dtype=torch.float64,
+                                                                           device=positions.device), self.side).flatten(1)
+        sites = tuple(AttentionSite("image", "image", OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
+        return [Feed(Stream("image", "image", prefix, None, grid=(self.side, self.side)), sites, depths, "text", positions, weights)]
+
+    def ablated(self, inputs: ImageTextTokens) -> tuple[dict[str, torch.Tensor], dict[str, Stream]]:
+        """Token ablation's units: the prompt's text tokens (their ids `(B, T, 1)`), each removed from the sequence as
+        a decoder's token is (the image's placeholders are not: they are the image's), and the tower's patches
+        (their indices `(B, P, 1)` on the patch grid), each set to the processor's mean, 0 in its normalised pixel
+        space: the patch grid is the tower's whatever the projector makes of it (Gemma 3's pooling, Idefics3's
+        pixel shuffle), so one patch is one patch of pixels in every layout."""
+        ids, mask = inputs.input_ids, inputs.attention_mask
+        patches = torch.arange(self.side ** 2, device=ids.device).expand(len(ids), -1)
+        units = {"text": Stream("text", "text", 0, last_real(mask), valid=inputs.valid & (ids != self.image_token)),
+                 "image": Stream("image", "image", 0, None, grid=(self.side, self.side))}
+        return {"text": ids[..., None], "image": patches[..., None]}, units
+
+    def forward_tokens(self, inputs: ImageTextTokens, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+                       positions: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(next-token logits (R, V), final hidden state (R, D))` of token ablation's sequences (`ablated`'s units
+        as selected): sequence `r` of input row `rows[r]` holds the text tokens `tokens["text"][r]` (the mask of the
+        kept positions: positions are counted anew, the token is deleted) and that row's image with the patches
+        not in `positions["image"][r]` set to 0."""
+        mask, pixels = inputs.attention_mask, inputs.pixel_values
+        rows = torch.arange(len(mask), device=mask.device) if rows is None else rows
+        mask, pixels, positions = mask[rows], pixels[rows], positions or {}
+        if "text" in positions:
+            mask = mask.gather(1, positions["text"])
+        if "image" in positions:
+            removed = torch.ones(len(rows), self.side ** 2, dtype=torch.bool, device=mask.device).scatter_(1, positions["image"], False)
+            pixels = occluded(pixels, removed.view(-1, self.side, self.side), self.patch)
+        hidden = self.hidden_of(inputs, tokens["text"][..., 0], mask, pixels, rows)
         last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
         return self.head(last), last
 
@@ -136,15 +201,19 @@ class VisionLanguageAdapter(CausalLMAdapter):
         return [*self.vision.transformer(self.model).encoder.layers, *self.blocks]
 
     def explanation(self, scores: dict[str, torch.Tensor], inputs: ImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
-        """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch. Without
-        `leaves` (the attention methods) the image's map is the decoder's scores at the image's tokens laid back on
-        the patch grid (`tokens_on_patches`), not carried through the tower (`through_tower=False`), and the text
+        """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch; where a
+        method scored the tower's patch tokens themselves (`scores["image"]` `(B, P)`: token ablation, generic
+        attention carried into the tower) those on the patch grid. Otherwise (the attention methods) the image's map is the decoder's scores at the image's tokens laid back
+        on the patch grid (`tokens_on_patches`), not carried through the tower (`through_tower=False`), and the text
         scores hold 0 at the image's tokens."""
         described = self.describe_inputs(inputs)
+        side = self.side
+        if "image" in scores:
+            return VisionLanguageExplanation(scores=scores["text"].masked_fill(described["image_tokens"].to(scores["text"].device), 0), **described, **fields, image_size=inputs.image_size,
+                                             image_scores=scores["image"].view(len(scores["image"]), side, side))
         if "leaves" not in fields:
             text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
             on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
-            side = self.model.config.vision_config.image_size // self.patch
             return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
                                              image_scores=tokens_on_patches(on_tokens, side, self.image_prefix),
                                              image_size=inputs.image_size)

@@ -21,10 +21,11 @@ class VisionLanguageExplanation(DecoderExplanation):
     summed; `pixel_scores` `(B, H, W)`: per pixel, summed over the colour channels) for the explained token.
     `relevance_total`: the share of the explained score reaching text and image together; `image_share` `(B,)`:
     the image's share of the absolute relevance. `heatmap()`: the patch scores upsampled to the image's pixels.
-    `through_tower`: True where the image's relevance was carried through the vision tower to the pixels (attnlrp,
-    cp_lrp, input_x_gradient); False for the attention methods (raw_attention, rollout, attention_gradcam,
-    generic_attention), whose image map is the decoder's scores at the image's tokens laid back on the patch grid
-    through the projector's token layout, without passing through the tower (no `pixel_scores` then)."""
+    `through_tower`: True where the image's relevance was carried through the vision tower: to the pixels (attnlrp,
+    cp_lrp, input_x_gradient), to the tower's patch tokens (generic_attention) or by occluding its patches
+    (token_ablation; these two give no `pixel_scores`); False for the decoder-only attention methods (raw_attention,
+    rollout, attention_gradcam), whose image map is the decoder's scores at the image's tokens laid back on the patch
+    grid through the projector's token layout, without passing through the tower (no `pixel_scores` then)."""
 
     image_scores: torch.Tensor | None = None
     pixel_scores: torch.Tensor | None = field(default=None, repr=False)

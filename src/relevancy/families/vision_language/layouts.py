@@ -168,6 +168,13 @@ def pixel_patches(relevance: torch.Tensor, patch: int) -> torch.Tensor:
     return relevance.unflatten(-1, (-1, patch)).unflatten(-3, (-1, patch)).sum((-3, -1))
 
 
+def occluded(pixels: torch.Tensor, removed: torch.Tensor, patch: int) -> torch.Tensor:
+    """A copy of `pixels` `(B, ..., C, H, W)` with the patches `removed` `(B, H / patch, W / patch)` (bool) set to 0:
+    the processor's mean, in its normalised pixel space."""
+    keep = ~removed.repeat_interleave(patch, -2).repeat_interleave(patch, -1)
+    return pixels * keep.view(len(keep), *[1] * (pixels.ndim - 3), *keep.shape[-2:]).to(pixels.dtype)
+
+
 def tokens_on_patches(scores: torch.Tensor, side: int, prefix: int = 0) -> torch.Tensor:
     """An image's token scores `(B, N)` laid back on the tower's `side x side` patch grid `(B, side, side)`, each
     token's score shared equally among the patches it is made from (the sums kept): the tokens after the `prefix`
