@@ -7,7 +7,7 @@
 >>> ids = model.generate(**inputs, max_new_tokens=12)          # "... red </s>"
 
 The vision tower is the shipped shapes CLIP's (:mod:`relevancy.worlds.shapes_clip`: 64x64 scenes, 8x8 patches, so
-65 image tokens: [CLS], kept, and the 64 patches), trained further with the rest (see ``vlm_train``); the decoder is a three-layer Llama with grouped
+65 image tokens: [CLS], kept, and the 64 patches), trained further with the rest (see ``vlm_train``); the projector reads its layers 1 and 6; the decoder is a six-layer Llama with grouped
 query attention over a word-level vocabulary (:func:`build_tokenizer`: the words of
 :data:`~relevancy.worlds.vision_language.VOCABULARY` and ``<pad> <s> </s> <unk> <image>``, a ``PreTrainedTokenizerFast``
 built offline with the ``tokenizers`` package); :func:`build_processor` is the ``LlavaProcessor`` around it and a
