@@ -114,7 +114,7 @@ def test_shipped_model_answers_unseen_scenes(shipped):
     descriptions of several objects often not (overall 68.8 %: below the issue's 90 %, see the model card)."""
     model, processor = shipped
     acc = evaluate_vlm(model, processor.tokenizer, n=200, seed=VLM_TEST_SEED)
-    assert acc["per_task"]["color"] > 0.9 and acc["overall"] > 0.6 and acc["object_words"] > 0.65, acc
+    assert acc["per_task"]["color"] > 0.95 and acc["overall"] > 0.8 and acc["object_words"] > 0.85, acc
 
 
 def test_the_processor_path_generates_what_the_benchmark_reads(shipped):
@@ -143,3 +143,24 @@ def test_a_step_exact_run_is_reproducible(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     meta = json.loads((tmp_path / "a" / "shapes_llava.json").read_text())
     assert meta["steps"] == 2 and meta["final"] and meta["val"]["n"] == 4
+
+
+def test_a_smaller_stage_grows_into_the_config_unchanged(batch):
+    """`--init` of a stage with fewer decoder layers and one feature layer: the grown model computes the same."""
+    from training.shapes_vlm import _grown
+    from relevancy.worlds.shapes_vlm import VLM_CONFIG, build_shapes_llava
+
+    torch.manual_seed(0)
+    small_config = json.loads(json.dumps(VLM_CONFIG))
+    small_config["text_config"]["num_hidden_layers"] = 2
+    small_config["vision_feature_layer"] = -1
+    small, grown = build_shapes_llava(small_config).eval(), build_shapes_llava().eval()
+    grown.load_state_dict(_grown(small.state_dict(), grown))
+    enc = encode(build_tokenizer(), batch.prompts[:4])
+    with torch.no_grad():
+        want, got = (m(**enc, pixel_values=batch.images[:4]).logits for m in (small, grown))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert sum(p.abs().sum() > 0 for p in grown.state_dict().values()) < len(grown.state_dict())  # silent outputs
+    broken = {k: v for k, v in small.state_dict().items() if "vision_tower" not in k}
+    with pytest.raises(ValueError, match="vision_tower"):
+        _grown(broken, grown)

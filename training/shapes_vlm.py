@@ -50,6 +50,29 @@ def step_seed(seed: int, step: int) -> int:
     return s
 
 
+def _grown(state: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """``state`` of an earlier, smaller stage made to fit ``model`` so that the model starts where that stage ended:
+    a projector that read fewer of the tower's layers gets zero columns in front (the layers added before the one it
+    read, the last), and decoder layers the earlier stage lacks are added on top as identities (their fresh
+    weights, with the attention's and the MLP's output projections zero, so each adds nothing to the residual
+    stream until trained)."""
+    fresh = model.state_dict()
+    grown = dict(state)
+    key = "model.multi_modal_projector.linear_1.weight"
+    have, want = state[key], fresh[key].shape
+    if have.shape != want:
+        if have.shape[0] != want[0] or want[1] % have.shape[1]:
+            raise ValueError(f"--init projector {tuple(have.shape)} cannot widen to {tuple(want)}")
+        grown[key] = torch.cat([have.new_zeros(want[0], want[1] - have.shape[1]), have], 1)
+    for name, value in fresh.items():
+        if name not in grown:
+            if ".layers." not in name or "language_model" not in name:
+                raise ValueError(f"--init lacks {name}, which only a decoder layer added on top may lack")
+            silent = name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight"))
+            grown[name] = torch.zeros_like(value) if silent else value
+    return grown
+
+
 def _fmt(acc: dict) -> str:
     per = " ".join(f"{k} {v:.4f}" for k, v in acc["per_task"].items())
     return (f"overall {acc['overall']:.4f} object_words {acc['object_words']:.4f} ({per}; n={acc['n']}, "
@@ -70,7 +93,7 @@ def train(args) -> None:
     if args.init:  # the weights of an earlier stage, into today's config
         from safetensors.torch import load_file
 
-        model.load_state_dict(load_file(args.init))
+        model.load_state_dict(_grown(load_file(args.init), model))
     model = model.to(device)
     model.train()
     model.model.vision_tower.requires_grad_(args.train_tower)
@@ -117,7 +140,8 @@ def main(argv=None) -> None:
     ap.add_argument("--turns", type=int, default=3, help="tasks about each scene, one conversation per scene")
     ap.add_argument("--train-tower", action="store_true", help="train the vision tower too (default: frozen)")
     ap.add_argument("--init", default=None, help="start from these weights (a .safetensors file with its .json) instead "
-                                                  "of a new decoder: a further stage of training (give it another --seed)")
+                                                  "of a new decoder: a further stage of training (give it another --seed); "
+                                                  "a smaller earlier stage grows to today's config (see _grown)")
     run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
                          threads_help="torch threads (on a CPU shared with other jobs use 1)")
 
