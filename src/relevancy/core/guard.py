@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+import types
 import weakref
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Callable, ContextManager, Iterator, TypeVar
@@ -39,15 +40,18 @@ def this_thread_only(hook: Callable[..., T], otherwise: Callable[..., T] | None 
     for a forward hook means "output unchanged"). For everything an explanation attaches to a user's model."""
     owner = threading.get_ident()
 
+    state = types.SimpleNamespace(retired=None)  # not the function itself: a gate must not refer to itself (a cycle)
+
     @functools.wraps(hook)  # the signature too: transformers inspects it (feed_forward_chunk)
     def gated(*args, **kwargs):
-        if gated.retired is None and acts_for(owner):
+        if state.retired is None and acts_for(owner):
             return hook(*args, **kwargs)
         return None if otherwise is None else otherwise(*args, **kwargs)
 
-    #: set by `lrp.engine.replaced` when its call ends while a later call's patch sits on top of this gate: from then
-    #: on the gate only hands on to `otherwise`, and the later call's restore skips it (`(had_own, previous)`)
-    gated.retired = None
+    #: `state.retired` is set by `lrp.engine.replaced` when its call ends while a later call's patch sits on top of
+    #: this gate: from then on the gate only hands on to `otherwise`, and the later call's restore skips it
+    #: (`(had_own, previous)`: what the gate replaced)
+    gated.gate_state = state
     return gated
 
 

@@ -290,11 +290,12 @@ def replaced(replacements: Iterable[tuple[object, str, object]]) -> Iterator[Non
     finally:
         with _restoring:
             for owner, name, had_own, previous, installed in reversed(patched):
-                if owner.__dict__.get(name) is not installed and getattr(installed, "retired", False) is None:
-                    installed.retired = (had_own, previous)  # a later call's patch is on top: it restores past ours
+                state = getattr(installed, "gate_state", None)
+                if owner.__dict__.get(name) is not installed and state is not None:
+                    state.retired = (had_own, previous)  # a later call's patch is on top: it restores past ours
                     continue
-                while getattr(previous, "retired", None) is not None:
-                    had_own, previous = previous.retired
+                while getattr(getattr(previous, "gate_state", None), "retired", None) is not None:
+                    had_own, previous = previous.gate_state.retired
                 if had_own:
                     object.__setattr__(owner, name, previous)
                 else:

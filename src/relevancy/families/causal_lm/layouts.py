@@ -547,7 +547,7 @@ def _llama_rotation(rotate: Callable) -> bool:
     """Whether a modeling file's `apply_rotary_pos_emb` gives `gradient.rotated`'s numbers bit for bit on a probe
     (the whole head dimension rotated, as Llama rotates it)."""
     generator = torch.Generator().manual_seed(0)
-    q, k, cos, sin = (torch.randn(shape, generator=generator, dtype=torch.float64) for shape in ((1, 2, 3, 8), (1, 1, 3, 8), (1, 3, 8), (1, 3, 8)))
+    q, k, cos, sin = (torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu") for shape in ((1, 2, 3, 8), (1, 1, 3, 8), (1, 3, 8), (1, 3, 8)))
     try:
         theirs = rotate(q, k, cos, sin)
     except Exception:  # another signature: not Llama's

@@ -155,7 +155,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         positions = inputs.input_ids == self.image_token
         count = int(positions[0].sum())  # every row holds its image's tokens once (`check_inputs`)
         weights = torch.zeros(count, prefix + patches, dtype=torch.float64, device=positions.device)
-        weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix)  # LLaVA's kept [CLS]
+        weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix, dtype=torch.float64, device=positions.device)  # LLaVA's kept [CLS]
         weights[self.image_prefix:, prefix:] = tokens_on_patches(torch.eye(count - self.image_prefix, dtype=torch.float64,
                                                                            device=positions.device), self.side).flatten(1)
         sites = tuple(AttentionSite("image", "image", OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
