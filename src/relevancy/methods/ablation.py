@@ -6,9 +6,9 @@ from typing import Any
 import torch
 
 from ..families.base import Adapter
-from ..families.causal_lm.targets import token_score
 from .targets import Concept, Target, is_score_function, resolve_target, target_score
 from ..core.conventions import ClassEntry, check_choice, given_or
+from ..core.scores import token_score
 from ..core.messages import quoted
 from .attention import set_class_entry
 

@@ -34,7 +34,8 @@ from ..base import SEED_METHODS, Adapter
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
 from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map
-from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets, token_score
+from ...core.scores import token_score
+from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"

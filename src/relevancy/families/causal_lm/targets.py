@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Callable, Sequence, Union
+from typing import Sequence, Union
 
 import numpy as np
 import torch
-
-from ...core.messages import quoted
 
 
 @dataclass(frozen=True)
@@ -38,23 +36,6 @@ class Contrast:
 
     token: Token
     foil: Token
-
-
-#: `f(logits (N, V), ids (N,)) -> (N,)`: the score of each explained token from the logits that predict it
-TokenScore = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-SCORES: dict[str, TokenScore] = {
-    "logit": lambda logits, ids: logits.gather(1, ids[:, None])[:, 0],
-    "log_prob": lambda logits, ids: logits.log_softmax(-1).gather(1, ids[:, None])[:, 0],
-}
-
-
-def token_score(score: object) -> TokenScore:
-    """The per-token score `score` names ("logit", "log_prob") or is (a callable); a one-line error otherwise."""
-    if callable(score):
-        return score
-    if isinstance(score, str) and score in SCORES:
-        return SCORES[score]
-    raise ValueError(f"score must be one of {', '.join(SCORES)} or a callable f(logits (N, V), ids (N,)) -> (N,), got {quoted(score)}")
 
 
 def _one_id(token: object, tokenizer: object | None, vocab: int) -> int:
