@@ -17,10 +17,20 @@ not yet timed on one); try it first on a CPU with `--device cpu --quick` (the te
    importable; the row says so where it is not. The authors' CVPR'21 / ICCV'21 code is not in this repository
    (their forked models; the figures of issue 36 measured it), so no row runs it.
    `--quick`: the tiny float64 models of `tests/family_cases.py` instead, batch 2 (the script's own check).
-2. **Exactness in float64**: every family and method of `tests/family_cases.py` on the device against the CPU (the
+2. **Decoders in their own dtype** (issue 32, items 4 to 6): a decoder of SmolLM2-135M's shape (random weights, sdpa
+   attention) in float32 at 100 and 1,000 tokens and in bf16 at 100, 1,000 and 4,000 tokens: relevancy's `attnlrp`,
+   with `checkpoint=True`, and lxt's AttnLRP (its README's call with the last position's logits only and the weights
+   frozen; lxt patched once around its own runs) side by side, the peaks also as a ratio to lxt's; at 1,000 tokens in
+   float32 `transformer_attribution` and `lrp`, each with `checkpoint=True`. Then the maps' distances: bf16 against
+   float32 (the same weights), relevancy against lxt. `--quick`: a two-layer decoder at 32 tokens.
+3. **A vision-language decoder** (issue 34, item 6): LLaVA-1.5-7B's shape at full depth (24 tower layers, 32
+   decoder layers, 576 image tokens and 24 text tokens), random weights made on the device, float32 and bf16:
+   `attnlrp`, with `checkpoint=True`, `generic_attention`. `--quick`: the tests' tiny LLaVA.
+4. **Exactness in float64**: every family and method of `tests/family_cases.py` on the device against the CPU (the
    largest difference over the map's largest magnitude), and the authors' ViT maps of `tests/golden/vit_reference64.pt`
    computed on the device (the same measure; the tests require 1e-8).
-The card, torch, CUDA and transformers versions head the table. With `--device cpu` the memory column is left out
+`--sections` picks and orders the parts (default: decoder, vlm, speed, exactness); the file is rewritten whole after
+each part, so a run cut short keeps the parts it finished. The card, torch, CUDA and transformers versions head the table. With `--device cpu` the memory column is left out
 (the CPU's peak is `benchmarks/speed_memory.py`'s resident high-water mark, another measure).
 """
 from __future__ import annotations
@@ -230,6 +240,160 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp(min=1e-30))
 
 
+#: (dtype, prompt tokens) of the decoder part: the issue's settings, and the quick check's
+DECODER_SETTINGS = (("float32", 100), ("float32", 1000), ("bfloat16", 100), ("bfloat16", 1000), ("bfloat16", 4000))
+QUICK_DECODER_SETTINGS = (("float32", 32), ("bfloat16", 32))
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def decoder_model(dtype: str, device: str, quick: bool) -> torch.nn.Module:
+    """SmolLM2-135M's shape (two narrow layers with `quick`), random weights made on `device`, in `dtype`."""
+    import transformers
+
+    shape = (dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2) if quick else
+             dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                  num_key_value_heads=3))
+    config = transformers.LlamaConfig(**shape, max_position_embeddings=8192, tie_word_embeddings=True, rope_theta=100000.0,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(config).eval().to(DTYPES[dtype])
+
+
+def lxt_attnlrp(model: torch.nn.Module) -> Callable[[dict], torch.Tensor]:
+    """lxt's AttnLRP as its README runs it, with relevancy's shortcut (the last position's logits only) and the weights
+    frozen for the call (their flags restored), so its one backward reaches the input only, as relevancy's does."""
+    def run(prompt: dict) -> torch.Tensor:
+        flags = [p.requires_grad for p in model.parameters()]
+        model.requires_grad_(False)
+        try:
+            embeds = model.get_input_embeddings()(prompt["input_ids"]).detach().requires_grad_(True)
+            logits = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=1).logits[0, -1]
+            logits[logits.detach().argmax()].backward()
+            return (embeds * embeds.grad).float().sum(-1)[0].detach()
+        finally:
+            for parameter, flag in zip(model.parameters(), flags):
+                parameter.requires_grad_(flag)
+    return run
+
+
+def distance(a: torch.Tensor, b: torch.Tensor) -> str:
+    """'correlation / largest difference over b's largest magnitude' of two maps."""
+    a, b = a.detach().double().flatten().cpu(), b.detach().double().flatten().cpu()
+    correlation = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+    return f"{correlation:.6f} / {float((a - b).abs().max() / b.abs().max()):.1e}"
+
+
+def timed_rows(label: str, result: dict[str, dict], lxt_peak: float | None = None) -> list[str]:
+    """Table rows of `measure`'s result (the forward first); with `lxt_peak` (MiB) a column of peaks over lxt's."""
+    forward = result.pop("forward")
+    rows = [f"| {label} | plain forward (no gradients) | {forward['seconds'] * 1e3:.1f} | 1 | {forward['peak MiB']:.0f} | 1 | |"]
+    for name, value in result.items():
+        if "not run" in value:
+            rows.append(f"| | {name} | not run: {value['not run'].replace('|', '/')} | | | | |")
+            continue
+        peak = "-" if value["x forward peak"] is None else f"{value['peak MiB']:.0f} | {value['x forward peak']:.2f}"
+        if value["x forward peak"] is None:
+            peak += " | -"
+        over_lxt = f"{value['peak MiB'] / lxt_peak:.2f}" if lxt_peak and value["x forward peak"] is not None else ""
+        rows.append(f"| | {name} | {value['seconds'] * 1e3:.1f} | {value['x forward']:.2f} | {peak} | {over_lxt} |")
+    return rows
+
+
+def decoder_rows(args: argparse.Namespace) -> list[str]:
+    """The decoder part: time and peak of relevancy's and lxt's AttnLRP per dtype and length, then map distances."""
+    rows = ["| decoder, dtype, prompt | method | ms | x forward time | peak MiB | x forward peak | peak / lxt's |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    maps: dict[tuple[str, str, int], torch.Tensor] = {}
+    settings = QUICK_DECODER_SETTINGS if args.quick else DECODER_SETTINGS
+    longest_float32 = max(tokens for dtype, tokens in settings if dtype == "float32")
+    for dtype, tokens in settings:
+        model = decoder_model(dtype, args.device, args.quick)
+        ids = torch.randint(100, model.config.vocab_size - 100, (1, tokens), generator=torch.Generator().manual_seed(tokens))
+        prompt = {"input_ids": ids.to(args.device), "attention_mask": torch.ones_like(ids).to(args.device)}
+        work = Workload(model, prompt, None, lambda m=model, p=prompt: m(**p, use_cache=False, logits_to_keep=1))
+
+        def ours(method: str, **options: Any) -> Callable[[], Any]:
+            return lambda: relevancy.explain(model, prompt, method=method, **options)
+
+        runs = {"relevancy attnlrp": ours("attnlrp"), "relevancy attnlrp, checkpoint=True": ours("attnlrp", checkpoint=True)}
+        if dtype == "float32" and tokens == longest_float32:
+            for method in ("transformer_attribution", "lrp"):
+                runs[f"relevancy {method}"] = ours(method)
+                runs[f"relevancy {method}, checkpoint=True"] = ours(method, checkpoint=True)
+        result = measure(work, runs, args.device, args.repeats)
+        try:
+            from llm_lxt_reference import lxt_patched
+
+            explain_lxt = lxt_attnlrp(model)
+            with lxt_patched("llama", "attnLRP"):
+                lxt = measure(work, {"lxt AttnLRP (lxt's own code)": lambda: explain_lxt(prompt)}, args.device, args.repeats)
+                maps[("lxt", dtype, tokens)] = explain_lxt(prompt)
+            result["lxt AttnLRP (lxt's own code)"] = lxt["lxt AttnLRP (lxt's own code)"]
+        except ImportError as error:
+            result["lxt AttnLRP (lxt's own code)"] = {"not run": f"lxt not importable here: {error}"}
+        lxt_peak = result["lxt AttnLRP (lxt's own code)"].get("peak MiB") or None
+        maps[("relevancy", dtype, tokens)] = relevancy.explain(model, prompt, method="attnlrp").scores[0].float()
+        label = f"SmolLM2-135M's shape{' (quick: 2 layers)' if args.quick else ''}, {dtype}, {tokens} tokens"
+        rows += timed_rows(label, result, lxt_peak)
+        print(f"decoder {dtype} {tokens}: done", file=sys.stderr, flush=True)
+        del model, work, runs
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    rows += ["", "Map distances (Pearson correlation / largest difference over the second map's largest magnitude):", "",
+             "| prompt | maps compared | distance |", "|---|---|---|"]
+    for dtype, tokens in settings:
+        if ("lxt", dtype, tokens) in maps:
+            rows.append(f"| {tokens} tokens, {dtype} | relevancy against lxt | "
+                        f"{distance(maps[('relevancy', dtype, tokens)], maps[('lxt', dtype, tokens)])} |")
+        if dtype != "float32" and ("relevancy", "float32", tokens) in maps:
+            for tool in ("relevancy", "lxt"):
+                if (tool, dtype, tokens) in maps:
+                    rows.append(f"| {tokens} tokens | {tool}: {dtype} against float32 (same weights) | "
+                                f"{distance(maps[(tool, dtype, tokens)], maps[(tool, 'float32', tokens)])} |")
+    return rows
+
+
+def vlm_workload(dtype: str, device: str, quick: bool) -> tuple[str, Workload]:
+    """LLaVA-1.5-7B's shape at full depth (random weights made on `device`) with 576 image and 24 text tokens, or
+    the tests' tiny LLaVA with `quick`."""
+    if quick:
+        from vlm_models import build, inputs as tiny_inputs
+
+        model = build("llava", dtype=DTYPES[dtype]).to(device)
+        inputs = {k: v[:1].to(device, DTYPES[dtype] if v.is_floating_point() else v.dtype) for k, v in tiny_inputs("llava").items()}
+        label = "tiny LLaVA of the tests"
+    else:
+        from vlm_speed import build, prompt
+
+        with torch.device(device):
+            model = build(tower_layers=24, decoder_layers=32).to(DTYPES[dtype])
+        inputs = {k: v.to(device) for k, v in prompt().items()}
+        inputs["pixel_values"] = inputs["pixel_values"].to(DTYPES[dtype])
+        label = "LLaVA-1.5-7B's shape (24 + 32 layers), 576 image + 24 text tokens"
+    return f"{label}, {dtype}", Workload(model, inputs, None, lambda: model(**inputs, use_cache=False, logits_to_keep=1))
+
+
+def vlm_rows(args: argparse.Namespace) -> list[str]:
+    """The vision-language part: attnlrp (also with checkpoint=True) and generic_attention over the plain forward."""
+    rows = ["| model, dtype | method | ms | x forward time | peak MiB | x forward peak | |", "|---|---|---:|---:|---:|---:|---|"]
+    for dtype in ("float32", "bfloat16"):
+        label, work = vlm_workload(dtype, args.device, args.quick)
+
+        def ours(method: str, **options: Any) -> Callable[[], Any]:
+            return lambda: relevancy.explain(work.model, work.inputs, method=method, **options)
+
+        runs = {"attnlrp": ours("attnlrp"), "attnlrp, checkpoint=True": ours("attnlrp", checkpoint=True),
+                "generic_attention": ours("generic_attention")}
+        rows += timed_rows(label, measure(work, runs, args.device, args.repeats))
+        print(f"vlm {dtype}: done", file=sys.stderr, flush=True)
+        del work, runs
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def header(args: argparse.Namespace) -> list[str]:
     import transformers
 
@@ -272,19 +436,31 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--families", nargs="+", default=None,
                         help=f"only these (default: all): {', '.join(FAMILIES)}; with --quick the names of tests/family_cases.py")
+    parser.add_argument("--sections", nargs="+", default=["decoder", "vlm", "speed", "exactness"],
+                        help="the parts run, in this order: decoder, vlm, speed, exactness")
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/gpu_<device>[_quick].md")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; try --device cpu --quick")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    lines = header(args) + ["## Time and memory", ""] + speed_rows(args)
-    lines += ["", "## Exactness in float64 on the device", ""] + exactness(args.device, args.families if args.quick else None)
+    parts = {"decoder": ("Decoders: relevancy and lxt, float32 and bf16", decoder_rows),
+             "vlm": ("A vision-language decoder", vlm_rows),
+             "speed": ("Time and memory", speed_rows),
+             "exactness": ("Exactness in float64 on the device",
+                           lambda a: exactness(a.device, a.families if a.quick else None))}
+    unknown = [name for name in args.sections if name not in parts]
+    if unknown:
+        parser.error(f"unknown --sections {', '.join(unknown)}; choose from {', '.join(parts)}")
     out = args.out or HERE / "results" / f"gpu_{args.device}{'_quick' if args.quick else ''}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    temporary = out.with_suffix(".tmp")
-    temporary.write_text("\n".join(lines) + "\n")
-    temporary.replace(out)  # written whole or not at all
+    lines = header(args)
+    for name in args.sections:
+        title, rows = parts[name]
+        lines += ["", f"## {title}", ""] + rows(args)
+        temporary = out.with_suffix(".tmp")
+        temporary.write_text("\n".join(lines) + "\n")
+        temporary.replace(out)  # each version written whole or not at all
     print("\n".join(lines))
     return out
 

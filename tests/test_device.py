@@ -119,3 +119,56 @@ def test_every_method_on_cuda_gives_the_cpu_maps(family):
             scale = part.scores.abs().max().clamp(min=1e-30)
             error = ((got.cpu() - part.scores).abs().max() / scale).item()
             assert error < 1e-6, f"{family} {method} {name}: CUDA differs from the CPU by {error:.2g} of the map's largest"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", ["causal_lm_llama", "causal_lm_qwen3", "vision_language_llava", "vision_language_gemma3"])
+def test_checkpoint_on_cuda_gives_the_plain_maps(family):
+    """checkpoint=True on CUDA, where autograd runs the backward (and with it the recomputation of the checkpointed
+    layers) in a device thread of its own: the maps equal the plain call's (float64)."""
+    assert torch.cuda.is_available(), "pytest -m cuda compares CUDA with the CPU: it needs a CUDA device"
+    case = FAMILIES[family]
+    model = case.build().to("cuda")
+    call = to_device(case.batch(), "cuda")
+    inputs, target = call
+    for method in ("attnlrp", "cp_lrp", "lrp"):
+        try:
+            plain = relevancy.explain(model, inputs, method=method, target=target)
+        except (UnsupportedModelError, MissingRuleError, ValueError):
+            continue  # refused by name: tests/test_device.py's first tests check the refusals
+        kept = relevancy.explain(model, inputs, method=method, target=target, checkpoint=True)
+        for name, part in plain.parts.items():
+            scale = part.scores.abs().max().clamp(min=1e-30)
+            error = ((kept.parts[name].scores - part.scores).abs().max() / scale).item()
+            assert error < 1e-10, f"{family} {method} {name}: checkpoint=True differs by {error:.2g} of the map's largest"
+
+
+@pytest.mark.cuda
+def test_bf16_decoder_on_cuda_makes_no_float32_copy_of_the_weights():
+    """A bf16 decoder is explained in its own dtype: the call's peak stays far below a float32 copy of its weights,
+    and its map is close to the float32 model's."""
+    assert torch.cuda.is_available(), "pytest -m cuda compares CUDA with the CPU: it needs a CUDA device"
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                      num_attention_heads=8, num_key_value_heads=4, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        full = transformers.LlamaForCausalLM(config).eval()
+    half = transformers.LlamaForCausalLM(config).eval().to("cuda", torch.bfloat16)
+    half.load_state_dict({k: v.to(torch.bfloat16) for k, v in full.state_dict().items()})
+    ids = torch.randint(100, 31000, (1, 64), generator=torch.Generator().manual_seed(0)).to("cuda")
+    prompt = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    expected = relevancy.explain(full, prompt, method="attnlrp").scores[0]
+    del full
+    torch.cuda.empty_cache()
+    weights = sum(p.numel() * p.element_size() for p in half.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    explained = relevancy.explain(half, prompt, method="attnlrp")
+    above = torch.cuda.max_memory_allocated() - before
+    assert all(p.dtype == torch.bfloat16 for p in half.parameters()), "the model's weights changed dtype"
+    assert above < weights, f"the call took {above / 2**20:.0f} MiB above the model: a float32 copy of the weights is {2 * weights / 2**20:.0f} MiB"
+    got = explained.scores[0].float()
+    correlation = torch.corrcoef(torch.stack([got, expected.float()]))[0, 1].item()
+    assert correlation > 0.95, f"the bf16 map correlates {correlation:.3f} with the float32 map"

@@ -18,7 +18,13 @@ def test_gpu_benchmark_quick_on_cpu(tmp_path, monkeypatch):
     import gpu
 
     text = gpu.main(argv).read_text()
-    speed, exact = text.split("## Exactness in float64 on the device")
+    decoders, rest = text.split("## A vision-language decoder")
+    assert decoders.count("| | relevancy attnlrp, checkpoint=True |") == 2  # float32 and bf16
+    assert "| | relevancy transformer_attribution, checkpoint=True |" in decoders
+    assert "| | lxt AttnLRP (lxt's own code) |" in decoders  # timed, or "not run" naming lxt's absence
+    vlm, rest = rest.split("## Time and memory")
+    assert vlm.count("| | attnlrp, checkpoint=True |") == 2 and "| | generic_attention |" in vlm
+    speed, exact = rest.split("## Exactness in float64 on the device")
     for family in FAMILIES:
         assert f"| {family} (tiny" in speed, f"{family} missing from the time table"
         assert f"| {family} vs CPU | transformer_attribution |" in exact or f"| {family} | transformer_attribution | not offered" in exact
