@@ -18,10 +18,12 @@ not yet timed on one); try it first on a CPU with `--device cpu --quick` (the te
    (their forked models; the figures of issue 36 measured it), so no row runs it.
    `--quick`: the tiny float64 models of `tests/family_cases.py` instead, batch 2 (the script's own check).
 2. **Decoders in their own dtype** (issue 32, items 4 to 6): a decoder of SmolLM2-135M's shape (random weights, sdpa
-   attention) in float32 at 100 and 1,000 tokens and in bf16 at 100, 1,000 and 4,000 tokens: relevancy's `attnlrp`,
-   with `checkpoint=True`, and lxt's AttnLRP (its README's call with the last position's logits only and the weights
-   frozen; lxt patched once around its own runs) side by side, the peaks also as a ratio to lxt's; at 1,000 tokens in
-   float32 `transformer_attribution` and `lrp`, each with `checkpoint=True`. Then the maps' distances: bf16 against
+   attention) in float32 at 100 and 1,000 tokens and in bf16 at 100, 1,000 and 4,000 tokens, and one of Llama-3.2-1B's
+   shape (where the GPU's time is arithmetic more than kernel launches) at 1,000 tokens in float32 and bf16 and 4,000
+   in bf16: relevancy's `attnlrp`, with `checkpoint=True`, and lxt's AttnLRP (its README's call with the last
+   position's logits only and the weights frozen; lxt's patches applied around each of its runs, so both tools are
+   timed against the same unpatched forward) side by side, the peaks also as a ratio to lxt's; at 1,000 tokens in
+   float32 (SmolLM2's shape) `transformer_attribution` and `lrp`, each with `checkpoint=True`. Then the maps' distances: bf16 against
    float32 (the same weights), relevancy against lxt. `--quick`: a two-layer decoder at 32 tokens.
 3. **A vision-language decoder** (issue 34, item 6): LLaVA-1.5-7B's shape at full depth (24 tower layers, 32
    decoder layers, 576 image tokens and 24 text tokens), random weights made on the device, float32 and bf16:
@@ -67,15 +69,22 @@ def synchronize(device: str) -> None:
 
 
 def timed(run: Callable[[], Any], device: str) -> tuple[float, int]:
-    """Seconds of one `run()` (the device's queued work included) and its peak allocated bytes (0 on a CPU)."""
+    """Seconds of one `run()` (the device's queued work included) and the bytes it allocated at its peak above what
+    was allocated before it (0 on a CPU): what the call itself needs, whatever an earlier model left behind."""
     synchronize(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
     start = time.perf_counter()
     run()
     synchronize(device)
     seconds = time.perf_counter() - start
-    return seconds, torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    return seconds, torch.cuda.max_memory_allocated() - before if device == "cuda" else 0
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's parameters and buffers: counted on both sides of a peak ratio."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def workloads(device: str, quick: bool, families: list[str] | None) -> Iterator[tuple[str, str, Workload]]:
@@ -155,9 +164,10 @@ def measure(work: Workload, runs: dict[str, Callable[[], Any]], device: str, rep
                 taken[name].append(timed(run, device))
     if not base:
         base.append(timed(forward, device))
-    seconds, peak = statistics.median(s for s, _ in base), max(p for _, p in base)
+    weights = weight_bytes(work.model) if device == "cuda" else 0
+    seconds, peak = statistics.median(s for s, _ in base), weights + max(p for _, p in base)
     for name, values in taken.items():
-        own_seconds, own_peak = statistics.median(s for s, _ in values), max(p for _, p in values)
+        own_seconds, own_peak = statistics.median(s for s, _ in values), weights + max(p for _, p in values)
         result[name] = {"seconds": own_seconds, "x forward": own_seconds / seconds,
                         "peak MiB": own_peak / 2**20, "x forward peak": own_peak / peak if peak else None}
     return {"forward": {"seconds": seconds, "peak MiB": peak / 2**20}, **result}
@@ -240,21 +250,29 @@ def relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / expected.abs().max().clamp(min=1e-30))
 
 
-#: (dtype, prompt tokens) of the decoder part: the issue's settings, and the quick check's
-DECODER_SETTINGS = (("float32", 100), ("float32", 1000), ("bfloat16", 100), ("bfloat16", 1000), ("bfloat16", 4000))
-QUICK_DECODER_SETTINGS = (("float32", 32), ("bfloat16", 32))
+#: (shape, dtype, prompt tokens) of the decoder part: the issue's settings, a 1B model where the GPU's time is
+#: arithmetic rather than kernel launches, and the quick check's
+DECODER_SETTINGS = (("SmolLM2-135M", "float32", 100), ("SmolLM2-135M", "float32", 1000), ("SmolLM2-135M", "bfloat16", 100),
+                    ("SmolLM2-135M", "bfloat16", 1000), ("SmolLM2-135M", "bfloat16", 4000), ("Llama-3.2-1B", "float32", 1000),
+                    ("Llama-3.2-1B", "bfloat16", 1000), ("Llama-3.2-1B", "bfloat16", 4000))
+QUICK_DECODER_SETTINGS = (("tiny", "float32", 32), ("tiny", "bfloat16", 32))
+#: the decoders' widths (random weights)
+DECODER_SHAPES = {
+    "tiny": dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, rope_theta=100000.0),
+    "SmolLM2-135M": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0),
+    "Llama-3.2-1B": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0),
+}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def decoder_model(dtype: str, device: str, quick: bool) -> torch.nn.Module:
-    """SmolLM2-135M's shape (two narrow layers with `quick`), random weights made on `device`, in `dtype`."""
+def decoder_model(shape: str, dtype: str, device: str) -> torch.nn.Module:
+    """A Llama decoder of `DECODER_SHAPES[shape]`, random weights made on `device`, in `dtype`."""
     import transformers
 
-    shape = (dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2) if quick else
-             dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                  num_key_value_heads=3))
-    config = transformers.LlamaConfig(**shape, max_position_embeddings=8192, tie_word_embeddings=True, rope_theta=100000.0,
+    config = transformers.LlamaConfig(**DECODER_SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=True,
                                       attn_implementation="sdpa")
     torch.manual_seed(0)
     with torch.device(device):
@@ -302,14 +320,15 @@ def timed_rows(label: str, result: dict[str, dict], lxt_peak: float | None = Non
 
 
 def decoder_rows(args: argparse.Namespace) -> list[str]:
-    """The decoder part: time and peak of relevancy's and lxt's AttnLRP per dtype and length, then map distances."""
+    """The decoder part: time and peak of relevancy's and lxt's AttnLRP per shape, dtype and length (over the same
+    plain forward: lxt's patches are applied around each of its own runs only), then the maps' distances."""
     rows = ["| decoder, dtype, prompt | method | ms | x forward time | peak MiB | x forward peak | peak / lxt's |",
             "|---|---|---:|---:|---:|---:|---:|"]
-    maps: dict[tuple[str, str, int], torch.Tensor] = {}
+    maps: dict[tuple[str, str, str, int], torch.Tensor] = {}
     settings = QUICK_DECODER_SETTINGS if args.quick else DECODER_SETTINGS
-    longest_float32 = max(tokens for dtype, tokens in settings if dtype == "float32")
-    for dtype, tokens in settings:
-        model = decoder_model(dtype, args.device, args.quick)
+    lxt = "lxt AttnLRP (lxt's own code)"
+    for shape, dtype, tokens in settings:
+        model = decoder_model(shape, dtype, args.device)
         ids = torch.randint(100, model.config.vocab_size - 100, (1, tokens), generator=torch.Generator().manual_seed(tokens))
         prompt = {"input_ids": ids.to(args.device), "attention_mask": torch.ones_like(ids).to(args.device)}
         work = Workload(model, prompt, None, lambda m=model, p=prompt: m(**p, use_cache=False, logits_to_keep=1))
@@ -318,40 +337,45 @@ def decoder_rows(args: argparse.Namespace) -> list[str]:
             return lambda: relevancy.explain(model, prompt, method=method, **options)
 
         runs = {"relevancy attnlrp": ours("attnlrp"), "relevancy attnlrp, checkpoint=True": ours("attnlrp", checkpoint=True)}
-        if dtype == "float32" and tokens == longest_float32:
+        if (shape, dtype, tokens) == (settings[0][0], "float32", max(t for n, d, t in settings if n == shape and d == dtype)):
             for method in ("transformer_attribution", "lrp"):
                 runs[f"relevancy {method}"] = ours(method)
                 runs[f"relevancy {method}, checkpoint=True"] = ours(method, checkpoint=True)
-        result = measure(work, runs, args.device, args.repeats)
         try:
             from llm_lxt_reference import lxt_patched
 
             explain_lxt = lxt_attnlrp(model)
-            with lxt_patched("llama", "attnLRP"):
-                lxt = measure(work, {"lxt AttnLRP (lxt's own code)": lambda: explain_lxt(prompt)}, args.device, args.repeats)
-                maps[("lxt", dtype, tokens)] = explain_lxt(prompt)
-            result["lxt AttnLRP (lxt's own code)"] = lxt["lxt AttnLRP (lxt's own code)"]
+
+            def lxt_run() -> torch.Tensor:
+                with lxt_patched("llama", "attnLRP"):
+                    return explain_lxt(prompt)
+
+            runs[lxt] = lxt_run
         except ImportError as error:
-            result["lxt AttnLRP (lxt's own code)"] = {"not run": f"lxt not importable here: {error}"}
-        lxt_peak = result["lxt AttnLRP (lxt's own code)"].get("peak MiB") or None
-        maps[("relevancy", dtype, tokens)] = relevancy.explain(model, prompt, method="attnlrp").scores[0].float()
-        label = f"SmolLM2-135M's shape{' (quick: 2 layers)' if args.quick else ''}, {dtype}, {tokens} tokens"
-        rows += timed_rows(label, result, lxt_peak)
-        print(f"decoder {dtype} {tokens}: done", file=sys.stderr, flush=True)
-        del model, work, runs
+            explain_lxt = lxt_run = None
+            missing = f"lxt not importable here: {error}"
+        result = measure(work, runs, args.device, args.repeats)
+        if lxt_run is None:
+            result[lxt] = {"not run": missing}
+        elif "not run" not in result[lxt]:
+            maps[("lxt", shape, dtype, tokens)] = lxt_run()
+        maps[("relevancy", shape, dtype, tokens)] = relevancy.explain(model, prompt, method="attnlrp").scores[0].float()
+        label = f"{shape}'s shape, {dtype}, {tokens} tokens"
+        rows += timed_rows(label, result, result.get(lxt, {}).get("peak MiB"))
+        print(f"decoder {shape} {dtype} {tokens}: done", file=sys.stderr, flush=True)
+        del model, work, runs, explain_lxt, lxt_run
         if args.device == "cuda":
             torch.cuda.empty_cache()
     rows += ["", "Map distances (Pearson correlation / largest difference over the second map's largest magnitude):", "",
-             "| prompt | maps compared | distance |", "|---|---|---|"]
-    for dtype, tokens in settings:
-        if ("lxt", dtype, tokens) in maps:
-            rows.append(f"| {tokens} tokens, {dtype} | relevancy against lxt | "
-                        f"{distance(maps[('relevancy', dtype, tokens)], maps[('lxt', dtype, tokens)])} |")
-        if dtype != "float32" and ("relevancy", "float32", tokens) in maps:
-            for tool in ("relevancy", "lxt"):
-                if (tool, dtype, tokens) in maps:
-                    rows.append(f"| {tokens} tokens | {tool}: {dtype} against float32 (same weights) | "
-                                f"{distance(maps[(tool, dtype, tokens)], maps[(tool, 'float32', tokens)])} |")
+             "| decoder, prompt | maps compared | distance |", "|---|---|---|"]
+    for shape, dtype, tokens in settings:
+        if ("lxt", shape, dtype, tokens) in maps:
+            rows.append(f"| {shape}, {tokens} tokens, {dtype} | relevancy against lxt | "
+                        f"{distance(maps[('relevancy', shape, dtype, tokens)], maps[('lxt', shape, dtype, tokens)])} |")
+        for tool in ("relevancy", "lxt"):
+            if dtype != "float32" and (tool, shape, dtype, tokens) in maps and (tool, shape, "float32", tokens) in maps:
+                rows.append(f"| {shape}, {tokens} tokens | {tool}: {dtype} against float32 (same weights) | "
+                            f"{distance(maps[(tool, shape, dtype, tokens)], maps[(tool, shape, 'float32', tokens)])} |")
     return rows
 
 

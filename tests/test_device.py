@@ -6,7 +6,8 @@
   the conversions of the caller's own Python values (token ids, class indices given as lists) may be made on the
   host: they are moved to the model's device where they meet its tensors, and the test names them.
 - Where a GPU is present (`-m cuda`, skipped elsewhere with the reason): every family and method on CUDA gives the
-  CPU's maps (float64).
+  CPU's maps (float64): within rounding, or within 1e-4 of the map's largest where the model itself computes
+  some steps in float32 (its own logits differ between the devices).
 """
 from __future__ import annotations
 
@@ -100,6 +101,21 @@ def test_no_tensor_made_on_the_default_device_inside_a_call(family):
     assert ran >= 3, f"{family}: too few methods ran to check anything"
 
 
+def own_logits(model: torch.nn.Module, inputs) -> torch.Tensor:
+    """The model's own logits for a case's inputs (its adapter's plain forward, no rules)."""
+    from relevancy.api import prepared
+
+    with torch.no_grad(), prepared(model, inputs, attention_probabilities=False) as call:
+        return call.adapter.forward(call.inputs)[0].detach()
+
+
+#: the largest CUDA-CPU difference allowed, over a map's largest magnitude: where the model computes in float64
+#: throughout, rounding alone; where the model itself computes some steps in float32 whatever its dtype
+#: (transformers' RoPE tables and RMSNorm's float32 cast: its own logits then differ between devices at about
+#: 1e-8), that difference carried through the map's backward (seen up to 6e-6 on an H200)
+EXACT, FLOAT32_INSIDE = 1e-10, 1e-4
+
+
 @pytest.mark.cuda  # deselected by default (pyproject.toml); `pytest -m cuda` where a GPU is present
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_method_on_cuda_gives_the_cpu_maps(family):
@@ -108,6 +124,9 @@ def test_every_method_on_cuda_gives_the_cpu_maps(family):
     model = case.build()
     on_gpu = case.build().to("cuda")
     call = case.batch()
+    logits = own_logits(model, call[0])
+    own = ((own_logits(on_gpu, to_device(call, "cuda")[0]).cpu() - logits).abs().max() / logits.abs().max()).item()
+    tolerance = EXACT if own < 1e-13 else FLOAT32_INSIDE
     for method in relevancy.METHODS:
         expected = explain(model, call, method)
         actual = explain(on_gpu, to_device(call, "cuda"), method)
@@ -118,7 +137,8 @@ def test_every_method_on_cuda_gives_the_cpu_maps(family):
             got = actual.parts[name].scores
             scale = part.scores.abs().max().clamp(min=1e-30)
             error = ((got.cpu() - part.scores).abs().max() / scale).item()
-            assert error < 1e-6, f"{family} {method} {name}: CUDA differs from the CPU by {error:.2g} of the map's largest"
+            assert error < tolerance, (f"{family} {method} {name}: CUDA differs from the CPU by {error:.2g} of the map's "
+                                       f"largest (the model's own logits by {own:.2g})")
 
 
 @pytest.mark.cuda
