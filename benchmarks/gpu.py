@@ -2,8 +2,7 @@
 
     python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--repeats 3] [--families ...] [--out benchmarks/results/gpu_<device>.md]
 
-One prepared script for the short time a GPU is lent (meant to finish within 8 minutes on an H100 / H200 at full size;
-not yet timed on one); try it first on a CPU with `--device cpu --quick` (the tests' tiny float64 models;
+One prepared script for the short time a GPU is lent (about 3 minutes on an H200 with `--repeats 5`); try it first on a CPU with `--device cpu --quick` (the tests' tiny float64 models;
 `tests/test_gpu_benchmark.py` runs it on three families).
 
 1. **Time and memory** (float32, random weights): ViT-B/16 (timm) at batch 1, 8 and 32, and the standard shapes of
@@ -428,8 +427,9 @@ def header(args: argparse.Namespace) -> list[str]:
     return [f"# GPU table ({'--quick, ' if args.quick else ''}{where}, {today()})", "",
             f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}; "
             f"`python benchmarks/gpu.py {' '.join(sys.argv[1:])}`. Random weights. Time: median of {args.repeats} runs "
-            "interleaved with the plain forward (no gradients), synchronised; peak: `torch.cuda.max_memory_allocated` "
-            "of the run over the forward's (weights on both sides).", ""]
+            "interleaved with the plain forward (no gradients), synchronised; peak: the model's weights plus what the run "
+            "allocated at its peak above what was allocated before it (`torch.cuda.max_memory_allocated`), over the "
+            "same of the forward (weights on both sides).", ""]
 
 
 def speed_rows(args: argparse.Namespace) -> list[str]:
