@@ -18,7 +18,6 @@ checkpoint's recomputation of the call's layers there must run the call's forwar
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 import types
 import weakref
@@ -42,11 +41,14 @@ def this_thread_only(hook: Callable[..., T], otherwise: Callable[..., T] | None 
 
     state = types.SimpleNamespace(retired=None)  # not the function itself: a gate must not refer to itself (a cycle)
 
-    @functools.wraps(hook)  # the signature too: transformers inspects it (feed_forward_chunk)
     def gated(*args, **kwargs):
         if state.retired is None and acts_for(owner):
             return hook(*args, **kwargs)
         return None if otherwise is None else otherwise(*args, **kwargs)
+
+    # the hook's signature (`inspect.signature` follows `__wrapped__`: transformers inspects forwards, e.g.
+    # feed_forward_chunk) and name; not `functools.wraps`, which copies more and costs a microsecond per gate
+    gated.__wrapped__, gated.__name__, gated.__qualname__ = hook, getattr(hook, "__name__", "gated"), getattr(hook, "__qualname__", "gated")
 
     #: `state.retired` is set by `lrp.engine.replaced` when its call ends while a later call's patch sits on top of
     #: this gate: from then on the gate only hands on to `otherwise`, and the later call's restore skips it

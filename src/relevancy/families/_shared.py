@@ -81,7 +81,7 @@ def transformers_configs(model: nn.Module) -> list:
     too), parents first: what switching the attention implementation for a call must set and restore."""
     seen: dict[int, object] = {}
     for module in model.modules():
-        config = getattr(module, "config", None)
+        config = vars(module).get("config")  # a plain attribute (a config is no module): no `nn.Module.__getattr__` miss per module
         if config is not None and hasattr(config, "_attn_implementation"):
             seen.setdefault(id(config), config)
             for name in getattr(config, "sub_configs", {}) or {}:

@@ -482,8 +482,10 @@ _RECOGNISED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Layout, list]] = 
 
 def _structure(model: nn.Module) -> tuple:
     """What the recognition depends on: the model type, each module's name and type, each parameter's shape."""
-    return (model.config.model_type, tuple((name, type(module)) for name, module in model.named_modules()),
-            tuple((name, tuple(parameter.shape)) for name, parameter in model.named_parameters()))
+    modules = tuple(model.named_modules())  # one walk: the parameters read from each module's own
+    return (model.config.model_type, tuple((name, type(module)) for name, module in modules),
+            tuple((name, key, tuple(parameter.shape)) for name, module in modules
+                  for key, parameter in module._parameters.items() if parameter is not None))
 
 
 def recognised(model: nn.Module) -> tuple[Layout, list[tuple[nn.Module, RuleForward]]]:
