@@ -237,13 +237,21 @@ def test_stacks_run_again_by_bisection_give_the_plain_maps(family, monkeypatch):
             depth[0] -= 1
 
     monkeypatch.setattr(segments, "_backpropagated", counted)
-    checkpointed = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
-    # ceil(log2(n)) halvings, then one layer: n = 7 (Llama), 5 (a tower read at its end), 4 (LLaVA's tower read at -2, the decoders)
-    assert deepest[0] == (3 if family == "llava" else 4), deepest
+    bisected = {}
+    for segment in (1, segments.SEGMENT):  # pure bisection, then runs of SEGMENT layers each from its start
+        with monkeypatch.context() as patched:
+            patched.setattr(segments, "SEGMENT", segment)
+            deepest[0] = 0
+            bisected[segment] = relevancy.explain(model, batch, method="attnlrp", checkpoint=True), deepest[0]
+    # bisection: ceil(log2(n)) halvings, then one layer: n = 7 (Llama), 5 (a tower read at its end), 4 (LLaVA's tower
+    # read at -2, the decoders); with runs of 4 layers: 7 -> 3 | 4 and 5 -> 2 | 3, two levels; 4, one
+    assert bisected[1][1] == (3 if family == "llava" else 4), bisected[1][1]
+    assert bisected[segments.SEGMENT][1] == (1 if family == "llava" else 2), bisected[segments.SEGMENT][1]
+    checkpointed = bisected[segments.SEGMENT][0]
     ran_in = backward_in_a_worker_thread(monkeypatch)
     elsewhere = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
     assert ran_in and set(ran_in) == {"autograd-worker"}
-    for result in (checkpointed, elsewhere):
+    for result in (bisected[1][0], checkpointed, elsewhere):
         for name in ("scores", "pixel_scores"):
             if getattr(plain, name, None) is not None:
                 expected = getattr(plain, name)

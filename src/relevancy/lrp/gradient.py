@@ -62,30 +62,38 @@ class _IdentityRule(torch.autograd.Function):
 class _GatedRule(torch.autograd.Function):
     """A gated MLP's product `act(g) * u` under the identity rule on `act` and the uniform shares of the product, as
     one operation: the backward is `grad * share_u * act(g)` to `u` and `grad * share_g * u * act(g) / g` to `g`
-    (0 where g is 0), each one multiplication by a factor made in the forward (the shares folded in there, in
-    place). The same arithmetic as `identity_rule` and `share` composed with the product, with three large tensors
-    fewer per layer: forward and backward of SmolLM2's product 1.7x faster at 100 tokens and 1.8x at 1,000 on one
-    CPU thread (fresh tensors cost more there than the arithmetic). A share None: that factor is a constant."""
+    (0 where g is 0). The same arithmetic as `identity_rule` and `share` composed with the product, with three
+    large tensors fewer per layer: forward and backward of SmolLM2's product 1.7x faster at 100 tokens and 1.8x at
+    1,000 on one CPU thread (fresh tensors cost more there than the arithmetic). It keeps its inputs and makes
+    `act(g)` again in the backward (one element-wise step), so that the forward holds two fewer tensors of the
+    MLP's width at once (the product made in place): what bounds a checkpointed layer's peak. A share None: that
+    factor is a constant."""
 
     @staticmethod
     def forward(ctx, g: torch.Tensor, u: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor],
                 value_share: float, gate_share: float | None) -> torch.Tensor:
+        ctx.fn, ctx.shares = fn, (value_share, gate_share)
+        ctx.save_for_backward(g, u)
         activated = fn(g)
-        product = activated * u
-        through_gate = gate_share is not None and ctx.needs_input_grad[0]
-        ratio = torch.div(activated, g).nan_to_num_(0.0, 0.0, 0.0).mul_(u) if through_gate else None
-        if ratio is not None and gate_share != 1.0:
-            ratio.mul_(gate_share)
-        if value_share != 1.0:
-            activated.mul_(value_share)
-        ctx.save_for_backward(activated, ratio)
-        return product
+        return activated * u if activated.data_ptr() == g.data_ptr() else activated.mul_(u)  # never g written over
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
-        activated, ratio = ctx.saved_tensors
-        to_gate = None if ratio is None else grad * ratio
-        return to_gate, grad * activated if ctx.needs_input_grad[1] else None, None, None, None
+        g, u = ctx.saved_tensors
+        value_share, gate_share = ctx.shares
+        activated = ctx.fn(g)
+        if activated.data_ptr() == g.data_ptr():  # an activation that hands back its input: never write over g
+            activated = activated.clone()
+        to_gate = None
+        if gate_share is not None and ctx.needs_input_grad[0]:
+            to_gate = torch.div(activated, g).nan_to_num_(0.0, 0.0, 0.0).mul_(u)
+            if gate_share != 1.0:
+                to_gate.mul_(gate_share)
+            to_gate.mul_(grad)
+        to_value = None
+        if ctx.needs_input_grad[1]:  # in place: `activated` is this backward's own
+            to_value = (activated.mul_(value_share) if value_share != 1.0 else activated).mul_(grad)
+        return to_gate, to_value, None, None, None
 
 
 def gated(fn: Callable[[torch.Tensor], torch.Tensor], g: torch.Tensor, u: torch.Tensor,
