@@ -30,20 +30,26 @@ from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
 from ..causal_lm.layouts import recognised
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
+from .rules import rule_map
 from .layouts import (
     GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
 )
 
+#: why Gemma 3 and Idefics3 / SmolVLM refuse transformer_attribution (the seeds' explicit relevance pass)
+NO_EXPLICIT_RULES = ("the CVPR'21 paper's relevance pass has rules for LLaVA's projector and tower only, none yet for Gemma 3's "
+                     "average pooling or Idefics3's pixel shuffle")
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention the tower's patch tokens
-    #: (`feeds`), token_ablation occludes the tower's patches (`ablated`); raw_attention, rollout, attention_gradcam read
-    #: the decoder's attention only, the image's tokens laid back on the patch grid (the others are refused by name)
-    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and (LLaVA)
+    #: transformer_attribution the tower's patch tokens (`feeds`), token_ablation occludes the tower's patches
+    #: (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's tokens laid
+    #: back on the patch grid (the others are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution", "token_ablation",
+               "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
     examples = "transformers " + VISION_LANGUAGE_CLASSES
@@ -62,6 +68,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its select strategy keeps it ("full")
         self.image_prefix = int(getattr(model.config, "vision_feature_select_strategy", None) == "full")
+        if self.vision is not LLAVA:  # the explicit relevance pass has rules for LLaVA's projector only
+            self.methods = tuple(name for name in self.methods if name != "transformer_attribution")
+            self.declined = {"transformer_attribution": NO_EXPLICIT_RULES}
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -195,6 +204,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         """None: each row runs its own forward with its own image (`explain_generation` reads the methods of one
         forward only on this family)."""
         return None
+
+    def model_rule_map(self) -> dict:
+        """The whole model's rule map under an explicit rule set: decoder, projector and tower (`rules.py`)."""
+        return rule_map(self.model, self.vision, self.layout, self.ruled)
 
     def recomputed_layers(self) -> list[nn.Module]:
         """`checkpoint=True` runs the tower's layers again in the backward too, not only the decoder's."""
