@@ -1,22 +1,23 @@
-"""`transformer_attribution` (CVPR'21) on LLaVA, carried into the vision tower (tiny random float64 LLaVA with a
-Llama decoder and one tower layer read, [CLS] cropped; with a Qwen2 decoder and two tower layers side by side, [CLS]
-kept: `vlm_models.py`), checked in two halves against code that does not run through the family's rule map:
+"""`transformer_attribution` (CVPR'21) carried into the vision tower, on LLaVA (tiny random float64 LLaVA with a Llama
+decoder and one tower layer read, [CLS] cropped; with a Qwen2 decoder and two tower layers side by side, [CLS] kept)
+and Idefics3 (pixel shuffle, a Linear, Llama decoder) of `vlm_models.py`, checked in two halves against code that does
+not run through the family's rule map:
 
 - the text part equals the decoder family's `transformer_attribution` on the decoder alone: a `...ForCausalLM` with
-  the LLaVA decoder's weights whose vocabulary holds the row's image features (the projector's output of the
-  model's own forward) as the embeddings of token ids of their own, standing at the image's placeholders;
+  the decoder's weights whose vocabulary holds the row's image features (the projector's output in the model's own
+  forward) as the embeddings of token ids of their own, standing at the image's placeholders;
 - the image part equals the paper's rule `v prod (I + E_h (G_l * R_l)^+)` built as full matrices, `v` the decoder
   alone's readout row at the image's tokens laid on the tower's tokens by hand, `R_l` and `G_l` the relevance and
-  gradient at the tower's attentions under CLIP's rule map (`families/clip/rules.py`'s layer, attention and embedding
-  entries on the tower), seeded at the tower's read layers with the relevance and gradient that reach the image's
-  features in the decoder alone, carried back through the projector by a hand-written alpha1-beta0 rule (the
-  identity at its GELU) and the projector's own gradient.
+  gradient at the tower's attentions under CLIP's rules (`families/clip/rules.py`'s layer and attention entries) on
+  the tower alone, seeded at the tower's read layers with the relevance and gradient that reach the image's features
+  in the decoder alone, carried back through the projector by a hand-written alpha1-beta0 rule (the identity at
+  LLaVA's GELU, Idefics3's pixel shuffle routing it) and the projector's own gradient.
 
 Each row of a batch padded right and left is checked against its row alone; the relevance reaching the text tokens and
 the tower's input is 1 (the paper's rules conserve) and equals the decoder alone's text relevance plus the tower's
 input relevance under CLIP's rules. What this does not check: the decoder alone is run by the decoder family's own
-rule map (the one the vision-language map reuses), so a rule shared by both would not be caught here; the decoders'
-tests check that map.
+rule map (the one the vision-language map reuses), so an error in a rule both share would not be caught here (the
+decoders' tests check that map); Gemma 3 is refused, not checked.
 """
 from __future__ import annotations
 
@@ -36,22 +37,26 @@ from relevancy.families.base import UnsupportedModelError
 from relevancy.families.clip import rules as clip_rules
 from relevancy.families.hf_attention import transformers_leaves
 from relevancy.lrp import GRADIENT, PAPER, RELEVANCE, relevance_session
-from relevancy.lrp.engine import PIXEL_CONV, unchanged
+from relevancy.lrp.engine import unchanged
 
-FAMILIES = ("llava", "llava_full")
+FAMILIES = ("llava", "llava_full", "idefics3")
 
 
 def decoder_alone(model: nn.Module, row: dict[str, torch.Tensor]) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """The model's decoder as a `...ForCausalLM` whose token ids from `VOCAB` on are the row's image features, and the
-    row's inputs with those ids at the image's placeholders."""
-    config = model.config
+    """The model's decoder as a `...ForCausalLM` whose token ids from `VOCAB` on are the row's image features (the
+    projector's output in the model's own forward), and the row's inputs with those ids at the image's placeholders."""
+    adapter = adapter_for(model)
+    found = []
+    projector = getattr(model.model, adapter.vision.projector)
+    handle = projector.register_forward_hook(lambda _m, _i, out: found.append(out))
     with torch.no_grad():
-        features = model.model.get_image_features(pixel_values=row["pixel_values"], vision_feature_layer=config.vision_feature_layer,
-                                                  vision_feature_select_strategy=config.vision_feature_select_strategy).pooler_output[0]
-    text = copy.deepcopy(config.text_config)
+        model(**row)
+    handle.remove()
+    features = found[0][0]
+    text = copy.deepcopy(model.config.text_config)
     text.vocab_size, text.tie_word_embeddings = VOCAB + len(features), False
     decoder = transformers.AutoModelForCausalLM.from_config(text).to(torch.float64).eval()
-    state = {f"model.{name}": value for name, value in model.model.language_model.state_dict().items()}
+    state = {f"model.{name}": value for name, value in adapter.decoder.state_dict().items()}
     state["model.embed_tokens.weight"] = torch.cat([state["model.embed_tokens.weight"], features])
     state["lm_head.weight"] = torch.cat([model.lm_head.weight.detach(), torch.zeros_like(features)])
     decoder.load_state_dict(state)
@@ -81,15 +86,35 @@ def alpha1_beta0(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor)
     return (positive / positive.sum(-1, keepdim=True) * relevance[..., None]).sum(1)
 
 
-def clip_rule_map(tower: nn.Module) -> dict:
-    """CLIP's rule map (`clip/rules.py`: its encoder layer, attention and embedding entries, transformers' leaves) for
-    the tower on its own."""
-    from transformers.models.clip import modeling_clip as clip
+def clip_rule_map(transformer: nn.Module, tower: nn.Module) -> dict:
+    """CLIP's rule map for a tower on its own (`clip/rules.py`'s encoder layer and attention entries, transformers'
+    leaves; its containers and embeddings as they are: the layers record their inputs), whatever the tower's classes
+    (CLIP's, Idefics3's: the same layer and attention)."""
+    layers = list(transformer.encoder.layers)
+    containers = [tower, transformer, transformer.encoder, transformer.embeddings, *transformer.embeddings.children(), layers[0].mlp]
+    return {**transformers_leaves(), **{type(module): unchanged for module in containers},
+            type(layers[0]): clip_rules._blocks({"image": layers}, clip_rules._hf_layer), type(layers[0].self_attn): clip_rules._hf_attention}
 
-    layers = list(getattr(tower, "vision_model", tower).encoder.layers)
-    return {**transformers_leaves(), **{kind: unchanged for kind in (clip.CLIPVisionModel, clip.CLIPEncoder, clip.CLIPMLP)},
-            clip.CLIPVisionEmbeddings: clip_rules._hf_vision_embeddings, clip.CLIPEncoderLayer: clip_rules._blocks({"image": layers}, clip_rules._hf_layer),
-            clip.CLIPAttention: clip_rules._hf_attention, nn.Conv2d: PIXEL_CONV}
+
+def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.Tensor, gradient: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(relevance, gradient)` at the tower's read features `read` `(P, W)` (several layers side by side) from those
+    at the image's features: alpha1-beta0 at the projector's Linears by hand, the identity at its GELU, Idefics3's pixel
+    shuffle routing it (a permutation); the gradient by autograd."""
+    features = read.detach().requires_grad_(True)
+    if hasattr(model.model, "connector"):  # Idefics3: pixel shuffle, one Linear
+        connector = model.model.connector
+        x = connector.pixel_shuffle(features[None], connector.scale_factor)[0]
+        out = connector.modality_projection.proj(x)
+        into = alpha1_beta0(x.detach(), connector.modality_projection.proj.weight, relevance)
+    else:  # LLaVA: linear_2(gelu(linear_1(x)))
+        projector, x = model.model.multi_modal_projector, features
+        activated = projector.act(projector.linear_1(x))
+        out = projector.linear_2(activated)
+        into = alpha1_beta0(x.detach(), projector.linear_1.weight, alpha1_beta0(activated.detach(), projector.linear_2.weight, relevance))
+    (routed,) = torch.autograd.grad(x, features, into)
+    (through,) = torch.autograd.grad(out, features, gradient)
+    return routed, through
 
 
 def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -101,30 +126,32 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
     text = relevancy.explain(decoder, ids, method="transformer_attribution", target=target).scores[0]
     image = row["input_ids"][0] == IMAGE_TOKEN
     relevance, gradient = at_embeddings(decoder, ids, target)
-    # the projector: alpha1-beta0 at both Linears, the identity at the GELU; its own gradient
-    projector = model.model.multi_modal_projector
-    tower = copy.deepcopy(model.model.vision_tower)
-    layers = [config.vision_feature_layer] if isinstance(config.vision_feature_layer, int) else config.vision_feature_layer
-    depths = [k % (config.vision_config.num_hidden_layers + 1) for k in layers]
-    with relevance_session(tower, clip_rule_map(tower), PAPER) as session:
-        hidden = tower(row["pixel_values"], output_hidden_states=True).hidden_states
-        crop = 1 if config.vision_feature_select_strategy == "default" else 0
-        x = torch.cat([hidden[d][0, crop:] for d in depths], -1).detach().requires_grad_(True)
-        middle = projector.linear_1(x)
-        activated = projector.act(middle)
-        out = projector.linear_2(activated)
-        (into_gradient,) = torch.autograd.grad(out, x, gradient[image])
-        into = alpha1_beta0(x.detach(), projector.linear_1.weight, alpha1_beta0(activated.detach(), projector.linear_2.weight, relevance[image]))
+    tower = copy.deepcopy(getattr(model.model, adapter_for(model).vision.tower))
+    transformer = getattr(tower, "vision_model", tower)
+    count = len(transformer.encoder.layers)
+    pixels = row["pixel_values"].flatten(0, -4)  # Idefics3's one image per row
+    with relevance_session(tower, clip_rule_map(transformer, tower), PAPER) as session:
+        if family == "idefics3":  # the last layer's patches, after the final LayerNorm
+            depths, crop = [count], 0
+            read = [tower(pixels).last_hidden_state[0]]
+        else:  # LLaVA: the layers `vision_feature_layer` names, [CLS] cropped by "default"
+            layers = [config.vision_feature_layer] if isinstance(config.vision_feature_layer, int) else config.vision_feature_layer
+            depths, crop = [k % (count + 1) for k in layers], int(config.vision_feature_select_strategy == "default")
+            hidden = tower(pixels, output_hidden_states=True).hidden_states
+            read = [hidden[d][0, crop:] for d in depths]
+        into, into_gradient = projector_relevance(model, torch.cat(read, -1), relevance[image], gradient[image])
         # the tower's read layers seeded with what reaches them, each its block of the features side by side
         width = config.vision_config.hidden_size
-        outputs = torch.cat([hidden[d][0, crop:].flatten() for d in depths])
+        outputs = torch.cat([r.flatten() for r in read])
         seeds = {mode: torch.cat([part.flatten() for part in found.split(width, -1)]) for mode, found in ((RELEVANCE, into), (GRADIENT, into_gradient))}
         attentions = session.attentions[:max(depths)]
         relevances = session.backward(RELEVANCE, outputs, attentions + [session.block_inputs["image"][0]], seeds[RELEVANCE])
         gradients = session.backward(GRADIENT, outputs, attentions, seeds[GRADIENT])
     tower_input = relevances.pop().sum()
     entering = text[image]
-    if crop:
+    if family == "idefics3":  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares
+        entering = entering.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1).flatten() / 4
+    elif crop:
         entering = torch.cat([torch.zeros(1, dtype=torch.float64), entering])
     patches = sum(entering @ rule(relevances[:d], gradients[:d]) for d in depths)
     total = relevance[~image].sum() + tower_input
@@ -160,7 +187,7 @@ def test_transformer_attribution_through_the_tower_equals_its_two_halves(family)
 
 
 def test_refusals_by_name_and_failures_leave_the_model_unchanged(monkeypatch):
-    """Options that do not carry into the tower are refused by name; Gemma 3 and Idefics3 refuse the method saying why;
+    """Options that do not carry into the tower are refused by name; Gemma 3 refuses the method saying why;
     an error inside the relevance pass leaves the model as it was."""
     model, batch = model_of("llava_full"), inputs("llava_full")
     before = snapshot(model)
@@ -168,9 +195,8 @@ def test_refusals_by_name_and_failures_leave_the_model_unchanged(monkeypatch):
                            ({"row_normalize": True}, "row_normalize=True")):
         with pytest.raises(ValueError, match=named):
             relevancy.explain(model, batch, method="transformer_attribution", **options)
-    for family in ("gemma3", "idefics3"):
-        with pytest.raises(UnsupportedModelError, match="'transformer_attribution' does not apply .*average pooling.*pixel shuffle"):
-            relevancy.explain(model_of(family), inputs(family), method="transformer_attribution")
+    with pytest.raises(UnsupportedModelError, match="'transformer_attribution' does not apply .*Gemma 3's projector: its average pooling"):
+        relevancy.explain(model_of("gemma3"), inputs("gemma3"), method="transformer_attribution")
 
     def fail(*args, **kwargs):
         raise RuntimeError("stop")

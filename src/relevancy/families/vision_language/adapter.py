@@ -35,16 +35,16 @@ from .layouts import (
     GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
 )
 
-#: why Gemma 3 and Idefics3 / SmolVLM refuse transformer_attribution (the seeds' explicit relevance pass)
-NO_EXPLICIT_RULES = ("the CVPR'21 paper's relevance pass has rules for LLaVA's projector and tower only, none yet for Gemma 3's "
-                     "average pooling or Idefics3's pixel shuffle")
+#: why Gemma 3 refuses transformer_attribution (the seeds' explicit relevance pass)
+NO_EXPLICIT_RULES = ("the CVPR'21 paper's relevance pass has no rule yet for Gemma 3's projector: its average pooling and its "
+                     "product with a bare matrix")
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and (LLaVA)
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and (LLaVA, Idefics3)
     #: transformer_attribution the tower's patch tokens (`feeds`), token_ablation occludes the tower's patches
     #: (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's tokens laid
     #: back on the patch grid (the others are refused by name)
@@ -68,7 +68,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its select strategy keeps it ("full")
         self.image_prefix = int(getattr(model.config, "vision_feature_select_strategy", None) == "full")
-        if self.vision is not LLAVA:  # the explicit relevance pass has rules for LLaVA's projector only
+        if self.vision is GEMMA3:  # the explicit relevance pass has no rule for its projector
             self.methods = tuple(name for name in self.methods if name != "transformer_attribution")
             self.declined = {"transformer_attribution": NO_EXPLICIT_RULES}
 

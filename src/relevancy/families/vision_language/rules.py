@@ -7,7 +7,9 @@ paper's rules for `transformer_attribution`), over the whole model: decoder, pro
   select strategy's crop of [CLS] and a list of `vision_feature_layer`s put side by side: selections, whose
   gradient routes each position's relevance to where it came from (no rule needed);
 - the projector: its ruled part's forward (LLaVA's `linear_2(act(linear_1(x)))`: the Linear rule at both Linears,
-  alpha1-beta0 under the paper's rules, the activation rule at the GELU, which passes relevance);
+  alpha1-beta0 under the paper's rules, the activation rule at the GELU, which passes relevance); Idefics3's pixel
+  shuffle (reshapes and a permutation, whose gradient routes relevance) and its Linear (the Linear rule). Gemma 3's
+  average pooling and product with a bare matrix have no rule here (the adapter declines the method there);
 - the tower's layers: the pre-norm residual adds under the add rule (`TOWER_RESIDUAL`, the decoders' `Residual`),
   their norms and MLPs the layout's rule forwards, their attention relevancy's one attention (`attend`, through the
   configs as for the decoder) under the session, so that it records the tower's probabilities first, in the order
@@ -45,6 +47,9 @@ def rule_map(model: nn.Module, vision: VisionLanguageLayout, layout: Layout, rul
     layers = list(transformer.encoder.layers)
     embeddings = transformer.embeddings
     return {
+        # the projector's containers and reshapes (Idefics3's pixel shuffle): their gradient routes relevance; its Linears
+        # and ruled parts (LLaVA's MLP) get theirs from the decoder map's leaves and rule forwards, which come after
+        **by_type(getattr(model.model, vision.projector).modules(), unchanged),
         **decoder_rule_map(layout, decoder_view(model, vision), ruled),
         **by_type([model.model, getattr(model.model, vision.tower), transformer, transformer.encoder, *embeddings.children()], unchanged),
         type(embeddings): _tower_input,
