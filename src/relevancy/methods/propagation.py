@@ -100,11 +100,12 @@ def transformer_attribution(
             stream_matrices = [m.div_(m.sum(-1, keepdim=True)) for m in map(with_identity, stream_matrices)]
         scores[name] = set_class_entry(readout_chain(stream_matrices, stream, identity=not normalize), how, stream)
         where = label if len(streams) == 1 else f"{label} ({name} stream)"
-        reached = [masked(stream, relevance)]
+        reached, sources = masked(stream, relevance), []
         for feed, source in zip(feeds, arrived[len(streams):]):
             if feed.into == name:  # the fed tokens' relevance counted where it arrives, at the feeding model's input
-                reached = [reached[0].masked_fill(feed.positions[..., None].to(relevance.device), 0), source]
-        totals.append(conservation(torch.cat([r.flatten(1) for r in reached], 1), PAPER, where)["relevance_total"])
+                reached = reached.masked_fill(feed.positions[..., None].to(relevance.device), 0)
+                sources.append(source)
+        totals.append(conservation(torch.cat([r.flatten(1) for r in (reached, *sources)], 1), PAPER, where)["relevance_total"])
     for feed in feeds:
         scores[feed.source.name] = carried_into(feed, scores[feed.into], [next(pending) for _ in range(max(feed.depths))])
     return per_stream_result(scores, totals, fwd)

@@ -30,10 +30,10 @@ from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
 from ..causal_lm.layouts import recognised
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
-from .rules import rule_map
 from .layouts import (
     GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
 )
+from .rules import IMAGE, rule_map
 
 #: why Gemma 3 refuses transformer_attribution (the seeds' explicit relevance pass)
 NO_EXPLICIT_RULES = ("the CVPR'21 paper's relevance pass has no rule yet for Gemma 3's projector: its average pooling and its "
@@ -167,8 +167,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
         weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix, dtype=torch.float64, device=positions.device)  # LLaVA's kept [CLS]
         weights[self.image_prefix:, prefix:] = tokens_on_patches(torch.eye(count - self.image_prefix, dtype=torch.float64,
                                                                            device=positions.device), self.side).flatten(1)
-        sites = tuple(AttentionSite("image", "image", OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
-        return [Feed(Stream("image", "image", prefix, None, grid=(self.side, self.side)), sites, depths, "text", positions, weights)]
+        sites = tuple(AttentionSite(IMAGE, IMAGE, OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
+        return [Feed(Stream(IMAGE, "image", prefix, None, grid=(self.side, self.side)), sites, depths, "text", positions, weights)]
 
     def ablated(self, inputs: ImageTextTokens) -> tuple[dict[str, torch.Tensor], dict[str, Stream]]:
         """Token ablation's units: the prompt's text tokens (their ids `(B, T, 1)`), each removed from the sequence as
