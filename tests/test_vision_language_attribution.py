@@ -39,7 +39,7 @@ from relevancy.families.hf_attention import transformers_leaves
 from relevancy.lrp import GRADIENT, PAPER, RELEVANCE, relevance_session
 from relevancy.lrp.engine import unchanged
 
-FAMILIES = ("llava", "llava_full", "idefics3")
+FAMILIES = ("llava", "llava_full", "llava_siglip", "idefics3")
 
 
 def decoder_alone(model: nn.Module, row: dict[str, torch.Tensor]) -> tuple[nn.Module, dict[str, torch.Tensor]]:
@@ -91,8 +91,9 @@ def clip_rule_map(transformer: nn.Module, tower: nn.Module) -> dict:
     leaves; its containers and embeddings as they are: the layers record their inputs), whatever the tower's classes
     (CLIP's, Idefics3's: the same layer and attention)."""
     layers = list(transformer.encoder.layers)
-    containers = [tower, transformer, transformer.encoder, transformer.embeddings, *transformer.embeddings.children(), layers[0].mlp]
-    return {**transformers_leaves(), **{type(module): unchanged for module in containers},
+    containers = [tower, transformer, transformer.encoder, transformer.embeddings, *transformer.embeddings.children(), layers[0].mlp,
+                  *(transformer.head.modules() if hasattr(transformer, "head") else ())]  # SigLIP's pooling head: not read
+    return {**{type(module): unchanged for module in containers}, **transformers_leaves(),
             type(layers[0]): clip_rules._blocks({"image": layers}, clip_rules._hf_layer), type(layers[0].self_attn): clip_rules._hf_attention}
 
 

@@ -66,8 +66,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.image_token = int(model.config.image_token_id)
         self.patch = int(model.config.vision_config.patch_size)
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
-        #: the image tokens before the patch tokens: LLaVA's [CLS] where its select strategy keeps it ("full")
-        self.image_prefix = int(getattr(model.config, "vision_feature_select_strategy", None) == "full")
+        patches = self.side ** 2
+        #: the tower's tokens before its patch tokens: CLIP's [CLS] (none for SigLIP)
+        self.tower_prefix = int(getattr(self.vision.transformer(model).embeddings, "num_positions", patches)) - patches
+        #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
+        self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
         if self.vision is GEMMA3:  # the explicit relevance pass has no rule for its projector
             self.methods = tuple(name for name in self.methods if name != "transformer_attribution")
             self.declined = {"transformer_attribution": NO_EXPLICIT_RULES}
@@ -157,8 +160,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         (`tokens_on_patches`' layout)."""
         transformer = self.vision.transformer(self.model)
         layers = transformer.encoder.layers
-        patches = self.side ** 2
-        prefix = int(getattr(transformer.embeddings, "num_positions", patches)) - patches  # CLIP's [CLS]
+        patches, prefix = self.side ** 2, self.tower_prefix
         selected = getattr(self.model.config, "vision_feature_layer", -1) if self.vision is LLAVA else -1
         depths = tuple(sorted({k % (len(layers) + 1) for k in ([selected] if isinstance(selected, int) else selected)}))
         positions = inputs.input_ids == self.image_token

@@ -47,9 +47,11 @@ def rule_map(model: nn.Module, vision: VisionLanguageLayout, layout: Layout, rul
     layers = list(transformer.encoder.layers)
     embeddings = transformer.embeddings
     return {
-        # the projector's containers and reshapes (Idefics3's pixel shuffle): their gradient routes relevance; its Linears
-        # and ruled parts (LLaVA's MLP) get theirs from the decoder map's leaves and rule forwards, which come after
-        **by_type(getattr(model.model, vision.projector).modules(), unchanged),
+        # first, so that the entries after them win where a type is shared (the map is keyed by type): the projector's
+        # containers and reshapes (Idefics3's pixel shuffle), whose gradient routes relevance, its Linears and ruled
+        # parts (LLaVA's MLP) ruled by the decoder map's leaves and rule forwards below; SigLIP's pooling head, whose
+        # output the decoder does not read (no relevance reaches it)
+        **by_type([*getattr(model.model, vision.projector).modules(), *getattr(transformer, "head", nn.Identity()).modules()], unchanged),
         **decoder_rule_map(layout, decoder_view(model, vision), ruled),
         **by_type([model.model, getattr(model.model, vision.tower), transformer, transformer.encoder, *embeddings.children()], unchanged),
         type(embeddings): _tower_input,
