@@ -33,13 +33,12 @@ from vlm_models import IMAGE_TOKEN, VOCAB, alone, inputs
 
 import relevancy
 from relevancy.families import adapter_for
-from relevancy.families.base import UnsupportedModelError
 from relevancy.families.clip import rules as clip_rules
 from relevancy.families.hf_attention import transformers_leaves
 from relevancy.lrp import GRADIENT, PAPER, RELEVANCE, relevance_session
 from relevancy.lrp.engine import unchanged
 
-FAMILIES = ("llava", "llava_full", "llava_siglip", "idefics3")
+FAMILIES = ("llava", "llava_full", "llava_siglip", "idefics3", "gemma3")
 
 
 def decoder_alone(model: nn.Module, row: dict[str, torch.Tensor]) -> tuple[nn.Module, dict[str, torch.Tensor]]:
@@ -100,10 +99,19 @@ def clip_rule_map(transformer: nn.Module, tower: nn.Module) -> dict:
 def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.Tensor, gradient: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(relevance, gradient)` at the tower's read features `read` `(P, W)` (several layers side by side) from those
-    at the image's features: alpha1-beta0 at the projector's Linears by hand, the identity at its GELU, Idefics3's pixel
-    shuffle routing it (a permutation); the gradient by autograd."""
+    at the image's features: alpha1-beta0 at the projector's Linears (Gemma 3's matrix) by hand, the identity at its GELU
+    and Gemma 3's RMSNorm, Idefics3's pixel shuffle routing it (a permutation), Gemma 3's average pooling sharing it
+    equally (the pooling's own gradient); the gradient by autograd."""
     features = read.detach().requires_grad_(True)
-    if hasattr(model.model, "connector"):  # Idefics3: pixel shuffle, one Linear
+    if hasattr(model.model.multi_modal_projector if hasattr(model.model, "multi_modal_projector") else None, "avg_pool"):
+        # Gemma 3: average pooling (equal shares: its own gradient), RMSNorm (passing relevance), a bare matrix
+        projector = model.model.multi_modal_projector
+        side, weight = projector.patches_per_image, projector.mm_input_projection_weight
+        x = projector.avg_pool(features.T.reshape(1, -1, side, side)).flatten(2)[0].T
+        normed = projector.mm_soft_emb_norm(x)
+        out = normed @ weight
+        into = alpha1_beta0(normed.detach(), weight.T, relevance)
+    elif hasattr(model.model, "connector"):  # Idefics3: pixel shuffle, one Linear
         connector = model.model.connector
         x = connector.pixel_shuffle(features[None], connector.scale_factor)[0]
         out = connector.modality_projection.proj(x)
@@ -113,26 +121,50 @@ def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.T
         activated = projector.act(projector.linear_1(x))
         out = projector.linear_2(activated)
         into = alpha1_beta0(x.detach(), projector.linear_1.weight, alpha1_beta0(activated.detach(), projector.linear_2.weight, relevance))
-    (routed,) = torch.autograd.grad(x, features, into)
+    (routed,) = torch.autograd.grad(x, features, into, retain_graph=True)
     (through,) = torch.autograd.grad(out, features, gradient)
     return routed, through
 
 
+def in_one_pass(model: nn.Module, row: dict[str, torch.Tensor], target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gemma 3, whose image's tokens attend to each other (no `...ForCausalLM` does): `(the decoder's readout row (T,),
+    relevance, gradient (T, D) at its input tokens)`, the row built as full matrices (`rule`) from the relevance and
+    gradient at the decoder's attentions in one pass under the family's own rule map."""
+    adapter = adapter_for(model)
+    batch = adapter.check_inputs(row)
+    entered: list[torch.Tensor] = []
+    handle = adapter.blocks[0].register_forward_pre_hook(
+        lambda _m, args, kwargs: entered.append(args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+    try:
+        with adapter.explaining(False), relevance_session(model, adapter.relevance_rule_map(), PAPER) as session:
+            logits, _ = adapter.forward(batch)
+            found = session.attentions[len(session.attentions) - len(adapter.blocks):] + entered[:1]
+            one = torch.ones((), dtype=torch.float64)
+            *relevances, relevance = session.backward(RELEVANCE, logits[0, target], found, one)
+            *gradients, gradient = session.backward(GRADIENT, logits[0, target], found, one)
+    finally:
+        handle.remove()
+    return rule(relevances, gradients)[-1], relevance[0], gradient[0]
+
+
 def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(text scores (T,), patch scores (4, 4), relevance reaching the text tokens and the tower's input)` of one
-    unpadded row, in two halves: the decoder alone, the tower under CLIP's rules."""
+    unpadded row, in two halves: the decoder alone (Gemma 3: `in_one_pass`), the tower under CLIP's rules."""
     model = model_of(family)
     config = model.config
-    decoder, ids = decoder_alone(model, row)
-    text = relevancy.explain(decoder, ids, method="transformer_attribution", target=target).scores[0]
     image = row["input_ids"][0] == IMAGE_TOKEN
-    relevance, gradient = at_embeddings(decoder, ids, target)
+    if family == "gemma3":
+        text, relevance, gradient = in_one_pass(model, row, target)
+    else:
+        decoder, ids = decoder_alone(model, row)
+        text = relevancy.explain(decoder, ids, method="transformer_attribution", target=target).scores[0]
+        relevance, gradient = at_embeddings(decoder, ids, target)
     tower = copy.deepcopy(getattr(model.model, adapter_for(model).vision.tower))
     transformer = getattr(tower, "vision_model", tower)
     count = len(transformer.encoder.layers)
     pixels = row["pixel_values"].flatten(0, -4)  # Idefics3's one image per row
     with relevance_session(tower, clip_rule_map(transformer, tower), PAPER) as session:
-        if family == "idefics3":  # the last layer's patches, after the final LayerNorm
+        if family in ("idefics3", "gemma3"):  # the last layer's patches, after the final LayerNorm
             depths, crop = [count], 0
             read = [tower(pixels).last_hidden_state[0]]
         else:  # LLaVA: the layers `vision_feature_layer` names, [CLS] cropped by "default"
@@ -150,7 +182,7 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
         gradients = session.backward(GRADIENT, outputs, attentions, seeds[GRADIENT])
     tower_input = relevances.pop().sum()
     entering = text[image]
-    if family == "idefics3":  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares
+    if family in ("idefics3", "gemma3"):  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares
         entering = entering.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1).flatten() / 4
     elif crop:
         entering = torch.cat([torch.zeros(1, dtype=torch.float64), entering])
@@ -188,16 +220,14 @@ def test_transformer_attribution_through_the_tower_equals_its_two_halves(family)
 
 
 def test_refusals_by_name_and_failures_leave_the_model_unchanged(monkeypatch):
-    """Options that do not carry into the tower are refused by name; Gemma 3 refuses the method saying why;
-    an error inside the relevance pass leaves the model as it was."""
+    """Options that do not carry into the tower are refused by name; an error inside the relevance pass leaves the
+    model as it was."""
     model, batch = model_of("llava_full"), inputs("llava_full")
     before = snapshot(model)
     for options, named in (({"checkpoint": True}, "checkpoint=True"), ({"blocks": "last"}, "blocks='last'"),
                            ({"row_normalize": True}, "row_normalize=True")):
         with pytest.raises(ValueError, match=named):
             relevancy.explain(model, batch, method="transformer_attribution", **options)
-    with pytest.raises(UnsupportedModelError, match="'transformer_attribution' does not apply .*Gemma 3's projector: its average pooling"):
-        relevancy.explain(model_of("gemma3"), inputs("gemma3"), method="transformer_attribution")
 
     def fail(*args, **kwargs):
         raise RuntimeError("stop")

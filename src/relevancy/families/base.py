@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -37,9 +37,6 @@ class Adapter:
     # the registered methods the family offers (`relevancy.methods.REGISTRY`), in the registry's order: what
     # `explain` runs, the command line and the web page list and the evaluation measures; others are refused by name
     methods: ClassVar[tuple[str, ...]] = ()
-    # why a registered method the family could take is not offered for this model (method name -> reason), said in
-    # the method's refusal
-    declined: ClassVar[Mapping[str, str]] = {}
     # whether `explain_generation` explains the family's generations (decoders: `input_relevance`, `forward_shared`)
     generates: ClassVar[bool] = False
     # whether its generations read an image beside the prompt (`explain_generation(..., image=...)`)

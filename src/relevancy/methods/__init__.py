@@ -63,9 +63,8 @@ class Method:
         does not offer this method (`Adapter.methods`)."""
         if self.name not in adapter.methods:
             offering = [family.family for family in adapters() if self.name in family.methods]
-            why = adapter.declined.get(self.name)
             raise UnsupportedModelError(
-                f"method '{self.name}' does not apply to the {adapter.family} family{f' ({why})' if why else ''}; its methods: "
+                f"method '{self.name}' does not apply to the {adapter.family} family; its methods: "
                 f"{', '.join(adapter.methods)}. '{self.name}' explains: {'; '.join(dict.fromkeys(offering)) or 'no family'}"
             )
 

@@ -35,16 +35,13 @@ from .layouts import (
 )
 from .rules import IMAGE, rule_map
 
-#: why Gemma 3 refuses transformer_attribution (the seeds' explicit relevance pass)
-NO_EXPLICIT_RULES = ("the CVPR'21 paper's relevance pass has no rule yet for Gemma 3's projector: its average pooling and its "
-                     "product with a bare matrix")
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and (LLaVA, Idefics3)
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and
     #: transformer_attribution the tower's patch tokens (`feeds`), token_ablation occludes the tower's patches
     #: (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's tokens laid
     #: back on the patch grid (the others are refused by name)
@@ -71,9 +68,6 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.tower_prefix = int(getattr(self.vision.transformer(model).embeddings, "num_positions", patches)) - patches
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
         self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
-        if self.vision is GEMMA3:  # the explicit relevance pass has no rule for its projector
-            self.methods = tuple(name for name in self.methods if name != "transformer_attribution")
-            self.declined = {"transformer_attribution": NO_EXPLICIT_RULES}
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
