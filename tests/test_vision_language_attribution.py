@@ -1,24 +1,27 @@
-"""`transformer_attribution` (CVPR'21) carried into the vision tower, on LLaVA (tiny random float64 LLaVA with a Llama
-decoder and one tower layer read, [CLS] cropped; with a Qwen2 decoder and two tower layers side by side, [CLS] kept)
-and Idefics3 (pixel shuffle, a Linear, Llama decoder) of `vlm_models.py`, checked in two halves against code that does
-not run through the family's rule map:
+"""`transformer_attribution` (CVPR'21) carried into the vision tower, on the tiny random float64 models of
+`vlm_models.py`: LLaVA with a Llama decoder and one tower layer read, [CLS] cropped; with a Qwen2 decoder and two tower
+layers side by side, [CLS] kept; with a SigLIP tower (no [CLS], a pooling head); Idefics3 (pixel shuffle, a Linear) and
+Gemma 3 (average pooling, RMSNorm, a bare matrix), checked in two halves against code that does not run through the
+family's rule map:
 
 - the text part equals the decoder family's `transformer_attribution` on the decoder alone: a `...ForCausalLM` with
   the decoder's weights whose vocabulary holds the row's image features (the projector's output in the model's own
-  forward) as the embeddings of token ids of their own, standing at the image's placeholders;
+  forward) as the embeddings of token ids of their own, standing at the image's placeholders (Gemma 3, whose image's
+  tokens attend to each other as no `...ForCausalLM`'s do: the decoder's readout row built as full matrices from the
+  relevance and gradient at its attentions in one pass under the family's own map);
 - the image part equals the paper's rule `v prod (I + E_h (G_l * R_l)^+)` built as full matrices, `v` the decoder
   alone's readout row at the image's tokens laid on the tower's tokens by hand, `R_l` and `G_l` the relevance and
   gradient at the tower's attentions under CLIP's rules (`families/clip/rules.py`'s layer and attention entries) on
   the tower alone, seeded at the tower's read layers with the relevance and gradient that reach the image's features
   in the decoder alone, carried back through the projector by a hand-written alpha1-beta0 rule (the identity at
-  LLaVA's GELU, Idefics3's pixel shuffle routing it) and the projector's own gradient.
+  LLaVA's GELU and Gemma 3's RMSNorm, Idefics3's pixel shuffle routing it, Gemma 3's pooling sharing it equally) and
+  the projector's own gradient.
 
 Each row of a batch padded right and left is checked against its row alone; the relevance reaching the text tokens and
 the tower's input is 1 (the paper's rules conserve) and equals the decoder alone's text relevance plus the tower's
 input relevance under CLIP's rules. What this does not check: the decoder alone is run by the decoder family's own
 rule map (the one the vision-language map reuses), so an error in a rule both share would not be caught here (the
-decoders' tests check that map); Gemma 3 is refused, not checked.
-"""
+decoders' tests check that map), and Gemma 3's decoder relevance is the family's own."""
 from __future__ import annotations
 
 import copy
