@@ -106,9 +106,8 @@ def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.T
     and Gemma 3's RMSNorm, Idefics3's pixel shuffle routing it (a permutation), Gemma 3's average pooling sharing it
     equally (the pooling's own gradient); the gradient by autograd."""
     features = read.detach().requires_grad_(True)
-    if hasattr(model.model.multi_modal_projector if hasattr(model.model, "multi_modal_projector") else None, "avg_pool"):
-        # Gemma 3: average pooling (equal shares: its own gradient), RMSNorm (passing relevance), a bare matrix
-        projector = model.model.multi_modal_projector
+    projector = getattr(model.model, "multi_modal_projector", None)
+    if hasattr(projector, "avg_pool"):  # Gemma 3: average pooling (equal shares: its own gradient), RMSNorm, a bare matrix
         side, weight = projector.patches_per_image, projector.mm_input_projection_weight
         x = projector.avg_pool(features.T.reshape(1, -1, side, side)).flatten(2)[0].T
         normed = projector.mm_soft_emb_norm(x)
@@ -120,7 +119,7 @@ def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.T
         out = connector.modality_projection.proj(x)
         into = alpha1_beta0(x.detach(), connector.modality_projection.proj.weight, relevance)
     else:  # LLaVA: linear_2(gelu(linear_1(x)))
-        projector, x = model.model.multi_modal_projector, features
+        x = features
         activated = projector.act(projector.linear_1(x))
         out = projector.linear_2(activated)
         into = alpha1_beta0(x.detach(), projector.linear_1.weight, alpha1_beta0(activated.detach(), projector.linear_2.weight, relevance))
