@@ -150,12 +150,12 @@ def test_raw_attention_maps_the_image_tokens_back_by_hand(family):
 
 
 def test_refusals_name_the_problem():
-    """Methods without a map here (transformer attribution: no relevance into the tower by the tower's own
-    attention), other vision-language classes and bad pixels are refused by name."""
+    """Methods not offered here (full LRP to the pixels under the seeds' rules), other vision-language classes and bad
+    pixels are refused by name."""
     model, batch = model_of("llava"), inputs("llava")
-    with pytest.raises(UnsupportedModelError, match="'transformer_attribution' does not apply to the vision-language decoder family; "
+    with pytest.raises(UnsupportedModelError, match="'lrp' does not apply to the vision-language decoder family; "
                                                     "its methods: raw_attention, rollout"):
-        relevancy.explain(model, batch, method="transformer_attribution")
+        relevancy.explain(model, batch, method="lrp")
     with pytest.raises(ValueError, match=r"pixel_values must be \(B, 3, H, W\): one image per row"):
         relevancy.explain(model, {**batch, "pixel_values": batch["pixel_values"][:1]}, method="attnlrp")
     with pytest.raises(ValueError, match="placeholder tokens"):

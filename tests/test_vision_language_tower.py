@@ -1,8 +1,8 @@
-"""`generic_attention` carried into the vision tower of vision-language decoders (tiny random float64 LLaVA with a
-Llama and with a Qwen2 decoder, Gemma 3, Idefics3 of `vlm_models.py`), equal to the ICCV'21 rule computed naively:
-the full relevance matrices built with plain torch from the attentions and gradients of the model's own eager
-forward, the decoder's readout row at the image's tokens laid on the tower's tokens by hand and multiplied through
-the tower's matrix; padded batches equal each row alone; the model unchanged, also after an error."""
+"""`generic_attention` carried into the vision tower of vision-language decoders (tiny random float64 LLaVA with a Llama
+and with a Qwen2 decoder and with a SigLIP tower, Gemma 3, Idefics3 of `vlm_models.py`), equal to the ICCV'21 rule
+computed naively: the full relevance matrices built with plain torch from the attentions and gradients of the model's
+own eager forward, the decoder's readout row at the image's tokens laid on the tower's tokens by hand and multiplied
+through the tower's matrix; padded batches equal each row alone; the model unchanged, also after an error."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from test_model_unchanged import assert_same, snapshot
-from vlm_models import FAMILIES, IMAGE_TOKEN, SIDE, alone, build, inputs
+from vlm_models import EXTRA, FAMILIES, IMAGE_TOKEN, SIDE, alone, build, inputs
 
 import relevancy
 from relevancy.families import adapter_for
@@ -62,13 +62,15 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
         entering, depths = torch.cat([torch.zeros(1, dtype=torch.float64), tokens]), [1]
     elif family == "llava_full":  # both layers side by side, [CLS] kept: v R_2 + v R_1
         entering, depths = tokens, [2, 1]
+    elif family == "llava_siglip":  # the last layer's patch tokens, all kept: a SigLIP tower has no [CLS]
+        entering, depths = tokens, [layers]
     else:  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares (no [CLS])
         entering, depths = tokens.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1).flatten() / 4, [layers]
     patches = sum(entering @ rule(found["tower"][:d], gradients[:d]) for d in depths)
     return decoder.masked_fill(image, 0), patches[-16:].view(4, 4)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *EXTRA])
 def test_generic_attention_through_the_tower_equals_the_naive_rule(family):
     """Each row of a batch padded right and left equals the naive matrices on the row alone, text and patches;
     through_tower; the model handed back as it was."""

@@ -163,7 +163,6 @@ def test_the_command_explains_the_shipped_model_and_writes_results_and_report(tm
         (["-n", "2001"], "--n must be at most 2000"),
         (["--seed", "300"], "--seed must be at most 299"),
         (["--methods", "rolout"], "method 'rolout' is not evaluated by vlm-shapes; valid methods: attnlrp,"),
-        (["--methods", "attnlrp,transformer_attribution"], "method transformer_attribution does not explain LLaVA; vlm-shapes takes attnlrp"),
         (["--model", "nothing.safetensors"], "--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or"),
     ],
 )

@@ -15,6 +15,8 @@ _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_at
                initializer_range=0.2)
 #: family -> (seed, image tokens per image)
 FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4)}
+#: built like FAMILIES' models, checked by tests of their own only: a LLaVA with a SigLIP tower (no [CLS], a pooling head)
+EXTRA = {"llava_siglip": (24, 16)}
 
 
 def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, image_edges: tuple[int, int] = (93, 94)
@@ -28,6 +30,10 @@ def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, ima
         return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.Qwen2Config(**text),
                                         image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=[-2, -1],
                                         vision_feature_select_strategy="full")
+    if family == "llava_siglip":  # the last layer's patch tokens, all kept (there is no [CLS])
+        return transformers.LlavaConfig(vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=True),
+                                        text_config=transformers.LlamaConfig(**text), image_token_id=image_token, projector_hidden_act="gelu",
+                                        vision_feature_layer=-1, vision_feature_select_strategy="full")
     if family == "gemma3":
         return transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**text, head_dim=8, sliding_window=4,
                                                                                   layer_types=["sliding_attention", "full_attention"]),
@@ -44,7 +50,7 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
     `dtype`, eval mode; `vocab`, `image_token` and Gemma 3's `image_edges` (its begin and end of image tokens) to fit
     a real tokenizer."""
     config = _config(family, vocab, image_token, image_edges)
-    torch.manual_seed(FAMILIES[family][0])
+    torch.manual_seed({**FAMILIES, **EXTRA}[family][0])
     model = getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -60,7 +66,7 @@ def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), 
     """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
     `side` (pad id 0), one random image per row."""
     generator = torch.Generator().manual_seed(seed)
-    images = FAMILIES[family][1]
+    images = {**FAMILIES, **EXTRA}[family][1]
     rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
     width = max(len(row) for row in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)

@@ -162,7 +162,8 @@ class Adapter:
 
     def feeds(self, inputs: Any) -> list[Feed]:
         """The streams fed by a model of their own before their first attention (`Feed`: a vision-language
-        decoder's vision tower), whose relevance `generic_attention` carries on into that model; none by default."""
+        decoder's vision tower), whose relevance `generic_attention` and `transformer_attribution` carry on into that
+        model; none by default."""
         return []
 
     def ablated(self, inputs: Any) -> tuple[dict[str, torch.Tensor], dict[str, Stream]]:

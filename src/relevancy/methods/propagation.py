@@ -9,6 +9,7 @@ from .capture import record_forward
 from ..core.conventions import given_or
 from ..families.base import Adapter, only_stream
 from ..lrp import GRADIENT, PAPER, RELEVANCE, Session, relevance_session
+from .gradients import carried_into
 from .recompute import BlockRecompute, passes_down
 from .targets import Target, resolve_target, target_score
 from .attention import StartLayer, first_layer, readout_chain, readout_row, set_class_entry, with_identity
@@ -42,12 +43,23 @@ def transformer_attribution(
     Several streams (CLIP): one relevance pass serves every stream; each stream's map reads its own attentions,
     and `relevance_total` is `(B, streams)`, the relevance reaching each stream's earliest block used (see the
     family's rules for what each stream receives; CLIP: 1 per tower).
+    A stream fed by a model of its own (`Adapter.feeds`: a vision-language decoder's tower) has its readout row
+    carried on into that model (`gradients.carried_into`) through that model's `I + E_h (G_l * R_l)^+`, `R_l` the
+    relevance at its attention `l` from the same pass (through the projector) and `G_l` its gradient, every layer it
+    is read after; `relevance_total` `(B,)` is then the relevance reaching the fed stream's own input tokens and the
+    feeding model's input tokens (`start_layer` counts the fed stream's blocks only).
     `checkpoint`: one-stream models run each block again in the backward (`relevancy.methods.recompute`), so one block's
     rule graph is held at a time instead of every block's, for about one forward more; the same map.
     Models whose streams attend to each other (DETR, LXMERT): `across.transformer_attribution`.
     """
     one_of("weights", weights, WEIGHTS)
     one_of("blocks", blocks, BLOCKS)
+    feeds = adapter.feeds(inputs)
+    given = [name for name, value in (("checkpoint=True", checkpoint), (f"blocks={blocks!r}", blocks != "all"),
+                                      ("row_normalize=True", bool(row_normalize))) if value]
+    if feeds and given:
+        raise ValueError(f"{', '.join(given)}: not offered where the relevance is carried on into a model that feeds a stream (a "
+                         "vision tower), through every layer it is read after under the paper's unnormalised rule; explain without")
     if checkpoint:
         BlockRecompute.of(adapter, inputs)  # refused before any work where it does not apply
     conventions = adapter.conventions.transformer_attribution
@@ -58,6 +70,7 @@ def transformer_attribution(
     for name, stream in streams.items():
         start = first_layer(start_layer, stream, depths[name])
         first[name] = {"all": start, "last": depths[name] - 1, "first": 0}[blocks]
+    fed_into = {feed.into for feed in feeds}
     with full_precision(adapter, inputs) as (adapter32, inputs32):
         model = adapter32.model
         with relevance_session(model, adapter32.relevance_rule_map(), PAPER.with_exact(exact)) as session:
@@ -68,11 +81,15 @@ def transformer_attribution(
             else:
                 with recording_block_inputs(adapter32, session, streams):
                     fwd = record_forward(adapter32, inputs32, target, gradients=True)
-                recorded = stream_attentions(adapter32, session, streams)
+                feeds = adapter32.feeds(inputs32)
+                recorded = stream_attentions(adapter32, session, streams, feeds)
                 flat = [recorded[name][index] for name in streams for index in used[name]]
+                flat += [a for feed in feeds for a in recorded[feed.source.name][:max(feed.depths)]]
                 seed = unit_seed(fwd.score)
                 factors = session.backward(GRADIENT, fwd.score.sum(), flat, seed) if weights == "gradient" else [a.detach() for a in flat]
-                tokens = [entering(session, name, first[name]) for name in streams]
+                # a fed stream's relevance is counted at its input, beside the feeding model's input
+                tokens = [entering(session, name, 0 if name in fed_into else first[name]) for name in streams]
+                tokens += [entering(session, feed.source.name, 0) for feed in feeds]
                 matrices, arrived = combine_on_arrival(session, fwd.score.sum(), flat, seed, factors, tokens)
     normalize = given_or(row_normalize, conventions.row_normalize)
     label = "transformer_attribution"
@@ -83,7 +100,14 @@ def transformer_attribution(
             stream_matrices = [m.div_(m.sum(-1, keepdim=True)) for m in map(with_identity, stream_matrices)]
         scores[name] = set_class_entry(readout_chain(stream_matrices, stream, identity=not normalize), how, stream)
         where = label if len(streams) == 1 else f"{label} ({name} stream)"
-        totals.append(conservation(masked(stream, relevance), PAPER, where)["relevance_total"])
+        reached, sources = masked(stream, relevance), []
+        for feed, source in zip(feeds, arrived[len(streams):]):
+            if feed.into == name:  # the fed tokens' relevance counted where it arrives, at the feeding model's input
+                reached = reached.masked_fill(feed.positions[..., None].to(relevance.device), 0)
+                sources.append(source)
+        totals.append(conservation(torch.cat([r.flatten(1) for r in (reached, *sources)], 1), PAPER, where)["relevance_total"])
+    for feed in feeds:
+        scores[feed.source.name] = carried_into(feed, scores[feed.into], [next(pending) for _ in range(max(feed.depths))])
     return per_stream_result(scores, totals, fwd)
 
 

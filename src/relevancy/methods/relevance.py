@@ -7,7 +7,7 @@ import copy
 import dataclasses
 import warnings
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -16,7 +16,7 @@ from ..core.conventions import LrpConventions, given_or
 from ..families.base import Adapter
 from ..core.guard import this_thread_only
 from ..lrp import GRADIENT, PAPER, RELEVANCE, RULE_SETS, RuleSet, Session, relevance_session
-from ..core.streams import Stream
+from ..core.streams import Feed, Stream
 from .targets import Target
 
 # the paper's rules conserve relevance: a total further than this from 1 marks a degenerate map (warned)
@@ -47,16 +47,18 @@ def stream_depths(adapter: Adapter, streams: dict[str, Stream]) -> dict[str, int
     return {name: sum(site.is_self and site.query == name for site in sites) for name in streams}
 
 
-def stream_attentions(adapter: Adapter, session: Session, streams: dict[str, Stream]) -> dict[str, list[torch.Tensor]]:
+def stream_attentions(adapter: Adapter, session: Session, streams: dict[str, Stream], feeds: Sequence[Feed] = ()
+                      ) -> dict[str, list[torch.Tensor]]:
     """Per stream, the self-attentions the rule map recorded, block by block: the session records every attention
-    in forward order, the order of `adapter.attention_sites()`."""
-    sites = adapter.attention_sites()
+    in forward order, the order of `adapter.attention_sites()`, after those of the models that feed a stream (`feeds`:
+    a vision-language decoder's tower, every one of its sites, which run first), listed under their source stream."""
+    sites = [*(site for feed in feeds for site in feed.sites), *adapter.attention_sites()]
     if len(sites) != len(session.attentions):
         raise RuntimeError(
             f"the relevance rules recorded {len(session.attentions)} attentions where the model has {len(sites)} "
             "attention sites: the rule map and the adapter disagree"
         )
-    found: dict[str, list[torch.Tensor]] = {name: [] for name in streams}
+    found: dict[str, list[torch.Tensor]] = {name: [] for name in [*(feed.source.name for feed in feeds), *streams]}
     for site, attention in zip(sites, session.attentions):
         if site.is_self:
             found[site.query].append(attention)
@@ -131,10 +133,10 @@ def float32_copy(inputs):
 
 def per_stream_result(scores: dict[str, torch.Tensor], totals: list[torch.Tensor], fwd) -> tuple:
     """A one-stream family's `(scores, indices, logits, {"relevance_total": (B,)})`; several streams: the scores
-    per stream and the totals as `(B, streams)` columns, in stream order."""
-    if len(scores) == 1:
-        return next(iter(scores.values())), fwd.indices, fwd.logits, {"relevance_total": totals[0]}
-    return scores, fwd.indices, fwd.logits, {"relevance_total": torch.stack(totals, 1)}
+    per stream and the totals as `(B, streams)` columns, in stream order (one stream and the one that feeds it: the
+    scores of both and one total `(B,)`)."""
+    total = totals[0] if len(totals) == 1 else torch.stack(totals, 1)
+    return next(iter(scores.values())) if len(scores) == 1 else scores, fwd.indices, fwd.logits, {"relevance_total": total}
 
 
 def masked(stream: Stream, relevance: torch.Tensor) -> torch.Tensor:

@@ -235,7 +235,12 @@ class CausalLMAdapter(Adapter):
         def capped(_model: nn.Module, session: Session) -> dict:
             return {(self, "capped"): lambda logits: passthrough(session, own, logits)}
 
-        return {**rule_map(self.layout, self.model, self.ruled), type(self.model): capped}
+        return {**self.model_rule_map(), type(self.model): capped}
+
+    def model_rule_map(self) -> dict:
+        """The rule map of the model's modules under an explicit rule set: the decoder layout's (a vision-language
+        model adds its tower and projector)."""
+        return rule_map(self.layout, self.model, self.ruled)
 
     def attention_inputs(self) -> dict[str, Hookable]:
         """The tokens entering the last layer's attention: the output of the norm before it, or where attention

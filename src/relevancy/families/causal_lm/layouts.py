@@ -523,7 +523,7 @@ def layout_of(model: nn.Module) -> Layout:
 CONV1D = leaf(lambda module: weight_rule(module.weight.t(), affine=True, bias=module.bias))
 
 
-def _session_attribute(attention: nn.Module, session: Session) -> Replacements:
+def session_attribute(attention: nn.Module, session: Session) -> Replacements:
     """The call's session on the attention module, where relevancy's attention reads it (`adapter.session_of`)."""
     return {SESSION: session}
 
@@ -595,6 +595,6 @@ def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, Rule
         **by_type([model, getattr(decoder, "rotary_emb", None), *mixtures, *(m.gate for m in mixtures)], unchanged),
         type(decoder): _rotation_passing(sys.modules[type(attentions[0]).__module__]),
         **by_type(layers, layout.residual.rule),
-        **by_type(attentions, _session_attribute),
+        **by_type(attentions, session_attribute),
         **{type(module): (lambda forward: lambda m, session: {"forward": forward(m, session)})(forward) for module, forward in ruled},
     }

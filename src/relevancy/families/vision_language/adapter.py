@@ -33,6 +33,7 @@ from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExpl
 from .layouts import (
     GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
 )
+from .rules import IMAGE, rule_map
 
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -40,10 +41,12 @@ PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attentio
 
 class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention the tower's patch tokens
-    #: (`feeds`), token_ablation occludes the tower's patches (`ablated`); raw_attention, rollout, attention_gradcam read
-    #: the decoder's attention only, the image's tokens laid back on the patch grid (the others are refused by name)
-    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and
+    #: transformer_attribution the tower's patch tokens (`feeds`), token_ablation occludes the tower's patches
+    #: (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's tokens laid
+    #: back on the patch grid (the others are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution", "token_ablation",
+               "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
     examples = "transformers " + VISION_LANGUAGE_CLASSES
@@ -60,8 +63,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.image_token = int(model.config.image_token_id)
         self.patch = int(model.config.vision_config.patch_size)
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
-        #: the image tokens before the patch tokens: LLaVA's [CLS] where its select strategy keeps it ("full")
-        self.image_prefix = int(getattr(model.config, "vision_feature_select_strategy", None) == "full")
+        patches = self.side ** 2
+        #: the tower's tokens before its patch tokens: CLIP's [CLS] (none for SigLIP)
+        self.tower_prefix = int(getattr(self.vision.transformer(model).embeddings, "num_positions", patches)) - patches
+        #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
+        self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -148,8 +154,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         (`tokens_on_patches`' layout)."""
         transformer = self.vision.transformer(self.model)
         layers = transformer.encoder.layers
-        patches = self.side ** 2
-        prefix = int(getattr(transformer.embeddings, "num_positions", patches)) - patches  # CLIP's [CLS]
+        patches, prefix = self.side ** 2, self.tower_prefix
         selected = getattr(self.model.config, "vision_feature_layer", -1) if self.vision is LLAVA else -1
         depths = tuple(sorted({k % (len(layers) + 1) for k in ([selected] if isinstance(selected, int) else selected)}))
         positions = inputs.input_ids == self.image_token
@@ -158,8 +163,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
         weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix, dtype=torch.float64, device=positions.device)  # LLaVA's kept [CLS]
         weights[self.image_prefix:, prefix:] = tokens_on_patches(torch.eye(count - self.image_prefix, dtype=torch.float64,
                                                                            device=positions.device), self.side).flatten(1)
-        sites = tuple(AttentionSite("image", "image", OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
-        return [Feed(Stream("image", "image", prefix, None, grid=(self.side, self.side)), sites, depths, "text", positions, weights)]
+        sites = tuple(AttentionSite(IMAGE, IMAGE, OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
+        return [Feed(Stream(IMAGE, "image", prefix, None, grid=(self.side, self.side)), sites, depths, "text", positions, weights)]
 
     def ablated(self, inputs: ImageTextTokens) -> tuple[dict[str, torch.Tensor], dict[str, Stream]]:
         """Token ablation's units: the prompt's text tokens (their ids `(B, T, 1)`), each removed from the sequence as
@@ -195,6 +200,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         """None: each row runs its own forward with its own image (`explain_generation` reads the methods of one
         forward only on this family)."""
         return None
+
+    def model_rule_map(self) -> dict:
+        """The whole model's rule map under an explicit rule set: decoder, projector and tower (`rules.py`)."""
+        return rule_map(self.model, self.vision, self.layout, self.ruled)
 
     def recomputed_layers(self) -> list[nn.Module]:
         """`checkpoint=True` runs the tower's layers again in the backward too, not only the decoder's."""
