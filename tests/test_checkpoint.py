@@ -244,14 +244,19 @@ def test_stacks_run_again_by_bisection_give_the_plain_maps(family, monkeypatch):
             deepest[0] = 0
             bisected[segment] = relevancy.explain(model, batch, method="attnlrp", checkpoint=True), deepest[0]
     # bisection: ceil(log2(n)) halvings, then one layer: n = 7 (Llama), 5 (a tower read at its end), 4 (LLaVA's tower
-    # read at -2, the decoders); with runs of 4 layers: 7 -> 3 | 4 and 5 -> 2 | 3, two levels; 4, one
+    # read at -2, the decoders); with runs of SEGMENT (8) layers each of these stacks is one run from its start
     assert bisected[1][1] == (3 if family == "llava" else 4), bisected[1][1]
-    assert bisected[segments.SEGMENT][1] == (1 if family == "llava" else 2), bisected[segments.SEGMENT][1]
+    assert bisected[segments.SEGMENT][1] == 1, bisected[segments.SEGMENT][1]
+    with monkeypatch.context() as patched:  # runs of 4: 7 -> 3 | 4 and 5 -> 2 | 3, two levels; 4, one
+        patched.setattr(segments, "SEGMENT", 4)
+        deepest[0] = 0
+        four = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
+        assert deepest[0] == (1 if family == "llava" else 2), deepest[0]
     checkpointed = bisected[segments.SEGMENT][0]
     ran_in = backward_in_a_worker_thread(monkeypatch)
     elsewhere = relevancy.explain(model, batch, method="attnlrp", checkpoint=True)
     assert ran_in and set(ran_in) == {"autograd-worker"}
-    for result in (bisected[1][0], checkpointed, elsewhere):
+    for result in (bisected[1][0], four, checkpointed, elsewhere):
         for name in ("scores", "pixel_scores"):
             if getattr(plain, name, None) is not None:
                 expected = getattr(plain, name)

@@ -1,5 +1,5 @@
 """Gradient checkpointing of a stack of layers that the model calls one by one in its own loop, holding about
-log2(L / 4) + 2 layer inputs at once instead of L.
+log2(L / 8) + 2 layer inputs at once instead of L.
 
 torch's checkpoint around each layer keeps every layer's input for the backward. Here the forward runs each layer
 without a graph and keeps only the stack's input (a stack: layers called one after the other, each on the previous
@@ -8,8 +8,8 @@ runs the layers up to that one again by bisection (`_backpropagated`): the first
 second half's input, the second half's gradient first, then the first half's from it, down to runs of `SEGMENT`
 layers, whose layers' inputs are each made again from the run's start, last first; one layer at a time with a
 graph. Held at once: one input per level, about log2(L / SEGMENT) + 2 of them, and one layer's activations; the
-cost about (log2(L / SEGMENT) / 2 + 2.5) forwards more than the plain call (4 at 32 layers, 5 inputs held; plain bisection
-3.5 and 6). The recomputation runs under
+cost about log2(L / SEGMENT) / 2 + (SEGMENT - 1) / 2 + 1 forwards more than the plain call (5.5 at 32 layers, 4 inputs
+held; plain bisection 3.5 and 6). The recomputation runs under
 `guard.acting_for` the calling thread, so the call's switches (rule forwards) act in whatever thread autograd runs
 the backward in.
 
@@ -48,9 +48,10 @@ def _run(calls: tuple[Call, ...], hidden: torch.Tensor) -> torch.Tensor:
 
 
 #: a run of at most this many layers is not bisected further: each of its layers' inputs is made again from the
-#: run's start, last layer first (one input held for the run instead of two levels of the bisection; at 32 layers
-#: one input fewer at the deepest point for about half a forward more)
-SEGMENT = 4
+#: run's start, last layer first (one input held for the run instead of three levels of the bisection). On
+#: LLaVA-1.5-7B's shape at full depth (NVIDIA H200) the peak beyond the weights: 2.06x a forward's with plain
+#: bisection, 2.06x with runs of 4, 1.99x with runs of 8; 5.6, 6.0 and 7.5 forwards
+SEGMENT = 8
 
 
 def _layer_backpropagated(call: Call, start: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
