@@ -89,11 +89,22 @@ class _GatedRule(torch.autograd.Function):
             to_gate = torch.div(activated, g).nan_to_num_(0.0, 0.0, 0.0).mul_(u)
             if gate_share != 1.0:
                 to_gate.mul_(gate_share)
-            to_gate.mul_(grad)
+            to_gate = _times_gradient(to_gate, grad)
         to_value = None
-        if ctx.needs_input_grad[1]:  # in place: `activated` is this backward's own
-            to_value = (activated.mul_(value_share) if value_share != 1.0 else activated).mul_(grad)
+        if ctx.needs_input_grad[1]:  # `activated` is this backward's own: scaled in place
+            to_value = _times_gradient(activated.mul_(value_share) if value_share != 1.0 else activated, grad)
         return to_gate, to_value, None, None, None
+
+
+def _times_gradient(factor: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """`factor * grad`, written into `factor` (a backward's own tensor: one MLP-wide tensor fewer at once), or a new
+    tensor where `grad` is one of a batch of gradients (`torch.autograd.grad(..., is_grads_batched=True)`: a
+    generation's tokens in one backward), which torch's batching refuses to write into an unbatched tensor (it says
+    so before writing anything; nothing in the backward tells such a gradient apart beforehand)."""
+    try:
+        return factor.mul_(grad)
+    except RuntimeError:
+        return factor * grad
 
 
 def gated(fn: Callable[[torch.Tensor], torch.Tensor], g: torch.Tensor, u: torch.Tensor,
