@@ -12,7 +12,7 @@ from relevancy.worlds.captions import COLORS, RELATIONS
 from relevancy.worlds.scenes import CLASSES
 from relevancy.worlds.shapes_vlm import (IMAGE_TOKENS, SPECIAL_TOKENS, VLM_TEST_SEED, build_processor, build_tokenizer,
                                        encode, evaluate_vlm, generate, load_shapes_llava)
-from relevancy.worlds.vision_language import DESCRIBE, TASKS, VOCABULARY, describe_scene, make_vlm
+from relevancy.worlds.vision_language import DESCRIBE, TASK_WEIGHTS, TASKS, VOCABULARY, describe_scene, make_vlm
 
 SEED = 321
 
@@ -34,6 +34,61 @@ def test_deterministic_per_seed_and_every_task_drawn(batch):
     assert make_vlm(120, seed=SEED + 1).answers != batch.answers
     assert set(batch.task_names()) == set(TASKS) and set(batch.n_objects.tolist()) == {1, 2, 3}
     assert len(make_vlm(0, seed=SEED)) == 0
+
+
+def test_task_weights_choose_what_is_drawn(batch):
+    """Training may weight tasks (``--task-weights``); the default draw is :data:`TASK_WEIGHTS`'s, unchanged."""
+    from training.shapes_vlm import task_weights
+
+    again = make_vlm(120, seed=SEED, task_weights=task_weights(None))
+    assert again.prompts == batch.prompts and again.answers == batch.answers
+    only = make_vlm(60, seed=SEED, task_weights=tuple(float(t in ("relation", "color")) for t in TASKS))
+    assert set(only.task_names()) == {"relation", "color"}
+    assert all(t == "color" for t, k in zip(only.task_names(), only.n_objects) if k == 1)  # no relation in one object
+    weights, default = task_weights("describe=2,relation=3"), dict(zip(TASKS, TASK_WEIGHTS))
+    got = dict(zip(TASKS, weights))
+    assert got["describe"] / got["exist"] == pytest.approx(2 * default["describe"] / default["exist"])
+    assert got["relation"] / got["count"] == pytest.approx(3 * default["relation"] / default["count"])
+    assert sum(weights) == pytest.approx(1)
+    for spec, match in (("size=2", "unknown task 'size'; choose from describe"), ("describe=x", "TASK=FACTOR"),
+                        ("count=-1", "negative"), (",".join(f"{t}=0" for t in TASKS), "no task")):
+        with pytest.raises(ValueError, match=match):
+            task_weights(spec)
+    with pytest.raises(ValueError, match="one per task"):
+        make_vlm(4, seed=SEED, task_weights=(1.0, 1.0))
+
+
+def test_mirror_twins_are_scenes_the_world_describes_so():
+    """``--mirror``: each twin is a scene's mirror image holding mirror-symmetric shapes only, and its answers, left and
+    right swapped, are what the world says of the mirrored scene (relations from the mirrored masks' centres)."""
+    from relevancy.worlds.scenes import _inside
+    from training.shapes_vlm import MIRROR_SYMMETRIC, _with_mirror_twins
+
+    g = np.linspace(-1.2, 1.2, 241)
+    u, v = np.meshgrid(g, g)
+    for k, name in enumerate(CLASSES):
+        inside = _inside(k, u, v)
+        assert ((inside != inside[:, ::-1]).mean() < 0.02) == (name in MIRROR_SYMMETRIC), name
+    scenes = make_vlm(48, seed=SEED + 5, turns=3)
+    prompts, answers, images = _with_mirror_twins(scenes, 3)
+    assert prompts[:144] == scenes.prompts and answers[:144] == scenes.answers and len(images) > 48
+    originals = scenes.images[::3]
+    checked = 0
+    for twin in range(48, len(images)):
+        s = next(i for i in range(48) if torch.equal(originals[i].flip(-1), images[twin]))
+        k = int(scenes.n_objects[3 * s])
+        assert all(CLASSES[c] in MIRROR_SYMMETRIC for c in scenes.shape[3 * s, :k])
+        masks = scenes.masks[3 * s, :k].flip(-1).float()
+        ys, xs = torch.meshgrid(torch.arange(64.0), torch.arange(64.0), indexing="ij")
+        cx, cy = ((masks * xs).sum((1, 2)) / masks.sum((1, 2))).numpy(), ((masks * ys).sum((1, 2)) / masks.sum((1, 2))).numpy()
+        for turn in range(3):
+            prompt, answer = prompts[144 + 3 * (twin - 48) + turn], answers[144 + 3 * (twin - 48) + turn]
+            swap = {"left": "right", "right": "left"}
+            assert prompt.split() == [swap.get(w, w) for w in scenes.prompts[3 * s + turn].split()]
+            if prompt == DESCRIBE:
+                assert answer == describe_scene(scenes.shape[3 * s, :k], scenes.color[3 * s, :k], cx, cy)[0]
+                checked += "left" in answer or "right" in answer
+    assert checked
 
 
 def test_every_word_is_in_the_vocabulary_and_one_token(batch):

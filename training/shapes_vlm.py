@@ -1,6 +1,7 @@
 """Train (or evaluate) the shapes LLaVA (descriptions and answers in words about the shapes world).
 
     python -m training.shapes_vlm [--seed S] [--minutes M | --steps N] [--out DIR] [--device cpu|cuda]
+                                  [--init WEIGHTS] [--task-weights describe=2,relation=3] [--mirror]
     python -m training.shapes_vlm --evaluate-only [--weights PATH] [--n 1000]
 
 Data: fresh scenes every step (infinite data, :func:`relevancy.worlds.vision_language.make_vlm`), ``--turns`` tasks about
@@ -9,6 +10,11 @@ of a row, are read once for several answers, as LLaVA trains on multi-turn conve
 a single prompt's input).  Step ``t`` of run seed
 ``S`` draws its items from ``make_vlm`` seed ``S * 10**8 + 32 t`` (scene seeds up to ``+ 23``), all below
 ``EVAL_SEED_BASE = 10**9``, so validation (``VLM_VAL_SEED``) and test (``VLM_TEST_SEED``) scenes are never trained on.
+``--task-weights`` multiplies the training draw's weights of the named tasks (:data:`TASK_WEIGHTS`, renormalised), to
+train more on what the model has learned least; validation and test items keep :data:`TASK_WEIGHTS`.  ``--mirror``
+adds to each step the mirror image of every scene whose conversation says "left" or "right" and whose objects are
+all mirror-symmetric (:data:`MIRROR_SYMMETRIC`: the mirror image is then a scene the world could have drawn), with
+"left" and "right" swapped in its prompts and answers: pairs that differ only in the horizontal relation.
 
 Model: :func:`relevancy.worlds.shapes_vlm.build_shapes_llava` with its vision tower the shipped shapes CLIP's (which
 already tells shapes and colours apart patch by patch): frozen, as LLaVA-1.5 freezes its CLIP, while projector and
@@ -26,16 +32,22 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from relevancy.worlds.scenes import CLASSES
 from relevancy.worlds.shapes_vit import EVAL_SEED_BASE
 from .shapes_vit import (Run, _log, adamw, fit, logged_evaluation, machine, run_training_command, save_with_json, start_run,
                     step_loader, training_parser)
 from relevancy.worlds.shapes_vlm import (SPECIAL_TOKENS, VLM_CONFIG, VLM_TEST_SEED, VLM_VAL_SEED, VLM_WEIGHTS_PATH, build_shapes_llava,
                         build_tokenizer, encode, evaluate_vlm, load_shapes_llava)
-from relevancy.worlds.vision_language import VOCABULARY, make_vlm
+from relevancy.worlds.vision_language import TASK_WEIGHTS, TASKS, VOCABULARY, make_vlm
 
 LOG_NAME = "shapes_llava_train.log"
+#: the classes whose upright shape is its own mirror image (the arrow, crescent, L-shape and the star, which
+#: points sideways, are not: mirrored they would be shapes the world never draws)
+MIRROR_SYMMETRIC = ("circle", "square", "triangle", "plus", "ring", "T-shape", "H-shape", "heart")
+_SWAP = {"left": "right", "right": "left"}
 
 
 def save_vlm(model, path: Path, meta: dict) -> None:
@@ -73,6 +85,26 @@ def _grown(state: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
     return grown
 
 
+def task_weights(spec: str | None) -> tuple[float, ...]:
+    """Training's task weights: :data:`TASK_WEIGHTS` with the tasks named in ``spec`` (``"describe=2,relation=3"``)
+    multiplied by their factors, renormalised to sum to 1."""
+    factors = dict.fromkeys(TASKS, 1.0)
+    for part in spec.split(",") if spec else ():
+        name, _, value = part.partition("=")
+        if name.strip() not in factors:
+            raise ValueError(f"--task-weights: unknown task {name.strip()!r}; choose from {', '.join(TASKS)}")
+        try:
+            factors[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--task-weights: {part!r} is not TASK=FACTOR (a number)") from None
+        if factors[name.strip()] < 0:
+            raise ValueError(f"--task-weights: {part!r} has a negative factor")
+    weights = [w * factors[t] for w, t in zip(TASK_WEIGHTS, TASKS)]
+    if sum(weights) <= 0:
+        raise ValueError(f"--task-weights {spec!r} leaves no task to draw")
+    return tuple(w / sum(weights) for w in weights)
+
+
 def _fmt(acc: dict) -> str:
     per = " ".join(f"{k} {v:.4f}" for k, v in acc["per_task"].items())
     return (f"overall {acc['overall']:.4f} object_words {acc['object_words']:.4f} ({per}; n={acc['n']}, "
@@ -81,12 +113,32 @@ def _fmt(acc: dict) -> str:
 
 def _items(args, step: int) -> dict[str, torch.Tensor]:
     """Step ``step``'s conversations: ``--batch-size`` scenes, ``--turns`` tasks each."""
-    batch = make_vlm(args.batch_size, step_seed(args.seed, step), turns=args.turns)
-    return dict(encode(build_tokenizer(), batch.prompts, batch.answers, turns=args.turns),
-                pixel_values=batch.images[::args.turns])
+    batch = make_vlm(args.batch_size, step_seed(args.seed, step), turns=args.turns,
+                     task_weights=task_weights(args.task_weights))
+    prompts, answers, images = batch.prompts, batch.answers, batch.images[::args.turns]
+    if args.mirror:
+        prompts, answers, images = _with_mirror_twins(batch, args.turns)
+    return dict(encode(build_tokenizer(), prompts, answers, turns=args.turns), pixel_values=images)
+
+
+def _with_mirror_twins(batch, turns: int) -> tuple[list[str], list[str], torch.Tensor]:
+    """``batch``'s conversations (``turns`` items a scene) and scene images, followed by the horizontal mirror image of
+    each scene that mentions "left" or "right" and holds mirror-symmetric objects only (:data:`MIRROR_SYMMETRIC`),
+    its prompts and answers with "left" and "right" swapped (what is left of an object is right of it mirrored)."""
+    symmetric = [CLASSES.index(c) for c in MIRROR_SYMMETRIC]
+    prompts, answers, images = list(batch.prompts), list(batch.answers), [batch.images[::turns]]
+    for s in range(0, len(batch), turns):
+        texts = batch.prompts[s:s + turns] + batch.answers[s:s + turns]
+        objects = batch.shape[s][:batch.n_objects[s]]
+        if np.isin(objects, symmetric).all() and any(w in _SWAP for t in texts for w in t.split()):
+            prompts += [" ".join(_SWAP.get(w, w) for w in t.split()) for t in batch.prompts[s:s + turns]]
+            answers += [" ".join(_SWAP.get(w, w) for w in t.split()) for t in batch.answers[s:s + turns]]
+            images.append(batch.images[s:s + 1].flip(-1))
+    return prompts, answers, torch.cat(images)
 
 
 def train(args) -> None:
+    task_weights(args.task_weights)  # a bad --task-weights fails before anything is built
     out, log, device = start_run(args, LOG_NAME)
     tokenizer = build_tokenizer()
     model = build_shapes_llava(vision_from_clip=True)
@@ -104,8 +156,10 @@ def train(args) -> None:
               f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size}x{args.turns} turns "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
               f"{'minutes=%s' % args.minutes if args.steps is None else 'steps=%d' % args.steps} device={args.device} "
-              f"threads={args.threads} workers={args.workers} init={args.init} train_tower={args.train_tower} {machine()}")
+              f"threads={args.threads} workers={args.workers} init={args.init} train_tower={args.train_tower} "
+              f"task_weights={args.task_weights} mirror={args.mirror} {machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, init=args.init,
+                task_weights=dict(zip(TASKS, task_weights(args.task_weights))), mirror=args.mirror,
                 vision_tower="shapes_clip, " + ("trained" if args.train_tower else "frozen"))
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
     loader = step_loader(args, partial(_items, args))
@@ -142,6 +196,12 @@ def main(argv=None) -> None:
     ap.add_argument("--init", default=None, help="start from these weights (a .safetensors file with its .json) instead "
                                                   "of a new decoder: a further stage of training (give it another --seed); "
                                                   "a smaller earlier stage grows to today's config (see _grown)")
+    ap.add_argument("--task-weights", default=None,
+                    help="TASK=FACTOR,... multiplies these tasks' training weights (e.g. describe=2,relation=3; "
+                         f"tasks: {', '.join(TASKS)}); validation and test keep TASK_WEIGHTS")
+    ap.add_argument("--mirror", action="store_true",
+                    help="add the mirror image of each scene that says left or right, left and right swapped "
+                         "(mirror-symmetric shapes only): pairs that differ only in the horizontal relation")
     run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
                          threads_help="torch threads (on a CPU shared with other jobs use 1)")
 

@@ -145,13 +145,17 @@ def _answer_named(task: str, answer: str, objs: list[int]) -> list[int]:
     return [-1] * len(answer.split())
 
 
-def make_vlm(n: int, seed: int = 0, turns: int = 1) -> VlmBatch:
+def make_vlm(n: int, seed: int = 0, turns: int = 1, task_weights: tuple[float, ...] = TASK_WEIGHTS) -> VlmBatch:
     """``n`` unambiguous scenes (one, two and three objects mixed as :data:`~relevancy.worlds.questions.OBJECT_MIX`), each
-    with ``turns`` tasks drawn from :data:`TASK_WEIGHTS` (distinct prompts where the scene offers them; consecutive
-    items share a scene: training joins them into one conversation), their prompts, answers and ground truth;
-    deterministic per seed."""
+    with ``turns`` tasks drawn from ``task_weights`` (one per task of :data:`TASKS`, any scale; training may weight
+    what the model has learned least) (distinct prompts where the scene offers them; consecutive items share a scene:
+    training joins them into one conversation), their prompts, answers and ground truth; deterministic per seed."""
     if n < 0 or turns < 1:
         raise ValueError(f"n must be >= 0 and turns >= 1, got n={n}, turns={turns}")
+    weights = np.asarray(task_weights, float)
+    if weights.shape != (len(TASKS),) or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError(f"task_weights must be {len(TASKS)} non-negative weights, not all zero, one per task of "
+                         f"{TASKS}; got {tuple(task_weights)}")
     rng = np.random.default_rng([seed, 11])
     counts = rng.multinomial(n, OBJECT_MIX) if n else np.zeros(3, np.int64)
     order = rng.permutation(n)
@@ -183,7 +187,7 @@ def make_vlm(n: int, seed: int = 0, turns: int = 1) -> VlmBatch:
     for i in range(n):
         used: set[str] = set()
         for _ in range(turns):
-            t, prompt, answer, words = _task(rng, int(n_obj[i]), shape[i], color[i], cx[i], cy[i], used)
+            t, prompt, answer, words = _task(rng, weights, int(n_obj[i]), shape[i], color[i], cx[i], cy[i], used)
             used.add(prompt)
             prompts.append(prompt)
             answers.append(answer)
@@ -196,12 +200,12 @@ def make_vlm(n: int, seed: int = 0, turns: int = 1) -> VlmBatch:
                     shape=shape[scene], color=color[scene], seed=seed)
 
 
-def _task(rng: np.random.Generator, k: int, shape: np.ndarray, color: np.ndarray, cx: np.ndarray, cy: np.ndarray,
-          used: set[str]) -> tuple[int, str, str, list[int]]:
-    """One task about a scene of ``k`` objects, its prompt not in ``used`` where the scene offers another (20
-    draws): the task's index, the prompt, the answer and the object each answer word names."""
+def _task(rng: np.random.Generator, weights: np.ndarray, k: int, shape: np.ndarray, color: np.ndarray, cx: np.ndarray,
+          cy: np.ndarray, used: set[str]) -> tuple[int, str, str, list[int]]:
+    """One task (drawn with ``weights``) about a scene of ``k`` objects, its prompt not in ``used`` where the scene
+    offers another (20 draws): the task's index, the prompt, the answer and the object each answer word names."""
     for attempt in range(20):
-        avail = np.asarray(TASK_WEIGHTS)
+        avail = weights
         while True:
             t = int(rng.choice(len(TASKS), p=avail / avail.sum()))
             if TASKS[t] == "describe":
