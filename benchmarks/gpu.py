@@ -57,6 +57,8 @@ from speed_memory import FAMILIES, Workload, build, describe  # noqa: E402
 import relevancy  # noqa: E402
 from relevancy.families.base import UnsupportedModelError  # noqa: E402
 
+#: the row of lxt's own AttnLRP beside the decoders
+LXT = "lxt AttnLRP (lxt's own code)"
 #: what transformer attribution's memory options are measured with at the largest ViT batch
 MEMORY_OPTIONS = ({"rows_at_once": 8}, {"checkpoint": True})
 VIT_BATCHES = (1, 8, 32)
@@ -184,7 +186,7 @@ def runs_for(label: str, family: str, work: Workload) -> dict[str, Callable[[], 
             text = ", ".join(f"{k}={v}" for k, v in options.items())
             runs[f"transformer_attribution, {text}"] = call("transformer_attribution", **options)
     if family == "llm":
-        runs["lxt AttnLRP (lxt's own code)"] = lxt_run(work)
+        runs[LXT] = lxt_run(work)
     return runs
 
 
@@ -302,19 +304,22 @@ def distance(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{correlation:.6f} / {float((a - b).abs().max() / b.abs().max()):.1e}"
 
 
-def timed_rows(label: str, result: dict[str, dict], lxt_peak: float | None = None) -> list[str]:
-    """Table rows of `measure`'s result (the forward first); with `lxt_peak` (MiB) a column of peaks over lxt's."""
+def timed_rows(label: str, result: dict[str, dict], device: str, beside_lxt: bool = False) -> list[str]:
+    """Table rows of `measure`'s result, the forward first (its peak "-" off a GPU); `beside_lxt`: a last column of
+    each peak over lxt's run's (`LXT`) in the same result."""
     forward = result.pop("forward")
-    rows = [f"| {label} | plain forward (no gradients) | {forward['seconds'] * 1e3:.1f} | 1 | {forward['peak MiB']:.0f} | 1 | |"]
+    memory = f"{forward['peak MiB']:.0f}" if device == "cuda" else "-"
+    lxt_peak = result.get(LXT, {}).get("peak MiB") if beside_lxt else None
+    end = " |" if beside_lxt else ""
+    rows = [f"| {label} | plain forward (no gradients) | {forward['seconds'] * 1e3:.1f} | 1 | {memory} | 1 |{end}"]
     for name, value in result.items():
         if "not run" in value:
-            rows.append(f"| | {name} | not run: {value['not run'].replace('|', '/')} | | | | |")
+            rows.append(f"| | {name} | not run: {value['not run'].replace('|', '/')} | | | |{end}")
             continue
-        peak = "-" if value["x forward peak"] is None else f"{value['peak MiB']:.0f} | {value['x forward peak']:.2f}"
-        if value["x forward peak"] is None:
-            peak += " | -"
-        over_lxt = f"{value['peak MiB'] / lxt_peak:.2f}" if lxt_peak and value["x forward peak"] is not None else ""
-        rows.append(f"| | {name} | {value['seconds'] * 1e3:.1f} | {value['x forward']:.2f} | {peak} | {over_lxt} |")
+        measured = value["x forward peak"] is not None
+        peak = f"{value['peak MiB']:.0f} | {value['x forward peak']:.2f}" if measured else "- | -"
+        over = f" {value['peak MiB'] / lxt_peak:.2f} |" if beside_lxt and measured and lxt_peak else end
+        rows.append(f"| | {name} | {value['seconds'] * 1e3:.1f} | {value['x forward']:.2f} | {peak} |{over}")
     return rows
 
 
@@ -325,7 +330,8 @@ def decoder_rows(args: argparse.Namespace) -> list[str]:
             "|---|---|---:|---:|---:|---:|---:|"]
     maps: dict[tuple[str, str, str, int], torch.Tensor] = {}
     settings = QUICK_DECODER_SETTINGS if args.quick else DECODER_SETTINGS
-    lxt = "lxt AttnLRP (lxt's own code)"
+    # the seeds' transformer attribution and LRP at the first shape's longest float32 prompt
+    seeds_at = max((setting for setting in settings if setting[:2] == (settings[0][0], "float32")), key=lambda setting: setting[2])
     for shape, dtype, tokens in settings:
         model = decoder_model(shape, dtype, args.device)
         ids = torch.randint(100, model.config.vocab_size - 100, (1, tokens), generator=torch.Generator().manual_seed(tokens))
@@ -336,7 +342,7 @@ def decoder_rows(args: argparse.Namespace) -> list[str]:
             return lambda: relevancy.explain(model, prompt, method=method, **options)
 
         runs = {"relevancy attnlrp": ours("attnlrp"), "relevancy attnlrp, checkpoint=True": ours("attnlrp", checkpoint=True)}
-        if (shape, dtype, tokens) == (settings[0][0], "float32", max(t for n, d, t in settings if n == shape and d == dtype)):
+        if (shape, dtype, tokens) == seeds_at:
             for method in ("transformer_attribution", "lrp"):
                 runs[f"relevancy {method}"] = ours(method)
                 runs[f"relevancy {method}, checkpoint=True"] = ours(method, checkpoint=True)
@@ -349,18 +355,18 @@ def decoder_rows(args: argparse.Namespace) -> list[str]:
                 with lxt_patched("llama", "attnLRP"):
                     return explain_lxt(prompt)
 
-            runs[lxt] = lxt_run
+            runs[LXT] = lxt_run
         except ImportError as error:
             explain_lxt = lxt_run = None
             missing = f"lxt not importable here: {error}"
         result = measure(work, runs, args.device, args.repeats)
         if lxt_run is None:
-            result[lxt] = {"not run": missing}
-        elif "not run" not in result[lxt]:
+            result[LXT] = {"not run": missing}
+        elif "not run" not in result[LXT]:
             maps[("lxt", shape, dtype, tokens)] = lxt_run()
         maps[("relevancy", shape, dtype, tokens)] = relevancy.explain(model, prompt, method="attnlrp").scores[0].float()
         label = f"{shape}'s shape, {dtype}, {tokens} tokens"
-        rows += timed_rows(label, result, result.get(lxt, {}).get("peak MiB"))
+        rows += timed_rows(label, result, args.device, beside_lxt=True)
         print(f"decoder {shape} {dtype} {tokens}: done", file=sys.stderr, flush=True)
         del model, work, runs, explain_lxt, lxt_run
         if args.device == "cuda":
@@ -400,7 +406,7 @@ def vlm_workload(dtype: str, device: str, quick: bool) -> tuple[str, Workload]:
 
 def vlm_rows(args: argparse.Namespace) -> list[str]:
     """The vision-language part: attnlrp (also with checkpoint=True) and generic_attention over the plain forward."""
-    rows = ["| model, dtype | method | ms | x forward time | peak MiB | x forward peak | |", "|---|---|---:|---:|---:|---:|---|"]
+    rows = ["| model, dtype | method | ms | x forward time | peak MiB | x forward peak |", "|---|---|---:|---:|---:|---:|"]
     for dtype in ("float32", "bfloat16"):
         label, work = vlm_workload(dtype, args.device, args.quick)
 
@@ -409,7 +415,7 @@ def vlm_rows(args: argparse.Namespace) -> list[str]:
 
         runs = {"attnlrp": ours("attnlrp"), "attnlrp, checkpoint=True": ours("attnlrp", checkpoint=True),
                 "generic_attention": ours("generic_attention")}
-        rows += timed_rows(label, measure(work, runs, args.device, args.repeats))
+        rows += timed_rows(label, measure(work, runs, args.device, args.repeats), args.device)
         print(f"vlm {dtype}: done", file=sys.stderr, flush=True)
         del work, runs
         if args.device == "cuda":
@@ -435,17 +441,7 @@ def header(args: argparse.Namespace) -> list[str]:
 def speed_rows(args: argparse.Namespace) -> list[str]:
     rows = ["| model, inputs | method | ms | x forward time | peak MiB | x forward peak |", "|---|---|---:|---:|---:|---:|"]
     for label, family, work in workloads(args.device, args.quick, args.families):
-        result = measure(work, runs_for(label, family, work), args.device, args.repeats)
-        forward = result.pop("forward")
-        memory = f"{forward['peak MiB']:.0f}" if args.device == "cuda" else "-"
-        rows.append(f"| {label} | plain forward (no gradients) | {forward['seconds'] * 1e3:.1f} | 1 | {memory} | 1 |")
-        for name, value in result.items():
-            if "not run" in value:
-                rows.append(f"| | {name} | not run: {value['not run'].replace('|', '/')} | | | |")
-                continue
-            peak = "-" if value["x forward peak"] is None else f"{value['peak MiB']:.0f} | {value['x forward peak']:.2f}"
-            rows.append(f"| | {name} | {value['seconds'] * 1e3:.1f} | {value['x forward']:.2f} | {peak}"
-                        + (" | -" if value["x forward peak"] is None else "") + " |")
+        rows += timed_rows(label, measure(work, runs_for(label, family, work), args.device, args.repeats), args.device)
         print(f"{label}: done", file=sys.stderr, flush=True)
         del work
         if args.device == "cuda":

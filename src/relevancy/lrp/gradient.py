@@ -74,16 +74,13 @@ class _GatedRule(torch.autograd.Function):
                 value_share: float, gate_share: float | None) -> torch.Tensor:
         ctx.fn, ctx.shares = fn, (value_share, gate_share)
         ctx.save_for_backward(g, u)
-        activated = fn(g)
-        return activated * u if activated.data_ptr() == g.data_ptr() else activated.mul_(u)  # never g written over
+        return _activated(fn, g).mul_(u)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         g, u = ctx.saved_tensors
         value_share, gate_share = ctx.shares
-        activated = ctx.fn(g)
-        if activated.data_ptr() == g.data_ptr():  # an activation that hands back its input: never write over g
-            activated = activated.clone()
+        activated = _activated(ctx.fn, g)
         to_gate = None
         if gate_share is not None and ctx.needs_input_grad[0]:
             to_gate = torch.div(activated, g).nan_to_num_(0.0, 0.0, 0.0).mul_(u)
@@ -94,6 +91,13 @@ class _GatedRule(torch.autograd.Function):
         if ctx.needs_input_grad[1]:  # `activated` is this backward's own: scaled in place
             to_value = _times_gradient(activated.mul_(value_share) if value_share != 1.0 else activated, grad)
         return to_gate, to_value, None, None, None
+
+
+def _activated(fn: Callable[[torch.Tensor], torch.Tensor], g: torch.Tensor) -> torch.Tensor:
+    """`fn(g)` as a tensor of its own, to be written into (an activation that hands back its input is copied: the
+    gate `g`, kept for the backward, is never written over)."""
+    activated = fn(g)
+    return activated.clone() if activated.data_ptr() == g.data_ptr() else activated
 
 
 def _times_gradient(factor: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
