@@ -6,6 +6,7 @@ import torch
 
 import relevancy
 from relevancy.families import adapter_for
+from relevancy.methods import propagation
 from relevancy.methods.capture import record_forward
 from relevancy.lrp import PAPER, RELEVANCE, VANILLA, engine, relevance_session, rules
 from models import tiny_deit_distilled, tiny_vit
@@ -105,6 +106,39 @@ def test_causal_products_run_in_bands_with_the_same_shares(monkeypatch, exact):
             assert (found - expected).abs().max() <= 1e-13 * expected.abs().max()
     assert rules.causal_bands(torch.randn(1, 2, length, length), torch.randn(1, 2, length, width)) is None
     assert rules.causal_bands(q[..., :10, :], at_scores[..., :10, :10]) is None  # too few rows to band
+
+
+def test_causal_products_gradients_run_in_bands_equal_to_autograd():
+    """The explicit pass's gradient of an attention product (`matmul_gradient`) is autograd's: in bands where the
+    gradient at `q k^T` or the probabilities of `A v` are zero above the diagonal (the probabilities' own gradient
+    whole), whole otherwise, and only for the factors that need it."""
+    torch.manual_seed(0)
+    length, width = 2 * rules.MIN_BAND_ROWS + 7, 8
+    causal = torch.full((length, length), float("-inf"), dtype=torch.float64).triu(1)
+    q, k = torch.randn(2, 3, length, width, dtype=torch.float64), torch.randn(2, 3, length, width, dtype=torch.float64)
+    at_scores = torch.randn(2, 3, length, length, dtype=torch.float64).tril()
+    probabilities = torch.softmax(torch.randn(2, 3, length, length, dtype=torch.float64) + causal, -1)
+    v, at_context = torch.randn(2, 3, length, width, dtype=torch.float64), torch.randn(2, 3, length, width, dtype=torch.float64)
+    full = torch.randn(2, 3, length, length, dtype=torch.float64)
+    for u, w, grad in ((q, k.transpose(-2, -1), at_scores), (probabilities, v, at_context), (full, v, at_context)):
+        u_leaf, w_leaf = u.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        expected = torch.autograd.grad(u_leaf @ w_leaf, [u_leaf, w_leaf], grad)
+        for wanted in ((True, True), (True, False), (False, True)):
+            found = rules.matmul_gradient(u, w, grad, wanted)
+            for one, reference, need in zip(found, expected, wanted):
+                if not need:
+                    assert one is None
+                    continue
+                assert one.shape == reference.shape
+                assert (one - reference).abs().max() <= 1e-13 * reference.abs().max()
+
+
+def test_attribution_matrix_made_in_bands_of_rows():
+    """A block's `E_h (F R)^+` made `ATTRIBUTION_ROWS` rows at a time equals the whole product's."""
+    torch.manual_seed(0)
+    rows = 2 * propagation.ATTRIBUTION_ROWS + 3
+    factor, relevance = torch.randn(2, 3, rows, rows, dtype=torch.float64), torch.randn(2, 3, rows, rows, dtype=torch.float64)
+    assert torch.equal(propagation.attribution_matrix(factor, relevance), (factor * relevance).clamp(min=0).mean(1))
 
 
 def test_a_heads_rule_runs_at_its_explained_outputs_only():

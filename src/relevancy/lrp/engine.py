@@ -70,6 +70,19 @@ class Session:
         return [torch.zeros_like(x) if r is None else r for x, r in zip(inputs, found)]
 
 
+@dataclass(frozen=True)
+class WrittenGradient:
+    """An operation whose gradient is written out (`gradient(inputs, output, incoming, wanted)` -> one gradient per
+    input, None where not `wanted`) rather than taken from a local graph: an explicit pass then keeps no graph for
+    it, and the gradient may skip what is known to be zero (a causal attention's blocks above the diagonal)."""
+
+    forward: Callable[..., torch.Tensor]
+    gradient: Callable[[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, tuple[bool, ...]], tuple]
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.forward(*inputs)
+
+
 class RuleFunction(torch.autograd.Function):
     """Runs `fn` on detached inputs, with a local graph where the session takes a gradient pass too; backward is that
     graph's gradient or the rule."""
@@ -82,16 +95,19 @@ class RuleFunction(torch.autograd.Function):
             output = fn(*local)
             ctx.session, ctx.rule, ctx.local, ctx.output = session, rule, local, output
             return output.detach()
-        local = tuple(x.detach().requires_grad_(need) for x, need in zip(inputs, wanted))
-        with torch.enable_grad():
+        written = isinstance(fn, WrittenGradient)
+        local = tuple(x.detach().requires_grad_(need and not written) for x, need in zip(inputs, wanted))
+        with torch.set_grad_enabled(not written):
             output = fn(*local)
-        ctx.session, ctx.rule, ctx.local, ctx.output = session, rule, local, output
+        ctx.session, ctx.rule, ctx.fn, ctx.local, ctx.output = session, rule, fn, local, output
         return output.detach()
 
     @staticmethod
     def backward(ctx, incoming: torch.Tensor):
         wanted = ctx.needs_input_grad[3:]
-        if ctx.session.mode == GRADIENT:
+        if ctx.session.mode == GRADIENT and isinstance(ctx.fn, WrittenGradient):
+            result = ctx.fn.gradient(ctx.local, ctx.output, incoming, wanted)
+        elif ctx.session.mode == GRADIENT:
             sources = [x for x, need in zip(ctx.local, wanted) if need]
             found = iter(torch.autograd.grad(ctx.output, sources, incoming, retain_graph=True, allow_unused=True))
             result = [next(found) if need else None for need in wanted]
@@ -124,7 +140,7 @@ def add(session: Session | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
 def matmul(session: Session | None, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`u @ v` of two feature maps under the rule set's matmul rule (a gradient rule set shares the factors before:
     `attention.attend`)."""
-    return _apply(session, _MATMUL, rules.matmul, u, v)
+    return _apply(session, _MATMUL, _PRODUCT, u, v)
 
 
 def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor) -> torch.Tensor:
@@ -215,6 +231,7 @@ def unchanged(_module: nn.Module, _session: Session) -> Replacements:
     return {}
 
 
+_PRODUCT = WrittenGradient(rules.matmul, lambda inputs, _output, incoming, wanted: rules.matmul_gradient(*inputs, incoming, wanted))
 _ADD = rule_of(lambda rules: rules.add)
 _MATMUL = rule_of(lambda rules: rules.matmul)
 _SOFTMAX = rule_of(lambda rules: rules.softmax)

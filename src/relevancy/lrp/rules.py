@@ -267,19 +267,24 @@ def causal_bands(u: torch.Tensor, relevance: torch.Tensor) -> list[tuple[int, in
     in `A v`, the relevance in `q k^T`) is zero right of its band's end in every row of the batch (the causal
     mask's staircase), so the band's products stop there; None where nothing is skipped (too few rows, or a
     non-causal attention: the plain rule)."""
-    rows = u.shape[-2]
-    count = min(BANDS, rows // MIN_BAND_ROWS)
-    if count < 2:
+    edges = band_edges(u.shape[-2])
+    if edges is None:
         return None
-    edges = [rows * k // count for k in range(count + 1)]
-
-    def staircase(matrix: torch.Tensor) -> bool:
-        return matrix.shape[-1] == rows and not any(bool(matrix[..., a:b, b:].any()) for a, b in zip(edges[:-2], edges[1:-1]))
-
-    on_u, on_relevance = staircase(u), staircase(relevance)
+    on_u, on_relevance = staircase(u, edges), staircase(relevance, edges)
     if not (on_u or on_relevance):
         return None
     return [(a, b, b if on_u else u.shape[-1], b if on_relevance else relevance.shape[-1]) for a, b in zip(edges, edges[1:])]
+
+
+def band_edges(rows: int) -> list[int] | None:
+    """The first row of each of `BANDS` bands of at least `MIN_BAND_ROWS` rows, and the end; None for fewer than two."""
+    count = min(BANDS, rows // MIN_BAND_ROWS)
+    return [rows * k // count for k in range(count + 1)] if count >= 2 else None
+
+
+def staircase(matrix: torch.Tensor, edges: list[int]) -> bool:
+    """Whether a square `matrix` is zero right of each band's end in every row of the band (bands from `edges`)."""
+    return matrix.shape[-1] == matrix.shape[-2] and not any(bool(matrix[..., a:b, b:].any()) for a, b in zip(edges[:-2], edges[1:-1]))
 
 
 def banded_matmul_halved(
@@ -307,6 +312,29 @@ def banded_matmul_halved(
         at_v_abs[..., :inner, :outer] += matmul(band_u_abs.transpose(-2, -1), unsigned)
     r_v = at_v.mul_(v) if exact else at_v.mul_(v).addcmul_(v_abs, at_v_abs)
     return r_u, r_v
+
+
+def matmul_gradient(
+    u: torch.Tensor, v: torch.Tensor, grad: torch.Tensor, wanted: tuple[bool, bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradient of `u @ v` at `u` and `v` (None where not `wanted`), as autograd gives it. A causal attention's
+    products skip the blocks above the diagonal (`causal_bands`): where the gradient at `q k^T` is zero there, both
+    factors' gradients run band by band; where the probabilities of `A v` are, the values' gradient does, and the
+    probabilities' own gradient stays whole (it is not zero above the diagonal)."""
+    bands = causal_bands(u, grad)
+    v_t, u_t = v.transpose(-2, -1), u.transpose(-2, -1)
+    if bands is None:
+        return matmul(grad, v_t) if wanted[0] else None, matmul(u_t, grad) if wanted[1] else None
+    on_grad = bands[0][3] != grad.shape[-1]  # the gradient is the staircase (else the probabilities are)
+    at_u = (torch.empty_like(u) if on_grad else matmul(grad, v_t)) if wanted[0] else None
+    at_v = torch.zeros_like(v) if wanted[1] else None
+    for first, end, inner, outer in bands:
+        band_grad = grad[..., first:end, :outer]
+        if at_u is not None and on_grad:
+            at_u[..., first:end, :] = matmul(band_grad, v_t[..., :outer, :])
+        if at_v is not None:
+            at_v[..., :inner, :outer] += matmul(u_t[..., :inner, first:end], band_grad)
+    return at_u, at_v
 
 
 def conv_zb(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor, stride, padding, exact: bool) -> torch.Tensor:
