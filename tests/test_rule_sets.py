@@ -88,6 +88,31 @@ def test_one_attention_with_grouped_heads_under_every_rule_set(rule_set):
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_half_precision_attention_on_a_cpu_runs_as_eager_products(monkeypatch, dtype):
+    """Without probabilities asked for, a half-precision attention on a CPU up to `EAGER_HALF_PRECISION_KEYS` keys
+    runs as the eager products (faster there, forward and backward), beyond them torch's fused kernel: the same
+    output and gradients to the dtype's rounding."""
+    from relevancy.lrp import attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, heads, 6, 8, generator=generator).to(dtype) for heads in (4, 2, 2))
+    seed = torch.randn(2, 4, 6, 8, generator=generator).to(dtype)
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        context, weights = attend(Session(ATTNLRP), *leaves, 0.5, None, style=SCALED_QUERIES, causal=True, probabilities=False)
+        return context.detach(), weights, torch.autograd.grad(context, leaves, seed)
+
+    eager = run()
+    monkeypatch.setattr(attention, "EAGER_HALF_PRECISION_KEYS", 5)
+    fused = run()
+    assert eager[1] is not None and fused[1] is None
+    tolerance = {torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    for a, b in zip((eager[0], *eager[2]), (fused[0], *fused[2])):
+        assert (a.float() - b.float()).abs().max() <= tolerance * b.float().abs().max()
+
+
 def test_a_session_of_relevance_passes_only_gives_the_same_relevance_and_refuses_a_gradient_pass():
     """`gradient_pass=False` (LRP, partial LRP): the operations keep no local graph, the relevance is the same to
     the bit, and a gradient pass is refused by name."""

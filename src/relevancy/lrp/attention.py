@@ -33,6 +33,8 @@ class AttentionStyle:
     mask: Literal["passthrough", "add"] = "passthrough"
 
 
+# keys up to which a CPU computes half-precision attention faster as eager products than with the fused kernel
+EAGER_HALF_PRECISION_KEYS = 512
 MULTIPLIED = AttentionStyle()
 SCALED_QUERIES = AttentionStyle(scale="queries")
 
@@ -54,6 +56,12 @@ def _passing(session: Session | None, steps: list[Callable[[torch.Tensor], torch
         return t
 
     return passthrough(session, run, x)
+
+
+def _eager_is_faster(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the eager products beat torch's fused kernel forward and backward: on a CPU in half precision up to
+    `EAGER_HALF_PRECISION_KEYS` keys (the fused kernel's backward there costs 2.5x the eager one's at 100 tokens)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16) and k.shape[-2] <= EAGER_HALF_PRECISION_KEYS
 
 
 def _masked(scores: torch.Tensor, mask: torch.Tensor | None, in_place: bool) -> torch.Tensor:
@@ -94,7 +102,8 @@ def attend(
     pass relevance (or the mask takes its share, see `AttentionStyle`), the softmax its softmax rule, and records
     the probabilities; a gradient one shares the backward of queries, keys and values (`RuleSet.query_key`,
     `value`). Without `probabilities` (not under an explicit rule set) torch's fused kernel computes it and none
-    are returned: a pass that needs the input's relevance alone keeps no `(T, T)` matrix.
+    are returned: a pass that needs the input's relevance alone keeps no `(T, T)` matrix (except where the eager
+    products are faster, `_eager_is_faster`: short prompts in half precision on a CPU).
     """
     explicit = session is not None and session.rule_set.explicit
     if session is not None and not explicit:
@@ -102,7 +111,7 @@ def attend(
         q, k, v = gradient.take(q, rule_set.query_key), gradient.take(k, rule_set.query_key), gradient.take(v, rule_set.value)
     batch, heads, length, width = q.shape
     groups = heads // k.shape[1]
-    if not probabilities and not explicit and softcap is None and style.scale != "divide":
+    if not probabilities and not explicit and softcap is None and style.scale != "divide" and not _eager_is_faster(q, k):
         if mask is not None and mask.dtype != torch.bool:
             mask = mask[..., : k.shape[-2]]
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and causal and length > 1,

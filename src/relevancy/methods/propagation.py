@@ -139,13 +139,14 @@ def combine_on_arrival(
 
 
 def attribution_matrix(factor: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
-    """One block's `E_h (F_b * R_b)^+` (the identity is added where the chain is read: `readout_chain`'s `identity`),
-    `ATTRIBUTION_ROWS` rows at a time: the same numbers, the temporaries one band's (at 1,000 tokens a quarter of
-    the time of the whole `(B, heads, T, T)` product)."""
+    """One block's `E_h (F_b * R_b)^+` (the identity is added where the chain is read: `readout_chain`'s `identity`).
+    On a CPU `ATTRIBUTION_ROWS` rows at a time: the same numbers, the temporaries one band's, in the cache (at 1,000
+    tokens a quarter of the time of the whole `(B, heads, T, T)` product); a GPU takes the whole at once."""
     shape = torch.broadcast_shapes(factor.shape, relevance.shape)
     matrix = factor.new_empty(shape[:1] + shape[2:])
-    for first in range(0, shape[-2], ATTRIBUTION_ROWS):
-        rows = slice(first, first + ATTRIBUTION_ROWS)
+    step = ATTRIBUTION_ROWS if factor.device.type == "cpu" else shape[-2]
+    for first in range(0, shape[-2], step):
+        rows = slice(first, first + step)
         matrix[..., rows, :] = (factor[..., rows, :] * relevance[..., rows, :]).clamp_(min=0).mean(1)
     return matrix
 
