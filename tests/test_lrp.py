@@ -106,6 +106,7 @@ def test_causal_products_run_in_bands_with_the_same_shares(monkeypatch, exact):
             assert (found - expected).abs().max() <= 1e-13 * expected.abs().max()
     assert rules.causal_bands(torch.randn(1, 2, length, length), torch.randn(1, 2, length, width)) is None
     assert rules.causal_bands(q[..., :10, :], at_scores[..., :10, :10]) is None  # too few rows to band
+    assert rules.causal_bands(q.to("meta"), at_scores.to("meta")) is None  # off the CPU: whole matrices
 
 
 def test_causal_products_gradients_run_in_bands_equal_to_autograd():

@@ -265,21 +265,17 @@ def matmul_halved(
 def causal_bands(u: torch.Tensor, relevance: torch.Tensor) -> list[tuple[int, int, int, int]] | None:
     """`[(first row, end row, columns of u, columns of the relevance)]` per band of rows where a square operand (`u`
     in `A v`, the relevance in `q k^T`) is zero right of its band's end in every row of the batch (the causal
-    mask's staircase), so the band's products stop there; None where nothing is skipped (too few rows, or a
-    non-causal attention: the plain rule)."""
-    edges = band_edges(u.shape[-2])
-    if edges is None:
+    mask's staircase), so the band's products stop there; None where nothing is skipped (too few rows, a
+    non-causal attention: the plain rule) and off the CPU."""
+    rows = u.shape[-2]
+    count = min(BANDS, rows // MIN_BAND_ROWS)
+    if count < 2 or u.device.type != "cpu":  # a GPU takes the whole matrices: each band's check would wait for it
         return None
+    edges = [rows * k // count for k in range(count + 1)]
     on_u, on_relevance = staircase(u, edges), staircase(relevance, edges)
     if not (on_u or on_relevance):
         return None
     return [(a, b, b if on_u else u.shape[-1], b if on_relevance else relevance.shape[-1]) for a, b in zip(edges, edges[1:])]
-
-
-def band_edges(rows: int) -> list[int] | None:
-    """The first row of each of `BANDS` bands of at least `MIN_BAND_ROWS` rows, and the end; None for fewer than two."""
-    count = min(BANDS, rows // MIN_BAND_ROWS)
-    return [rows * k // count for k in range(count + 1)] if count >= 2 else None
 
 
 def staircase(matrix: torch.Tensor, edges: list[int]) -> bool:
