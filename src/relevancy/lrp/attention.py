@@ -147,6 +147,9 @@ def attend(
         weights = softmax(session, add(session, _passing(session, steps, products), mask))
     elif explicit and session.rule_set.softmax is passthrough_rule:  # the softmax passes relevance too
         weights = _passing(session, [*steps, softmax_of], products)
+    elif not probabilities and _eager_is_faster(q, k):  # in the input's dtype: the CPU's kernel accumulates in
+        # float32 (the same numbers as the float32 softmax rounded), and the backward keeps the half-precision output
+        weights = torch.softmax(_passing(session, steps, products), dim=-1)
     else:
         weights = softmax(session, _passing(session, steps, products))
     weights = dropout(weights.flatten(1, 2) if groups > 1 else weights)  # (B, H, T, S): what the output is computed from
