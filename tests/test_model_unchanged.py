@@ -5,8 +5,6 @@ import pytest
 import torch
 
 import relevancy
-from relevancy.methods import capture
-from relevancy.lrp import engine
 from relevancy.families.base import SEED_METHODS
 from hf_vit_models import tiny_hf
 from models import tiny_deit_distilled, tiny_vit
@@ -38,6 +36,22 @@ def assert_same(before: dict, after: dict) -> None:
             assert before[key] == after[key], key
 
 
+def assert_unchanged_by_a_failure(monkeypatch, model: torch.nn.Module, inputs, method: str, *failing: str,
+                                  before: dict | None = None) -> None:
+    """`relevancy.explain(model, inputs, method=method)` with each function named in `failing` (dotted names) raising
+    inside it: the error reaches the caller and the model is as `before` (its snapshot now, by default)."""
+    before = snapshot(model) if before is None else before
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("injected failure")
+
+    for name in failing:
+        monkeypatch.setattr(name, fail)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        relevancy.explain(model, inputs, method=method)
+    assert_same(before, snapshot(model))
+
+
 @pytest.mark.parametrize("method", SEED_METHODS)
 @pytest.mark.parametrize("build", [tiny_vit, tiny_deit_distilled, lambda: tiny_hf("vit"), lambda: tiny_hf("deit-teacher")],
                          ids=["vit", "deit-distilled", "hf-vit", "hf-deit-teacher"])
@@ -50,31 +64,14 @@ def test_model_unchanged_after_success(method, build):
 
 @pytest.mark.parametrize("method", SEED_METHODS)
 def test_model_unchanged_after_an_injected_failure(method, monkeypatch):
-    model = tiny_vit()
-    before = snapshot(model)
-
-    def fail(*_args, **_kwargs):
-        raise RuntimeError("injected failure")
-
     # fails inside the method, after hooks, patched forwards and flags are in place
-    monkeypatch.setattr(capture, "target_score", fail)
-    monkeypatch.setattr("relevancy.methods.ablation.target_score", fail)
-    with pytest.raises(RuntimeError, match="injected failure"):
-        relevancy.explain(model, torch.randn(2, 3, 32, 32), method=method)
-    assert_same(before, snapshot(model))
+    assert_unchanged_by_a_failure(monkeypatch, tiny_vit(), torch.randn(2, 3, 32, 32), method,
+                                  "relevancy.methods.capture.target_score", "relevancy.methods.ablation.target_score")
 
 
 def test_model_unchanged_after_a_failure_in_the_relevance_pass(monkeypatch):
-    model = tiny_vit()
-    before = snapshot(model)
-
-    def fail(*_args, **_kwargs):
-        raise RuntimeError("injected failure")
-
-    monkeypatch.setattr(engine.rules, "matmul_halved", fail)
-    with pytest.raises(RuntimeError, match="injected failure"):
-        relevancy.explain(model, torch.randn(1, 3, 32, 32), method="transformer_attribution")
-    assert_same(before, snapshot(model))
+    assert_unchanged_by_a_failure(monkeypatch, tiny_vit(), torch.randn(1, 3, 32, 32), "transformer_attribution",
+                                  "relevancy.lrp.rules.matmul_halved")
 
 
 def test_train_mode_model_is_explained_in_eval_mode_and_handed_back_in_train_mode():

@@ -29,7 +29,7 @@ import copy
 import pytest
 import torch
 import transformers
-from test_model_unchanged import assert_same, snapshot
+from test_model_unchanged import assert_same, assert_unchanged_by_a_failure, snapshot
 from test_vision_language_tower import model_of, rule
 from torch import nn
 from vlm_models import IMAGE_TOKEN, VOCAB, alone, inputs
@@ -230,12 +230,6 @@ def test_refusals_by_name_and_failures_leave_the_model_unchanged(monkeypatch):
                            ({"row_normalize": True}, "row_normalize=True")):
         with pytest.raises(ValueError, match=named):
             relevancy.explain(model, batch, method="transformer_attribution", **options)
-
-    def fail(*args, **kwargs):
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr("relevancy.methods.propagation.combine_on_arrival", fail)
-    with pytest.raises(RuntimeError, match="stop"):
-        relevancy.explain(model, batch, method="transformer_attribution")
-    assert_same(before, snapshot(model))
+    assert_unchanged_by_a_failure(monkeypatch, model, batch, "transformer_attribution",
+                                  "relevancy.methods.propagation.combine_on_arrival", before=before)
     assert not any("relevancy_session" in vars(module) for module in model.modules())

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from test_model_unchanged import assert_same, snapshot
+from test_model_unchanged import assert_same, assert_unchanged_by_a_failure, snapshot
 from vlm_models import EXTRA, FAMILIES, IMAGE_TOKEN, SIDE, alone, build, inputs
 
 import relevancy
@@ -99,11 +99,5 @@ def test_generic_attention_refusals_and_failures_leave_the_model_unchanged(monke
     before = snapshot(model)
     with pytest.raises(ValueError, match="explain without checkpoint"):
         relevancy.explain(model, batch, method="generic_attention", checkpoint=True)
-
-    def fail(*args, **kwargs):
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr("relevancy.methods.gradients.carried_into", fail)
-    with pytest.raises(RuntimeError, match="stop"):
-        relevancy.explain(model, batch, method="generic_attention")
-    assert_same(before, snapshot(model))
+    assert_unchanged_by_a_failure(monkeypatch, model, batch, "generic_attention", "relevancy.methods.gradients.carried_into",
+                                  before=before)

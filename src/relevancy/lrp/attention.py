@@ -111,7 +111,8 @@ def attend(
         q, k, v = gradient.take(q, rule_set.query_key), gradient.take(k, rule_set.query_key), gradient.take(v, rule_set.value)
     batch, heads, length, width = q.shape
     groups = heads // k.shape[1]
-    if not probabilities and not explicit and softcap is None and style.scale != "divide" and not _eager_is_faster(q, k):
+    half_eager = not probabilities and not explicit and _eager_is_faster(q, k)
+    if not probabilities and not explicit and softcap is None and style.scale != "divide" and not half_eager:
         if mask is not None and mask.dtype != torch.bool:
             mask = mask[..., : k.shape[-2]]
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and causal and length > 1,
@@ -147,8 +148,8 @@ def attend(
         weights = softmax(session, add(session, _passing(session, steps, products), mask))
     elif explicit and session.rule_set.softmax is passthrough_rule:  # the softmax passes relevance too
         weights = _passing(session, [*steps, softmax_of], products)
-    elif not probabilities and _eager_is_faster(q, k):  # in the input's dtype: the CPU's kernel accumulates in
-        # float32 (the same numbers as the float32 softmax rounded), and the backward keeps the half-precision output
+    elif half_eager:  # the softmax in the input's dtype: the CPU's kernel accumulates in float32 (the same numbers
+        # as the float32 softmax rounded), and the backward keeps the half-precision output only
         weights = torch.softmax(_passing(session, steps, products), dim=-1)
     else:
         weights = softmax(session, _passing(session, steps, products))

@@ -90,14 +90,11 @@ class RuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, session: Session, rule: RelevanceRule, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor):
         wanted = ctx.needs_input_grad[3:]
-        if not session.gradient_pass:  # the rule reads the inputs and the output only
-            local = tuple(x.detach() for x in inputs)
-            output = fn(*local)
-            ctx.session, ctx.rule, ctx.local, ctx.output = session, rule, local, output
-            return output.detach()
-        written = isinstance(fn, WrittenGradient)
-        local = tuple(x.detach().requires_grad_(need and not written) for x, need in zip(inputs, wanted))
-        with torch.set_grad_enabled(not written):
+        # no local graph where the session takes no gradient pass (the rule reads the inputs and the output only) or
+        # the operation's gradient is written out
+        graph = session.gradient_pass and not isinstance(fn, WrittenGradient)
+        local = tuple(x.detach().requires_grad_(need and graph) for x, need in zip(inputs, wanted))
+        with torch.set_grad_enabled(graph):
             output = fn(*local)
         ctx.session, ctx.rule, ctx.fn, ctx.local, ctx.output = session, rule, fn, local, output
         return output.detach()
