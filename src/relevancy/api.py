@@ -102,7 +102,7 @@ def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_pro
     is in, the inputs checked and the target bound to them, the model in eval mode and switched to give its attention
     probabilities (`attention_probabilities`); everything restored on exit, also after an exception."""
     adapter = adapter_for(model)
-    with exclusive(model, *adapter.shared_state()), gradients_enabled():
+    with exclusive(adapter.model, *adapter.shared_state()), gradients_enabled():
         checked, bound = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), adapter.named_target(target))
         with adapter.explaining(attention_probabilities=attention_probabilities):
             yield PreparedCall(adapter, checked, bound, adapter.streams(checked))

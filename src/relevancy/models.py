@@ -147,24 +147,46 @@ def _local_decoder(name: str, wanted: str, accepted: Callable[[str], bool], mode
                    adapter: type) -> tuple[nn.Module, object]:
     """`(model, tokenizer or processor)` from the local folder `name` through transformers' `model_auto` and
     `companion_auto` classes, checked before loading by its config's architectures (`accepted`) and after by the
-    family's `adapter` on its modules: each refusal one line naming `wanted`."""
-    from .families.base import UnsupportedModelError
+    family's `adapter` on its modules: each refusal one line naming `wanted`. A peft adapter's folder
+    (`adapter_config.json`) loads its base model's folder and the adapter on it (the tokenizer from the adapter's
+    folder where it holds one)."""
+    from .families import UnsupportedModelError, adapted_base
 
-    _check_saved_model(name, accepted, wanted)
+    base = _adapter_base(name, wanted)
+    source = name if base is None else base
+    _check_saved_model(source, accepted, wanted)
     transformers = require("transformers", "llm")
-    folder = str(Path(name).expanduser())
+    folder, source_folder = (str(Path(path).expanduser()) for path in (name, source))
+    own_companion = any((Path(folder) / file).is_file() for file in ("tokenizer_config.json", "preprocessor_config.json", "processor_config.json"))
     try:
-        model = getattr(transformers, model_auto).from_pretrained(folder).eval()
-        companion = getattr(transformers, companion_auto).from_pretrained(folder)
+        model = getattr(transformers, model_auto).from_pretrained(source_folder).eval()
+        companion = getattr(transformers, companion_auto).from_pretrained(folder if own_companion else source_folder)
+        if base is not None:
+            model = require("peft", "adapters").PeftModel.from_pretrained(model, folder).eval()
     except (OSError, ValueError) as error:
         raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
-    if not adapter.supports(model):
-        raise ValueError(f"--model {name} holds a {type(model).__name__}; this command takes {wanted}")
+    inner = adapted_base(model)
+    if not adapter.supports(inner):
+        raise ValueError(f"--model {name} holds a {type(inner).__name__}; this command takes {wanted}")
     try:
-        adapter(model)  # checked on its modules: a refusal names the part it could not map
+        adapter(inner)  # checked on its modules: a refusal names the part it could not map
     except UnsupportedModelError as error:
         raise ValueError(f"--model {name}: {error}") from None
     return model, companion
+
+
+def _adapter_base(name: str, wanted: str) -> str | None:
+    """Where the local folder `name` is a peft adapter's (it holds `adapter_config.json`), the local folder of its base
+    model (`base_model_name_or_path`, relative to the working directory as peft reads it); None for any other folder."""
+    folder = Path(name).expanduser()
+    if not (folder / "adapter_config.json").is_file():
+        return None
+    config = _saved_json(name, "adapter_config.json", f"a peft adapter of {wanted}")
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not Path(base).expanduser().is_dir():
+        raise ValueError(f"--model {name} is a peft adapter whose base model {base!r} is no local folder: relevancy loads "
+                         f"adapters offline, on {wanted} saved with save_pretrained (set base_model_name_or_path to its folder)")
+    return base
 
 
 def reads_images(name: str) -> bool:
@@ -172,8 +194,9 @@ def reads_images(name: str) -> bool:
     `VISION_LANGUAGE_CLASSES`): what `load_vision_language_model` loads."""
     from .families.vision_language.layouts import VISION_LANGUAGE_CLASSES
 
+    wanted = "a model and its tokenizer or processor"
     return Path(name).expanduser().is_dir() and any(
-        a in VISION_LANGUAGE_CLASSES.split(", ") for a in _saved_architectures(name, "a model and its tokenizer or processor"))
+        a in VISION_LANGUAGE_CLASSES.split(", ") for a in _saved_architectures(_adapter_base(name, wanted) or name, wanted))
 
 
 def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) -> None:
@@ -189,21 +212,27 @@ def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) 
 def _saved_architectures(name: str, wanted: str) -> list:
     """The architectures the config.json of the local folder `name` names (read to `MAX_CONFIG_BYTES`); a ValueError
     naming `wanted` when there is no readable one."""
+    return _saved_json(name, "config.json", wanted).get("architectures") or []
+
+
+def _saved_json(name: str, file_name: str, wanted: str) -> dict:
+    """The JSON object in the file `file_name` of the local folder `name` (read to `MAX_CONFIG_BYTES`; {} where it holds
+    another JSON value); a ValueError naming `wanted` when there is no readable one."""
     folder = Path(name).expanduser()
     check_model_path(name, "--model")
-    unreadable = f"--model {name} holds no readable config.json: it takes a folder of {wanted} (save_pretrained)"
+    unreadable = f"--model {name} holds no readable {file_name}: it takes a folder of {wanted} (save_pretrained)"
     try:
-        with open(folder / "config.json", "rb") as file:  # bounded: a model's config is a few KiB
+        with open(folder / file_name, "rb") as file:  # bounded: a model's config is a few KiB
             text = file.read(MAX_CONFIG_BYTES + 1)
     except OSError:
         raise ValueError(unreadable) from None
     if len(text) > MAX_CONFIG_BYTES:
-        raise ValueError(f"--model {name}: its config.json is over {MAX_CONFIG_BYTES // 2**20} MiB, not a model's config")
+        raise ValueError(f"--model {name}: its {file_name} is over {MAX_CONFIG_BYTES // 2**20} MiB, not a model's config")
     try:
         config = json.loads(text)
     except ValueError:
         raise ValueError(unreadable) from None
-    return config.get("architectures") or [] if isinstance(config, dict) else []
+    return config if isinstance(config, dict) else {}
 
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ._shared import adapted_base
 from .base import Adapter, UnsupportedModelError
 from .causal_lm import CausalLMAdapter
 from .clip.adapter import ClipAdapter, ZeroShotAdapter
@@ -36,9 +37,11 @@ def adapters() -> list[type[Adapter]]:
 
 
 def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of the first family that recognises `model`; a clear error listing the families if none does."""
+    """The adapter of the first family that recognises `model` (a peft `PeftModel`: its base model, whose layers hold
+    the adapters); a clear error listing the families if none does."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module of a supported family, got {type(model).__name__}")
+    model = adapted_base(model)
     for adapter in adapters():
         if adapter.supports(model):
             return adapter(model)
@@ -49,4 +52,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapted_base", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter"]

@@ -3,6 +3,8 @@ output, image checks, eval mode and the transformers configs a call switches. Pr
 `families`; it imports no family and no presentation code (explanations, pictures)."""
 from __future__ import annotations
 
+import sys
+
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -89,3 +91,12 @@ def transformers_configs(model: nn.Module) -> list:
                 if sub is not None and hasattr(sub, "_attn_implementation"):
                     seen.setdefault(id(sub), sub)
     return list(seen.values())
+
+
+def adapted_base(model: nn.Module) -> nn.Module:
+    """A peft `PeftModel`'s base model (the user's model, its layers now holding the adapters: `core.linears` reads
+    them), through nested wrappers; any other model as it is. peft is not imported: a `PeftModel` imported it."""
+    wrapper = getattr(sys.modules.get("peft.peft_model"), "PeftModel", None)
+    while wrapper is not None and isinstance(model, wrapper):
+        model = model.get_base_model()
+    return model

@@ -18,6 +18,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
+from ..core import linears
+from ..core.dispatch import within_hook
 from ..core.guard import this_thread_only
 from . import gradient, rules
 from .rule_sets import (
@@ -268,7 +270,9 @@ class MissingRuleError(TypeError):
 
 
 def _entry(rule_map: Mapping[type, ForwardFactory], module: nn.Module) -> ForwardFactory:
-    for cls in type(module).__mro__:
+    """The rule map's entry for `module`'s type (its nearest class in the map); an adapter layer (peft's LoRA) takes
+    its base layer's entry, so that it is ruled as the one layer it computes."""
+    for cls in type(linears.base_of(module)).__mro__:
         if cls in rule_map:
             return rule_map[cls]
     known = ", ".join(sorted(c.__name__ for c in rule_map))
@@ -296,6 +300,8 @@ def replaced(replacements: Iterable[tuple[object, str, object]]) -> Iterator[Non
         for owner, name, replacement in replacements:
             had_own = name in owner.__dict__
             if isinstance(replacement, (FunctionType, MethodType)):
+                if name == "forward":  # where accelerate dispatches the model, inside its hook, as the module's own
+                    replacement = within_hook(owner, replacement)
                 # the user's own forwards from other threads run the model's computation, not the rules
                 replacement = this_thread_only(replacement, otherwise=getattr(owner, name))
             patched.append((owner, name, had_own, owner.__dict__.get(name), replacement))
@@ -338,7 +344,9 @@ def relevance_session(
     `Session.gradient_pass`)."""
     session = Session(rule_set, gradient_pass=gradient_pass)
     overrides = dict(overrides or {})
-    plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules()]
+    # an adapter layer is ruled as one layer: the modules inside it (its base layer, the adapters) run as they are
+    inside = {id(child) for m in model.modules() if linears.tuner_layer(m) for child in m.modules() if child is not m}
+    plans = [(m, overrides.get(m) or _entry(rule_map, m)) for m in model.modules() if id(m) not in inside]
     try:
         with replaced(_replacements(plans, session)):
             yield session

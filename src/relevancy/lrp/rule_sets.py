@@ -24,6 +24,7 @@ from typing import Callable, Literal, Protocol
 import torch
 from torch import nn
 
+from ..core import dispatch, linears
 from . import rules
 
 
@@ -79,21 +80,30 @@ def linear_share(
     return rules.linear_alpha1_beta0(x, weight, relevance, session.rule_set.shared_linear_denominator, output, bias)
 
 
-def weight_rule(weight: torch.Tensor, affine: bool = False, bias: torch.Tensor | None = None) -> RelevanceRule:
-    """The rule set's Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it). `affine`: the
-    forward computes exactly `x W^T + bias` (`bias` None for none), so the rule may take the product from its
-    output."""
+def weight_rule(weight: torch.Tensor | Callable[[], tuple[torch.Tensor, torch.Tensor | None]], affine: bool = False,
+                bias: torch.Tensor | None = None) -> RelevanceRule:
+    """The rule set's Linear rule for a product with `weight` (`(out, in)`, as `F.linear` takes it), or with the
+    `(weight, bias)` a callable reads when relevance reaches the product (a quantized, adapted or offloaded layer's
+    effective weight: one layer's at a time). `affine`: the forward computes exactly `x W^T + bias` (`bias` None
+    for none), so the rule may take the product from its output."""
 
     def rule(session: Session, inputs: tuple, output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-        return (session.rule_set.linear(session, inputs[0], weight, relevance, output if affine else None, bias),)
+        x = inputs[0]
+        w, b = weight() if callable(weight) else (weight, bias)
+        w, b = w.to(x.device, x.dtype), None if b is None else b.to(x.device, x.dtype)
+        return (session.rule_set.linear(session, x, w, relevance, output if affine else None, b),)
 
     return rule
 
 
-def linear_module_rule(module: nn.Linear) -> RelevanceRule:
-    """The Linear rule for an nn.Linear: the product taken from the output where the module runs nn.Linear's own
+def linear_module_rule(module: nn.Module) -> RelevanceRule:
+    """The Linear rule for a linear layer (`core.linears`: plain, quantized, LoRA-adapted, offloaded), its effective
+    weight read when relevance reaches it; the product taken from the output where the module runs nn.Linear's own
     forward (a subclass with its own forward may compute something else)."""
-    return weight_rule(module.weight, type(module).forward is nn.Linear.forward, module.bias)
+    if linears.plain(module) and not dispatch.hook_of(module):
+        return weight_rule(module.weight, True, module.bias)
+    linears.check_readable(module)  # refused before any work
+    return weight_rule(lambda: linears.effective(module), linears.plain(module))
 
 
 def rule_of(kind: Callable[[RuleSet], RelevanceRule]) -> RelevanceRule:

@@ -9,7 +9,9 @@ under the rule set and the MLPs and norms run the rule set's forwards (instance 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -19,26 +21,42 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from ...core import dispatch, linears
 from ...core.conventions import Conventions, GradCamConventions
 from ...results.explanation import DecoderExplanation, GenerationExplanation
 from ...results.parts import LatentRelevance, SpanRelevance
 from ...core.guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
-from ...lrp.engine import Session, passthrough, replaced
-from ...lrp.rule_sets import RuleSet
+from ...lrp.engine import Session, passthrough, relevance_session, replaced
+from ...lrp.rule_sets import ATTNLRP, PAPER, RuleSet
 from ...lrp.segments import stacks_recomputed
 from ...core.messages import quoted
 from ...core.streams import AttentionSite, Hookable, Stream
-from .._shared import OutputPart, transformers_configs
-from ..base import SEED_METHODS, Adapter
+from .._shared import OutputPart, eval_mode, transformers_configs
+from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map
+from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map, structure
 from ...core.scores import token_score
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"
+#: the tokens of the probe on which a model's explaining forwards are checked against its own (`own_forward_problems`)
+PROBE_TOKENS = 6
+#: per model, the structure its explaining forwards were checked on (`layouts.structure`) and what differed, by path
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, dict[str, tuple[type[Exception], str]]]] = weakref.WeakKeyDictionary()
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest difference of `a` and `b` relative to `b`'s largest value."""
+    b = b.double()
+    return float((a.double().to(b.device) - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` is not `b` to their dtype's precision (1e-4 of the largest value; 3e-2 in half precision)."""
+    return a.shape != b.shape or not _difference(a, b) <= (3e-2 if b.element_size() < 4 else 1e-4)
 
 
 def _registered_attention(probabilities: bool) -> str:
@@ -151,6 +169,8 @@ class CausalLMAdapter(Adapter):
     #: Grad-CAM averages the gradient over the real token pairs, so that padding cannot change a row's map
     # Grad-CAM over the real (query, key) pairs, as for BERT: padding does not change a row's map
     conventions = Conventions(attention_gradcam=GradCamConventions(region="matrix"))
+    #: True while `own_forward_problems` runs its probe (its forwards are not refused)
+    _checking = False
 
     def named_target(self, target: Any) -> Any:
         """Strings are tokens here, resolved with the tokenizer (see `targets`)."""
@@ -208,7 +228,7 @@ class CausalLMAdapter(Adapter):
         window = context_window(self.model)
         if window is not None and int(mask.sum(1).max()) > window:
             raise ValueError(f"a row has {int(mask.sum(1).max())} real tokens but the model's context window is {window} tokens: shorten the text")
-        device = next(self.model.parameters()).device
+        device = dispatch.execution_device(getattr(self.decoder, self.layout.embeddings))  # not an offloaded weight's meta device
         return replace(batch, input_ids=ids.to(device), attention_mask=mask.to(device),
                        tokens=batch.tokens or placeholder_tokens(ids, mask))
 
@@ -229,13 +249,14 @@ class CausalLMAdapter(Adapter):
 
     def relevance_rule_map(self) -> dict:
         """The layout's rule map for the seeds' LRP methods (transformer attribution, LRP, partial LRP), with the
-        logits' soft-cap (Gemma 2) passing relevance."""
-        own = self.capped
+        logits' scale and soft-cap (Granite, Gemma 2) passing relevance; refused where it is not the model's own forward."""
+        self.refuse_unless_own("explicit")
+        own = self.finished
 
-        def capped(_model: nn.Module, session: Session) -> dict:
-            return {(self, "capped"): lambda logits: passthrough(session, own, logits)}
+        def finished(_model: nn.Module, session: Session) -> dict:
+            return {(self, "finished"): lambda logits: passthrough(session, own, logits)}
 
-        return {**self.model_rule_map(), type(self.model): capped}
+        return {**self.model_rule_map(), type(self.model): finished}
 
     def model_rule_map(self) -> dict:
         """The rule map of the model's modules under an explicit rule set: the decoder layout's (a vision-language
@@ -256,8 +277,77 @@ class CausalLMAdapter(Adapter):
         """Eval mode for the call and relevancy's exact attention: eager where the call reads the probabilities,
         else torch's fused kernel (never the model's own: transformers' eager Gemma 2 gives NaN to a padded row
         whose sliding window holds padding only); the LRP methods switch the attention per pass (`rules_applied`)."""
-        with explaining_call(self.model, None), self.rules_applied(None, probabilities=attention_probabilities):
-            yield
+        with explaining_call(self.model, None):
+            self.refuse_unless_own("plain")
+            with self.rules_applied(None, probabilities=attention_probabilities):
+                yield
+
+    def refuse_unless_own(self, path: str) -> None:
+        """Refuse, naming where they differ, where the forward a method explains (`path`: "plain", "gradient",
+        "explicit") is not the model's own (`own_forward_problems`)."""
+        if not self._checking:
+            problem = self.own_forward_problems().get(path)
+            if problem is not None:
+                kind, message = problem
+                raise kind(message)
+
+    def own_forward_problems(self) -> dict[str, tuple[type[Exception], str]]:
+        """Where the forwards the methods explain differ from the model's own, by path: "plain" (the attention and
+        gradient methods, input x gradient), "gradient" (under AttnLRP's and CP-LRP's rules), "explicit" (under the
+        seeds' LRP rules), each compared with the model's own logits on a probe of `PROBE_TOKENS` tokens to the
+        dtype's precision, the message naming the first layer whose output differs (or the head), or the refusal of a
+        layer the path cannot rule (`core.linears.UnreadableLinearError`), as `(error type, message)`. Found once per
+        model, again when its structure or a module's own forward changes (`layouts.structure`): a patched layer or
+        a multiplier the layout does not map gets no map of a function the model does not compute."""
+        key = structure(self.model)
+        known = _CHECKED.get(self.model)
+        if known is None or known[0] != key:
+            self._checking = True
+            try:
+                known = (key, self._forward_problems())
+            finally:
+                self._checking = False
+            _CHECKED[self.model] = known
+        return known[1]
+
+    def _forward_problems(self) -> dict[str, tuple[type[Exception], str]]:
+        ids = (torch.arange(PROBE_TOKENS) % self.text_config.vocab_size)[None].to(dispatch.execution_device(getattr(self.decoder, self.layout.embeddings)))
+        mask = torch.ones_like(ids)
+        paths = {"plain": ("as relevancy runs it", contextlib.nullcontext),
+                 "gradient": ("under the gradient rules (attnlrp, cp_lrp)", lambda: self.rules_applied(ATTNLRP)),
+                 "explicit": ("under the explicit rules (transformer_attribution, lrp, partial_lrp)",
+                              lambda: relevance_session(self.model, self.relevance_rule_map(), PAPER, gradient_pass=False))}
+        problems = {}
+        with eval_mode(self.model), torch.no_grad():
+            own_layers, own = self._layers_recorded(lambda: self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -1])
+            for path, (said, context) in paths.items():
+                try:
+                    with self.rules_applied(None, probabilities=True), context():
+                        layers, logits = self._layers_recorded(lambda: self._next_token(self.embed(TextBatch(ids, mask))["text"], mask)[0])
+                except linears.UnreadableLinearError as error:  # a layer this path cannot rule: refused by name when used
+                    problems[path] = (type(error), str(error))
+                    continue
+                where = next((f"{self.layout.decoder}.{self.layout.layers}.{index}" for index, (a, b) in enumerate(zip(layers, own_layers))
+                              if _differ(a, b)), "the head (the logits from the final hidden states)" if _differ(logits, own) else None)
+                if where is not None:
+                    problems[path] = (UnsupportedModelError, (
+                        f"cannot explain {type(self.model).__name__}: its forward {said} differs from the model's own from {where} "
+                        f"on (logits off by {_difference(logits, own):.3g} of their largest): the model computes something its "
+                        f"{self.layout.name} layout does not map (a patched layer or forward, a scale or an extra operation); "
+                        "explain the model as transformers defines it, or add a layout (docs/adding-a-family.md)"))
+        return problems
+
+    def _layers_recorded(self, run: Callable[[], torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """`(each decoder layer's output, run())`: the layers' outputs kept by forward hooks for the one run."""
+        outputs: list[torch.Tensor] = []
+        handles = [layer.register_forward_hook(this_thread_only(lambda _m, _i, out: outputs.append(out[0] if isinstance(out, tuple) else out)))
+                   for layer in self.blocks]
+        try:
+            result = run()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return outputs, result
 
     def shared_state(self) -> list[object]:
         return self.configs
@@ -270,6 +360,8 @@ class CausalLMAdapter(Adapter):
         attributes; the layers run as they are); everything restored after, also after an exception."""
         if rules is not None and rules.explicit:
             raise ValueError(f"the {rules.name} rules carry relevance: they run in a relevance session (relevance_rule_map)")
+        if rules is not None:
+            self.refuse_unless_own("gradient")
         replacements: list[tuple[object, str, object]] = []
         if rules is not None:
             session = Session(rules)
@@ -330,21 +422,26 @@ class CausalLMAdapter(Adapter):
         return self.head(last), last
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The logits of hidden states: the output embeddings, soft-capped where the model caps them (`capped`)."""
-        return self.capped(self.model.get_output_embeddings()(hidden))
+        """The logits of hidden states: the output embeddings, finished as the model finishes them (`finished`)."""
+        return self.finished(self.model.get_output_embeddings()(hidden))
 
     def picked_logits(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """`(N,)` the logit of token `ids[n]` after `hidden[n]` (`(N, D)`), soft-capped where the model caps them: the
+        """`(N,)` the logit of token `ids[n]` after `hidden[n]` (`(N, D)`), finished as the model finishes them: the
         head's numbers at those ids from their rows of the output embeddings (weights detached), so that the backward
         reads N rows of the `(V, D)` matrix rather than all of it (SmolLM2's 49,152 rows: about 5 % of a forward
         at 100 tokens on one CPU thread)."""
         head = self.model.get_output_embeddings()
-        logits = torch.linalg.vecdot(hidden, head.weight.detach()[ids])
-        return self.capped(logits if head.bias is None else logits + head.bias.detach()[ids])
+        with dispatch.loaded(head):  # where accelerate offloads the head: its rows read while it is loaded
+            rows, bias = head.weight.detach()[ids], None if head.bias is None else head.bias.detach()[ids]
+        logits = torch.linalg.vecdot(hidden, rows.to(hidden.device))
+        return self.finished(logits if bias is None else logits + bias.to(hidden.device))
 
-    def capped(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits soft-capped `c tanh(z / c)` where the model caps them (Gemma 2), with the cap's own gradient (lxt
-        leaves the head as the model has it); as they are otherwise."""
+    def finished(self, logits: torch.Tensor) -> torch.Tensor:
+        """The output embeddings' logits as the model finishes them: divided by its logit scale where the layout names
+        one (Granite's `logits_scaling`), soft-capped `c tanh(z / c)` where the model caps them (Gemma 2), each with its
+        own gradient (lxt leaves the head as the model has it)."""
+        divisor = getattr(self.text_config, self.layout.logits_divisor) if self.layout.logits_divisor else None
+        logits = logits if divisor is None else logits / divisor
         cap = getattr(self.text_config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -379,7 +476,7 @@ class CausalLMAdapter(Adapter):
             read = hidden[plan.term_rows, plan.term_positions]
             # a logit score differentiates the explained tokens' logits only (`picked_logits`); the head's whole
             # (N, V) output is then read without a graph: it names the predicted tokens and is reported
-            picked = not function and isinstance(score, str) and score == "logit" and isinstance(self.model.get_output_embeddings(), nn.Linear)
+            picked = not function and isinstance(score, str) and score == "logit" and linears.plain(self.model.get_output_embeddings())
             logits = self.head(read.detach() if picked else read)  # (N, V): what predicts each token
             next_token = logits[:rows]  # each row's first term: its next-token logits
             if function:

@@ -55,7 +55,7 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
     passes: list[list[torch.Tensor]] = []
     with adapter.rules_applied(rules), adapter.weights_frozen():
         leaves, hidden = adapter.leaves_forward(inputs, ids[:, :-1], mask[:, :-1], torch.arange(rows, device=ids.device))
-        explained = adapter.capped(explained_logits(adapter.model.get_output_embeddings(), hidden[:, prompt_length - 1:],
+        explained = adapter.finished(explained_logits(adapter.model.get_output_embeddings(), hidden[:, prompt_length - 1:],
                                                     ids[:, prompt_length:]))
         for start in range(0, steps, per_pass):
             checkpoint()  # a caller's should_stop (relevancy.core.cancel) is asked before each backward round

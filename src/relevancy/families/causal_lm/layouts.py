@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...core import dispatch, linears
 from ...lrp import gradient
 from ...lrp.engine import ACTIVATION as ACTIVATION_LEAF
 from ...lrp.engine import (
@@ -87,8 +88,10 @@ def _by_name(layer: nn.Module, args: tuple, kwargs: dict) -> dict:
 @dataclass(frozen=True)
 class Residual:
     """How a layer adds its attention and its MLP to the residual stream, by the names of its modules: the norms
-    `before_...` a branch (its input) and `after_...` it (its output; None: no such norm), and `parallel`, the
-    layer's flag that says the MLP reads the layer's input beside attention (GPT-NeoX), summed as the model sums."""
+    `before_...` a branch (its input) and `after_...` it (its output; None: no such norm), `parallel`, the
+    layer's flag that says the MLP reads the layer's input beside attention (GPT-NeoX), summed as the model sums, and
+    `branch_scale`, the layer's attribute that scales each branch's output before its add (Granite's
+    `residual_multiplier`; a constant factor passes relevance)."""
 
     attention: str
     mlp: str
@@ -97,6 +100,7 @@ class Residual:
     after_attention: str | None = None
     after_mlp: str | None = None
     parallel: str | None = None
+    branch_scale: str | None = None
 
     def rule(self, layer: nn.Module, session: Session) -> Replacements:
         """The layer's forward with both residual adds under the add rule, each input feeding two branches."""
@@ -104,15 +108,20 @@ class Residual:
         def around(name: str | None, x: torch.Tensor) -> torch.Tensor:
             return x if name is None else getattr(layer, name)(x)
 
+        def scaled(x: torch.Tensor) -> torch.Tensor:
+            if self.branch_scale is None:
+                return x
+            return passthrough(session, lambda t: t * getattr(layer, self.branch_scale), x)
+
         def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             named = _by_name(layer, args, kwargs)
             x = branch(session, hidden_states)
-            attended = around(self.after_attention, getattr(layer, self.attention)(around(self.before_attention, x), **named)[0])
+            attended = scaled(around(self.after_attention, getattr(layer, self.attention)(around(self.before_attention, x), **named)[0]))
             if self.parallel is not None and getattr(layer, self.parallel):
-                fed = around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x)))
+                fed = scaled(around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x))))
                 return add(session, add(session, fed, attended), x)
             x = branch(session, add(session, x, attended))
-            return add(session, x, around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x))))
+            return add(session, x, scaled(around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x)))))
 
         return {"forward": forward}
 
@@ -125,7 +134,8 @@ class Layout:
     before attention; None where attention reads the residual stream: the layer's input), of the attention's
     output projection on the attention (its input: the heads' outputs side by side); `parts`: (path on a
     layer, the kinds of module it may be) and `final`: (path on the decoder, kind) - every module the rules touch;
-    `residual`: how a layer adds its branches to the residual stream."""
+    `residual`: how a layer adds its branches to the residual stream; `logits_divisor`: the config's attribute the
+    model divides its logits by (Granite's `logits_scaling`; None: none)."""
 
     name: str
     classes: tuple[str, ...]
@@ -139,6 +149,7 @@ class Layout:
     parts: tuple[tuple[str, tuple[Part, ...]], ...]
     final: tuple[str, Part]
     residual: Residual
+    logits_divisor: str | None = None
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
@@ -213,25 +224,43 @@ def _kind(module: nn.Module | None, kinds: tuple[Part, ...], width: int) -> Part
 
 # -- the parts: what each must be ------------------------------------------------------------------------------
 def _linear(module: object, inputs: int | None = None, outputs: int | None = None) -> bool:
-    return (isinstance(module, nn.Linear) and (inputs is None or module.in_features == inputs)
-            and (outputs is None or module.out_features == outputs))
+    """A linear layer (plain, quantized or LoRA-adapted: `core.linears`) of the given features."""
+    return (linears.is_linear(module) and (inputs is None or linears.features(module)[0] == inputs)
+            and (outputs is None or linears.features(module)[1] == outputs))
+
+
+def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`x W^T` of a linear layer in `x`'s dtype from its effective weight (dequantized, adapters added), or through its
+    own forward in the dtype it computes in where no weight can be read (DoRA, a quantization relevancy does not
+    know: the gradient methods run through its forward; the explicit rules refuse it)."""
+    try:
+        weight = linears.effective(linear)[0]
+    except linears.UnreadableLinearError:
+        bias = getattr(linear, "bias", None)
+        own = linear(x.to(linears.compute_dtype(linear))).to(x.dtype)
+        return own if bias is None else own - bias.to(x.dtype)
+    return F.linear(x, weight.to(x.dtype))
 
 
 def _probe(module: nn.Module, width: int) -> torch.Tensor:
-    """A fixed input `(2, width)` in the module's dtype and device."""
-    parameter = next(module.parameters())
-    generator = torch.Generator(device=parameter.device).manual_seed(0)
-    return torch.randn(2, width, generator=generator, device=parameter.device).to(parameter.dtype)
+    """A fixed input `(2, width)` in the dtype and on the device the module computes in (a quantized layer's packed
+    bytes are not its dtype; an offloaded module's weights sit on the meta device)."""
+    device = dispatch.execution_device(module)
+    generator = torch.Generator(device=device).manual_seed(0)
+    return torch.randn(2, width, generator=generator, device=device).to(linears.compute_dtype(module))
 
 
 def _computes(module: nn.Module, width: int, expected: Callable[[torch.Tensor], torch.Tensor]) -> bool:
-    """Whether the module's own forward gives `expected` on a probe input (to its dtype's precision). `expected` gets
-    the probe in float32 at least and reads the weights in that dtype (`x.dtype`): a float32 model's weights are not
-    copied (a 7B model's MLP weight in float64 would be a first call's largest allocation)."""
+    """Whether the module's own forward gives `expected` on a probe input (to its dtype's precision, and to LLM.int8()'s
+    where a layer quantizes its input too). `expected` gets the probe in float32 at least and reads the weights in that
+    dtype (`x.dtype`), loaded where accelerate offloads them: a float32 model's weights are not copied (a 7B model's MLP
+    weight in float64 would be a first call's largest allocation)."""
     x = _probe(module, width)
     with torch.no_grad():
-        y, want = module(x).double(), expected(x.to(torch.promote_types(x.dtype, torch.float32))).double()
-    tolerance = 2e-2 if x.element_size() < 4 else 1e-4
+        y = module(x).double()  # its own forward (which loads and offloads its weights itself)
+        with dispatch.loaded(module):
+            want = expected(x.to(torch.promote_types(x.dtype, torch.float32))).double()
+    tolerance = 5e-2 if any(linears.quantizes_activations(m) for m in module.modules()) else 2e-2 if x.element_size() < 4 else 1e-4
     return y.shape == want.shape and bool(((y - want).abs() <= tolerance * want.abs().max().clamp(min=1e-12)).all())
 
 
@@ -249,8 +278,7 @@ def _fits_rms_norm(one_plus: bool) -> Fits:
         weight, eps = getattr(module, "weight", None), _eps(module)
         if not isinstance(weight, nn.Parameter) or weight.ndim != 1 or eps is None or getattr(module, "bias", None) is not None:
             return False
-        scale = weight.double() + 1.0 if one_plus else weight.double()
-        return _computes(module, len(weight), lambda x: _normalised(x, eps) * scale)
+        return _computes(module, len(weight), lambda x: _normalised(x, eps) * (module.weight.to(x.dtype) + (1.0 if one_plus else 0.0)))
 
     return fits
 
@@ -264,8 +292,7 @@ def _fits_gated_mlp(module: nn.Module, width: int) -> bool:
     if not (_linear(gate, width) and _linear(up, width, getattr(gate, "out_features", None))
             and _linear(down, getattr(gate, "out_features", None), width) and callable(getattr(module, "act_fn", None))):
         return False
-    return _computes(module, width, lambda x: F.linear(module.act_fn(F.linear(x, gate.weight.to(x.dtype))) * F.linear(x, up.weight.to(x.dtype)),
-                                                        down.weight.to(x.dtype)))
+    return _computes(module, width, lambda x: _project(down, module.act_fn(_project(gate, x)) * _project(up, x)))
 
 
 def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
@@ -275,8 +302,8 @@ def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
         return False
 
     def expected(x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, fused.weight.to(x.dtype)).chunk(2, dim=-1)
-        return F.linear(up * module.activation_fn(gate), down.weight.to(x.dtype))
+        gate, up = _project(fused, x).chunk(2, dim=-1)
+        return _project(down, up * module.activation_fn(gate))
 
     return fused.bias is None and down.bias is None and _computes(module, width, expected)
 
@@ -291,7 +318,7 @@ def fits_plain_mlp(into: str, out: str, act: str) -> Fits:
         from transformers.pytorch_utils import Conv1D
 
         shapes = [(layer.weight.shape[0], layer.weight.shape[1]) if isinstance(layer, Conv1D)
-                  else (layer.in_features, layer.out_features) if isinstance(layer, nn.Linear) else None for layer in (first, second)]
+                  else linears.features(layer) if linears.is_linear(layer) else None for layer in (first, second)]
         return None not in shapes and shapes[0][0] == width and shapes[0][1] == shapes[1][0] and shapes[1][1] == width
 
     return fits
@@ -424,16 +451,23 @@ POST_NORM = Residual("self_attn", "mlp", before_attention=None, before_mlp=None,
 
 
 def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...], parts: tuple, norm: Part,
-                residual: Residual = PRE_NORM, attention_norm: str | None = "input_layernorm") -> Layout:
+                residual: Residual = PRE_NORM, attention_norm: str | None = "input_layernorm", logits_divisor: str | None = None) -> Layout:
     """A layout with Llama's names: `model.embed_tokens`, `model.layers`, `self_attn`, the final `model.norm`."""
     return Layout(name, classes, model_types, decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
-                  attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), residual=residual)
+                  attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), residual=residual,
+                  logits_divisor=logits_divisor)
 
 
 #: Gemma's norms around the MLP as well as around attention
 _GEMMA_MLP_NORMS = (("pre_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)), ("post_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)))
 LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"), ("llama", "mistral", "qwen2"),
                     _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM)
+#: Granite: Llama's layer with its branches scaled (`residual_multiplier`), the embeddings scaled inside the decoder
+#: (`embedding_multiplier`, before the layers where relevance is measured), the attention's own scale
+#: (`attention_multiplier`, passed to the attention) and the logits divided by `logits_scaling`
+GRANITE = _llama_like("granite", ("GraniteForCausalLM",), ("granite",), _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM,
+                      Residual("self_attn", "mlp", before_attention="input_layernorm", before_mlp="post_attention_layernorm",
+                               branch_scale="residual_multiplier"), logits_divisor="logits_scaling")
 QWEN3 = _llama_like("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM, "q_norm", "k_norm"),
                     RMS_NORM)
 QWEN3_MOE = _llama_like("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",),
@@ -463,7 +497,7 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), residual=Residual("attn", "mlp", before_attention="ln_1", before_mlp="ln_2"),
 )
-LAYOUTS = (LLAMA, QWEN3, QWEN3_MOE, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
+LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 
@@ -474,28 +508,29 @@ def is_causal_lm(model: nn.Module) -> bool:
             and type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) and callable(getattr(model, "get_output_embeddings", None)))
 
 
-#: the models recognised so far, each with the structure it was recognised on (`_structure`), its layout and its
+#: the models recognised so far, each with the structure it was recognised on (`structure`), its layout and its
 #: ruled modules: the checks (probe forwards of every norm and MLP, each a read back to the host) run once per
 #: model, not once per call
 _RECOGNISED: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, Layout, list]] = weakref.WeakKeyDictionary()
 
 
-def _structure(model: nn.Module) -> tuple:
-    """What the recognition depends on: the model type, each module's name and type, each parameter's shape."""
+def structure(model: nn.Module) -> tuple:
+    """What the recognition (and the adapter's check of its forwards) depends on: the model type, each module's name
+    and type, each parameter's shape, and each forward set on a module itself (a patched layer; accelerate's hooks)."""
     modules = tuple(model.named_modules())  # one walk: the parameters read from each module's own
-    return (model.config.model_type, tuple((name, type(module)) for name, module in modules),
+    return (model.config.model_type, tuple((name, type(module), id(vars(module).get("forward"))) for name, module in modules),
             tuple((name, key, tuple(parameter.shape)) for name, module in modules
                   for key, parameter in module._parameters.items() if parameter is not None))
 
 
 def recognised(model: nn.Module) -> tuple[Layout, list[tuple[nn.Module, RuleForward]]]:
     """`(layout_of(model), its ruled modules)`, checked again only when the model's structure changed
-    (`_structure`)."""
-    structure = _structure(model)
+    (`structure`)."""
+    found = structure(model)
     known = _RECOGNISED.get(model)
-    if known is None or known[0] != structure:
+    if known is None or known[0] != found:
         layout = layout_of(model)
-        known = (structure, layout, layout.ruled(model))
+        known = (found, layout, layout.ruled(model))
         _RECOGNISED[model] = known
     return known[1], known[2]
 
@@ -520,7 +555,13 @@ def layout_of(model: nn.Module) -> Layout:
 
 # -- the rule map of the explicit pass ---------------------------------------------------------------------------
 #: transformers' `Conv1D` (GPT-2): `x W + b` with `W` stored `(in, out)`, under the Linear rule
-CONV1D = leaf(lambda module: weight_rule(module.weight.t(), affine=True, bias=module.bias))
+def _conv1d_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A `Conv1D`'s `(W^T, b)` as the Linear rule reads them, loaded where accelerate offloads the layer."""
+    with dispatch.loaded(module):
+        return module.weight.t(), module.bias
+
+
+CONV1D = leaf(lambda module: weight_rule(lambda: _conv1d_weight(module), affine=True))
 
 
 def session_attribute(attention: nn.Module, session: Session) -> Replacements:

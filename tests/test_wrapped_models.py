@@ -1,0 +1,247 @@
+"""Models as people run them: quantized by bitsandbytes (4-bit NF4 / FP4, double quantization; LLM.int8()), LoRA
+adapters (peft: several adapters, the active one, merged, disabled; DoRA), offloaded by accelerate (layers on disk
+and on the CPU), Granite's multipliers, and the check that every explained forward is the model's own. Each map is
+compared with the plain float model that computes the same function (dequantized weights, merged adapters, the
+undispatched model), in float32 as these layers run."""
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+import relevancy
+from language_models import save_tiny_llama
+from relevancy.core.linears import UnreadableLinearError, effective
+from relevancy.families import CausalLMAdapter, UnsupportedModelError
+from relevancy.models import load_language_model
+
+peft = pytest.importorskip("peft", reason="the test extra installs peft")
+bitsandbytes = pytest.importorskip("bitsandbytes", reason="the test extra installs bitsandbytes")
+pytest.importorskip("accelerate", reason="the test extra installs accelerate")
+
+METHODS = CausalLMAdapter.methods
+IDS = torch.tensor([[1, 5, 9, 13, 2, 7, 11, 4], [3, 8, 6, 10, 12, 14, 15, 16]])
+TARGET = 3
+#: the methods whose explicit rules divide by sums of the forward's values (LRP) or read differences of logits
+#: (ablation): LLM.int8() rounds every layer's input to 8 bits, and these maps amplify that rounding
+AMPLIFYING = ("lrp", "partial_lrp", "token_ablation")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A tiny Llama (grouped-query attention, widths bitsandbytes quantizes in blocks of 64) saved as a user would."""
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    path = tmp_path_factory.mktemp("llama")
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(path)
+    return path
+
+
+def load(folder: Path, **options) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bitsandbytes' notes on casting and on the CPU backend
+        return transformers.AutoModelForCausalLM.from_pretrained(folder, **options).eval()
+
+
+def maps(model: nn.Module, method: str) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return relevancy.explain(model, IDS, method=method, target=TARGET).scores
+
+
+def assert_same_maps(model: nn.Module, reference: nn.Module, tolerance: float, methods=METHODS, looser: dict | None = None) -> None:
+    """Every method's map on `model` within `tolerance` of its largest value of the map on `reference`."""
+    for method in methods:
+        ours, theirs = maps(model, method), maps(reference, method)
+        difference = float((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1e-12))
+        assert difference <= (looser or {}).get(method, tolerance), (method, difference)
+
+
+def dequantized_copy(quantized: nn.Module, folder: Path) -> nn.Module:
+    """The float model with each quantized layer's dequantized weight (`core.linears.effective`)."""
+    reference = load(folder)
+    for name, module in quantized.named_modules():
+        if isinstance(module, (bitsandbytes.nn.Linear4bit, bitsandbytes.nn.Linear8bitLt)):
+            reference.get_submodule(name).weight.data = effective(module)[0].float()
+    return reference
+
+
+@pytest.mark.parametrize("kind", ["nf4", "fp4"])
+def test_a_4bit_model_gives_the_maps_of_its_dequantized_weights(folder, kind):
+    quantized = load(folder, quantization_config=transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=kind, bnb_4bit_use_double_quant=kind == "nf4", bnb_4bit_compute_dtype=torch.float32))
+    assert isinstance(quantized.model.layers[0].mlp.gate_proj, bitsandbytes.nn.Linear4bit)
+    assert_same_maps(quantized, dequantized_copy(quantized, folder), 1e-4)
+
+
+def test_an_8bit_model_gives_the_maps_of_its_dequantized_weights_to_its_activations_rounding(folder):
+    quantized = load(folder, quantization_config=transformers.BitsAndBytesConfig(load_in_8bit=True))
+    assert isinstance(quantized.model.layers[0].mlp.gate_proj, bitsandbytes.nn.Linear8bitLt)
+    assert_same_maps(quantized, dequantized_copy(quantized, folder), 2e-2, looser={method: 1e-1 for method in AMPLIFYING})
+
+
+def lora(model: nn.Module, name: str = "default", seed: int = 0, **options) -> nn.Module:
+    """`model` with a LoRA adapter `name` of random (not zero) weights on its attention and MLP projections."""
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"],
+                             init_lora_weights=False, **options)
+    if isinstance(model, peft.PeftModel):
+        model.add_adapter(name, config)
+        return model
+    return peft.get_peft_model(model, config, adapter_name=name)
+
+
+def test_a_lora_model_gives_the_maps_of_its_merged_weights_with_the_active_adapter(folder):
+    adapted = lora(lora(load(folder), "first", seed=1), "second", seed=2)
+    adapted.set_adapter("second")
+    merged = copy.deepcopy(adapted).merge_and_unload()  # the active adapter, merged into plain Linear layers
+    assert type(merged.model.layers[0].self_attn.q_proj) is nn.Linear
+    assert_same_maps(adapted, merged, 1e-4)
+    # the base model of the adapter, its projections now LoRA layers, is taken as it is
+    assert_same_maps(adapted.get_base_model(), merged, 1e-4, methods=("attnlrp", "transformer_attribution"))
+
+
+def test_lora_merged_in_place_and_disabled(folder):
+    adapted = lora(load(folder))
+    merged = copy.deepcopy(adapted).merge_and_unload()
+    with adapted.disable_adapter():
+        assert_same_maps(adapted, load(folder), 1e-4, methods=("attnlrp", "transformer_attribution", "lrp"))
+    adapted.merge_adapter()  # the adapter's weights added to the base layers, the LoRA layers kept
+    assert_same_maps(adapted, merged, 1e-4, methods=("attnlrp", "transformer_attribution", "lrp"))
+
+
+def test_lora_on_a_4bit_model(folder):
+    quantized = load(folder, quantization_config=transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32))
+    reference = dequantized_copy(quantized, folder)
+    adapted = lora(quantized)
+    for name, module in adapted.get_base_model().named_modules():  # the same adapter's weights on the float model
+        if isinstance(module, peft.tuners.lora.LoraLayer):
+            reference.get_submodule(name).weight.data = effective(module)[0].float()
+    assert_same_maps(adapted, reference, 1e-4, methods=("attnlrp", "input_x_gradient", "transformer_attribution", "lrp"))
+
+
+def test_dora_runs_the_gradient_methods_and_the_explicit_rules_name_it(folder):
+    adapted = lora(load(folder), use_dora=True)
+    merged = copy.deepcopy(adapted).merge_and_unload()
+    assert_same_maps(adapted, merged, 1e-4, methods=("attnlrp", "cp_lrp", "input_x_gradient", "generic_attention"))
+    with pytest.raises(UnreadableLinearError, match="DoRA"):
+        maps(adapted, "transformer_attribution")
+
+
+OFFLOADED = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.layers.1": "cpu", "model.norm": "cpu",
+             "model.rotary_emb": "cpu", "lm_head": "disk"}
+
+
+def hooks_state(model: nn.Module) -> dict:
+    """Where each weight is, and which forward and hook each module has: what accelerate set, to be found again."""
+    return {name: (id(vars(module).get("forward")), id(getattr(module, "_hf_hook", None)), id(vars(module).get("_old_forward")),
+                   sorted(k for k in vars(module) if callable(vars(module)[k])),
+                   tuple(p.device.type for p in module.parameters(recurse=False)))
+            for name, module in model.named_modules()}
+
+
+def test_an_offloaded_model_gives_the_maps_of_the_undispatched_one_and_stays_offloaded(folder, tmp_path, monkeypatch):
+    dispatched = load(folder, device_map=OFFLOADED, offload_folder=str(tmp_path))
+    before = hooks_state(dispatched)
+    assert dispatched.model.layers[0].mlp.gate_proj.weight.device.type == "meta"  # loaded by its hook for each forward
+    assert_same_maps(dispatched, load(folder), 1e-5)
+    assert hooks_state(dispatched) == before
+    monkeypatch.setattr("relevancy.lrp.rules.linear_alpha1_beta0", lambda *_a, **_k: (_ for _ in ()).throw(RuntimeError("injected")))
+    with pytest.raises(RuntimeError, match="injected"):
+        maps(dispatched, "transformer_attribution")
+    assert hooks_state(dispatched) == before
+
+
+def granite() -> nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GraniteConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, embedding_multiplier=12.0, attention_multiplier=0.3,
+                                        residual_multiplier=0.22, logits_scaling=2.0)
+    return transformers.GraniteForCausalLM(config).double().eval()
+
+
+def test_granite_is_explained_with_its_own_logits():
+    model = granite()
+    own = model(IDS).logits[:, -1, TARGET].detach()
+    for method in METHODS:
+        explanation = relevancy.explain(model, IDS, method=method, target=TARGET)
+        assert torch.allclose(explanation.logits[:, TARGET], own, rtol=1e-6, atol=0), method
+    conserved = relevancy.explain(model, IDS, method="transformer_attribution", target=TARGET).relevance_total
+    assert torch.allclose(conserved, torch.ones_like(conserved), atol=1e-6)
+
+
+def test_a_patched_layer_is_refused_where_a_method_would_explain_another_function():
+    model = granite()
+    layer = model.model.layers[1]
+    own = layer.forward
+    layer.forward = lambda *args, **kwargs: own(*args, **kwargs) * 1.5  # the layers run as they are under the gradient rules
+    assert maps(model, "attnlrp").shape == (2, 8)
+    with pytest.raises(UnsupportedModelError, match=r"explicit rules .* from model\.layers\.1 on"):
+        maps(model, "transformer_attribution")
+    del layer.forward
+    norm = model.model.norm  # a ruled part whose forward computes otherwise: refused by the recognition's probe
+    norm_forward = norm.forward
+    norm.forward = lambda x: norm_forward(x) + 1.0
+    with pytest.raises(UnsupportedModelError, match=r"model\.norm \(GraniteRMSNorm\) is not an RMSNorm"):
+        maps(model, "attnlrp")
+    del norm.forward
+    model_forward = model.forward  # logits the model scales in a forward of its own: refused for every method
+
+    def scaled(*args, **kwargs):
+        output = model_forward(*args, **kwargs)
+        output.logits = output.logits * 3.0
+        return output
+
+    model.forward = scaled
+    for method in ("input_x_gradient", "attnlrp", "transformer_attribution"):
+        with pytest.raises(UnsupportedModelError, match=r"as relevancy runs it .* the head"):
+            maps(model, method)
+    del model.forward
+    assert maps(model, "transformer_attribution").shape == (2, 8)
+
+
+class Int8Linear(nn.Linear):
+    """A quantized linear layer relevancy has never seen: int8 weights and a scale, its own forward."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear.in_features, linear.out_features, bias=False)
+        self.scale = linear.weight.abs().max().item() / 127
+        self.weight = nn.Parameter((linear.weight / self.scale).round().to(torch.int8), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight.to(x.dtype) * self.scale)
+
+
+def test_an_unknown_quantized_linear_runs_through_its_forward_and_the_explicit_rules_name_it(folder):
+    model, reference = load(folder), load(folder)
+    mlp = model.model.layers[0].mlp
+    mlp.up_proj = Int8Linear(mlp.up_proj)
+    reference.model.layers[0].mlp.up_proj.weight.data = mlp.up_proj.weight.float() * mlp.up_proj.scale
+    assert_same_maps(model, reference, 1e-4, methods=("attnlrp", "cp_lrp", "input_x_gradient", "generic_attention"))
+    with pytest.raises(UnreadableLinearError, match="Int8Linear.*dequantize"):
+        maps(model, "transformer_attribution")
+
+
+def test_an_adapter_folder_loads_with_its_base_model(tmp_path, capsys):
+    base = save_tiny_llama(tmp_path / "base")
+    adapted = lora(load(base))
+    adapted.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(base)
+    model, tokenizer = load_language_model(str(tmp_path / "adapter"))
+    assert isinstance(model, peft.PeftModel)
+    inputs = tokenizer(["the cat sat on"], return_tensors="pt")
+    expected = relevancy.explain(copy.deepcopy(adapted).merge_and_unload(), inputs, method="attnlrp").scores
+    assert torch.allclose(relevancy.explain(model, inputs, method="attnlrp").scores, expected, atol=1e-5 * float(expected.abs().max()))
+    from relevancy.apps.cli import main
+
+    assert main(["explain-generation", "the cat sat on", "--model", str(tmp_path / "adapter"), "--max-new-tokens", "2", "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["method"] == "attnlrp" and len(result["generated_ids"]) == 2
