@@ -10,6 +10,8 @@ import json
 import warnings
 from pathlib import Path
 
+import bitsandbytes
+import peft
 import pytest
 import torch
 import transformers
@@ -20,10 +22,6 @@ from language_models import save_tiny_llama
 from relevancy.core.linears import UnreadableLinearError, effective
 from relevancy.families import CausalLMAdapter, UnsupportedModelError
 from relevancy.models import load_language_model
-
-peft = pytest.importorskip("peft", reason="the test extra installs peft")
-bitsandbytes = pytest.importorskip("bitsandbytes", reason="the test extra installs bitsandbytes")
-pytest.importorskip("accelerate", reason="the test extra installs accelerate")
 
 METHODS = CausalLMAdapter.methods
 IDS = torch.tensor([[1, 5, 9, 13, 2, 7, 11, 4], [3, 8, 6, 10, 12, 14, 15, 16]])
@@ -229,6 +227,26 @@ def test_an_unknown_quantized_linear_runs_through_its_forward_and_the_explicit_r
         maps(model, "transformer_attribution")
 
 
+class PackedLinear(nn.Module):
+    """A GPTQ-like layer: the features of a Linear, packed integer weights, a kernel of its own; no nn.Linear."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("qweight", (linear.weight * 100).round().to(torch.int32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.qweight.to(x.dtype) / 100)
+
+
+def test_a_linear_of_a_kind_relevancy_does_not_read_is_named(folder):
+    model = load(folder)
+    attention = model.model.layers[1].self_attn
+    attention.k_proj = PackedLinear(attention.k_proj)
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.1\.self_attn\.k_proj \(.*PackedLinear\) is a linear layer .* dequantize"):
+        maps(model, "attnlrp")
+
+
 def test_an_adapter_folder_loads_with_its_base_model(tmp_path, capsys):
     base = save_tiny_llama(tmp_path / "base")
     adapted = lora(load(base))
@@ -245,3 +263,61 @@ def test_an_adapter_folder_loads_with_its_base_model(tmp_path, capsys):
     assert main(["explain-generation", "the cat sat on", "--model", str(tmp_path / "adapter"), "--max-new-tokens", "2", "--json"]) == 0
     (result,) = json.loads(capsys.readouterr().out)
     assert result["method"] == "attnlrp" and len(result["generated_ids"]) == 2
+
+
+def assert_same_results(model: nn.Module, reference: nn.Module, inputs, methods, tolerance: float, target=None) -> None:
+    """Every result part (`scores`, and a vision-language model's `pixel_scores`) within `tolerance` of its maximum."""
+    for method in methods:
+        ours, theirs = (relevancy.explain(m, inputs, method=method, target=target) for m in (model, reference))
+        for part in ("scores", "pixel_scores"):
+            a, b = getattr(ours, part, None), getattr(theirs, part, None)
+            if b is not None:
+                assert float((a - b).abs().max() / b.abs().max().clamp(min=1e-12)) <= tolerance, (method, part)
+
+
+def test_an_encoder_with_lora_and_offloaded(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=3)
+    model = transformers.BertForSequenceClassification(config).eval()
+    inputs = {"input_ids": torch.tensor([[2, 5, 9, 13, 7, 3]]), "attention_mask": torch.ones(1, 6, dtype=torch.long)}
+    methods = relevancy.families.HFBertAdapter.methods
+    adapted = lora_on(copy.deepcopy(model), ["query", "value", "dense"])
+    assert_same_results(adapted, copy.deepcopy(adapted).merge_and_unload(), inputs, methods, 1e-4, target=1)
+    model.save_pretrained(tmp_path / "bert")
+    dispatched = load_dispatched(transformers.AutoModelForSequenceClassification, tmp_path / "bert", tmp_path / "offload", {
+        "bert.embeddings": "cpu", "bert.encoder.layer.0": "disk", "bert.encoder.layer.1": "cpu", "bert.pooler": "disk", "classifier": "cpu"})
+    assert_same_results(dispatched, model, inputs, methods, 1e-5, target=1)
+
+
+def test_a_vision_language_model_with_lora_and_offloaded(tmp_path):
+    from vlm_models import build, inputs as vlm_inputs
+
+    model, inputs = build("llava", dtype=torch.float32), vlm_inputs("llava")
+    methods = relevancy.families.VisionLanguageAdapter.methods
+    adapted = lora_on(copy.deepcopy(model), r".*language_model.*\.(q_proj|v_proj|gate_proj)|.*vision_tower.*\.(q_proj|fc1)")
+    assert_same_results(adapted, copy.deepcopy(adapted).merge_and_unload(), inputs, methods, 1e-4)
+    model.save_pretrained(tmp_path / "llava")
+    dispatched = load_dispatched(transformers.LlavaForConditionalGeneration, tmp_path / "llava", tmp_path / "offload", {
+        "model.vision_tower": "disk", "model.multi_modal_projector": "cpu", "model.language_model.embed_tokens": "cpu",
+        "model.language_model.layers.0": "disk", "model.language_model.layers.1": "cpu", "model.language_model.norm": "cpu",
+        "model.language_model.rotary_emb": "cpu", "lm_head": "disk"})
+    assert_same_results(dispatched, model, inputs, methods, 1e-5)
+
+
+def lora_on(model: nn.Module, targets) -> nn.Module:
+    torch.manual_seed(0)
+    return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False))
+
+
+def load_dispatched(auto: type, folder: Path, offload: Path, device_map: dict) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return auto.from_pretrained(folder, device_map=device_map, offload_folder=str(offload)).eval()
+
+
+def test_a_half_precision_quantized_model_runs_the_gradient_methods_and_the_seeds_ones_say_how(folder):
+    quantized = load(folder, dtype=torch.bfloat16, quantization_config=transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16))
+    assert torch.isfinite(maps(quantized, "attnlrp")).all()
+    with pytest.raises(UnsupportedModelError, match="quantized: load it to compute in float32"):
+        maps(quantized, "transformer_attribution")

@@ -12,6 +12,7 @@ from torch import nn
 
 from .core.cancel import checkpoint
 from .results.explanation import Explanation
+from .core.dispatch import offloaded_weights_reread
 from .families import adapter_for
 from .families.base import Adapter, UnsupportedModelError
 from .core.guard import exclusive, gradients_enabled, ordinary
@@ -102,7 +103,7 @@ def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_pro
     is in, the inputs checked and the target bound to them, the model in eval mode and switched to give its attention
     probabilities (`attention_probabilities`); everything restored on exit, also after an exception."""
     adapter = adapter_for(model)
-    with exclusive(adapter.model, *adapter.shared_state()), gradients_enabled():
+    with exclusive(adapter.model, *adapter.shared_state()), gradients_enabled(), offloaded_weights_reread(adapter.model):
         checked, bound = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), adapter.named_target(target))
         with adapter.explaining(attention_probabilities=attention_probabilities):
             yield PreparedCall(adapter, checked, bound, adapter.streams(checked))

@@ -44,6 +44,13 @@ def is_linear(module: object) -> bool:
     return isinstance(module, nn.Module) and isinstance(base_of(module), nn.Linear)
 
 
+def unknown_linear(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first submodule `(path, module)` of `module` that has the features of a linear layer (`in_features`,
+    `out_features`) and is none that relevancy reads (a GPTQ, AWQ or HQQ kernel's layer), or None."""
+    return next(((name, child) for name, child in module.named_modules() if not is_linear(child) and not tuner_layer(child)
+                 and isinstance(getattr(child, "in_features", None), int) and isinstance(getattr(child, "out_features", None), int)), None)
+
+
 def features(module: nn.Module) -> tuple[int, int]:
     """`(in_features, out_features)` of a linear layer (`is_linear`)."""
     base = base_of(module)
@@ -62,6 +69,12 @@ def quantizes_activations(module: nn.Module) -> bool:
     with the dequantized weight by about 1 % of its largest value."""
     eight_bit = _class("bitsandbytes.nn", "Linear8bitLt")
     return eight_bit is not None and isinstance(base_of(module), eight_bit)
+
+
+def quantized(model: nn.Module) -> bool:
+    """Whether `model` holds quantized weights (a parameter that is not floating-point: packed 4-bit bytes, int8 rows,
+    or a quantized tensor subclass)."""
+    return any(not p.is_floating_point() or type(p.data) not in (torch.Tensor, nn.Parameter) for p in model.parameters())
 
 
 def compute_dtype(module: nn.Module) -> torch.dtype:

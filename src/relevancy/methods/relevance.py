@@ -12,8 +12,9 @@ from typing import Iterator, Sequence
 import torch
 
 from .capture import Forward, record_forward
+from ..core import dispatch, linears
 from ..core.conventions import LrpConventions, given_or
-from ..families.base import Adapter
+from ..families.base import Adapter, UnsupportedModelError
 from ..core.guard import this_thread_only
 from ..lrp import GRADIENT, PAPER, RELEVANCE, RULE_SETS, RuleSet, Session, relevance_session
 from ..core.streams import Feed, Stream
@@ -110,11 +111,18 @@ def conservation(relevance: torch.Tensor, rule_set: RuleSet, method: str) -> dic
 @contextmanager
 def full_precision(adapter: Adapter, inputs) -> Iterator[tuple[Adapter, object]]:
     """fp16 / bf16 models are explained through a float32 copy (the model itself untouched): the LRP rules
-    divide by sums that half precision cannot resolve. Other models are used as they are."""
+    divide by sums that half precision cannot resolve; refused by name where the model cannot be copied and cast
+    (quantized, or dispatched by accelerate). Other models are used as they are."""
     param = next(adapter.model.parameters(), None)
     if param is None or param.dtype not in LOW_PRECISION:
         yield adapter, inputs
         return
+    held = "quantized" if linears.quantized(adapter.model) else "dispatched by accelerate" if dispatch.dispatched(adapter.model) else None
+    if held is not None:
+        raise UnsupportedModelError(
+            f"the seeds' LRP methods explain a {param.dtype} model through a float32 copy, and this model is {held}: "
+            "load it to compute in float32 (dtype=torch.float32, and bnb_4bit_compute_dtype=torch.float32 for 4 bits), which "
+            "they explain with no copy, or use attnlrp, cp_lrp or input_x_gradient, which explain it in its own dtype")
     twin = copy.deepcopy(adapter.model).float()
     yield type(adapter)(twin), float32_copy(inputs)
 

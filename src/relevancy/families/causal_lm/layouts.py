@@ -188,6 +188,13 @@ def layer_misfit(layer: nn.Module, parts: tuple[tuple[str, tuple[Part, ...]], ..
         kind = _kind(module, kinds, width)
         if kind is None:
             found = type(module).__name__ if module is not None else "nothing"
+            unknown = linears.unknown_linear(module) if module is not None else None
+            if unknown is not None:  # a quantization relevancy does not read, rather than another structure
+                name, child = unknown
+                return (f"{where}.{path}{'.' + name if name else ''} ({type(child).__module__}.{type(child).__name__}) is a linear "
+                        "layer of a kind relevancy does not read (it reads nn.Linear, bitsandbytes' 4- and 8-bit layers, peft's "
+                        "LoRA layers and weights that dequantize themselves); dequantize the model first (e.g. model.dequantize(), "
+                        "or load it without quantization)")
             return f"{where}.{path} ({found}) is not {' or '.join(k.what for k in kinds)}"
         known.update(id(p) for p in kind.parameters(module))
     unknown = next((path for path, p in layer.named_parameters() if id(p) not in known), None)

@@ -97,11 +97,12 @@ class VisionLanguageAdapter(CausalLMAdapter):
         placeholders = (text.input_ids == self.image_token).sum(1)
         if (placeholders == 0).any() or (placeholders != placeholders[0]).any():
             raise ValueError(f"every row must hold its image's placeholder tokens (id {self.image_token}) once; counted per row: {placeholders.tolist()}")
-        parameter = next(self.model.parameters())
+        dtype = next(self.model.parameters()).dtype
+        device = text.input_ids.device  # the embeddings' execution device (not an offloaded weight's meta device)
         mask = inputs.get("pixel_attention_mask")
         return ImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "token_type_ids", "tokens", "word_ids")},
-                               pixel_values=pixels.to(parameter.device, parameter.dtype),
-                               pixel_attention_mask=None if mask is None else torch.as_tensor(mask).to(parameter.device))
+                               pixel_values=pixels.to(device, dtype),
+                               pixel_attention_mask=None if mask is None else torch.as_tensor(mask).to(device))
 
     def describe_inputs(self, inputs: ImageTextTokens) -> dict:
         return {**super().describe_inputs(inputs), "image_tokens": (inputs.input_ids == self.image_token).cpu()}
