@@ -311,7 +311,8 @@ class CausalLMAdapter(Adapter):
         return known[1]
 
     def _forward_problems(self) -> dict[str, tuple[type[Exception], str]]:
-        ids = (torch.arange(PROBE_TOKENS) % self.text_config.vocab_size)[None].to(dispatch.execution_device(getattr(self.decoder, self.layout.embeddings)))
+        device = dispatch.execution_device(getattr(self.decoder, self.layout.embeddings))
+        ids = (torch.arange(PROBE_TOKENS, device=device) % self.text_config.vocab_size)[None]
         mask = torch.ones_like(ids)
         paths = {"plain": ("as relevancy runs it", contextlib.nullcontext),
                  "gradient": ("under the gradient rules (attnlrp, cp_lrp)", lambda: self.rules_applied(ATTNLRP)),
