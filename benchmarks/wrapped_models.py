@@ -7,18 +7,20 @@ plain forward, measured in one process on the CPU.
 
 The model is a random `LlamaForCausalLM` of Llama-3.2-1B's shape (`--shape 1b`: 16 layers, width 2,048, MLP 8,192,
 32 query and 8 key-value heads, vocabulary 128,256, tied embeddings: 1.24 B parameters, 4.9 GB in float32) or a small
-one for a quick check (`--shape small`), saved once to a temporary folder and loaded from it three ways. For each
-form: a plain forward (no gradients, the model's own, the next token's logits) and each method on one prompt of
-`--tokens` tokens, each run after a warm-up, its time and its peak resident memory above the resident size before
-the run (Linux VmHWM reset before each run): what the run allocates beyond the model as it is held in memory (a
-disk-offloaded model holds next to none: its layers are read as the forward reaches them). The ratios are to the
-same form's plain forward.
+one for a quick check (`--shape small`), saved once to a temporary folder and loaded from it three ways, each in a
+process of its own (so that no form's peak holds another's heap). For each form: a plain forward (no gradients, the model's own, the next token's logits) and each method on one prompt of
+`--tokens` tokens, each run after a warm-up, its time and its peak resident memory above the process's resident size
+before the model was loaded (Linux VmHWM, reset before each run): the weights as the form holds them (a disk-offloaded
+model reads each layer as the forward reaches it) and what the run allocates. The ratios are to the same form's plain
+forward.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,17 +43,87 @@ def resident_kib(field: str = "VmRSS") -> int:
         return next(int(line.split()[1]) for line in status if line.startswith(field))
 
 
-def measured(run: Callable[[], Any]) -> tuple[float, float]:
-    """(seconds, peak MiB above the resident size before) of one `run()`, after one warm-up run."""
+def measured(run: Callable[[], Any], zero_kib: int) -> tuple[float, float]:
+    """(seconds, peak MiB above `zero_kib`, the process's size before the model was loaded) of one `run()`, after one
+    warm-up run."""
     run()
     gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand the free heap back, so that a run's peak is its own
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # the high-water mark back to the present resident size
-    before = resident_kib()
     start = time.perf_counter()
     run()
     seconds = time.perf_counter() - start
-    return seconds, (resident_kib("VmHWM") - before) / 1024
+    return seconds, (resident_kib("VmHWM") - zero_kib) / 1024
+
+
+def save(shape: str, folder: Path) -> None:
+    """The random model of `shape`, saved."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPES[shape], max_position_embeddings=4096)).save_pretrained(folder)
+
+
+def load_options(form: str, layers: int, offload: Path) -> dict:
+    """`from_pretrained`'s options for each form of the model."""
+    import torch
+    import transformers
+
+    return {
+        "float32": dict(),
+        "4-bit NF4": dict(quantization_config=transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)),
+        "offloaded to disk": dict(device_map={"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "cpu",
+                                              **{f"model.layers.{i}": "disk" for i in range(layers)}}, offload_folder=str(offload)),
+    }[form]
+
+
+FORMS = ("float32", "4-bit NF4", "offloaded to disk")
+
+
+def measure_form(form: str, saved: Path, shape: str, tokens: int, methods: list[str]) -> list[dict]:
+    """The rows of one form, measured in this process (a fresh one per form: no other form's heap in its peaks)."""
+    import torch
+    import transformers
+
+    import relevancy
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, SHAPES[shape]["vocab_size"], (1, tokens))
+    gc.collect()
+    zero = resident_kib()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        saved, **load_options(form, SHAPES[shape]["num_hidden_layers"], saved.parent / "offload")).eval()
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+    seconds, peak = measured(forward, zero)
+    rows = [dict(form=form, method="forward", seconds=seconds, peak_mib=peak)]
+    runs = [(form, method, lambda method=method: relevancy.explain(model, ids, method=method)) for method in methods]
+    if form == "offloaded to disk":  # attnlrp as before: autograd keeping every offloaded weight it saves
+        runs.append((form + ", weights kept by autograd", "attnlrp", lambda: _keeping_weights(relevancy, model, ids)))
+    for name, method, run in runs:
+        took, top = measured(run, zero)
+        rows.append(dict(form=name, method=method, seconds=took, peak_mib=top, time_ratio=took / seconds,
+                         memory_ratio=top / peak if peak > 0 else None))
+    return rows
+
+
+def _keeping_weights(relevancy: Any, model: Any, ids: Any) -> Any:
+    import contextlib
+
+    import relevancy.api
+
+    kept = relevancy.api.offloaded_weights_reread
+    relevancy.api.offloaded_weights_reread = lambda _model: contextlib.nullcontext()
+    try:
+        return relevancy.explain(model, ids, method="attnlrp")
+    finally:
+        relevancy.api.offloaded_weights_reread = kept
 
 
 def main() -> None:
@@ -60,50 +132,31 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--methods", nargs="+", default=["attnlrp", "transformer_attribution"])
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--save", type=Path, help=argparse.SUPPRESS)  # a child process: write the model there
+    parser.add_argument("--form", choices=FORMS, help=argparse.SUPPRESS)  # a child process: measure this form
+    parser.add_argument("--saved", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
+    if args.save is not None:
+        save(args.shape, args.save)
+        return
+    if args.form is not None:
+        print(json.dumps(measure_form(args.form, args.saved, args.shape, args.tokens, args.methods)))
+        return
     import torch
     import transformers
 
-    import relevancy
-
-    torch.manual_seed(0)
-    ids = torch.randint(0, SHAPES[args.shape]["vocab_size"], (1, args.tokens))
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        saved, offload = Path(folder) / "model", Path(folder) / "offload"
-        config = transformers.LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096)
-        transformers.LlamaForCausalLM(config).save_pretrained(saved)
-        gc.collect()
-        forms = {
-            "float32": dict(),
-            "4-bit NF4": dict(quantization_config=transformers.BitsAndBytesConfig(
-                load_in_4bit=True, bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.float32)),
-            "offloaded to disk": dict(device_map={"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu",
-                                                  "lm_head": "cpu", **{f"model.layers.{i}": "disk" for i in range(config.num_hidden_layers)}},
-                                      offload_folder=str(offload)),
-        }
-        for form, options in forms.items():
-            before = resident_kib()
-            model = transformers.AutoModelForCausalLM.from_pretrained(saved, **options).eval()
-            held = (resident_kib() - before) / 1024
-
-            def forward() -> None:
-                with torch.no_grad():
-                    model(input_ids=ids, use_cache=False, logits_to_keep=1)
-
-            seconds, peak = measured(forward)
-            rows.append(dict(form=form, method="forward", seconds=seconds, peak_mib=peak, held_mib=held))
-            print(f"{form}: model held {held:.0f} MiB; forward {seconds:.2f} s, {peak:.0f} MiB", flush=True)
-            for method in args.methods:
-                took, top = measured(lambda: relevancy.explain(model, ids, method=method))
-                ratio = top / peak if peak > 0 else None  # a small model's forward may allocate nothing new
-                rows.append(dict(form=form, method=method, seconds=took, peak_mib=top, held_mib=held,
-                                 time_ratio=took / seconds, memory_ratio=ratio))
-                print(f"{form}: {method} {took:.2f} s ({took / seconds:.2f} forwards), {top:.0f} MiB"
-                      f" ({'-' if ratio is None else f'{ratio:.2f}'} x the forward's)", flush=True)
-            del model
-            gc.collect()
+        saved = Path(folder) / "model"
+        subprocess.run([sys.executable, __file__, "--shape", args.shape, "--save", str(saved)], check=True)
+        for form in FORMS:
+            done = subprocess.run([sys.executable, __file__, "--shape", args.shape, "--tokens", str(args.tokens), "--methods",
+                                   *args.methods, "--form", form, "--saved", str(saved)], check=True, capture_output=True, text=True)
+            for row in json.loads(done.stdout.strip().splitlines()[-1]):
+                rows.append(row)
+                ratios = f" ({row['time_ratio']:.2f} forwards, {row['memory_ratio']:.2f} x the forward's peak)" if "time_ratio" in row else ""
+                print(f"{row['form']}: {row['method']} {row['seconds']:.2f} s, {row['peak_mib']:.0f} MiB{ratios}", file=sys.stderr, flush=True)
     result = dict(date=today(), cpu=cpu_name(), shape=args.shape, tokens=args.tokens, torch=torch.__version__,
                   transformers=transformers.__version__, rows=rows)
     if args.out is not None:

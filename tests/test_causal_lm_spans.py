@@ -284,3 +284,18 @@ def test_exclude_is_refused_by_name_where_there_are_no_tokens():
         num_labels=3)).eval()
     with pytest.raises(ValueError, match="exclude= leaves tokens out of a decoder language model's explanation; this ImageExplanation"):
         relevancy.explain(vit, torch.randn(1, 3, 32, 32), method="rollout", exclude="first")
+
+
+def test_the_latent_page_is_titled_by_the_whole_span_and_labels_tokens_as_read(tmp_path):
+    """A byte-level tokenizer's span " cat sat": the page's title is the span's whole text, not its first token, and
+    the heat map's column labels are the tokens' text (" cat"), not the tokenizer's ("Ġcat")."""
+    import transformers
+    from language_models import save_tiny_llama
+
+    folder = save_tiny_llama(tmp_path / "llama")
+    model, tokenizer = transformers.AutoModelForCausalLM.from_pretrained(folder), transformers.AutoTokenizer.from_pretrained(folder)
+    inputs = tokenizer(["the dog ran to the"], return_tensors="pt")
+    expl = relevancy.explain(model, inputs, method="attnlrp", target=relevancy.Span(" cat sat"), tokenizer=tokenizer, latent="layers")
+    assert expl.page_title() == "' cat sat' (the answer span)"
+    page = expl.to_html()
+    assert "Ġ" not in page and ">&#x27;" not in page and "> cat</th>" in page

@@ -108,9 +108,11 @@ def test_a_short_command_runs_without_the_cycle_collector(command, collector_dur
         gc.unfreeze()
 
 
-def test_the_module_entry_point_runs_a_command_and_exits_with_its_status(tmp_path):
-    """`python -m relevancy.apps.cli` goes through `entry_point`: a bad request exits 2 with one line and writes nothing."""
-    done = subprocess.run([sys.executable, "-m", "relevancy.apps.cli", "explain", str(tmp_path / "missing.png"), "--out", str(tmp_path / "out")],
+@pytest.mark.parametrize("module", ["relevancy", "relevancy.apps.cli"])
+def test_the_module_entry_point_runs_a_command_and_exits_with_its_status(tmp_path, module):
+    """`python -m relevancy` (and `-m relevancy.apps.cli`) goes through `entry_point`: a bad request exits 2 with one
+    line and writes nothing."""
+    done = subprocess.run([sys.executable, "-m", module, "explain", str(tmp_path / "missing.png"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("relevancy explain: error:") and len(done.stderr.strip().splitlines()) == 1
@@ -135,3 +137,12 @@ def test_explanations_leave_no_reference_cycles():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_serve_without_its_extra_is_refused_in_one_line_naming_it(capsys, monkeypatch):
+    for name in [name for name in sys.modules if name.startswith("relevancy.apps.serve")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if FastAPI were not installed
+    assert main(["serve", "--port", "0"]) != 0
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "fastapi" in error and 'relevancy[serve]' in error

@@ -392,3 +392,23 @@ def test_a_16_bit_scan_is_explained_end_to_end(tmp_path, capsys, monkeypatch):
     Image.fromarray((np.arange(48 * 48).reshape(48, 48) * 28).astype(np.uint16)).save(path)
     assert run("explain", path, "--method", "cdam", "--out", tmp_path / "out") == 0
     assert (tmp_path / "out" / "scan_cdam.png").stat().st_size > 1000
+
+
+def test_a_scene_the_demo_saved_enlarged_is_explained_as_the_scene_without_a_warning(tmp_path, capsys):
+    """`relevancy demo` saves its scenes enlarged (each pixel a block): the shipped model reads such a picture as the
+    scene itself, with no warning about photographs; a picture that is not a scene still gets the warning."""
+    import json
+
+    from relevancy.worlds import make_scenes
+    from relevancy.worlds.scenes import IMAGE_SIZE
+
+    scene = Image.fromarray(make_scenes(1, seed=5).pixels[0])
+    scene.save(tmp_path / "scene.png")
+    scene.resize((IMAGE_SIZE * 4, IMAGE_SIZE * 4), Image.NEAREST).save(tmp_path / "enlarged.png")
+    assert run("explain", tmp_path / "scene.png", tmp_path / "enlarged.png", "--method", "rollout", "--json") == 0
+    captured = capsys.readouterr()
+    first, second = json.loads(captured.out)[0]["logits"]
+    assert first == second and "photograph" not in captured.err
+    Image.fromarray(np.full((96, 96, 3), 128, dtype=np.uint8)).save(tmp_path / "grey.png")
+    assert run("explain", tmp_path / "grey.png", "--method", "rollout", "--json") == 0
+    assert "say nothing about a photograph" in capsys.readouterr().err

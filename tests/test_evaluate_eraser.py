@@ -26,6 +26,7 @@ def test_eraser_benchmark_end_to_end(tmp_path, capsys):
     assert main(["evaluate", "--benchmark", "eraser", "--data", str(data), "--methods", "raw_attention,cdam", "-n", "6", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["benchmark"] == "eraser" and results["n"] == 6
+    assert results["model"] == "sentiment: drug-review sentiment (shipped)"  # the text classifier, not "shapes"
     assert results["units"].startswith("token_f1: precision, recall and F1 as fractions in [0, 1]")
     assert set(results["methods"]) == {"raw_attention", "cdam"}
     f1 = results["methods"]["cdam"]["token_f1"]["10"]["macro"]["f1"]

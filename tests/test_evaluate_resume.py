@@ -144,7 +144,7 @@ def start(argv: list[str], rank: int, port: int, log: Path) -> subprocess.Popen:
     """One process of a two-process gloo run, as torchrun starts it (its environment variables)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    return subprocess.Popen([sys.executable, "-m", "relevancy.apps.cli", *argv], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-m", "relevancy", *argv], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 def test_two_processes_one_killed_midway_then_run_again(tmp_path, shapes_checkpoint):  # noqa: F811

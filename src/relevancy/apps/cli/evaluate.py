@@ -509,7 +509,9 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
                         not args.quiet, "eraser", "text", len)
     if shards.rank != 0:
         return []
-    results: dict[str, Any] = {"benchmark": "eraser", "model": args.model, "n": count, "split": args.split,
+    shipped = SHIPPED["text"]
+    results: dict[str, Any] = {"benchmark": "eraser", "model": f"{shipped.name}: {shipped.title}" if _shipped(args) else args.model,
+                               "n": count, "split": args.split,
                                "units": RATIONALE_UNITS, "methods": {}}
     for method in methods:
         test = RationaleTest()

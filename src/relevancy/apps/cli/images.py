@@ -41,6 +41,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
                          f"--model {name} is none")
     model = models.load_image_model(name, args.arch)
     if SHIPPED["image"].means(args.model):
+        pictures = [_scene(picture) or picture for picture in pictures]  # a scene the demo saved enlarged: its own pixels
         _warn_unless_scenes(args.images, pictures)
     images = preprocess(pictures, model)
     results = {m: explain(model, images, method=m, target=target) for m in methods}
@@ -62,6 +63,23 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
         )
         written.append(save_figure(figure, out / name))
     return written
+
+
+def _scene(picture):
+    """The generated scene a picture shows where it is one enlarged by a whole factor, each pixel a square block (as
+    `relevancy demo` saves its scenes): the scene at its own size; None for any other picture."""
+    import numpy as np
+    from PIL import Image
+
+    from ...worlds.scenes import IMAGE_SIZE
+
+    width, height = picture.size
+    if width != height or width % IMAGE_SIZE or width == IMAGE_SIZE:
+        return None
+    factor = width // IMAGE_SIZE
+    pixels = np.asarray(picture.convert("RGB"))
+    small = pixels[::factor, ::factor]
+    return Image.fromarray(small) if np.array_equal(small.repeat(factor, 0).repeat(factor, 1), pixels) else None
 
 
 def _warn_unless_scenes(paths: list[str], pictures: list) -> None:

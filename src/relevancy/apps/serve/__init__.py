@@ -7,9 +7,14 @@ request may carry (`limits.py`); the bounded queue in front of the models is `qu
 """
 from __future__ import annotations
 
-from .app import create_app
-from .catalog import Catalog, load_catalog
-from .limits import Limits
-from .samples import make_samples
+from ...core.extras import require
+
+for _module in ("fastapi", "uvicorn", "fastapi_offline"):  # a missing one is named in one line, with its extra
+    require(_module, extra="serve")
+
+from .app import create_app  # noqa: E402  (after the extra's check)
+from .catalog import Catalog, load_catalog  # noqa: E402
+from .limits import Limits  # noqa: E402
+from .samples import make_samples  # noqa: E402
 
 __all__ = ["Catalog", "Limits", "create_app", "load_catalog", "make_samples"]

@@ -53,9 +53,7 @@ def is_loopback(host: str) -> bool:
 
 def run_serve(args: argparse.Namespace) -> list[Path]:
     """Serve until interrupted (Ctrl+C); writes no files."""
-    require("fastapi", extra="serve")
     uvicorn = require("uvicorn", extra="serve")
-    require("fastapi_offline", extra="serve")
     from . import Limits, create_app, load_catalog, make_samples
 
     for option, name, lowest, highest in RANGES:
