@@ -9,9 +9,10 @@ The model is a random `LlamaForCausalLM` of Llama-3.2-1B's shape (`--shape 1b`: 
 32 query and 8 key-value heads, vocabulary 128,256, tied embeddings: 1.24 B parameters, 4.9 GB in float32) or a small
 one for a quick check (`--shape small`), saved once to a temporary folder and loaded from it three ways, each in a
 process of its own (so that no form's peak holds another's heap). For each form: a plain forward (no gradients, the model's own, the next token's logits) and each method on one prompt of
-`--tokens` tokens, each run after a warm-up, its time and its peak resident memory above the process's resident size
-before the model was loaded (Linux VmHWM, reset before each run): the weights as the form holds them (a disk-offloaded
-model reads each layer as the forward reaches it) and what the run allocates. The ratios are to the same form's plain
+`--tokens` tokens, each run after a warm-up, its time and its peak anonymous memory above the process's before the
+model was loaded (Linux RssAnon, sampled every millisecond): the weights as the form holds them in memory (a
+disk-offloaded model reads each layer as the forward reaches it) and what the run allocates; the pages of the files
+the weights are mapped from are the kernel's page cache and are not counted. The ratios are to the same form's plain
 forward.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -44,17 +46,30 @@ def resident_kib(field: str = "VmRSS") -> int:
 
 
 def measured(run: Callable[[], Any], zero_kib: int) -> tuple[float, float]:
-    """(seconds, peak MiB above `zero_kib`, the process's size before the model was loaded) of one `run()`, after one
-    warm-up run."""
+    """(seconds, peak MiB of anonymous memory above `zero_kib`, the process's before the model was loaded) of one
+    `run()`, after one warm-up run. Anonymous memory, sampled every millisecond: what the process allocates; the pages
+    of the weights' files it maps (safetensors, accelerate's offload files), which the kernel drops under pressure,
+    are not counted."""
     run()
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand the free heap back, so that a run's peak is its own
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")  # the high-water mark back to the present resident size
+    peak, done = [resident_kib("RssAnon")], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], resident_kib("RssAnon"))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     start = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - start
-    return seconds, (resident_kib("VmHWM") - zero_kib) / 1024
+    try:
+        run()
+    finally:
+        seconds = time.perf_counter() - start
+        done.set()
+        sampler.join()
+    return seconds, (max(peak[0], resident_kib("RssAnon")) - zero_kib) / 1024
 
 
 def save(shape: str, folder: Path) -> None:
@@ -93,7 +108,7 @@ def measure_form(form: str, saved: Path, shape: str, tokens: int, methods: list[
     torch.manual_seed(0)
     ids = torch.randint(0, SHAPES[shape]["vocab_size"], (1, tokens))
     gc.collect()
-    zero = resident_kib()
+    zero = resident_kib("RssAnon")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         saved, **load_options(form, SHAPES[shape]["num_hidden_layers"], saved.parent / "offload")).eval()
 

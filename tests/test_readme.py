@@ -144,3 +144,24 @@ def test_ci_script_installs_the_browser_as_root_through_sudo_or_says_how(tmp_pat
     assert (status, calls) == (3, ["python3 -m venv .venv"])  # nothing to install
     status, calls, error = run_ci_script(tmp_path / "nosudo", 1000, ())
     assert status == 1 and calls == [] and "apt-get install -y chromium chromium-driver" in error
+
+
+TABLE_START, TABLE_END = "<!-- families x methods: from the registry, checked by tests/test_readme.py -->", "<!-- end of the table -->"
+
+
+def family_method_table() -> str:
+    """The README's table of model families x methods, made from `relevancy.families.adapters()` (each family's
+    `methods`) and the method registry's order."""
+    from relevancy.families import adapters
+
+    methods = list(REGISTRY)
+    lines = ["| family | " + " | ".join(f"`{m}`" for m in methods) + " |", "|---|" + "---|" * len(methods)]
+    lines += [f"| {adapter.family} | " + " | ".join("✓" if m in adapter.methods else "" for m in methods) + " |" for adapter in adapters()]
+    return "\n".join(lines)
+
+
+def test_the_readmes_family_method_table_is_the_registrys():
+    text = README.read_text(encoding="utf-8")
+    assert TABLE_START in text and TABLE_END in text
+    shown = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert shown == family_method_table(), "README's table is out of date; replace it by:\n" + family_method_table()

@@ -207,6 +207,8 @@ def test_a_saved_vision_language_generation_shows_the_clicked_words_image_map(br
     box = browser.find_element(By.CSS_SELECTOR, ".relevancy-generation")
     image = box.find_element(By.CSS_SELECTOR, ".generation-image")
     assert image.is_displayed() and image.find_element(By.TAG_NAME, "img").get_attribute("src") == result.image_url
+    plain = image.find_element(By.CSS_SELECTOR, "img.generation-picture")  # the picture in its own colours, beside the map
+    assert plain.is_displayed() and plain.get_attribute("src") == result.image_url and "grayscale" not in plain.get_attribute("style")
     assert box.text.count("[image]") == 1 and "<image>" not in box.text
     colours = palette(result.signed)
     steps = (len(colours) - 1) // 2

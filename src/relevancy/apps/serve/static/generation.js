@@ -1,8 +1,8 @@
 /* Draws a generation explained by relevancy: `data` is its GenerationExplanation.to_json() (the schema
    relevancy.explanation/1), `palette` the [background, text colour] steps of the text views. The prompt, then the
    generated tokens as buttons; choosing one colours every token before it by its relevance for that token (its
-   row). A vision-language decoder's generation (scores.image, image_url) also shows its picture with the chosen
-   token's map over it, drawn on the patch grid in the same colours, and its image placeholder tokens as one
+   row). A vision-language decoder's generation (scores.image, image_url) also shows its picture as it is and, beside
+   it, the chosen token's map over a greyed copy, drawn on the patch grid in the same colours, and its image placeholder tokens as one
    [image] mark. Plain script, no library, no network: used by saved pages and by the web page's generation tab. */
 function relevancyGeneration(box, data, palette) {
   var steps = data.signed ? (palette.length - 1) / 2 : palette.length - 1;
@@ -50,17 +50,28 @@ function relevancyGeneration(box, data, palette) {
   if (image) {
     var grid = data.scores.image[0] || [[0]];
     image.className = 'generation-image';
-    image.style.cssText = 'position:relative;display:inline-block;margin:6px 0;line-height:0';
+    image.style.cssText = 'display:inline-flex;gap:8px;margin:6px 0;line-height:0';
+    // the picture as the model saw it, in its own colours (the words name them), and beside it the chosen token's
+    // map over a greyed copy
+    var plain = document.createElement('img');
+    plain.className = 'generation-picture';
+    plain.src = data.image_url || '';
+    plain.alt = 'the image the model saw';
+    plain.style.cssText = 'width:224px;height:224px;image-rendering:auto';
+    var overlay = document.createElement('div');
+    overlay.style.cssText = 'position:relative;display:inline-block';
     var picture = document.createElement('img');
     picture.src = data.image_url || '';
-    picture.alt = 'the image the model saw';
+    picture.alt = 'the chosen token\'s map over the image';
     picture.style.cssText = 'width:224px;height:224px;image-rendering:auto;filter:grayscale(0.6)';
     canvas = document.createElement('canvas');
     canvas.width = grid[0].length;
     canvas.height = grid.length;
     canvas.style.cssText = 'position:absolute;left:0;top:0;width:224px;height:224px;opacity:0.6';
-    image.appendChild(picture);
-    image.appendChild(canvas);
+    overlay.appendChild(picture);
+    overlay.appendChild(canvas);
+    image.appendChild(plain);
+    image.appendChild(overlay);
   }
   function drawImage(g) {
     var map = data.scores.image[g];
