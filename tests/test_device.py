@@ -192,3 +192,28 @@ def test_bf16_decoder_on_cuda_makes_no_float32_copy_of_the_weights():
     got = explained.scores[0].float()
     correlation = torch.corrcoef(torch.stack([got, expected.float()]))[0, 1].item()
     assert correlation > 0.95, f"the bf16 map correlates {correlation:.3f} with the float32 map"
+
+
+@pytest.mark.cuda
+def test_a_model_split_over_cuda_and_the_cpu_gives_the_cpu_maps(tmp_path):
+    """accelerate's device map over the GPU and the CPU (embeddings and the first layer on cuda:0, the rest on the
+    CPU, the head offloaded to the CPU's memory): every decoder method gives the undispatched CPU model's maps, and
+    the dispatch is as it was after the call."""
+    assert torch.cuda.is_available(), "pytest -m cuda compares CUDA with the CPU: it needs a CUDA device"
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval()
+    split = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "llama", device_map={
+        "model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.layers.2": "cpu",
+        "model.norm": "cpu", "lm_head": "cpu"}).eval()
+    ids = torch.tensor([[1, 5, 9, 13, 2, 7, 11, 4]])
+    for method in relevancy.families.CausalLMAdapter.methods:
+        expected = relevancy.explain(plain, ids, method=method, target=3).scores
+        got = relevancy.explain(split, ids, method=method, target=3).scores.cpu()
+        error = ((got - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
+        assert error < 1e-4, f"{method}: the split model's map differs by {error:.2g} of the map's largest"
+    assert split.model.layers[0].mlp.gate_proj.weight.device.type == "cuda" and split.lm_head.weight.device.type == "cpu"
