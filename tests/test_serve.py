@@ -355,7 +355,7 @@ def test_bodies_over_the_limit_are_refused_before_reading(client):
 def test_still_answering_after_hostile_requests(client):
     for body in (png_claiming(2**31 - 1, 2**31 - 1), b"\x89PNG\r\n\x1a\n" + os.urandom(300), b"GIF89a" + os.urandom(100)):
         assert client.post("/api/explain", json={**GOOD, "image": {"data": encoded(body)}}).status_code in (400, 413, 415)
-    assert client.get("/api/health").json() == {"status": "ok", "admitted": 0, "running": 0, "capacity": 3}
+    assert client.get("/api/health").json() == {"status": "ok", "models": "ready", "admitted": 0, "running": 0, "capacity": 3}
     assert client.post("/api/explain", json=GOOD).status_code == 200
 
 
@@ -527,7 +527,7 @@ def test_one_client_holds_at_most_its_share_of_places(catalog, samples):
             started = time.perf_counter()
             for path in ("api/explain", "api/explain-text", "api/explain-pairs"):
                 refused(http.post(path, json=GOOD), 429, "too many requests from 127.0.0.1", "2 explanation requests")
-            assert time.perf_counter() - started < 2 and http.get("api/health").json() == {"status": "ok", "admitted": 2, "running": 0, "capacity": 6}
+            assert time.perf_counter() - started < 2 and http.get("api/health").json() == {"status": "ok", "models": "ready", "admitted": 2, "running": 0, "capacity": 6}
         deadline = time.monotonic() + 10
         while http.get("api/health").json()["admitted"]:  # a closed connection gives its places back
             assert time.monotonic() < deadline, "the closed connections kept their places"
@@ -572,10 +572,17 @@ def test_serve_command_prints_its_url_and_serves(tmp_path):
                                "--clip-model", "none", "--language-model", "none", "--max-running", "3"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path)
     try:
-        line = server.stdout.readline()
-        assert line.startswith("relevancy serve: http://127.0.0.1:") and "image: shapes" in line and "text" not in line
+        started = time.monotonic()
+        line = server.stdout.readline()  # at once: the models load while the page answers
+        assert line.startswith("relevancy serve: http://127.0.0.1:") and "the models are loading" in line
         url = line.split()[2]
-        info = httpx.get(url + "api/info", timeout=10).json()
+        health = httpx.get(url + "api/health", timeout=10).json()
+        assert time.monotonic() - started < 5 and health["models"] in ("loading", "ready")
+        assert httpx.get(url, timeout=10).status_code == 200  # the page itself
+        info = httpx.get(url + "api/info", timeout=60).json()  # waits for the models
+        loaded = server.stdout.readline()
+        assert loaded.startswith("relevancy serve: models loaded (image: shapes") and "text" not in loaded
+        assert httpx.get(url + "api/health", timeout=10).json()["models"] == "ready"
         assert info["text_model"] is None and info["limits"]["max_running"] == 3
         assert httpx.post(url + "api/explain", json=GOOD, timeout=30).status_code == 200
     finally:

@@ -18,11 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.requests import Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ... import __version__
 from ...core.files import strict_json
-from .catalog import Catalog
+from .catalog import Catalog, CatalogLoading
 from .jobs import Job, check_generation, check_image, check_pairs, check_text, generation_methods, pair_methods, registry
 from .limits import BodyLimit, Limits, RequestError
 from .queue import Admission, Gate, until_disconnect
@@ -87,9 +88,21 @@ def _documentation_assets() -> dict[str, tuple[bytes, str]]:
             (("swagger-ui-bundle.js", "text/javascript"), ("swagger-ui.css", "text/css"))}
 
 
-def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Limits()) -> FastAPI:
-    """The application for these models, samples and limits."""
+def create_app(catalog: Catalog | CatalogLoading, samples: dict[str, Sample], limits: Limits = Limits()) -> FastAPI:
+    """The application for these models (loaded, or loading: the page and the health endpoint answer at once, the
+    model endpoints once the models are there), samples and limits."""
     gate = Gate(limits.max_running, limits.max_waiting, limits.time_limit_s)
+
+    async def models() -> Catalog:
+        if isinstance(catalog, Catalog):
+            return catalog
+        if catalog.state == "ready":
+            return catalog.catalog
+        try:
+            return await run_in_threadpool(catalog.wait)  # a request that comes while they load waits for them
+        except RuntimeError as error:
+            raise RequestError(503, str(error)) from None
+
     app = FastAPI(title="relevancy", version=__version__, docs_url=None, redoc_url=None,
                   description="Relevance maps of transformers: explain an image, a text, an image-text pair or a generation. "
                               "Images travel as base64 inside the JSON. Every error is one line of JSON: `{\"error\": \"...\"}`.")
@@ -156,10 +169,11 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
                                    swagger_js_url="/static/swagger-ui-bundle.js", swagger_css_url="/static/swagger-ui.css",
                                    swagger_favicon_url="data:,")
 
-    @app.get("/api/info", summary="The models, methods, samples and limits of this server")
+    @app.get("/api/info", summary="The models, methods, samples and limits of this server (once its models are loaded)")
     async def info() -> dict[str, Any]:
         from ...families import adapter_for
 
+        catalog = await models()
         methods = registry()
         text_methods = [] if catalog.text is None else list(adapter_for(catalog.text.model).methods)
         offered = {n for m in catalog.images.values() for n in m.methods} | set(text_methods) | set(pair_methods())
@@ -181,9 +195,11 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
             "limits": asdict(limits),
         }
 
-    @app.get("/api/health", summary="Whether the server answers, how many explanation requests it holds and how many jobs run")
+    @app.get("/api/health", summary="Whether the server answers, whether its models are loaded (`models`: loading, ready, "
+                                    "failed), how many explanation requests it holds and how many jobs run")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "admitted": gate.admitted, "running": gate.running, "capacity": gate.capacity}
+        state = "ready" if isinstance(catalog, Catalog) else catalog.state
+        return {"status": "ok", "models": state, "admitted": gate.admitted, "running": gate.running, "capacity": gate.capacity}
 
     @app.get("/api/samples/{sample_id}", summary="A sample picture (PNG)", response_class=Response,
              responses={200: {"content": {"image/png": {}}}, 404: ERROR_RESPONSES[400] | {"description": "no such sample"}})
@@ -195,22 +211,26 @@ def create_app(catalog: Catalog, samples: dict[str, Sample], limits: Limits = Li
     @app.post("/api/explain", response_model=ImageResponse, responses=ERROR_RESPONSES,
               summary="Explain an image: per method its result (to_json()) and its map drawn over the image")
     async def explain_image(request: ImageRequest, http: Request) -> dict[str, Any]:
-        return await answer(lambda: check_image(request, catalog, samples, limits), http)
+        loaded = await models()
+        return await answer(lambda: check_image(request, loaded, samples, limits), http)
 
     @app.post("/api/explain-text", response_model=TextResponse, responses=ERROR_RESPONSES,
               summary="Explain a text: per method its result (to_json()) and its coloured words")
     async def explain_text(request: TextRequest, http: Request) -> dict[str, Any]:
-        return await answer(lambda: check_text(request, catalog, limits), http)
+        loaded = await models()
+        return await answer(lambda: check_text(request, loaded, limits), http)
 
     @app.post("/api/explain-pairs", response_model=PairResponse, responses=ERROR_RESPONSES,
               summary="Explain an image against captions (CLIP): per method its result (to_json()), per caption the map and the coloured caption")
     async def explain_pairs(request: PairRequest, http: Request) -> dict[str, Any]:
-        return await answer(lambda: check_pairs(request, catalog, samples, limits), http)
+        loaded = await models()
+        return await answer(lambda: check_pairs(request, loaded, samples, limits), http)
 
     @app.post("/api/explain-generation", response_model=GenerationResponse, responses=ERROR_RESPONSES,
               summary="Generate from a prompt (or read a continuation) and explain every generated token over the tokens before it (to_json())")
     async def explain_generation(request: GenerationRequest, http: Request) -> dict[str, Any]:
-        return await answer(lambda: check_generation(request, catalog, samples, limits), http,
+        loaded = await models()
+        return await answer(lambda: check_generation(request, loaded, samples, limits), http,
                             "ask for fewer new tokens, a shorter prompt or a faster method")
 
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes, timeout_s=limits.body_timeout_s)

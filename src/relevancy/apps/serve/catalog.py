@@ -1,4 +1,5 @@
-"""The models a server explains: loaded once when it starts, from its command line, never from a request.
+"""The models a server explains: loaded once, in a thread of their own from the server's start
+(`CatalogLoading`: the page answers while they load), from its command line, never from a request.
 
 Four kinds, one per tab of the page: image classifiers (the shipped shapes ViT by default, the photo model
 when its package is installed), a text classifier (the shipped sentiment model), an image-text model (the
@@ -7,6 +8,7 @@ a model among those loaded; any other name is refused.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -81,6 +83,47 @@ class Catalog:
     pairs: PairModel | None
     notes: list[str]
     language: LanguageModel | None = None
+
+
+class CatalogLoading:
+    """The catalog loaded in a thread of its own from the server's start, so that the page answers at once:
+    `wait()` gives it once loaded (or raises what the load raised), `state` says "loading", "ready" or "failed" (the
+    health endpoint's `models`); `then(catalog)` runs in the loading thread once it is there, `otherwise(error)` if
+    the load failed."""
+
+    def __init__(self, load: Callable[[], Catalog], then: Callable[[Catalog], None] = lambda _catalog: None,
+                 otherwise: Callable[[BaseException], None] = lambda _error: None) -> None:
+        self.catalog: Catalog | None = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._load, self._then, self._otherwise = load, then, otherwise
+        self._thread = threading.Thread(target=self._run, name="relevancy-catalog", daemon=True)
+
+    def start(self) -> "CatalogLoading":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.catalog = self._load()
+        except BaseException as error:  # handed to whoever waits, and to `otherwise` (the command stops the server)
+            self.error = error
+        finally:
+            self._done.set()
+        if self.error is None:
+            self._then(self.catalog)
+        else:
+            self._otherwise(self.error)
+
+    @property
+    def state(self) -> str:
+        return "loading" if not self._done.is_set() else "failed" if self.error is not None else "ready"
+
+    def wait(self) -> Catalog:
+        self._done.wait()
+        if self.error is not None:
+            raise RuntimeError(f"the server's models failed to load: {' '.join(str(self.error).split())}")
+        return self.catalog
 
 
 def _image_model(name: str) -> ImageModel:

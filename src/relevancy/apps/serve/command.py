@@ -1,7 +1,9 @@
 """`relevancy serve [--host 127.0.0.1] [--port 8000] [--model ...]`: the web page and its API (needs the `serve` extra).
 
 The listening socket is opened before the models load, so a port in use is a one-line error at once; the
-startup line (on stdout, flushed) gives the URL, with the real port when `--port 0` asks for a free one.
+startup line (on stdout, flushed) gives the URL, with the real port when `--port 0` asks for a free one, as soon as
+the server answers: the models load in a thread of their own meanwhile (`catalog.CatalogLoading`), a second line says
+when they are there, and a model asked for that cannot load stops the server with its one-line error.
 """
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import argparse
 import ipaddress
 import socket
 from pathlib import Path
+from typing import Any
 
 from ...core.extras import require
 from ..common import MAX_NEW_TOKENS, MAX_TEXT_CHARS, UsageError, at_most, warn
@@ -54,7 +57,8 @@ def is_loopback(host: str) -> bool:
 def run_serve(args: argparse.Namespace) -> list[Path]:
     """Serve until interrupted (Ctrl+C); writes no files."""
     uvicorn = require("uvicorn", extra="serve")
-    from . import Limits, create_app, load_catalog, make_samples
+    from . import Catalog, Limits, create_app, load_catalog, make_samples
+    from .catalog import CatalogLoading
 
     for option, name, lowest, highest in RANGES:
         at_most(option, getattr(args, name), lowest, highest)
@@ -73,21 +77,34 @@ def run_serve(args: argparse.Namespace) -> list[Path]:
 
         torch.set_num_threads(args.threads)
     sock = open_socket(args.host, args.port)
-    try:
-        catalog = load_catalog(args.model, args.text_model, args.clip_model, args.language_model)
-        app = create_app(catalog, make_samples(), limits)
+    server: Any = None
+
+    def ready(catalog: Catalog) -> None:
         for note in catalog.notes:
             warn("serve", note)
-        if not is_loopback(args.host):
-            warn("serve", f"listening on {args.host}: anyone who can reach this machine can use its models")
         tabs = [f"image: {', '.join(catalog.images)}"]
         tabs += [f"text: {catalog.text.name}"] if catalog.text else []
         tabs += [f"image-text: {catalog.pairs.name}"] if catalog.pairs else []
         tabs += [f"text generation: {catalog.language.name}"] if catalog.language else []
-        print(f"relevancy serve: {url_of(sock)} ({'; '.join(tabs)}); Ctrl+C stops", flush=True)
+        print(f"relevancy serve: models loaded ({'; '.join(tabs)})", flush=True)
+
+    def failed(_error: BaseException) -> None:  # a model asked for that cannot load: the server stops, the error is said
+        if server is not None:
+            server.should_exit = True
+
+    # the models load in a thread of their own while the page already answers (/api/health says when they are there)
+    loading = CatalogLoading(lambda: load_catalog(args.model, args.text_model, args.clip_model, args.language_model), ready, failed)
+    try:
+        app = create_app(loading, make_samples(), limits)
+        if not is_loopback(args.host):
+            warn("serve", f"listening on {args.host}: anyone who can reach this machine can use its models")
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
+        print(f"relevancy serve: {url_of(sock)} (the page answers now; the models are loading); Ctrl+C stops", flush=True)
+        loading.start()
         server.run(sockets=[sock])
     finally:
         sock.close()
     app.state.gate.close()
+    if loading.error is not None:
+        raise loading.error
     return []
