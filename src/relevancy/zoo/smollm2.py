@@ -12,8 +12,10 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 from torch import nn
 
@@ -44,15 +46,31 @@ def from_gguf(path: Path, model_class: str, extra: str) -> tuple[nn.Module, obje
     transformers = require("transformers", extra)
     require("gguf", extra)
     kept = cache_entry(path, transformers.__version__)
-    if (kept / "config.json").is_file():
-        try:
-            model = getattr(transformers, model_class).from_pretrained(kept, dtype="float32")
-            return model.eval(), transformers.AutoTokenizer.from_pretrained(kept)
-        except (OSError, ValueError):  # an unreadable cache entry: dequantised again and written anew
-            shutil.rmtree(kept, ignore_errors=True)
-    model, tokenizer = _dequantised(path, model_class, transformers)
+    with _bars_on_a_terminal():
+        if (kept / "config.json").is_file():
+            try:
+                model = getattr(transformers, model_class).from_pretrained(kept, dtype="float32")
+                return model.eval(), transformers.AutoTokenizer.from_pretrained(kept)
+            except (OSError, ValueError):  # an unreadable cache entry: dequantised again and written anew
+                shutil.rmtree(kept, ignore_errors=True)
+        model, tokenizer = _dequantised(path, model_class, transformers)
     _keep(kept, model, tokenizer)
     return model, tokenizer
+
+
+@contextmanager
+def _bars_on_a_terminal() -> Iterator[None]:
+    """transformers' progress bars (reading the GGUF, loading the weights) shown only where stderr is a terminal."""
+    from transformers.utils import logging
+
+    hidden = not sys.stderr.isatty() and logging.is_progress_bar_enabled()
+    if hidden:
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if hidden:
+            logging.enable_progress_bar()
 
 
 def cache_entry(path: Path, transformers_version: str) -> Path:
@@ -74,27 +92,19 @@ def _digest(path: Path) -> str:
 
 
 def _dequantised(path: Path, model_class: str, transformers: ModuleType) -> tuple[nn.Module, object]:
-    """The model and tokenizer read from the GGUF file itself (transformers' progress bars on a terminal only)."""
+    """The model and tokenizer read from the GGUF file itself."""
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    from transformers.utils import logging
 
-    hidden = not sys.stderr.isatty() and logging.is_progress_bar_enabled()
-    if hidden:
-        logging.disable_progress_bar()
-    try:
-        folder, name = str(path.parent), path.name
-        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
-        model = getattr(transformers, model_class)(config)
-        tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"{path} does not fit {model_class}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-        model.tie_weights()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    finally:
-        if hidden:
-            logging.enable_progress_bar()
+    folder, name = str(path.parent), path.name
+    config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = getattr(transformers, model_class)(config)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"{path} does not fit {model_class}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    model.tie_weights()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     return model.eval(), tokenizer
 
 
