@@ -143,8 +143,25 @@ def lookup(name: object, among: Sequence[str] | None = None, what: str = "method
     raise ValueError(f"unknown method {given}.{hint} Valid {what}: {', '.join(valid)}")
 
 
-def register_method(method: Method, families: Sequence[type[Adapter]]) -> None:
-    """Add a user's method to the registry, offered by the adapters of `families` (docs/adding-a-method.md)."""
+def register_method(method: Method, families: Sequence[type[Adapter]], replace: bool = False) -> None:
+    """Add a user's method to the registry, offered by the adapters of `families` (docs/adding-a-method.md). Checked
+    before anything changes, so that a refusal leaves the registry and the families as they were: a `Method` whose
+    `run` (and `across`) are callables, a name that is a non-empty identifier not taken by another method (a built-in
+    is replaced, for the whole process, only with `replace=True`), and families that are adapter classes."""
+    if not isinstance(method, Method):
+        raise TypeError(f"register_method takes a relevancy.methods.Method, got {type(method).__name__}")
+    if not isinstance(method.name, str) or not method.name.isidentifier():
+        raise ValueError(f"a method's name must be a non-empty identifier (letters, digits, _), got {method.name!r}")
+    if not callable(method.run) or (method.across is not None and not callable(method.across)):
+        raise TypeError(f"method {method.name!r}: run (and across, where given) must be callables "
+                        f"run(adapter, inputs, target, **options), got {type(method.run).__name__}")
+    if method.name in REGISTRY and REGISTRY[method.name] is not method and not replace:
+        raise ValueError(f"a method named {method.name!r} is registered already (every call in this process would use yours); "
+                         "choose another name, or pass replace=True to replace it")
+    families = list(families) if isinstance(families, (list, tuple)) else [families]
+    unknown = [family for family in families if not (isinstance(family, type) and issubclass(family, Adapter))]
+    if unknown:
+        raise TypeError(f"families must be adapter classes (relevancy.families.adapters() lists them), got {unknown[0]!r}")
     REGISTRY[method.name] = method
     for family in families:
         if method.name not in family.methods:
