@@ -448,7 +448,9 @@ class DecoderExplanation(TextExplanation):
         word_ids = None if self.word_ids is None else [[w for w, drop in zip(row, dropped[i][mask[i].bool().cpu()].tolist()) if not drop]
                                                        for i, row in enumerate(self.word_ids)]
         scores = self.scores * kept.to(self.scores.device)
-        total = self.relevance_total
+        # an explanation that left tokens out already: its kept total is the base, and its scores (those tokens at 0)
+        # the sum the new share is of, so that chained calls give what one call with every token gives
+        total = self.relevance_total if self.relevance_total_kept is None else self.relevance_total_kept
         kept_total = None
         if total is not None:
             explained = self.scores.sum(1) + (0 if self.span is None else self.span.scores.sum(1) + self.span.foil_scores.sum(1))

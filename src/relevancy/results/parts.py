@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
@@ -276,6 +277,8 @@ class RegionPart:
 
 #: a token that a tokenizer adds or a chat template writes (`<|im_start|>`, `<s>`, `[CLS]`, ...), not text
 MARKUP_TOKEN = re.compile(r"^(<\|[^|]*\|>|<[a-z_/]+>|\[[A-Z]+\])$")
+#: a token shown as its id (`[17]`): the tokenizer did not say which string the id stands for
+PLACEHOLDER = re.compile(r"^\[\d+\]$")
 #: what `DecoderExplanation.excluding` takes by name
 EXCLUDABLE = ("first", "last", "bos", "special", "template")
 
@@ -294,6 +297,7 @@ def excluded_positions(tokens: list[list[str]], valid: torch.Tensor, exclude: ob
         return exclude.cpu() & valid
     items = exclude if isinstance(exclude, (list, tuple)) else (exclude,)
     out = torch.zeros_like(valid)
+    matched: set[object] = set()
     for row, (row_tokens, row_valid) in enumerate(zip(tokens, valid)):
         columns = row_valid.nonzero()[:, 0]
         special = [bool(MARKUP_TOKEN.match(t)) for t in row_tokens]
@@ -312,7 +316,15 @@ def excluded_positions(tokens: list[list[str]], valid: torch.Tensor, exclude: ob
                 picked = [k for k, s in enumerate(special) if s]
                 if item == "template":
                     picked += [k for k in _role_headers(row_tokens, special)]
+            if picked:
+                matched.add(item)
             out[row, columns[picked]] = True
+    unmatched = [item for item in dict.fromkeys(items) if isinstance(item, str) and item not in matched]
+    if unmatched:  # a name that picks nothing leaves the map as it was: said, not silent
+        placeholders = any(PLACEHOLDER.match(token) for row in tokens for token in row)
+        warnings.warn(f"exclude={', '.join(map(repr, unmatched))} matches no token of this explanation" + (
+            " (its tokens are placeholders [id]: pass the tokenizer's output with tokenizer= so that special tokens are known)"
+            if placeholders else ""), stacklevel=3)
     return out
 
 
