@@ -97,7 +97,7 @@ def test_what_is_not_a_saved_result_is_named(tmp_path):
     result = relevancy.explain(FAMILIES["causal_lm_gpt2"].build(), FAMILIES["causal_lm_gpt2"].batch()[0], method="attnlrp")
     damaged = result.to_json()
     damaged["tensors"]["logits"]["dtype"] = "load"  # a torch function, not a dtype
-    with pytest.raises(ValueError, match="the saved DecoderExplanation is damaged .*logits has no tensor dtype: 'load'"):
+    with pytest.raises(ValueError, match=r"tensors\['logits'\] has dtype \"load\"; a saved tensor is one of float16"):
         relevancy.load(damaged)
     cut = result.to_json()
     cut["scores"]["text"] = cut["scores"]["text"][:1]
@@ -110,3 +110,49 @@ def test_what_is_not_a_saved_result_is_named(tmp_path):
         relevancy.load(newer)
     with pytest.raises(ValueError, match="not a saved relevancy result"):
         relevancy.load({key: value for key, value in result.to_json().items() if key != "schema"})
+
+
+def test_load_reads_regular_files_only_and_checks_the_schema_before_building(tmp_path):
+    """issue 44's probes: a pipe or a device is never read, the tensors' shapes and dtypes are checked, the tokens
+    fit the scores, and unusual JSON (deep nesting, values JSON has not, a cycle) is one clear error."""
+    import os
+
+    result = relevancy.explain(FAMILIES["causal_lm_gpt2"].build(), FAMILIES["causal_lm_gpt2"].batch()[0], method="attnlrp")
+    os.mkfifo(tmp_path / "pipe.json")
+    for path, said in ((tmp_path / "pipe.json", "a named pipe"), ("/dev/zero", "a character device"), (tmp_path, "is a folder")):
+        with pytest.raises(ValueError, match=said):
+            relevancy.load(path)
+    cases = {
+        "no tensors entry": ({**result.to_json(), "tensors": {}}, "has no 'tensors' entry"),
+        "a negative shape": (_with_tensor(result, "scores/text", shape=[-1, 7]), r"tensors\['scores/text'\] has shape \[-1, 7\]"),
+        "a shape of another kind": (_with_tensor(result, "logits", shape="3x96"), r"has shape \"3x96\""),
+        "a dtype outside the list": (_with_tensor(result, "logits", dtype="complex64"), "complex64"),
+        "an entry of other keys": ({**result.to_json(), "tensors": {**result.to_json()["tensors"], "logits": [3, 96]}}, r"must be \{'dtype'"),
+    }
+    for name, (numbers, message) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            relevancy.load(numbers)
+    too_many = result.to_json()
+    too_many["tokens"][0] = too_many["tokens"][0] * 3
+    with pytest.raises(ValueError, match="row 0 has 21 tokens but its scores 7 columns"):
+        relevancy.load(too_many)
+    nested: list = []
+    deep = nested
+    for _ in range(100_000):
+        deep.append([])
+        deep = deep[0]
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    for source in ({**result.to_json(), "extra": nested}, tmp_path / "deep.json"):
+        with pytest.raises(ValueError, match="RecursionError|could not be read as JSON"):
+            relevancy.load(source)
+    cyclic = result.to_json()
+    cyclic["itself"] = cyclic
+    for source in (cyclic, {**result.to_json(), "odd": {1, 2}}):
+        with pytest.raises(ValueError, match="not plain JSON data"):
+            relevancy.load(source)
+
+
+def _with_tensor(result, path: str, **meta) -> dict:
+    numbers = result.to_json()
+    numbers["tensors"][path] = {**numbers["tensors"][path], **meta}
+    return numbers

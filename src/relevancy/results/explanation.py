@@ -172,12 +172,13 @@ def load(source: str | Path | Mapping) -> Explanation:
     equal to the saved ones (dtype and shape included), on the CPU; a `Concept` explained is not saved (`concept`
     None, `target` -1 as it was). A one-line error for a file that is not such a result."""
     if isinstance(source, Mapping):
-        numbers = json.loads(json.dumps(source))  # a copy: the tensors are put in place below
-    else:
         try:
-            numbers = json.loads(Path(source).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"relevancy.load reads the JSON that save('....json') writes; {source} could not be read as JSON: {error}") from None
+            numbers = json.loads(json.dumps(source))  # a copy: the tensors are put in place below
+        except (TypeError, ValueError, RecursionError) as error:  # values JSON has not, a cycle, too deep
+            raise ValueError(f"relevancy.load takes what to_json() gives: this dict is not plain JSON data ({type(error).__name__}: "
+                             f"{' '.join(str(error).split())[:200]})") from None
+    else:
+        numbers = json.loads(_result_file(source))
     kinds = {kind.__name__: kind for kind in _kinds(Explanation)}
     kind = numbers.get("kind") if isinstance(numbers, dict) else None
     schema = numbers.get("schema") if isinstance(numbers, dict) else None
@@ -186,10 +187,71 @@ def load(source: str | Path | Mapping) -> Explanation:
                          f"schema {SCHEMA}, kinds: {', '.join(sorted(kinds))}")
     if schema != SCHEMA:
         raise ValueError(f"the result was saved in schema {schema}; this relevancy reads {SCHEMA}: update relevancy")
+    _check_tensors(numbers)
     try:
-        return _rebuilt(kinds[kind], numbers)
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+        result = _rebuilt(kinds[kind], numbers)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, RecursionError) as error:
         raise ValueError(f"the saved {kind} is damaged (not as to_json() wrote it): {type(error).__name__}: {error}") from None
+    _check_tokens(result, kind)
+    return result
+
+
+#: the largest result file `load` reads (a batch of pixel maps as JSON numbers: hundreds of MB at most)
+MAX_RESULT_BYTES = 2**30
+#: the dtypes a saved result's tensors may have
+SAVED_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+def _result_file(source: str | Path) -> str:
+    """The text of a saved result's file: a regular file (a pipe or a device is never read: it may never end) of at
+    most `MAX_RESULT_BYTES`, UTF-8 JSON; one-line errors otherwise."""
+    from ..core.files import special_kind
+
+    said = f"relevancy.load reads the JSON that save('....json') writes; {source}"
+    kind = special_kind(source)
+    if kind is not None:
+        raise ValueError(f"{said} is {kind}, not a file")
+    try:
+        path = Path(source)
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ValueError(f"{said} is a folder")
+        if size > MAX_RESULT_BYTES:
+            raise ValueError(f"{said} holds {size / 2**20:.0f} MiB, more than a saved result's {MAX_RESULT_BYTES // 2**20} MiB")
+        with open(path, "rb") as file:
+            text = file.read(MAX_RESULT_BYTES + 1).decode("utf-8")
+        json.loads(text)  # checked here, so that the message names the file
+        return text
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, TypeError) as error:
+        raise ValueError(f"{said} could not be read as JSON: {' '.join(str(error).split())[:200]}") from None
+
+
+def _check_tensors(numbers: dict) -> None:
+    """Refuse, naming the key, a saved result whose `tensors` entry is missing or describes a tensor that is not one:
+    a dtype outside `SAVED_DTYPES`, a shape that is not a list of non-negative whole numbers."""
+    tensors = numbers.get("tensors")
+    if not isinstance(tensors, dict) or not tensors:
+        raise ValueError("the saved result has no 'tensors' entry (the dtype and shape of each tensor, as to_json() writes them)")
+    for path, meta in tensors.items():
+        if not isinstance(meta, dict) or set(meta) != {"dtype", "shape"}:
+            raise ValueError(f"tensors[{path!r}] must be {{'dtype': ..., 'shape': [...]}}, got {json.dumps(meta)[:100]}")
+        if meta["dtype"] not in SAVED_DTYPES:
+            raise ValueError(f"tensors[{path!r}] has dtype {json.dumps(meta['dtype'])[:60]}; a saved tensor is one of {', '.join(SAVED_DTYPES)}")
+        shape = meta["shape"]
+        if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise ValueError(f"tensors[{path!r}] has shape {json.dumps(shape)[:60]}; a shape is a list of whole numbers >= 0")
+
+
+def _check_tokens(result: Explanation, kind: str) -> None:
+    """Refuse a text classifier's or a decoder's result whose rows hold more tokens than its scores have columns (a
+    generation's tokens are its one sequence's: not rows)."""
+    tokens, scores = getattr(result, "tokens", None), getattr(result, "scores", None)
+    if not isinstance(result, TextExplanation) or not tokens or not isinstance(scores, torch.Tensor) or scores.ndim != 2:
+        return
+    row = next((k for k, row in enumerate(tokens) if len(row) > scores.shape[1]), None)
+    if row is not None:
+        raise ValueError(f"the saved {kind} is damaged: row {row} has {len(tokens[row])} tokens but its scores "
+                         f"{scores.shape[1]} columns")
 
 
 def _rebuilt(kind: type, numbers: dict) -> Explanation:
