@@ -38,3 +38,24 @@ def test_a_name_that_picks_no_token_says_so(explanation):
         explanation.excluding(("special", "bos", "first"))
     with pytest.warns(UserWarning, match="matches no token"):
         relevancy.explain(build("llama"), torch.tensor([[1, 5, 9]]), method="attnlrp", exclude="template")
+
+
+def test_non_finite_inputs_and_scores_are_refused_and_a_zero_score_shares_nothing():
+    """issue 44's probes: NaN pixels of a vision-language model, a target function giving NaN or infinity (on a
+    decoder and on a ViT) are one-line refusals before any map; a score of exactly 0 reports relevance_total 0."""
+    from vlm_models import build as build_vlm, inputs as vlm_inputs
+
+    from relevancy.worlds import load_model, make_scenes
+
+    batch = vlm_inputs("llava")
+    batch["pixel_values"] = batch["pixel_values"].clone()
+    batch["pixel_values"][0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="pixel_values holds 1 NaN or infinite value"):
+        relevancy.explain(build_vlm("llava"), batch, method="attnlrp")
+    decoder, ids = build("llama"), torch.tensor([[1, 5, 9, 13]])
+    with pytest.raises(ValueError, match="explained score is NaN or infinite for row 0"):
+        relevancy.explain(decoder, ids, method="attnlrp", target=lambda logits: logits[:, 3] * float("nan"))
+    with pytest.raises(ValueError, match="explained score is NaN or infinite for rows 0, 1"):
+        relevancy.explain(load_model(), make_scenes(2, seed=0).images, method="generic_attention", target=lambda z: z[:, 0] / 0)
+    zero = relevancy.explain(decoder, ids, method="attnlrp", target=lambda logits: logits[:, 3] * 0)
+    assert torch.equal(zero.relevance_total, torch.zeros(1, dtype=zero.relevance_total.dtype))

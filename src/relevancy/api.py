@@ -15,7 +15,7 @@ from .results.explanation import Explanation
 from .core.dispatch import offloaded_weights_reread
 from .families import adapter_for
 from .families.base import Adapter, UnsupportedModelError
-from .core.guard import exclusive, gradients_enabled, ordinary
+from .core.guard import exclusive, finite, gradients_enabled, ordinary
 from .methods import REGISTRY, lookup
 from .core.streams import Stream, streams_attend_to_each_other
 from .methods.targets import Concept, Target
@@ -104,7 +104,7 @@ def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_pro
     probabilities (`attention_probabilities`); everything restored on exit, also after an exception."""
     adapter = adapter_for(model)
     with exclusive(adapter.model, *adapter.shared_state()), gradients_enabled(), offloaded_weights_reread(adapter.model):
-        checked, bound = adapter.bind_target(ordinary(adapter.check_inputs(inputs)), adapter.named_target(target))
+        checked, bound = adapter.bind_target(finite(ordinary(adapter.check_inputs(inputs))), adapter.named_target(target))
         with adapter.explaining(attention_probabilities=attention_probabilities):
             yield PreparedCall(adapter, checked, bound, adapter.streams(checked))
 

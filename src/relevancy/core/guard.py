@@ -126,3 +126,17 @@ def ordinary(value: T) -> T:
         }
         return dataclasses.replace(value, **cloned) if cloned else value
     return value
+
+
+def finite(value: T) -> T:
+    """`value` (a tensor, or a dataclass of tensors: a checked batch) as it is, where every floating-point tensor holds
+    finite numbers only; a one-line ValueError naming the input otherwise (NaN or infinite pixels or features give
+    maps of NaN, never an explanation)."""
+    named = [("inputs", value)] if isinstance(value, torch.Tensor) else [
+        (f.name, getattr(value, f.name)) for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) and not isinstance(value, type) else []
+    for name, tensor in named:
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{name} holds {bad} NaN or infinite value{'s' if bad > 1 else ''} (of {tensor.numel()}): "
+                             "relevance of such inputs is not defined; check the preprocessing")
+    return value

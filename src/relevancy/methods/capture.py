@@ -10,6 +10,7 @@ import torch
 from ..core.cancel import checkpoint
 from ..families.base import Adapter, forward_hooks
 from ..core.guard import this_thread_only
+from ..core.scores import finite_scores
 from .recompute import tokens_in, with_tokens_in
 from ..core.streams import AttentionSite
 from .targets import Target, resolve_target, target_score
@@ -187,7 +188,7 @@ def record_forward(
         else:
             logits, pre_logits, sources = shared
         indices = resolve_target(target, logits)
-        score = target_score(target, indices, logits, pre_logits)
+        score = finite_scores(target_score(target, indices, logits, pre_logits))
     behind: dict[int, torch.Tensor] = {}
 
     def per_row(tensor: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,9 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
     if found.leaves:  # a vision-language model's pixels: its adapter makes the image's maps of them
         fields["leaves"] = found.leaves
     if rules is not None:  # the share of the explained score that reaches the tokens read (biases and positions keep the rest)
-        fields["relevance_total"] = found.total / found.explained
+        # 0 where the explained score is 0 (no share of nothing)
+        fields["relevance_total"] = torch.where(found.explained != 0, found.total / found.explained.where(found.explained != 0, 1),
+                                                torch.zeros_like(found.total))
     return found.scores, found.ids, found.logits, fields
 
 

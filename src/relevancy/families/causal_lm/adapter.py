@@ -37,7 +37,7 @@ from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
 from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map, structure
-from ...core.scores import token_score
+from ...core.scores import finite_scores, token_score
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
@@ -496,6 +496,7 @@ class CausalLMAdapter(Adapter):
                 explained = values.new_zeros(rows).index_add(0, plan.source[plan.term_rows], values * plan.term_signs)
                 plan.span_ids[:, 0] = torch.where(plan.span_ids[:, 0] < 0, term_ids[:rows], plan.span_ids[:, 0])
                 ids = plan.span_ids[:, 0]
+            finite_scores(explained)
             gradients = torch.autograd.grad(explained.sum(), [*leaves.values(), *recorded.hidden, *recorded.heads])
         read = plan.mask[..., None].to(embeddings.dtype)
         relevance = plan.gathered(input_times_gradient(embeddings, gradients[0]) * plan.mask)
