@@ -174,3 +174,18 @@ def test_refusals_name_the_problem():
                                                       image_size=16, patch_size=4)))
     with pytest.raises(UnsupportedModelError, match="cannot map PaliGemmaForConditionalGeneration: vision-language decoders relevancy maps: LlavaForConditionalGeneration"):
         relevancy.explain(other, batch, method="attnlrp")
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_latent_layer_0_holds_the_image_features_relevance(family):
+    """latent="layers" on a vision-language model: layer 0 is the decoder's input, so the image's positions carry the
+    relevance of the features put there in place of the placeholders (they were 0), and the text's positions equal
+    the input scores; checkpoint=True gives the same."""
+    batch = inputs(family)
+    explanation = relevancy.explain(model_of(family), batch, method="attnlrp", latent="layers")
+    layer0, width = explanation.latent.layers[0], explanation.scores.shape[1]
+    image = (batch["input_ids"] == IMAGE_TOKEN)[:, :width]
+    assert (layer0[image].abs() > 0).any() and layer0[image].sum() > 0
+    assert torch.allclose(layer0[:, :width][~image], explanation.scores[~image], rtol=1e-10, atol=1e-12)
+    again = relevancy.explain(model_of(family), batch, method="attnlrp", latent="layers", checkpoint=True)
+    assert torch.allclose(again.latent.layers, explanation.latent.layers, rtol=1e-8, atol=1e-12)

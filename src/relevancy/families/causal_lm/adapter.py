@@ -128,6 +128,9 @@ class Recorded:
     hidden: list[torch.Tensor]
     heads: list[torch.Tensor]
     on: bool = True
+    #: the hidden states entering the first layer, where they are not the token embeddings (a vision-language
+    #: model's: the image's features in place of its placeholder tokens)
+    entering: list[torch.Tensor] = field(default_factory=list)
 
     def keep(self, found: list[torch.Tensor], tensor: torch.Tensor) -> None:
         if self.on:
@@ -497,12 +500,13 @@ class CausalLMAdapter(Adapter):
                 plan.span_ids[:, 0] = torch.where(plan.span_ids[:, 0] < 0, term_ids[:rows], plan.span_ids[:, 0])
                 ids = plan.span_ids[:, 0]
             finite_scores(explained)
-            gradients = torch.autograd.grad(explained.sum(), [*leaves.values(), *recorded.hidden, *recorded.heads])
+            gradients = torch.autograd.grad(explained.sum(), [*leaves.values(), *recorded.hidden, *recorded.heads, *recorded.entering])
         read = plan.mask[..., None].to(embeddings.dtype)
         relevance = plan.gathered(input_times_gradient(embeddings, gradients[0]) * plan.mask)
         further = {name: widened(x * g).new_zeros(rows, *x.shape[1:]).index_add_(0, plan.source, widened(x * g))
                    for (name, x), g in list(zip(leaves.items(), gradients))[1:]}
-        gradients = (gradients[0], *gradients[len(leaves):])
+        entering = list(zip(recorded.entering, gradients[len(gradients) - len(recorded.entering):]))
+        gradients = (gradients[0], *gradients[len(leaves):len(gradients) - len(recorded.entering)])
         length = inputs.input_ids.shape[1]
         span = None
         if plan.ids.shape[1] > length:
@@ -513,8 +517,10 @@ class CausalLMAdapter(Adapter):
         width = plan.width if span is not None else length  # the prompt's columns, then the span's and the foil's
         if latent:
             hidden_gradients, head_gradients = gradients[1:1 + len(recorded.hidden)], gradients[1 + len(recorded.hidden):]
+            # layer 0: the decoder's input, the token embeddings (a vision-language model's with its image's features)
+            first, first_gradient = entering[0] if entering else (embeddings, gradients[0])
             states = [plan.gathered((h * g * read).detach())[:, :width] for h, g in
-                      zip([embeddings, *recorded.hidden], [gradients[0], *hidden_gradients])] if recorded.hidden else []
+                      zip([first, *recorded.hidden], [first_gradient, *hidden_gradients])] if recorded.hidden else []
             heads = None
             if recorded.heads:
                 count = self.text_config.num_attention_heads
@@ -553,19 +559,23 @@ class CausalLMAdapter(Adapter):
     @contextmanager
     def latent_recorded(self, parts: frozenset[str]) -> Iterator[Recorded]:
         """Forward hooks (this thread only, removed after, also after an exception) that keep each decoder layer's
-        output ("layers", "neurons") and each attention's heads' outputs, the input of its output projection
-        ("heads"), while `Recorded.on`."""
+        output ("layers", "neurons"; for a model that reads images, also the first layer's input, where the image's
+        features stand in place of its placeholder tokens) and each attention's heads' outputs, the input of its
+        output projection ("heads"), while `Recorded.on`."""
         recorded = Recorded([], [])
         if parts & {"layers", "neurons"}:
             hidden_hooks = [(layer, lambda _m, _i, out: recorded.keep(recorded.hidden, out[0] if isinstance(out, tuple) else out))
                             for layer in self.blocks]
         else:
             hidden_hooks = []
+        entering = LayerInput(self.blocks[0]) if hidden_hooks and self.reads_images else None
         projections = [getattr(getattr(layer, self.layout.attention), self.layout.attention_output) for layer in self.blocks] if "heads" in parts else []
         handles = []
         try:
             for module, hook in hidden_hooks:
                 handles.append(module.register_forward_hook(this_thread_only(hook)))
+            if entering is not None:
+                handles.append(entering.register_forward_hook(lambda _m, _i, states: recorded.keep(recorded.entering, states)))
             for module in projections:
                 handles.append(module.register_forward_pre_hook(this_thread_only(lambda _m, args: recorded.keep(recorded.heads, args[0]))))
             yield recorded
