@@ -56,9 +56,11 @@ def test_a_concept_from_other_portraits_finds_the_astronaut_rather_than_the_mode
         assert shares["target_share"].item() > 2 * shares["other_share"].item(), kind
 
 
-def test_the_concepts_page_example_runs_as_written():
+def test_the_concepts_page_example_runs_as_written(tmp_path, monkeypatch):
     page = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
+    monkeypatch.chdir(tmp_path)  # what the example saves (cup_concept.png) lands there, not in the checkout
     namespace: dict = {}
     exec(compile(re.search(r"```python\n(.*?)```", page, re.S).group(1), "docs/concepts.md python block", "exec"), namespace)
     assert {concept.kind for concept in namespace["concepts"].values()} == {"lda"} and namespace["cup"].kind == "lda"
     assert set(namespace["concepts"]) == set(photo_demo.PHOTOS)
+    assert (tmp_path / "cup_concept.png").stat().st_size > 0
