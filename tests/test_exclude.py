@@ -59,3 +59,24 @@ def test_non_finite_inputs_and_scores_are_refused_and_a_zero_score_shares_nothin
         relevancy.explain(load_model(), make_scenes(2, seed=0).images, method="generic_attention", target=lambda z: z[:, 0] / 0)
     zero = relevancy.explain(decoder, ids, method="attnlrp", target=lambda logits: logits[:, 3] * 0)
     assert torch.equal(zero.relevance_total, torch.zeros(1, dtype=zero.relevance_total.dtype))
+
+
+def test_unclear_errors_of_the_probes_name_the_argument(explanation, tmp_path):
+    """numpy integers are positions in exclude; Span(None) and Span([]) are refused at once; save() refuses bytes
+    paths, NUL characters and names longer than a file system takes, in one line each, writing nothing."""
+    import numpy as np
+
+    from relevancy.core.files import OutputError
+
+    assert torch.equal(explanation.excluding(np.int64(1)).excluded, explanation.excluding(1).excluded)
+    for tokens in (None, [1.5], [True], b"x"):
+        with pytest.raises(TypeError, match="a Span is a text .* or token ids"):
+            relevancy.Span(tokens)
+    for tokens in ([], ""):
+        with pytest.raises(ValueError, match="needs at least one token"):
+            relevancy.Span(tokens)
+    for path, said in ((b"x.json", "a str or a pathlib.Path, got bytes"), (str(tmp_path / "a\x00b.json"), "NUL character"),
+                       (str(tmp_path / ("x" * 300 + ".json")), "305 bytes long; a file or folder name takes at most 255")):
+        with pytest.raises(OutputError, match=said):
+            explanation.save(path)
+    assert list(tmp_path.iterdir()) == []

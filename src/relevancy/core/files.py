@@ -85,9 +85,29 @@ def check_folder(path: str | Path, files: Iterable[str] = ()) -> Path:
     return path
 
 
-def check_file(path: str | Path) -> Path:
-    """`path` as an output file: refused if it is a folder or if its folder cannot be created or written."""
+#: the longest file name (one path component, in bytes) the common file systems take
+MAX_NAME_BYTES = 255
+
+
+def output_path(path: object) -> Path:
+    """`path` (a str or a path object) as a `Path`, refused in one line where no file could be written there: bytes,
+    a NUL character, a file or folder name longer than `MAX_NAME_BYTES` bytes."""
+    if isinstance(path, (bytes, bytearray)) or not isinstance(path, (str, os.PathLike)):
+        raise OutputError(f"an output path is a str or a pathlib.Path, got {type(path).__name__}")
     path = Path(path)
+    if "\x00" in str(path):
+        raise OutputError(f"an output path cannot hold a NUL character: {str(path)!r:.80}")
+    long = next((part for part in path.parts if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES), None)
+    if long is not None:
+        raise OutputError(f"the name {long[:40]}... is {len(long.encode('utf-8', 'surrogateescape'))} bytes long; a file or folder "
+                          f"name takes at most {MAX_NAME_BYTES}")
+    return path
+
+
+def check_file(path: str | Path) -> Path:
+    """`path` as an output file: refused if it is no path a file could be written to (`output_path`), a folder, or if
+    its folder cannot be created or written."""
+    path = output_path(path)
     if path.is_dir():
         raise OutputError(f"{path} is a folder; give a file name")
     try:

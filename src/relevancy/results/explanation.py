@@ -111,9 +111,9 @@ class Explanation:
         with an image part: the maps drawn over `images`, the inputs as given to `explain` or pictures) and `.html`
         (kinds with a text part: the coloured texts, word pieces merged unless `by_word=False`, special tokens shown
         with `special=True`). The same arguments for every kind; an argument a format does not use is left aside."""
-        from ..core.files import OutputError, write_atomic
+        from ..core.files import OutputError, output_path, write_atomic
 
-        path = Path(path)
+        path = output_path(path)
         suffix = path.suffix.lower()
         valid = (*DATA_SUFFIXES, *self.suffixes)
         if suffix not in valid:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import warnings
+from numbers import Integral
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
@@ -302,9 +303,10 @@ def excluded_positions(tokens: list[list[str]], valid: torch.Tensor, exclude: ob
         columns = row_valid.nonzero()[:, 0]
         special = [bool(MARKUP_TOKEN.match(t)) for t in row_tokens]
         for item in items:
-            if isinstance(item, bool) or not isinstance(item, (int, str)) or isinstance(item, str) and item not in EXCLUDABLE:
+            if isinstance(item, bool) or not isinstance(item, (Integral, str)) or isinstance(item, str) and item not in EXCLUDABLE:
                 raise ValueError(f"exclude takes {', '.join(EXCLUDABLE)}, token positions (ints) or a (B, T) bool tensor, got {item!r}")
-            if isinstance(item, int):
+            if isinstance(item, Integral):
+                item = int(item)  # numpy's integers too
                 if not -len(columns) <= item < len(columns):
                     raise ValueError(f"exclude position {item} is outside row {row}'s {len(columns)} real tokens")
                 picked = [item % len(columns)]

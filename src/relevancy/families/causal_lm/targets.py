@@ -16,6 +16,8 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from ...core.messages import quoted
+
 
 @dataclass(frozen=True)
 class Span:
@@ -24,6 +26,18 @@ class Span:
     list of ids as a target is one token per row)."""
 
     tokens: Union[str, Sequence[int]]
+
+    def __post_init__(self) -> None:
+        """A text or a sequence of token ids, refused at once otherwise (None, floats, bools); an empty one names
+        that it needs at least one token."""
+        tokens = self.tokens
+        ids = not isinstance(tokens, (str, bytes)) and isinstance(tokens, Sequence) and all(
+            isinstance(t, Integral) and not isinstance(t, bool) for t in tokens)
+        if not isinstance(tokens, str) and not ids and not isinstance(tokens, (torch.Tensor, np.ndarray)):
+            raise TypeError(f"a Span is a text (a non-empty str) or token ids (a non-empty list of ints), got {quoted(tokens)} "
+                            f"({type(tokens).__name__})")
+        if len(tokens) == 0:
+            raise ValueError("a Span needs at least one token id or a non-empty text, got an empty one")
 
 
 Token = Union[int, str, Span]
