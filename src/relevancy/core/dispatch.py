@@ -42,16 +42,18 @@ def within_hook(module: nn.Module, forward: Callable[..., Any]) -> Callable[...,
     return hooked
 
 
-def _offloads(module: nn.Module) -> bool:
-    hook = getattr(module, "_hf_hook", None)
-    return bool(getattr(hook, "offload", False)) and hasattr(hook, "pre_forward")
+def _offloaded(module: nn.Module) -> list[nn.Module]:
+    """`module` and those of its children whose weights accelerate offloads (none where accelerate was never imported)."""
+    if "accelerate" not in sys.modules:
+        return []
+    return [m for m in module.modules() if getattr(getattr(m, "_hf_hook", None), "offload", False)]
 
 
 @contextmanager
 def loaded(module: nn.Module) -> Iterator[None]:
     """The weights of `module` and its children on their execution device for the block, where accelerate keeps
     them offloaded (on the meta device between forwards); offloaded again after, also after an exception."""
-    offloaded = [m for m in module.modules() if _offloads(m)] if "accelerate" in sys.modules else []
+    offloaded = _offloaded(module)
     if not offloaded:
         yield
         return
@@ -102,7 +104,7 @@ def offloaded_weights_reread(model: nn.Module) -> Iterator[None]:
     the backward (a gradient through a Linear saves its weight): each is saved as where to read it again, and read
     when the backward reaches its layer, so that the host holds about one offloaded layer's weights at a time in the
     backward as in the forward, not the whole model. Models without offloaded layers are untouched."""
-    offloaded = [m for m in model.modules() if _offloads(m)] if "accelerate" in sys.modules else []
+    offloaded = _offloaded(model)
     if not offloaded:
         yield
         return

@@ -44,8 +44,8 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
         fields["leaves"] = found.leaves
     if rules is not None:  # the share of the explained score that reaches the tokens read (biases and positions keep the rest)
         # 0 where the explained score is 0 (no share of nothing)
-        fields["relevance_total"] = torch.where(found.explained != 0, found.total / found.explained.where(found.explained != 0, 1),
-                                                torch.zeros_like(found.total))
+        nonzero = found.explained != 0
+        fields["relevance_total"] = (found.total / found.explained.where(nonzero, 1)) * nonzero
     return found.scores, found.ids, found.logits, fields
 
 

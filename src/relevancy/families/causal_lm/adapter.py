@@ -36,7 +36,7 @@ from .._shared import OutputPart, eval_mode, transformers_configs
 from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
-from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map, structure
+from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map
 from ...core.scores import finite_scores, token_score
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
@@ -193,7 +193,7 @@ class CausalLMAdapter(Adapter):
         super().__init__(model)
         # checked on the model's modules (once per structure); a refusal names what does not fit
         self.layout: Layout
-        self.layout, self.ruled = recognised(model)
+        self.structure, self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
 
@@ -302,7 +302,7 @@ class CausalLMAdapter(Adapter):
         layer the path cannot rule (`core.linears.UnreadableLinearError`), as `(error type, message)`. Found once per
         model, again when its structure or a module's own forward changes (`layouts.structure`): a patched layer or
         a multiplier the layout does not map gets no map of a function the model does not compute."""
-        key = structure(self.model)
+        key = self.structure
         known = _CHECKED.get(self.model)
         if known is None or known[0] != key:
             self._checking = True

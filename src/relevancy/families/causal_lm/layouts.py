@@ -530,16 +530,17 @@ def structure(model: nn.Module) -> tuple:
                   for key, parameter in module._parameters.items() if parameter is not None))
 
 
-def recognised(model: nn.Module) -> tuple[Layout, list[tuple[nn.Module, RuleForward]]]:
-    """`(layout_of(model), its ruled modules)`, checked again only when the model's structure changed
-    (`structure`)."""
+def recognised(model: nn.Module) -> tuple[tuple, Layout, list[tuple[nn.Module, RuleForward]]]:
+    """`(structure(model), layout_of(model), its ruled modules)`, the layout checked again only when the model's
+    structure changed (the structure is found once per call and handed on: the adapter's check of its forwards keys
+    on it too)."""
     found = structure(model)
     known = _RECOGNISED.get(model)
     if known is None or known[0] != found:
         layout = layout_of(model)
         known = (found, layout, layout.ruled(model))
         _RECOGNISED[model] = known
-    return known[1], known[2]
+    return known
 
 
 def layout_of(model: nn.Module) -> Layout:

@@ -27,7 +27,7 @@ from .._shared import OutputPart
 from ..hf_attention import attention_probabilities
 from ..base import Adapter
 from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
-from ..causal_lm.layouts import recognised
+from ..causal_lm.layouts import recognised, structure
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
@@ -56,7 +56,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
         Adapter.__init__(self, model)
         self.vision = layout_of(model)  # the tower and projector, checked; a refusal names the part
         view = decoder_view(model, self.vision)
-        self.layout, decoder_ruled = recognised(view)  # the decoder, by the decoder layouts
+        _, self.layout, decoder_ruled = recognised(view)  # the decoder, by the decoder layouts
+        self.structure = structure(model)  # the whole model's, on which its forwards are checked (`own_forward_problems`)
         self.decoder = view.model
         self.blocks = list(getattr(self.decoder, self.layout.layers))
         self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
