@@ -128,8 +128,8 @@ def test_the_tab_generates_and_shows_what_a_chosen_token_read(browser, catalog):
     assert all(shown is not None for _, shown in drawn[:start]) and all(shown is None for _, shown in drawn[start:])
     generated[2].click()  # the third token read the prompt and the two tokens before it
     assert browser.find_element(By.ID, "generation-results").get_attribute("data-chosen") == "2"
-    drawn = chosen_row(browser)
-    assert all(shown is not None for _, shown in drawn[: start + 2]) and drawn[start + 2][1] is None
+    drawn = chosen_row(browser)  # a token of no text (a byte of a character the next completes) counts with that one
+    assert all((shown is None) == (token == "") for token, shown in drawn[: start + 2]) and drawn[start + 2][1] is None
     assert "why" in browser.find_element(By.CSS_SELECTOR, "#generation-results .generation-caption").text
 
 
@@ -142,4 +142,26 @@ def test_a_saved_page_works_offline_in_a_browser(browser, folder, tmp_path):  # 
     buttons = browser.find_elements(By.CSS_SELECTOR, "button.generated-token")
     buttons[-1].click()
     assert browser.find_element(By.CSS_SELECTOR, ".relevancy-generation").get_attribute("data-chosen") == str(len(buttons) - 1)
-    assert [shown is not None for _, shown in chosen_row(browser)] == [True] * (len(chosen_row(browser)) - 1) + [False]
+    drawn = chosen_row(browser)
+    assert [shown is not None for _, shown in drawn] == [token != "" for token, _ in drawn[:-1]] + [False]
+
+
+def test_a_characters_byte_tokens_are_shown_with_it_in_a_browser(browser, folder, tmp_path):  # noqa: F811
+    """The emoji's four byte tokens are generated one by one: a row that read all of them colours the emoji with their
+    sum; a row that stops inside it shows the bytes read so far as U+FFFD, with theirs."""
+    model, tokenizer = load_language_model(str(folder))
+    result = relevancy.explain_generation(model, tokenizer, PROMPT, continuation=" 😀 ok", method="cp_lrp")
+    start = result.prompt_length
+    assert result.tokens[start:start + 5] == [" ", "", "", "", "😀"]  # the space, then the emoji's bytes
+    browser.get(result.save(tmp_path / "generation.html").as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "button.generated-token"))
+    buttons = browser.find_elements(By.CSS_SELECTOR, "button.generated-token")
+    buttons[5].click()  # " ok"'s space read the whole emoji
+    drawn = chosen_row(browser)
+    assert [shown for _, shown in drawn[start + 1:start + 4]] == [None] * 3 and drawn[start + 4][0] == "😀"
+    assert float(drawn[start + 4][1]) == pytest.approx(float(result.scores[5, start + 1:start + 5].sum()), rel=1e-3)
+    buttons[4].click()  # the emoji's last byte read its first three
+    drawn = chosen_row(browser)
+    assert [token for token, _ in drawn[start + 1:start + 5]] == ["", "", "\ufffd", "😀"]
+    assert drawn[start + 1][1] is None and drawn[start + 2][1] is None
+    assert float(drawn[start + 3][1]) == pytest.approx(float(result.scores[4, start + 1:start + 4].sum()), rel=1e-3)

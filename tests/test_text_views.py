@@ -9,7 +9,8 @@ import transformers
 from language_models import tiny_tokenizer
 
 import relevancy
-from relevancy.results.parts import TextPart, readable
+from relevancy.results.parts import TextPart
+from relevancy.results.token_text import token_texts
 
 #: byte-level BPE pieces as a fast tokenizer gives them (no word ids): "Question: Where does Mia\nAnswer"
 PIECES = ["Question", ":", "\u0120Where", "\u0120does", "\u0120Mi", "a", "\u010a", "Answer"]
@@ -21,9 +22,12 @@ def part() -> TextPart:
 
 
 def test_tokens_read_as_the_text_they_stand_for():
-    assert [readable(t) for t in ("\u0120Paris", "\u010a", "\u010a\u010a", "\u0109x", "\u0120caf\u00c3\u00a9", "\u2581Paris", "caf\u00e9", "[CLS]")] == [
-        " Paris", "\n", "\n\n", "\tx", " caf\u00e9", " Paris", "caf\u00e9", "[CLS]"]
-    assert readable("\u0120\u00e2\u0122") == "\u0120\u00e2\u0122"  # a character cut in two: the piece as it is
+    assert token_texts(["\u0120Paris", "\u010a", "\u010a\u010a", "\u0109x", "\u0120caf\u00c3\u00a9"]) == [
+        " Paris", "\n", "\n\n", "\tx", " caf\u00e9"]  # byte-level BPE
+    assert token_texts(["\u2581Paris", "caf\u00e9", "[CLS]"]) == [" Paris", "caf\u00e9", "[CLS]"]  # SentencePiece, text
+    # a character cut in two: written at the token that completes it, U+FFFD where the row stops inside it
+    assert token_texts(["\u0120\u00e2\u0122", "\u00a6"]) == ["", " \u2026"]
+    assert token_texts(["\u0120a", "\u0120\u00e2\u0122"]) == [" a", " \ufffd"]
     assert part().text(0) == "Question: Where does Mia\nAnswer"
 
 

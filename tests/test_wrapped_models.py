@@ -18,7 +18,7 @@ import transformers
 from torch import nn
 
 import relevancy
-from language_models import save_tiny_llama
+from language_models import save_tiny_llama, tiny_tokenizer
 from relevancy.core.linears import UnreadableLinearError, effective
 from relevancy.families import CausalLMAdapter, UnsupportedModelError
 from relevancy.models import load_language_model
@@ -77,6 +77,41 @@ def test_a_4bit_model_gives_the_maps_of_its_dequantized_weights(folder, kind):
         load_in_4bit=True, bnb_4bit_quant_type=kind, bnb_4bit_use_double_quant=kind == "nf4", bnb_4bit_compute_dtype=torch.float32))
     assert isinstance(quantized.model.layers[0].mlp.gate_proj, bitsandbytes.nn.Linear4bit)
     assert_same_maps(quantized, dequantized_copy(quantized, folder), 1e-4)
+
+
+def repacked_for_the_cpu(model: nn.Module) -> list[nn.Module]:
+    """What bitsandbytes does at a 4-bit layer's first inference forward on a CPU with AVX512-BF16 (any CPU here: its
+    own conversion called directly): the weights repacked for its bfloat16 kernel. The layers."""
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu
+
+    layers = [m for m in model.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
+    for layer in layers:
+        layer.weight.data, layer.weight.quant_state = _convert_weight_packed_for_cpu(layer.weight.data, layer.weight.quant_state)
+    return layers
+
+
+@pytest.mark.parametrize("kind", ["nf4", "fp4"])
+def test_a_4bit_model_repacked_by_its_own_inference_is_explained_and_stays_repacked(folder, kind):
+    """A user's `generate` repacks the 4-bit layers (bfloat16 scales, no gradient to their inputs): the maps are those of
+    the repacked weights, every method's; an explanation's own decoding repacks nothing; the packed layers kept as they were."""
+    options = dict(quantization_config=transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=kind, bnb_4bit_use_double_quant=kind == "nf4", bnb_4bit_compute_dtype=torch.float32))
+    unpacked, packed = load(folder, **options), load(folder, **options)
+    layers = repacked_for_the_cpu(packed)
+    before = [(layer.weight.quant_state, layer.weight.data_ptr(), layer.support_avx512bf16_for_cpu) for layer in layers]
+    for name, layer in packed.named_modules():  # the same codes, the scales rounded to bfloat16 by the packing
+        if layer in layers:
+            original = effective(unpacked.get_submodule(name))[0]
+            assert (effective(layer)[0] - original).abs().max() <= 1e-2 * original.abs().max()
+    assert_same_maps(packed, dequantized_copy(packed, folder), 1e-4)
+    after = [(layer.weight.quant_state, layer.weight.data_ptr(), layer.support_avx512bf16_for_cpu) for layer in layers]
+    assert all(a[0] is b[0] and a[1:] == b[1:] for a, b in zip(after, before))
+    assert all(layer.weight.quant_state.packing_format_for_cpu for layer in layers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        relevancy.explain_generation(unpacked, tiny_tokenizer(), IDS[0].tolist(), max_new_tokens=2, method="attnlrp")
+    assert not any(vars(m.weight.quant_state).get("packing_format_for_cpu") for m in unpacked.modules()
+                   if isinstance(m, bitsandbytes.nn.Linear4bit))
 
 
 def test_an_8bit_model_gives_the_maps_of_its_dequantized_weights_to_its_activations_rounding(folder):

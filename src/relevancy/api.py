@@ -13,6 +13,7 @@ from torch import nn
 from .core.cancel import checkpoint
 from .results.explanation import Explanation
 from .core.dispatch import offloaded_weights_reread
+from .core.linears import cpu_packing_undone
 from .families import adapter_for
 from .families.base import Adapter, UnsupportedModelError
 from .core.guard import exclusive, finite, gradients_enabled, ordinary
@@ -101,9 +102,11 @@ def prepared(model: nn.Module, inputs: Any, target: Target = None, attention_pro
     (e.g. `capture.record_forward(call.adapter, call.inputs, call.target, attentions=True)`): the model locked for the
     block (one call at a time per model, across threads), autograd on whatever no_grad / inference_mode the caller
     is in, the inputs checked and the target bound to them, the model in eval mode and switched to give its attention
-    probabilities (`attention_probabilities`); everything restored on exit, also after an exception."""
+    probabilities (`attention_probabilities`), its 4-bit layers differentiable (`core.linears.cpu_packing_undone`);
+    everything restored on exit, also after an exception."""
     adapter = adapter_for(model)
-    with exclusive(adapter.model, *adapter.shared_state()), gradients_enabled(), offloaded_weights_reread(adapter.model):
+    with exclusive(adapter.model, *adapter.shared_state()), gradients_enabled(), offloaded_weights_reread(adapter.model), \
+            cpu_packing_undone(adapter.model):
         checked, bound = adapter.bind_target(finite(ordinary(adapter.check_inputs(inputs))), adapter.named_target(target))
         with adapter.explaining(attention_probabilities=attention_probabilities):
             yield PreparedCall(adapter, checked, bound, adapter.streams(checked))

@@ -22,6 +22,7 @@ from torch import nn
 from .api import explain, prepared
 from .core.cancel import cancellable, checkpoint
 from .results.explanation import GenerationExplanation
+from .results.token_text import decoded_texts
 from .families import adapter_for, adapters
 from .families.base import Adapter, UnsupportedModelError
 from .families.causal_lm.adapter import context_window
@@ -377,30 +378,13 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         generated = ids[b, width:end].cpu()
         fields = dict(
             scores=row_scores[:length, start:end].cpu(), generated_ids=generated, logits=row_logits[:length].cpu()[:, None],
-            method=method, signed=REGISTRY[method].signed, tokens=token_texts(tokenizer, ids[b, start:end].tolist()),
+            method=method, signed=REGISTRY[method].signed, tokens=decoded_texts(tokenizer, ids[b, start:end].tolist()),
             prompt_length=len(prompt_ids), text=tokenizer.decode(generated.tolist(), skip_special_tokens=True),
             relevance_total=None if totals is None else totals[:length].cpu(),
         )
         results.append(adapter.generation_explanation(fields, ids[b, start:end].cpu(), {name: value[b, :length].cpu()
                                                       for name, value in maps.items()}, picture))
     return results[0] if single else results
-
-
-def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Each token's text, decoded so that a character whose bytes span several tokens (an emoji, CJK in a byte-level
-    or byte-fallback vocabulary) is written once, at the token that completes it, and the tokens before it are
-    empty, never U+FFFD: tokens are decoded together until their text ends in a whole character (a token that
-    ends in one decodes alone, as before). Joined, the texts are the decoded sequence."""
-    texts: list[str] = []
-    start = 0
-    for end in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[start:end])
-        if text.endswith("\ufffd") and end < len(ids):  # bytes of a character still to come
-            texts.append("")
-            continue
-        texts.append(text)
-        start = end
-    return texts
 
 
 def _until_stop(generated: list[int], stops: set[int]) -> int:

@@ -7,11 +7,18 @@ the seeds' methods read the layer's effective weight `W` of `x W^T + b`, one lay
 reaches it (`effective`): dequantized, plus `scale * B A` for each active LoRA adapter not merged. A layer whose
 weight cannot be read is refused naming its class and how to dequantize it. bitsandbytes and peft are never imported
 here: a model holding their layers has imported them already.
+
+bitsandbytes (0.49 and later) repacks a 4-bit layer's weights for its bfloat16 CPU kernel at the layer's first
+inference forward on a CPU with AVX512-BF16 (an input without gradient, in eval mode: a user's `generate`, our own
+decoding), and from then on computes in bfloat16 with no gradient to the layer's input. `cpu_packing_undone` holds such
+layers in the ordinary layout for an explanation's block (the same numbers: the packing's bfloat16 scales), so that
+gradients flow and nothing repacks; `_base_reader` reads either layout.
 """
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -65,10 +72,57 @@ def plain(module: nn.Module) -> bool:
 
 
 def quantizes_activations(module: nn.Module) -> bool:
-    """Whether the layer quantizes its input too (bitsandbytes' LLM.int8()): its output then differs from `x W^T`
-    with the dequantized weight by about 1 % of its largest value."""
+    """Whether the layer quantizes its input too (bitsandbytes' LLM.int8(); a 4-bit layer repacked for the CPU's
+    bfloat16 kernel): its output then differs from `x W^T` with the dequantized weight by about 1 % of its largest
+    value."""
+    base = base_of(module)
     eight_bit = _class("bitsandbytes.nn", "Linear8bitLt")
-    return eight_bit is not None and isinstance(base_of(module), eight_bit)
+    return (eight_bit is not None and isinstance(base, eight_bit)) or _cpu_packed(getattr(base, "weight", None))
+
+
+def _cpu_packed(weight: object) -> bool:
+    """Whether `weight` is a 4-bit weight that bitsandbytes repacked for its bfloat16 CPU kernel."""
+    return bool(getattr(getattr(weight, "quant_state", None), "__dict__", {}).get("packing_format_for_cpu"))
+
+
+def _cpu_packing_undone(data: torch.Tensor, state: object) -> tuple[torch.Tensor, object]:
+    """The packed bytes and quantization state of a 4-bit weight in bitsandbytes' ordinary layout (two codes a byte,
+    row-major, the first in the high nibble; float32 scales per block of a row), from its CPU packing (rows in blocks
+    of 32, each block's byte holding row `b` in its low and row `b + 16` in its high nibble; bfloat16 scales
+    `(K / blocksize, N)`). New tensors: the layer's own are untouched."""
+    from bitsandbytes.functional import QuantState
+
+    rows, half = data.shape
+    low, high = data.reshape(-1, 32) & 0xF, data.reshape(-1, 32) >> 4
+    codes = torch.cat([low, high], -1).reshape(rows // 32, half, 32, 2).transpose(1, 2).reshape(-1, 2)
+    packed = ((codes[:, 0] << 4) | codes[:, 1]).to(torch.uint8).reshape(state.original_qshape)
+    storage = state.__dict__.get("original_storage_type")
+    unpacked = QuantState(absmax=state.absmax.T.reshape(-1).float(), shape=state.shape, code=state.code,
+                          blocksize=state.blocksize, quant_type=state.quant_type, dtype=state.original_dtype)
+    return (packed.view(storage) if storage else packed), unpacked
+
+
+@contextmanager
+def cpu_packing_undone(model: nn.Module) -> Iterator[None]:
+    """For the block: no bitsandbytes 4-bit layer of `model` repacks its weights for the CPU's bfloat16 kernel, and
+    one that did holds them in the ordinary layout (same numbers, gradients to its input); everything restored after,
+    also after an exception. Models without such layers are untouched."""
+    four_bit = _class("bitsandbytes.nn", "Linear4bit")
+    layers = [m for m in model.modules() if four_bit is not None and isinstance(m, four_bit)]
+    saved = [(m, m.__dict__.get("support_avx512bf16_for_cpu"), m.weight.data, m.weight.quant_state) for m in layers]
+    try:
+        for layer, _, data, state in saved:
+            layer.support_avx512bf16_for_cpu = False
+            if _cpu_packed(layer.weight):
+                layer.weight.data, layer.weight.quant_state = _cpu_packing_undone(data, state)
+        yield
+    finally:
+        for layer, flag, data, state in saved:
+            layer.weight.data, layer.weight.quant_state = data, state
+            if flag is None:
+                layer.__dict__.pop("support_avx512bf16_for_cpu", None)
+            else:
+                layer.support_avx512bf16_for_cpu = flag
 
 
 def quantized(model: nn.Module) -> bool:
@@ -95,7 +149,13 @@ def _base_reader(linear: nn.Linear) -> Callable[[], torch.Tensor]:
     if state is not None:  # bitsandbytes' Params4bit: packed bytes and their quantization state
         from bitsandbytes.functional import dequantize_4bit
 
-        return lambda: dequantize_4bit(linear.weight.data, linear.weight.quant_state).view(linear.out_features, linear.in_features)
+        def four_bit() -> torch.Tensor:
+            data, state = linear.weight.data, linear.weight.quant_state
+            if _cpu_packed(linear.weight):
+                data, state = _cpu_packing_undone(data, state)
+            return dequantize_4bit(data, state).view(linear.out_features, linear.in_features)
+
+        return four_bit
     if weight.dtype == torch.int8 and quantizes_activations(linear):  # LLM.int8(): rows of int8 and their scales
         from bitsandbytes.functional import int8_vectorwise_dequant
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..core.guard import exclusive, ordinary
+from ..core.linears import cpu_packing_undone
 from ..core.messages import quoted
 
 
@@ -119,7 +120,7 @@ def example_latents(model: nn.Module, examples: object, batch_size: int = 64) ->
     adapter = adapter_for(model)
     # one call at a time per model (threads); out of the caller's inference_mode, so the vector is an ordinary
     # tensor that a later explanation's backward pass can use
-    with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad():
+    with exclusive(model, *adapter.shared_state()), torch.inference_mode(False), torch.no_grad(), cpu_packing_undone(model):
         inputs = ordinary(adapter.check_inputs(examples))  # refuses an empty batch, naming it
         with adapter.explaining(attention_probabilities=False):
             return torch.cat([adapter.forward(chunk)[1] for chunk in adapter.batches(inputs, batch_size)])

@@ -12,7 +12,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
-from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, readable, sink_shares
+from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, sink_shares
+from .token_text import token_texts
 
 #: the name and version of the JSON that `to_json()` writes and `relevancy.load` reads (the number rises when a field
 #: changes meaning); documented in docs/api.md
@@ -88,6 +89,10 @@ class Explanation:
         numbers, tensors = self._contents()
         numbers["tensors"] = {path: {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
                               for path, value in tensors.items()}
+        text = self.parts.get("text")
+        if isinstance(text, TextPart) and callable(getattr(self, "words", None)):
+            # the text as written, for a reader of the JSON: `words(i)` per row (derived; `load` ignores it)
+            numbers["words"] = [[[word, score] for word, score in self.words(i)] for i in range(len(text.scores))]
         return numbers
 
     def _contents(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -540,15 +545,16 @@ class DecoderExplanation(TextExplanation):
 
     def _column_labels(self, row: int) -> list[str]:
         """The text of each column's token in row `row`'s latent maps, as the tokens read (" Statue", not the
-        tokenizer's "ĠStatue"; "" at padding and excluded tokens)."""
+        tokenizer's "ĠStatue"; a character whose bytes span tokens at the last of them, see `TextPart.texts`; "" at
+        padding and excluded tokens)."""
         mask = self.attention_mask[row].bool().tolist() if self.attention_mask is not None else [True] * self.scores.shape[1]
-        names = iter(self.tokens[row] if self.tokens else [])
+        names = iter(self.parts["text"].texts(row) if self.tokens else [])
         labels = [next(names, "") if keep else "" for keep in mask]
         if self.span is not None:
             for ids, texts in ((self.span.ids, self.span.tokens), (self.span.foil_ids, None)):
                 width = ids.shape[1]
-                labels += ((texts[row] if texts else []) + [""] * width)[:width]
-        return [readable(label) for label in labels]
+                labels += ((token_texts(texts[row][:width]) if texts else []) + [""] * width)[:width]
+        return labels
 
     def page_title(self) -> str:
         """The HTML page is titled by the first row's answer span, all of its text, where a span was explained (" New
@@ -556,7 +562,7 @@ class DecoderExplanation(TextExplanation):
         if self.span is None or not self.span.tokens:
             return super().page_title()
         length = int((self.span.ids[0] >= 0).sum())
-        return f"{''.join(readable(token) for token in self.span.tokens[0][:length])!r} (the answer span)"
+        return f"{''.join(token_texts(self.span.tokens[0][:length]))!r} (the answer span)"
 
     def to_json(self) -> dict:
         """The protocol's JSON (the span, the latent relevance and the excluded tokens among the fields) plus the sink
@@ -571,7 +577,8 @@ class GenerationExplanation(Explanation):
     `scores` `(G, T + G)`: row `g` is the relevance of every token before generated token `g` (the prompt's `T`
     and the `g` generated before it) for that token's logit, raw and signed, 0 at the token itself and after it.
     `tokens` are the `T + G` tokens' texts (joined, the decoded sequence; a character whose bytes span several tokens
-    written at the token that completes it, the ones before it empty), `prompt_length` is `T`, `generated_ids` (= `target`) the `G` generated
+    written at the token that completes it, the ones before it empty: `token_text.decoded_texts`; every view counts
+    their scores with that character), `prompt_length` is `T`, `generated_ids` (= `target`) the `G` generated
     token ids, `text` the generated text, `logits` `(G, 1)` each explained logit, and
     `relevance_total` (LRP methods, `(G,)`) the share of each logit that reaches the token embeddings.
     """
@@ -613,10 +620,15 @@ class GenerationExplanation(Explanation):
         (see `TextPart.words`), their scores summed."""
         return self.parts["text"].words(index, special)
 
+    def text_before(self, index: int = 0) -> str:
+        """The text read for generated token `index`: the prompt and the tokens generated before it,
+        `"".join(tokens[:prompt_length + index])`, with U+FFFD at the end where it stops inside a character whose
+        last bytes are still to come; what `spans(index, ...)` counts characters in."""
+        return self.parts["text"].text(index)
+
     def spans(self, index: int = 0, spans: str | Sequence[tuple[int, int]] = "sentences") -> list[tuple[str, float]]:
-        """`(text, score)` per sentence or given `(start, end)` character span of the text before generated token
-        `index` (the prompt and the tokens generated before it, `"".join(tokens)`: a span of the prompt reads the
-        same in every row), its tokens' scores summed (see `TextPart.spans`)."""
+        """`(text, score)` per sentence or given `(start, end)` character span of `text_before(index)` (a span of the
+        prompt reads the same in every row), its tokens' scores summed (see `TextPart.spans`)."""
         return self.parts["text"].spans(index, spans)
 
     def labels(self) -> list[str]:

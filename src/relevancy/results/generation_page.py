@@ -40,14 +40,15 @@ def generation_html(numbers: dict[str, Any]) -> str:
 
 
 def show_rows(part: TextPart, captions: list[str]) -> None:
-    """Each generated token under its caption, the tokens before it on their colours (rich, the `text` extra)."""
+    """Each generated token under its caption, the tokens before it on their colours (rich, the `text` extra; a
+    character's byte tokens on the colour of their sum, see `TextPart.units`)."""
     from ..core.extras import require
 
     Text = require("rich.text", extra="text").Text
     console = require("rich.console", extra="text").Console()
     for g, caption in enumerate(captions):
-        pairs = part.token_scores(g)
+        pairs = part.units(g, by_word=False, special=True)
         line = Text(f"{g + 1}. {caption}\n", style="bold")
-        for (token, _), (background, colour) in zip(pairs, part.colours([score for _, score in pairs])):
-            line.append(token, style=f"{colour} on {background}")
+        for (text, _), (background, colour) in zip(pairs, part.colours([score for _, score in pairs])):
+            line.append(text, style=f"{colour} on {background}")
         console.print(line)

@@ -16,30 +16,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the character each byte is written as in a byte-level BPE's tokens (printable
-    bytes as themselves, the others from U+0100 on: a space is Ġ, a newline Ċ, a tab ĉ)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
-    others = [byte for byte in range(256) if byte not in printable]
-    return {**{chr(byte): byte for byte in printable}, **{chr(256 + k): byte for k, byte in enumerate(others)}}
+from .token_text import token_texts
 
-
-BYTE_ALPHABET = _byte_alphabet()
-#: the characters a byte-level BPE writes in place of spaces and control bytes (U+0100 to U+0143)
-BYTE_MARKERS = frozenset(c for c in BYTE_ALPHABET if ord(c) >= 256)
 #: sentence ends: after `.`, `!` or `?` and white space, or at a line break
 SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
-def readable(token: str) -> str:
-    """The text a token stands for: a byte-level BPE piece decoded (Ġ a space, Ċ a newline; a piece that ends inside
-    a character stays as it is), SentencePiece's ▁ a space; any other token as it is."""
-    if any(c in BYTE_MARKERS for c in token) and all(c in BYTE_ALPHABET for c in token):
-        try:
-            return bytes(BYTE_ALPHABET[c] for c in token).decode("utf-8")
-        except UnicodeDecodeError:
-            return token
-    return token.replace("\u2581", " ")
 
 
 def shown(text: str) -> str:
@@ -119,29 +99,56 @@ class TextPart:
         tokens = self.tokens[index] if self.tokens else [f"[{k}]" for k in range(len(row))]
         return list(zip(tokens, row.tolist()))
 
+    def texts(self, index: int = 0) -> list[str]:
+        """The text each real token of text `index` stands for (`token_texts`: byte-level pieces and byte-fallback
+        tokens decoded, a character whose bytes span tokens written at the token that completes it and "" before
+        it, an unfinished one at the end as U+FFFD), special tokens as written."""
+        return token_texts([token for token, _ in self.token_scores(index)])
+
+    def text(self, index: int = 0) -> str:
+        """The text the real tokens of text `index` spell, joined (the prompt itself for byte-level BPE and
+        SentencePiece tokenizers; WordPiece tokens are joined without spaces): what `spans` counts characters in."""
+        return "".join(self.texts(index))
+
+    def whole_tokens(self, index: int = 0) -> list[tuple[int, str, str, float]]:
+        """`(position, token, text, score)` of each real token of text `index` that has text: a token of none (the
+        first bytes of a character that a later token completes) is left out and its score added to that token's,
+        so every view that sums or shows scores counts it with its character."""
+        out: list[tuple[int, str, str, float]] = []
+        carried = 0.0
+        for k, ((token, score), text) in enumerate(zip(self.token_scores(index), self.texts(index))):
+            if not text:
+                carried += score
+                continue
+            out.append((k, token, text, score + carried))
+            carried = 0.0
+        return out
+
     def words(self, index: int = 0, special: bool = False) -> list[tuple[str, float]]:
         """`(word, score)` of text `index`: word pieces merged, their scores summed: by the tokenizer's word ids where
         it gave them, else at white space where the tokens carry it (byte-level BPE, SentencePiece, decoded text: a
-        token starting with a space starts a word, a token of white space alone, a line break, is a unit of its own),
-        else by `##` continuations (WordPiece). Words show the text they stand for (Ġ a space, Ċ a line break).
-        Special tokens ([CLS], [SEP], ...) are left out unless `special=True`."""
-        pairs = self.token_scores(index)
-        texts = [readable(token) for token, _ in pairs]
+        token starting with a space starts a word, as does a token of spaces alone (SentencePiece's lone ▁ before
+        byte-fallback tokens) with the token after it; a token of other white space, a line break, and a character
+        left unfinished (U+FFFD: a generation's row that stops inside it) are units of their own), else by `##`
+        continuations (WordPiece). Words show the text they stand for (`texts`: "😀", not "ðŁĺĢ"), a
+        character's byte tokens counted in its word. Special tokens ([CLS], [SEP], ...) are left out unless
+        `special=True`."""
+        units = self.whole_tokens(index)
         ids = self.word_ids[index] if self.word_ids else None
-        spaced = ids is None and any(text[:1].isspace() for text in texts)
+        spaced = ids is None and any(text[:1].isspace() for _, _, text, _ in units)
         merged: list[list] = []
         previous = object()
-        for k, (token, score) in enumerate(pairs):
+        for k, token, text, score in units:
             is_special = ids[k] is None if ids is not None else bool(SPECIAL_TOKEN.match(token))
             if is_special:
                 if special:
                     merged.append([token, score])
                 previous = object()
                 continue
-            text = texts[k]
-            if spaced:
-                continues = bool(merged) and previous is True and not text[:1].isspace()
-                previous = not text.isspace()
+            if spaced:  # previous: True in a word, " " after spaces alone, False after a unit nothing continues
+                unfinished = text.lstrip(" ") == "\ufffd"
+                continues = bool(merged) and (previous is True and not unfinished or previous == " ") and not text[:1].isspace()
+                previous = " " if text.strip(" ") == "" else not (text.isspace() or unfinished)
             else:
                 continues = ids[k] == previous if ids is not None else token.startswith("##") and bool(merged)
                 previous = ids[k] if ids is not None else None
@@ -150,34 +157,20 @@ class TextPart:
                 merged[-1][0] += piece
                 merged[-1][1] += score
             else:
-                merged.append([piece if piece.isspace() else piece.lstrip(" ").removesuffix("</w>"), score])
-        return [(word, score) for word, score in merged]
-
-    def texts(self, index: int = 0) -> list[str]:
-        """The text each real token of text `index` stands for (`readable`), special tokens as written."""
-        return [readable(token) for token, _ in self.token_scores(index)]
-
-    def text(self, index: int = 0) -> str:
-        """The text the real tokens of text `index` spell, joined (the prompt itself for byte-level BPE and
-        SentencePiece tokenizers; WordPiece tokens are joined without spaces): what `spans` counts characters in."""
-        return "".join(self.texts(index))
+                merged.append([piece.removesuffix("</w>"), score])
+        return [(word if word.isspace() else word.lstrip(" "), score) for word, score in merged]
 
     def spans(self, index: int = 0, spans: str | Sequence[tuple[int, int]] = "sentences") -> list[tuple[str, float]]:
         """`(text, score)` per span of text `index` (`text(index)`): "sentences" (split after `.`, `!`, `?` and at
         line breaks), or `(start, end)` character spans you give. A span's score sums its tokens' scores; a token
         across a span's boundary counts with the share of its non-white characters inside (`span_shares`), so
         spans that cut the text in pieces share the row's relevance out exactly once; a token of no text (bytes of a
-        character that a later token completes) counts with that token."""
-        texts = self.texts(index)
+        character that a later token completes) counts with that token (`whole_tokens`)."""
+        units = self.whole_tokens(index)
+        texts = [text for _, _, text, _ in units]
         text = "".join(texts)
         ends = [sum(len(t) for t in texts[: k + 1]) for k in range(len(texts))]
         positions = list(zip([0, *ends[:-1]], ends))
-        # a token of no text (the first bytes of a character another token completes) counts where that token does
-        owner = len(texts) - 1
-        for k in reversed(range(len(texts))):
-            owner = k if texts[k] else owner
-            positions[k] = positions[owner]
-        owned = [texts[k] or text[a:b] for k, (a, b) in enumerate(positions)]
         if isinstance(spans, str):
             if spans != "sentences":
                 raise ValueError(f"spans must be 'sentences' or a list of (start, end) character spans, got {spans!r}")
@@ -189,16 +182,16 @@ class TextPart:
                     or not 0 <= span[0] < span[1] <= len(text)):
                 raise ValueError(f"each span is (start, end) with 0 <= start < end <= {len(text)} (the characters of text({index})), got {span!r}")
             checked.append(tuple(span))
-        scores = [score for _, score in self.token_scores(index)]
-        return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, owned, a, b), scores)))
+        scores = [score for _, _, _, score in units]
+        return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, texts, a, b), scores)))
                 for a, b in checked]
 
     def units(self, index: int, by_word: bool = True, special: bool = False) -> list[tuple[str, float]]:
-        """What is shown of text `index`: words (or tokens), special tokens left out unless asked for."""
+        """What is shown of text `index`: words (or the tokens' texts, a character's byte tokens counted at the token
+        that completes it), special tokens left out unless asked for."""
         if by_word:
             return self.words(index, special=special)
-        pairs = [(readable(token), score) for token, score in self.token_scores(index)]
-        return pairs if special else [p for p in pairs if not SPECIAL_TOKEN.match(p[0])]
+        return [(text, score) for _, token, text, score in self.whole_tokens(index) if special or not SPECIAL_TOKEN.match(token)]
 
     def colours(self, values: list[float]) -> list[tuple[str, str]]:
         """(background, text colour) per value: diverging around 0 for signed maps, sequential otherwise."""

@@ -60,10 +60,11 @@ def run_explain_generation(args: argparse.Namespace) -> list[Path]:
 
 def print_columns(result) -> None:
     """The generated text, then per generated token a `# g. token (logit)` line and the tokens before it with their
-    scores, one per line (each token as a JSON string: its spaces and newlines stay visible)."""
+    scores, one per line (each token's text as a JSON string: its spaces and newlines stay visible; a character
+    whose bytes span tokens is one line, their scores summed)."""
     print(f"# {result.method}: generated {json.dumps(result.text)}")
     for g, caption in enumerate(result.labels()):
         print(f"# {g + 1}. {caption}")
-        for token, score in result.token_scores(g):
-            print(f"{json.dumps(token)}\t{score:.6g}")
+        for text, score in result.parts["text"].units(g, by_word=False, special=True):
+            print(f"{json.dumps(text)}\t{score:.6g}")
         print()

@@ -70,10 +70,11 @@ def run_explain_text(args: argparse.Namespace) -> list[Path]:
 
 
 def print_columns(result, by_word: bool = True) -> None:
-    """Each text as plain columns, word (or token) and score, under a `# method: class (logit)` line."""
+    """Each text as plain columns, word (or token, as the text it stands for) and score, under a `# method: class
+    (logit)` line."""
     for i, caption in enumerate(result.labels()):
         print(f"# text {i + 1}, {result.method}: {caption}")
-        units = result.words(i) if by_word else result.token_scores(i)
+        units = result.words(i) if by_word else result.parts["text"].units(i, by_word=False, special=True)
         for unit, score in units:
             print(f"{unit}\t{score:.6g}")
         print()

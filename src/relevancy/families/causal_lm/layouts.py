@@ -263,7 +263,7 @@ def _computes(module: nn.Module, width: int, expected: Callable[[torch.Tensor], 
     dtype (`x.dtype`), loaded where accelerate offloads them: a float32 model's weights are not copied (a 7B model's MLP
     weight in float64 would be a first call's largest allocation)."""
     x = _probe(module, width)
-    with torch.no_grad():
+    with torch.no_grad(), linears.cpu_packing_undone(module):  # a probe must not repack a 4-bit layer's weights
         y = module(x).double()  # its own forward (which loads and offloads its weights itself)
         with dispatch.loaded(module):
             want = expected(x.to(torch.promote_types(x.dtype, torch.float32))).double()

@@ -15,9 +15,10 @@ function relevancyGeneration(box, data, palette) {
   text.style.whiteSpace = 'pre-wrap';
   text.style.lineHeight = '1.9';
   var placeholders = data.image_tokens || [];
+  function written(text) { return text.replace(/\n/g, '\u21b5\n'); }  // a line break shown, and kept
   var spans = data.tokens.map(function (token, k) {
     var span = document.createElement(k < data.prompt_length ? 'span' : 'button');
-    span.textContent = token.replace(/\n/g, '\u21b5\n');  // a line break shown, and kept
+    span.textContent = written(token);
     if (placeholders[k]) {  // the image's tokens: their relevance is the picture's, drawn beside
       span.textContent = placeholders[k - 1] ? '' : '[image] ';
       span.style.display = placeholders[k - 1] ? 'none' : '';
@@ -91,15 +92,28 @@ function relevancyGeneration(box, data, palette) {
     var index = data.signed ? Math.round(steps + steps * share) : Math.round(steps * Math.max(share, 0));
     return palette[Math.min(Math.max(index, 0), palette.length - 1)];
   }
+  // a character's first byte tokens (text '') are counted with it: their relevance added to the token that completes
+  // it, or, where the row stops inside the character, to the last of them, shown as U+FFFD (TextPart.texts' rule)
+  function folded(row) {
+    var carried = 0;
+    return row.map(function (v, k) {
+      if (data.tokens[k] === '' && k < row.length - 1) { carried += v; return null; }
+      var value = v + carried;
+      carried = 0;
+      return value;
+    });
+  }
   function choose(g) {
-    var row = rows[g];
-    var bound = row.reduce(function (most, v) { return Math.max(most, Math.abs(v)); }, 0);
+    var row = folded(rows[g]);
+    var bound = row.reduce(function (most, v) { return v === null ? most : Math.max(most, Math.abs(v)); }, 0);
     spans.forEach(function (span, k) {
-      var pair = k < row.length ? colour(row[k], bound) : null;
+      var value = k < row.length ? row[k] : null;
+      var pair = value === null ? null : colour(value, bound);
       span.style.background = pair ? pair[0] : 'none';
       span.style.color = pair ? pair[1] : '';
       span.style.outline = k === data.prompt_length + g ? '2px solid #000' : '';
-      if (k < row.length) { span.title = 'relevance ' + shown(row[k]); span.dataset.relevance = shown(row[k]); }
+      if (!placeholders[k]) { span.textContent = data.tokens[k] === '' && k === row.length - 1 ? '\ufffd' : written(data.tokens[k]); }
+      if (value !== null) { span.title = 'relevance ' + shown(value); span.dataset.relevance = shown(value); }
       else {
         delete span.dataset.relevance;
         if (k >= data.prompt_length) { span.title = 'show what this token read'; } else { span.removeAttribute('title'); }
