@@ -183,8 +183,11 @@ def test_multi_byte_characters_span_their_tokens(saved, prompt):
 def test_the_json_and_html_carry_whole_characters(saved, tmp_path):
     model, tokenizer = saved
     result = relevancy.explain_generation(model, tokenizer, "🎉 the cat", continuation=" 中", method="cp_lrp")
-    text = json.dumps(result.to_json(), ensure_ascii=False)
+    data = result.to_json()
+    words = data.pop("words")  # a row read before the last byte of 中 ends in U+FFFD, holding those bytes' relevance
+    text = json.dumps(data, ensure_ascii=False)
     assert "🎉" in text and "中" in text and "\ufffd" not in text
+    assert [word for word, _ in words[0]] == ["🎉", "the", "cat"] and all(row[0][0] == "🎉" for row in words)
     page = result.save(tmp_path / "page.html").read_text(encoding="utf-8")
     assert "\ufffd" not in page and ("🎉" in page or "\\ud83c\\udf89" in page.lower() or "&#127881;" in page)
 
