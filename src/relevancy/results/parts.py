@@ -185,10 +185,10 @@ class TextPart:
             spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if text[a:b].strip()]
         checked = []
         for span in spans:
-            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(v, Integral) and not isinstance(v, bool) for v in span)
                     or not 0 <= span[0] < span[1] <= len(text)):
                 raise ValueError(f"each span is (start, end) with 0 <= start < end <= {len(text)} (the characters of text({index})), got {span!r}")
-            checked.append(tuple(span))
+            checked.append((int(span[0]), int(span[1])))  # numpy's integers too
         scores = [score for _, score in self.token_scores(index)]
         return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, owned, a, b), scores)))
                 for a, b in checked]
