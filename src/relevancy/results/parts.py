@@ -13,6 +13,7 @@ from numbers import Integral
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -86,6 +87,17 @@ class ImagePart:
         return (images.detach().float().cpu() * std + mean).clamp(0, 1).permute(0, 2, 3, 1)
 
 
+def checked_row(index: object, rows: int) -> int:
+    """`index` as a row of a result of `rows` rows (an int or numpy's, negative from the end); a one-line error naming
+    the rows there are otherwise (torch's own speaks of dimension 0)."""
+    if isinstance(index, bool) or not isinstance(index, Integral):
+        raise TypeError(f"index must be an int, a row of the result (0..{rows - 1}), got {index!r} ({type(index).__name__})")
+    if not -rows <= index < rows:
+        raise IndexError(f"index {index} is out of range: the result has {rows} row{'s' if rows != 1 else ''}, 0..{rows - 1} "
+                         f"(or -{rows}..-1 from the end)")
+    return int(index)
+
+
 def attaches(unit: str) -> bool:
     """Punctuation that follows the previous word without a space (as written)."""
     return bool(unit) and unit in {".", ",", "!", "?", ";", ":", ")", "'", "%"}
@@ -113,6 +125,7 @@ class TextPart:
 
     def token_scores(self, index: int = 0) -> list[tuple[str, float]]:
         """`(token, score)` for the real tokens of text `index`."""
+        index = checked_row(index, len(self.scores))
         row = self.scores[index]
         if self.attention_mask is not None:
             row = row[self.attention_mask[index].bool().to(row.device)]
@@ -178,6 +191,8 @@ class TextPart:
             owner = k if texts[k] else owner
             positions[k] = positions[owner]
         owned = [texts[k] or text[a:b] for k, (a, b) in enumerate(positions)]
+        if isinstance(spans, (torch.Tensor, np.ndarray)):
+            spans = spans.tolist()  # an (S, 2) array of spans
         if isinstance(spans, str):
             if spans != "sentences":
                 raise ValueError(f"spans must be 'sentences' or a list of (start, end) character spans, got {spans!r}")
@@ -271,6 +286,7 @@ class RegionPart:
 
     def region_scores(self, index: int = 0) -> list[tuple[int, float]]:
         """`(region, score)` for the real regions of input `index`, in the model's order."""
+        index = checked_row(index, len(self.scores))
         row = self.scores[index]
         keep = range(len(row)) if self.valid is None else self.valid[index].nonzero().flatten().tolist()
         return [(int(k), float(row[k])) for k in keep]
