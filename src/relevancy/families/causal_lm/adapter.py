@@ -213,7 +213,7 @@ class CausalLMAdapter(Adapter):
         """A `TextBatch` on the model's device from the tokenizer's output (or `input_ids` alone: no padding)."""
         if isinstance(inputs, Mapping):
             batch = from_encoding(inputs, None)
-        elif isinstance(inputs, torch.Tensor) and not inputs.is_floating_point():
+        elif isinstance(inputs, torch.Tensor):  # a float tensor is named by `token_tensor`
             ids = token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
             batch = TextBatch(ids, torch.ones_like(ids))
         else:
