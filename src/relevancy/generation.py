@@ -256,8 +256,8 @@ def _one_image(image: object) -> Any:
         if len(shape) != 3 or not {shape[0], shape[-1]} & {1, 3, 4}:
             raise ValueError(f"image= as an array is one image, (H, W, C) or (C, H, W) with 1, 3 or 4 channels; got shape {shape}")
         height, width = shape[1:] if shape[0] in (1, 3, 4) else shape[:2]
-        values = torch.as_tensor(image) if isinstance(image, np.ndarray) and image.dtype.kind in "iuf" else image
-        if not isinstance(values, torch.Tensor) or values.is_complex() or values.dtype == torch.bool:
+        values = image if isinstance(image, torch.Tensor) else torch.tensor(image) if image.dtype.kind in "biufc" else None
+        if values is None or values.is_complex() or values.dtype == torch.bool:
             raise TypeError(f"image= as an array holds real numbers (integers 0..255 or floats 0..1), got {image.dtype}")
         if values.is_floating_point() and not bool(torch.isfinite(values.detach()).all()):
             raise ValueError("image= holds NaN or infinite values: a map of it is not defined")
