@@ -284,7 +284,7 @@ def test_a_prompt_with_two_image_tokens_is_named(llava, prompt):
     one_line(error, "the prompt holds the image token '<image>' 2 times, but one image is explained")
 
 
-@pytest.mark.parametrize("image", (np.asarray(picture()), torch.from_numpy(np.asarray(picture()).copy()).permute(2, 0, 1)))
+@pytest.mark.parametrize("image", (np.array(picture()), torch.from_numpy(np.array(picture())).permute(2, 0, 1)))
 def test_an_image_as_an_array_is_the_picture(llava, image):
     made = processor()
     plain = relevancy.explain_generation(llava, made, "what is it", image=picture(), continuation="a red", method="input_x_gradient")
