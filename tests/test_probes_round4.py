@@ -11,6 +11,7 @@ import pytest
 import torch
 from language_models import build
 from PIL import Image
+from test_probes_decoders import one_line
 from vlm_models import IMAGE_TOKEN, build as build_vlm, inputs as vlm_inputs
 from vlm_processor import picture, processor
 
@@ -19,19 +20,10 @@ from relevancy.core.files import OutputError
 from relevancy.families import BUILT_IN, CausalLMAdapter, TimmViTAdapter
 from relevancy.methods import REGISTRY, Method, register_method
 
-LONGEST_ERROR = 1_000  # characters
 IDS = torch.tensor([[1, 5, 9, 13, 2, 7], [3, 8, 6, 10, 12, 14]])
 #: the methods that take the explained score's gradient, and those that read it only
 GRADIENT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "generic_attention", "attention_gradcam", "transformer_attribution", "lrp")
 READING_METHODS = ("raw_attention", "rollout", "token_ablation")
-
-
-def one_line(error: pytest.ExceptionInfo, *words: str) -> str:
-    message = str(error.value)
-    assert "\n" not in message and len(message) < LONGEST_ERROR, message
-    for word in words:
-        assert word in message, (word, message)
-    return message
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +211,7 @@ def test_a_result_saved_under_an_unusual_name_loads_back(explanation, tmp_path, 
 
 # -- vision-language decoders: placeholders ---------------------------------------------------------------------
 @pytest.mark.parametrize("change", (-1, 1))
-@pytest.mark.parametrize("family, expected", (("llava", 16), ("llava_full", 17), ("gemma3", 4), ("idefics3", 4)))
+@pytest.mark.parametrize("family, expected", (("llava", 16), ("llava_full", 17), ("llava_siglip", 16), ("gemma3", 4), ("idefics3", 4)))
 def test_a_placeholder_count_other_than_the_images_is_named(family, expected, change):
     batch = vlm_inputs(family, lengths=(5,))
     ids = batch["input_ids"]
@@ -293,17 +285,6 @@ def test_an_image_as_an_array_is_the_picture(llava, image):
 
 
 # -- register_method -------------------------------------------------------------------------------------------
-@pytest.fixture()
-def registry_restored(monkeypatch):
-    """The registry and the families' method lists are given back after the test."""
-    kept = dict(REGISTRY)
-    for family in BUILT_IN:
-        monkeypatch.setattr(family, "methods", family.methods)
-    yield
-    REGISTRY.clear()
-    REGISTRY.update(kept)
-
-
 def run(adapter, inputs, target):
     return None
 

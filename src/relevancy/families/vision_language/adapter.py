@@ -62,12 +62,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.blocks = list(getattr(self.decoder, self.layout.layers))
         self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
-        self.image_tokens = int(self.vision.image_tokens(model.config))  # the placeholders of one image in a row
+        self.image_tokens = self.vision.image_token_count(model)  # the placeholders of one image in a row
         self.patch = int(model.config.vision_config.patch_size)
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
-        patches = self.side ** 2
-        #: the tower's tokens before its patch tokens: CLIP's [CLS] (none for SigLIP)
-        self.tower_prefix = int(getattr(self.vision.transformer(model).embeddings, "num_positions", patches)) - patches
+        self.tower_prefix = self.vision.tower_prefix(model)  # CLIP's [CLS] (none for SigLIP)
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
         self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
 
