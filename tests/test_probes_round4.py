@@ -107,6 +107,27 @@ def test_a_bad_target_on_a_vision_language_decoder_is_named(llava, method, targe
     one_line(error, "target=f(logits)", *words)
 
 
+@pytest.mark.parametrize("tokens", (np.array([3, 4]), torch.tensor([3, 4]), (np.int64(3), np.int16(4))))
+def test_a_span_of_array_or_numpy_ids_equals_the_list(model, tokens):
+    listed = relevancy.explain(model, IDS, method="attnlrp", target=relevancy.Span([3, 4]))
+    given = relevancy.explain(model, IDS, method="attnlrp", target=relevancy.Span(tokens))
+    assert torch.equal(given.scores, listed.scores) and torch.equal(given.span.scores, listed.span.scores)
+
+
+@pytest.mark.parametrize("tokens, error_type, said", [
+    (torch.tensor([1.5]), TypeError, "a Span of token ids as a tensor or array is 1-D integers, got shape (1,) of torch.float32"),
+    (torch.tensor([[1, 2]]), TypeError, "got shape (1, 2) of torch.int64"),
+    (torch.tensor(3), TypeError, "got shape () of torch.int64"),
+    (np.array([True, False]), TypeError, "got shape (2,) of bool"),
+    (None, TypeError, "a Span is a text (a non-empty str) or token ids (a non-empty list of ints), got None"),
+    (torch.tensor([], dtype=torch.long), ValueError, "a Span needs at least one token id or a non-empty text"),
+])
+def test_a_bad_span_is_refused_where_it_is_made(tokens, error_type, said):
+    with pytest.raises(error_type) as error:
+        relevancy.Span(tokens)
+    one_line(error, said)
+
+
 # -- a result's rows and spans ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("integer", (np.int64, np.int32, np.uint16))
 def test_spans_take_numpy_integers(explanation, integer):
