@@ -7,15 +7,7 @@ from relevancy.families import BUILT_IN, CausalLMAdapter, TimmViTAdapter
 from relevancy.methods import REGISTRY, Method, register_method
 
 
-@pytest.fixture(autouse=True)
-def registry_restored(monkeypatch):
-    """Each test's registry and families' method lists are given back after it."""
-    kept = dict(REGISTRY)
-    for family in BUILT_IN:
-        monkeypatch.setattr(family, "methods", family.methods)
-    yield
-    REGISTRY.clear()
-    REGISTRY.update(kept)
+pytestmark = pytest.mark.usefixtures("registry_restored")  # each test's registrations undone after it
 
 
 def mine(name: str = "mine", run=lambda adapter, inputs, target: None) -> Method:

@@ -16,6 +16,7 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -207,8 +208,9 @@ def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch
     """A vision-language decoder's prompt and image through its processor (one of each): the processor's output.
     A text gets the image's placeholder token put before it where it does not hold it; chat messages go through the
     processor's chat template with the generation prompt, an image item put first in the first user message where
-    none is there. A text that starts with the tokenizer's BOS (a chat template's) gets no second one. A path is
-    opened as a picture."""
+    none is there; a prompt that then holds the image token other than once is refused (the processor would count
+    images and tokens in words of its own). A text that starts with the tokenizer's BOS (a chat template's) gets no
+    second one. The image is checked by `_one_image`."""
     token = getattr(processor, "image_token", None)
     if not isinstance(token, str) or getattr(processor, "image_processor", None) is None:
         raise TypeError(f"a vision-language decoder generates with its processor (transformers AutoProcessor: tokenizer and "
@@ -220,13 +222,51 @@ def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch
     else:
         raise ValueError(f"with an image, the prompt is one non-empty text or chat messages (the processor places the image's "
                          f"tokens), got {quoted(prompt)}")
+    if text.count(token) != 1:
+        raise ValueError(f"the prompt holds the image token {token!r} {text.count(token)} times, but one image is explained: write it "
+                         "once where the image goes, or leave it out of a text prompt (it is put first), or give chat messages with "
+                         "one image item")
+    image = _one_image(image)
+    bos = getattr(processor.tokenizer, "bos_token", None)
+    templated = {"add_special_tokens": False} if bos and text.startswith(bos) else {}
+    return dict(processor(images=image, text=text, return_tensors="pt", **templated))
+
+
+#: what `image=` takes, for messages
+IMAGES_TAKEN = ("a PIL image, an image file's path, or one image as an array (H, W, C) or tensor (C, H, W) of 1, 3 or 4 "
+                "channels")
+
+
+def _one_image(image: object) -> Any:
+    """`image=` as the processor takes it: one picture (a path read as one), at least 1 x 1 pixels, finite; a one-line
+    error naming the argument and what it takes otherwise (the processor's own errors speak of lists of images, or
+    divide by zero)."""
+    from PIL import Image
+
     if isinstance(image, (str, Path)):
         from .core.pictures import read_image
 
         image = read_image(str(image))
-    bos = getattr(processor.tokenizer, "bos_token", None)
-    templated = {"add_special_tokens": False} if bos and text.startswith(bos) else {}
-    return dict(processor(images=image, text=text, return_tensors="pt", **templated))
+    if isinstance(image, (list, tuple)):
+        raise TypeError(f"image= is one image, got a {type(image).__name__} of {len(image)}: a vision-language decoder's generation is "
+                        f"explained about one image; give it alone ({IMAGES_TAKEN})")
+    if isinstance(image, Image.Image):
+        width, height = image.size
+    elif isinstance(image, (torch.Tensor, np.ndarray)):
+        shape = tuple(image.shape)
+        if len(shape) != 3 or not {shape[0], shape[-1]} & {1, 3, 4}:
+            raise ValueError(f"image= as an array is one image, (H, W, C) or (C, H, W) with 1, 3 or 4 channels; got shape {shape}")
+        height, width = shape[1:] if shape[0] in (1, 3, 4) else shape[:2]
+        values = image if isinstance(image, torch.Tensor) else torch.tensor(image) if image.dtype.kind in "biufc" else None
+        if values is None or values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"image= as an array holds real numbers (integers 0..255 or floats 0..1), got {image.dtype}")
+        if values.is_floating_point() and not bool(torch.isfinite(values.detach()).all()):
+            raise ValueError("image= holds NaN or infinite values: a map of it is not defined")
+    else:
+        raise TypeError(f"image= takes {IMAGES_TAKEN}; got {type(image).__name__}")
+    if not width or not height:
+        raise ValueError(f"image= is {width} x {height} pixels: an image has at least 1 x 1")
+    return image
 
 
 def _chat_text(processor: Any, messages: Sequence[Mapping]) -> str:
@@ -298,9 +338,10 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
-    A vision-language decoder (LLaVA, Gemma 3, Idefics3) generates about `image` (a PIL image, an image file's
-    path, or what its processor takes), the processor given in place of the tokenizer and one text prompt (the
-    image's placeholder token put first where the prompt does not hold it) or chat messages (through the processor's
+    A vision-language decoder (LLaVA, Gemma 3, Idefics3) generates about `image` (one image: a PIL image, an image
+    file's path, or an array (H, W, C) or tensor (C, H, W); a list, a 0-size or non-finite image is refused), the
+    processor given in place of the tokenizer and one text prompt (holding the image token once; the image's
+    placeholder token put first where the prompt does not hold it) or chat messages (through the processor's
     chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
     (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a
     `VisionLanguageGenerationExplanation`, has `image_scores` `(G, rows, cols)` too: row `g` the relevance of each
@@ -324,7 +365,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
             raise UnsupportedModelError(f"explain_generation on a {family.family} takes the methods of one forward through the tower: "
                                         f"{', '.join(methods_generating(family))}; got '{method}'")
         if image is None:
-            raise ValueError(f"a {family.family} generates about an image: pass image= (a PIL image or an image file's path)")
+            raise ValueError(f"a {family.family} generates about an image: pass image= ({IMAGES_TAKEN})")
         processor = tokenizer
         processed = _image_prompt(processor, prompt, image)
         images = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}

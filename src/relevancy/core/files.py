@@ -89,19 +89,24 @@ def check_folder(path: str | Path, files: Iterable[str] = ()) -> Path:
 MAX_NAME_BYTES = 255
 
 
-def output_path(path: object) -> Path:
-    """`path` (a str or a path object) as a `Path`, refused in one line where no file could be written there: bytes,
-    a NUL character, a file or folder name longer than `MAX_NAME_BYTES` bytes."""
+def checked_path(path: object, what: str, error: type[Exception]) -> Path:
+    """`path` (a str or a path object) as a `Path`, refused with `error` in one line where no file could be there:
+    bytes, a NUL character, a file or folder name longer than `MAX_NAME_BYTES` bytes (`what` names the path)."""
     if isinstance(path, (bytes, bytearray)) or not isinstance(path, (str, os.PathLike)):
-        raise OutputError(f"an output path is a str or a pathlib.Path, got {type(path).__name__}")
+        raise error(f"{what} must be a str or a pathlib.Path, got {type(path).__name__}")
     path = Path(path)
     if "\x00" in str(path):
-        raise OutputError(f"an output path cannot hold a NUL character: {str(path)!r:.80}")
+        raise error(f"{what} cannot hold a NUL character: {str(path)!r:.80}")
     long = next((part for part in path.parts if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES), None)
     if long is not None:
-        raise OutputError(f"the name {long[:40]}... is {len(long.encode('utf-8', 'surrogateescape'))} bytes long; a file or folder "
-                          f"name takes at most {MAX_NAME_BYTES}")
+        raise error(f"{what}: the name {long[:40]}... is {len(long.encode('utf-8', 'surrogateescape'))} bytes long; a file or folder "
+                    f"name takes at most {MAX_NAME_BYTES}")
     return path
+
+
+def output_path(path: object) -> Path:
+    """`path` as an output file's path, refused in one line where no file could be written there (`checked_path`)."""
+    return checked_path(path, "an output path", OutputError)
 
 
 def check_file(path: str | Path) -> Path:
@@ -152,7 +157,9 @@ def write_atomic(path: str | Path, content: bytes | str) -> Path:
     path = check_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8") if isinstance(content, str) else content
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the temporary name stays within a file system's name length (mkstemp adds 8 characters and the suffix)
+    stem = path.name.encode("utf-8", "surrogateescape")[:MAX_NAME_BYTES - 16].decode("utf-8", "ignore")
+    handle, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)

@@ -7,7 +7,7 @@ import difflib
 import inspect
 import numbers
 from dataclasses import dataclass
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence, get_args
 
 import torch
 
@@ -18,6 +18,11 @@ from ..core.streams import streams_attend_to_each_other
 from .targets import Target
 
 
+#: how a method explains a decoder's generation (`Method.generation`)
+GenerationMode = Literal["one_forward", "shared_forward", "prefixes"]
+GENERATION_MODES: tuple[str, ...] = get_args(GenerationMode)
+#: the yes-or-no fields of a `Method`
+METHOD_FLAGS = ("signed", "reads_class_token", "needs_attention", "accepts_concept", "pixels", "token_targets")
 #: the types an option's annotation names, as the values it takes (others, e.g. StartLayer, are the method's to check)
 OPTION_TYPES = {"bool": (bool,), "int": (numbers.Integral,), "str": (str,), "float": (numbers.Real,), "None": (type(None),)}
 
@@ -45,7 +50,7 @@ class Method:
     # forward, batched backward passes), "shared_forward" (one row per token's prefix in one shared forward, a
     # backward per token), "prefixes" (the prefixes as the rows of one batch, a pass or forwards per row); None: it
     # does not
-    generation: Literal["one_forward", "shared_forward", "prefixes"] | None = None
+    generation: GenerationMode | None = None
     # takes a decoder's token texts and `Contrast`s as targets (the others take token ids there)
     token_targets: bool = False
 
@@ -143,22 +148,34 @@ def lookup(name: object, among: Sequence[str] | None = None, what: str = "method
     raise ValueError(f"unknown method {given}.{hint} Valid {what}: {', '.join(valid)}")
 
 
-def register_method(method: Method, families: Sequence[type[Adapter]], replace: bool = False) -> None:
-    """Add a user's method to the registry, offered by the adapters of `families` (docs/adding-a-method.md). Checked
-    before anything changes, so that a refusal leaves the registry and the families as they were: a `Method` whose
-    `run` (and `across`) are callables, a name that is a non-empty identifier not taken by another method (a built-in
-    is replaced, for the whole process, only with `replace=True`), and families that are adapter classes."""
+def register_method(method: Method, families: type[Adapter] | Iterable[type[Adapter]], replace: bool = False) -> None:
+    """Add a user's method to the registry, offered by the adapters of `families` (one adapter class or several;
+    docs/adding-a-method.md). Checked before anything changes, so that a refusal leaves the registry and the families
+    as they were: a `Method` whose `run` (and `across`) are callables taking `(adapter, inputs, target)`, whose flags
+    are True or False and whose `generation` is one of `GENERATION_MODES` or None, a name that is a non-empty
+    identifier not taken by another method (a built-in is replaced, for the whole process, only with `replace=True`),
+    and families that are adapter classes."""
     if not isinstance(method, Method):
         raise TypeError(f"register_method takes a relevancy.methods.Method, got {type(method).__name__}")
     if not isinstance(method.name, str) or not method.name.isidentifier():
         raise ValueError(f"a method's name must be a non-empty identifier (letters, digits, _), got {method.name!r}")
-    if not callable(method.run) or (method.across is not None and not callable(method.across)):
+    for part, function in (("run", method.run), ("across", method.across)):
+        if function is None and part == "across" or callable(function) and _takes_a_call(function):
+            continue
+        got = f"{getattr(function, '__name__', '')}{inspect.signature(function)}" if callable(function) else type(function).__name__
         raise TypeError(f"method {method.name!r}: run (and across, where given) must be callables "
-                        f"run(adapter, inputs, target, **options), got {type(method.run).__name__}")
+                        f"run(adapter, inputs, target, **options), got {part} {got}")
+    flag = next((name for name in METHOD_FLAGS if not isinstance(getattr(method, name), bool)), None)
+    if flag is not None:
+        raise TypeError(f"method {method.name!r}: {flag} must be True or False, got {quoted(getattr(method, flag))}")
+    if method.generation is not None and method.generation not in GENERATION_MODES:
+        raise ValueError(f"method {method.name!r}: generation must be one of {', '.join(GENERATION_MODES)} or None, got {quoted(method.generation)}")
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be True or False, got {quoted(replace)}")
     if method.name in REGISTRY and REGISTRY[method.name] is not method and not replace:
         raise ValueError(f"a method named {method.name!r} is registered already (every call in this process would use yours); "
                          "choose another name, or pass replace=True to replace it")
-    families = list(families) if isinstance(families, (list, tuple)) else [families]
+    families = [families] if isinstance(families, (type, str)) or not isinstance(families, Iterable) else list(families)
     unknown = [family for family in families if not (isinstance(family, type) and issubclass(family, Adapter))]
     if unknown:
         raise TypeError(f"families must be adapter classes (relevancy.families.adapters() lists them), got {unknown[0]!r}")
@@ -166,6 +183,17 @@ def register_method(method: Method, families: Sequence[type[Adapter]], replace: 
     for family in families:
         if method.name not in family.methods:
             family.methods = (*family.methods, method.name)
+
+
+def _takes_a_call(function: Callable) -> bool:
+    """Whether `function` can be called as `function(adapter, inputs, target)` (True where its signature is not known)."""
+    try:
+        inspect.signature(function).bind(None, None, None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some built-ins)
+        pass
+    return True
 
 
 __all__ = ["Method", "REGISTRY", "lookup", "register_method", "Adapter", "Target"]

@@ -37,7 +37,7 @@ def token_ablation(adapter: Adapter, inputs: Any, target: Target, chunk_size: in
         raise ValueError(f"score={score!r} scores a class or token target; a Concept or a callable target is its own score")
 
     def scored(indices: torch.Tensor, logits: torch.Tensor, pre_logits: torch.Tensor) -> torch.Tensor:
-        return scorer(logits, indices) if score != "logit" else target_score(target, indices, logits, pre_logits)
+        return scorer(logits, indices) if score != "logit" else target_score(target, indices, logits, pre_logits, graph=False)
 
     scores = {}
     with torch.no_grad():

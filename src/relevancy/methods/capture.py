@@ -10,7 +10,6 @@ import torch
 from ..core.cancel import checkpoint
 from ..families.base import Adapter, forward_hooks
 from ..core.guard import this_thread_only
-from ..core.scores import finite_scores
 from .recompute import tokens_in, with_tokens_in
 from ..core.streams import AttentionSite
 from .targets import Target, resolve_target, target_score
@@ -188,7 +187,7 @@ def record_forward(
         else:
             logits, pre_logits, sources = shared
         indices = resolve_target(target, logits)
-        score = finite_scores(target_score(target, indices, logits, pre_logits))
+        score = target_score(target, indices, logits, pre_logits, graph=gradients)
     behind: dict[int, torch.Tensor] = {}
 
     def per_row(tensor: torch.Tensor) -> torch.Tensor:

@@ -254,7 +254,7 @@ def lrp(
                 tokens = adapter32.embed(inputs32)[stream.name].detach().requires_grad_(True)
                 logits, pre_logits = adapter32.forward_tokens(inputs32, {stream.name: tokens})
                 indices = resolve_target(target, logits)
-                score = target_score(target, indices, logits, pre_logits)
+                score = target_score(target, indices, logits, pre_logits, graph=True)
             relevance = relevance_to(session, score, tokens, recompute)
     scores = masked(stream, relevance).sum(-1)
     details = conservation(scores, rule_set, "lrp")

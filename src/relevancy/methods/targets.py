@@ -11,6 +11,7 @@ from torch import nn
 from ..core.guard import exclusive, ordinary
 from ..core.linears import cpu_packing_undone
 from ..core.messages import quoted
+from ..core.scores import checked_scores
 
 
 #: how a concept's direction is made from its examples' features (the option `kind`)
@@ -247,14 +248,13 @@ def resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
     return indices.clone()
 
 
-def target_score(target: Target, indices: torch.Tensor, logits: torch.Tensor, pre_logits: torch.Tensor) -> torch.Tensor:
-    """The explained score per input, `(B,)`: the target logit, the concept score, or the callable's score."""
+def target_score(target: Target, indices: torch.Tensor, logits: torch.Tensor, pre_logits: torch.Tensor, graph: bool) -> torch.Tensor:
+    """The explained score per input, `(B,)`: the target logit, the concept score, or the callable's score, checked
+    (`checked_scores`: attached to the model's output where `graph`, a method taking its gradient)."""
     if isinstance(target, Concept):
-        return target.score(pre_logits)
-    if is_score_function(target):
-        score = target(logits)
-        if not isinstance(score, torch.Tensor) or score.shape != (len(logits),):
-            got = f"shape {tuple(score.shape)}" if isinstance(score, torch.Tensor) else type(score).__name__
-            raise ValueError(f"a callable target must return one score per input, a tensor of shape ({len(logits)},); got {got}")
-        return score
-    return logits.gather(1, indices[:, None]).squeeze(1)
+        score, what = target.score(pre_logits), "the concept's score"
+    elif is_score_function(target):
+        score, what = target(logits), "target=f(logits)"
+    else:
+        score, what = logits.gather(1, indices[:, None]).squeeze(1), "the target's logit"
+    return checked_scores(score, what, len(logits), graph)

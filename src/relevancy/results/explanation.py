@@ -210,8 +210,9 @@ SAVED_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "i
 def _result_file(source: str | Path) -> str:
     """The text of a saved result's file: a regular file (a pipe or a device is never read: it may never end) of at
     most `MAX_RESULT_BYTES`, UTF-8 JSON; one-line errors otherwise."""
-    from ..core.files import special_kind
+    from ..core.files import checked_path, special_kind
 
+    source = checked_path(source, "relevancy.load takes the dict to_json() gives or a path; the path", ValueError)
     said = f"relevancy.load reads the JSON that save('....json') writes; {source}"
     kind = special_kind(source)
     if kind is not None:

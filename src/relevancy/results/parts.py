@@ -13,6 +13,7 @@ from numbers import Integral
 from dataclasses import dataclass, field, fields
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +67,17 @@ class ImagePart:
         return (images.detach().float().cpu() * std + mean).clamp(0, 1).permute(0, 2, 3, 1)
 
 
+def checked_row(index: object, rows: int) -> int:
+    """`index` as a row of a result of `rows` rows (an int or numpy's, negative from the end); a one-line error naming
+    the rows there are otherwise (torch's own speaks of dimension 0)."""
+    if isinstance(index, bool) or not isinstance(index, Integral):
+        raise TypeError(f"index must be an int, a row of the result (0..{rows - 1}), got {index!r} ({type(index).__name__})")
+    if not -rows <= index < rows:
+        raise IndexError(f"index {index} is out of range: the result has {rows} row{'s' if rows != 1 else ''}, 0..{rows - 1} "
+                         f"(or -{rows}..-1 from the end)")
+    return int(index)
+
+
 def attaches(unit: str) -> bool:
     """Punctuation that follows the previous word without a space (as written)."""
     return bool(unit) and unit in {".", ",", "!", "?", ";", ":", ")", "'", "%"}
@@ -93,6 +105,7 @@ class TextPart:
 
     def token_scores(self, index: int = 0) -> list[tuple[str, float]]:
         """`(token, score)` for the real tokens of text `index`."""
+        index = checked_row(index, len(self.scores))
         row = self.scores[index]
         if self.attention_mask is not None:
             row = row[self.attention_mask[index].bool().to(row.device)]
@@ -171,6 +184,8 @@ class TextPart:
         text = "".join(texts)
         ends = [sum(len(t) for t in texts[: k + 1]) for k in range(len(texts))]
         positions = list(zip([0, *ends[:-1]], ends))
+        if isinstance(spans, (torch.Tensor, np.ndarray)):
+            spans = spans.tolist()  # an (S, 2) array of spans
         if isinstance(spans, str):
             if spans != "sentences":
                 raise ValueError(f"spans must be 'sentences' or a list of (start, end) character spans, got {spans!r}")
@@ -178,10 +193,10 @@ class TextPart:
             spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if text[a:b].strip()]
         checked = []
         for span in spans:
-            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+            if (not isinstance(span, (tuple, list)) or len(span) != 2 or not all(isinstance(v, Integral) and not isinstance(v, bool) for v in span)
                     or not 0 <= span[0] < span[1] <= len(text)):
                 raise ValueError(f"each span is (start, end) with 0 <= start < end <= {len(text)} (the characters of text({index})), got {span!r}")
-            checked.append(tuple(span))
+            checked.append((int(span[0]), int(span[1])))  # numpy's integers too
         scores = [score for _, _, _, score in units]
         return [(text[a:b], sum(share * score for share, score in zip(span_shares(positions, texts, a, b), scores)))
                 for a, b in checked]
@@ -264,6 +279,7 @@ class RegionPart:
 
     def region_scores(self, index: int = 0) -> list[tuple[int, float]]:
         """`(region, score)` for the real regions of input `index`, in the model's order."""
+        index = checked_row(index, len(self.scores))
         row = self.scores[index]
         keep = range(len(row)) if self.valid is None else self.valid[index].nonzero().flatten().tolist()
         return [(int(k), float(row[k])) for k in keep]

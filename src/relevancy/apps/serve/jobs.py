@@ -273,7 +273,7 @@ def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int
     tokenizer = text_tokenizer(entry)
     tokens = len(tokenizer(request.prompt)["input_ids"])
     if entry.reads_images:  # a model the catalog loaded: its layout is one relevancy maps
-        tokens += layout_named(entry.model).image_tokens(entry.model.config)
+        tokens += layout_named(entry.model).image_token_count(entry.model)
     if request.continuation is not None:
         tokens += len(tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
     else:

@@ -37,7 +37,7 @@ from ..base import SEED_METHODS, Adapter, UnsupportedModelError
 from ..hf_attention import attention_probabilities, explaining_call, register_gated, switch_attention
 from ..text_batch import TextBatch, from_encoding, placeholder_tokens, token_tensor
 from .layouts import DECODER_CLASSES, SESSION, Layout, is_causal_lm, recognised, rotation_replacements, rule_map
-from ...core.scores import finite_scores, token_score
+from ...core.scores import checked_scores, token_score
 from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
@@ -213,7 +213,7 @@ class CausalLMAdapter(Adapter):
         """A `TextBatch` on the model's device from the tokenizer's output (or `input_ids` alone: no padding)."""
         if isinstance(inputs, Mapping):
             batch = from_encoding(inputs, None)
-        elif isinstance(inputs, torch.Tensor) and not inputs.is_floating_point():
+        elif isinstance(inputs, torch.Tensor):  # a float tensor is named by `token_tensor`
             ids = token_tensor(inputs[None] if inputs.ndim == 1 else inputs, "input_ids")
             batch = TextBatch(ids, torch.ones_like(ids))
         else:
@@ -484,22 +484,17 @@ class CausalLMAdapter(Adapter):
             logits = self.head(read.detach() if picked else read)  # (N, V): what predicts each token
             next_token = logits[:rows]  # each row's first term: its next-token logits
             if function:
-                explained = target(next_token)
-                if not isinstance(explained, torch.Tensor) or explained.shape != (rows,):
-                    got = f"shape {tuple(explained.shape)}" if isinstance(explained, torch.Tensor) else type(explained).__name__
-                    raise ValueError(f"a callable target must return one score per sequence, a tensor of shape ({rows},); got {got}")
+                explained = checked_scores(target(next_token), "target=f(logits)", rows, graph=True)
                 ids = torch.full((rows,), -1, dtype=torch.long, device=logits.device)
             else:
                 predicted = plan.term_ids < 0  # the target None: each row's most probable next token
                 term_ids = torch.where(predicted, logits.detach().argmax(-1), plan.term_ids)
-                values = self.picked_logits(read, term_ids) if picked else scorer(logits, term_ids)
-                if not isinstance(values, torch.Tensor) or values.shape != term_ids.shape:
-                    got = f"shape {tuple(values.shape)}" if isinstance(values, torch.Tensor) else type(values).__name__
-                    raise ValueError(f"score= as a callable must return one score per explained token, shape ({len(term_ids)},); got {got}")
+                values = checked_scores(self.picked_logits(read, term_ids) if picked else scorer(logits, term_ids),
+                                        f"score={score!r}" if isinstance(score, str) else "score=f(logits, ids)", len(term_ids),
+                                        graph=True, per="explained token")
                 explained = values.new_zeros(rows).index_add(0, plan.source[plan.term_rows], values * plan.term_signs)
                 plan.span_ids[:, 0] = torch.where(plan.span_ids[:, 0] < 0, term_ids[:rows], plan.span_ids[:, 0])
                 ids = plan.span_ids[:, 0]
-            finite_scores(explained)
             gradients = torch.autograd.grad(explained.sum(), [*leaves.values(), *recorded.hidden, *recorded.heads, *recorded.entering])
         read = plan.mask[..., None].to(embeddings.dtype)
         relevance = plan.gathered(input_times_gradient(embeddings, gradients[0]) * plan.mask)

@@ -29,11 +29,18 @@ class Span:
 
     def __post_init__(self) -> None:
         """A text or a sequence of token ids, refused at once otherwise (None, floats, bools); an empty one names
-        that it needs at least one token."""
+        that it needs at least one token. Ids as a tensor or array (1-D integers) are kept as a tuple of ints."""
         tokens = self.tokens
+        if isinstance(tokens, (torch.Tensor, np.ndarray)):
+            integers = not tokens.dtype.is_floating_point and not tokens.dtype.is_complex and tokens.dtype != torch.bool \
+                if isinstance(tokens, torch.Tensor) else tokens.dtype.kind in "iu"
+            if tokens.ndim != 1 or not integers:
+                raise TypeError(f"a Span of token ids as a tensor or array is 1-D integers, got shape {tuple(tokens.shape)} of {tokens.dtype}")
+            tokens = tuple(tokens.tolist())
+            object.__setattr__(self, "tokens", tokens)
         ids = not isinstance(tokens, (str, bytes)) and isinstance(tokens, Sequence) and all(
             isinstance(t, Integral) and not isinstance(t, bool) for t in tokens)
-        if not isinstance(tokens, str) and not ids and not isinstance(tokens, (torch.Tensor, np.ndarray)):
+        if not isinstance(tokens, str) and not ids:
             raise TypeError(f"a Span is a text (a non-empty str) or token ids (a non-empty list of ints), got {quoted(tokens)} "
                             f"({type(tokens).__name__})")
         if len(tokens) == 0:

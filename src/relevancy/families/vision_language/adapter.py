@@ -62,11 +62,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.blocks = list(getattr(self.decoder, self.layout.layers))
         self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
+        self.image_tokens = self.vision.image_token_count(model)  # the placeholders of one image in a row
         self.patch = int(model.config.vision_config.patch_size)
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
-        patches = self.side ** 2
-        #: the tower's tokens before its patch tokens: CLIP's [CLS] (none for SigLIP)
-        self.tower_prefix = int(getattr(self.vision.transformer(model).embeddings, "num_positions", patches)) - patches
+        self.tower_prefix = self.vision.tower_prefix(model)  # CLIP's [CLS] (none for SigLIP)
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
         self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
 
@@ -78,7 +77,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> ImageTextTokens:
         """An `ImageTextTokens` on the model's device from the processor's output, the pixels in the model's dtype; a
-        one-line error for anything but one image per row of the tower's size, placeholders in every row."""
+        one-line error for anything but one image per row of the tower's size, its placeholders in every row (as many as
+        the layout puts one image's features at), before the processor's or the model's own error."""
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs or "input_ids" not in inputs:
             got = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
             raise TypeError(f"inputs must be the processor's output, a dict with input_ids, attention_mask and pixel_values; got {got}")
@@ -96,8 +96,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
             what = "(B, 1, 3, H, W): one image per row, without image splitting (do_image_splitting=False)" if images else "(B, 3, H, W): one image per row"
             raise ValueError(f"pixel_values must be {what} of the tower's size {side} x {side}, i.e. {shape}; got {tuple(pixels.shape)}")
         placeholders = (text.input_ids == self.image_token).sum(1)
-        if (placeholders == 0).any() or (placeholders != placeholders[0]).any():
-            raise ValueError(f"every row must hold its image's placeholder tokens (id {self.image_token}) once; counted per row: {placeholders.tolist()}")
+        if (placeholders != self.image_tokens).any():
+            raise ValueError(f"input_ids must hold one image's {self.image_tokens} placeholder tokens (id {self.image_token}) in every row, "
+                             f"as many as the model puts the image's features at; counted per row: {placeholders.tolist()}: make the "
+                             "inputs with the model's processor, processor(images=image, text=prompt), the prompt holding its image "
+                             "token (processor.image_token) once or made by its chat template (processor.apply_chat_template)")
         dtype = next(self.model.parameters()).dtype
         device = text.input_ids.device  # the embeddings' execution device (not an offloaded weight's meta device)
         mask = inputs.get("pixel_attention_mask")
@@ -160,7 +163,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         selected = getattr(self.model.config, "vision_feature_layer", -1) if self.vision is LLAVA else -1
         depths = tuple(sorted({k % (len(layers) + 1) for k in ([selected] if isinstance(selected, int) else selected)}))
         positions = inputs.input_ids == self.image_token
-        count = int(positions[0].sum())  # every row holds its image's tokens once (`check_inputs`)
+        count = self.image_tokens  # every row holds its image's tokens once (`check_inputs`)
         weights = torch.zeros(count, prefix + patches, dtype=torch.float64, device=positions.device)
         weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix, dtype=torch.float64, device=positions.device)  # LLaVA's kept [CLS]
         weights[self.image_prefix:, prefix:] = tokens_on_patches(torch.eye(count - self.image_prefix, dtype=torch.float64,

@@ -53,14 +53,23 @@ class VisionLanguageLayout:
     tower: str
     projector: str
     decoder: str
-    #: how many tokens one image takes in the decoder, from the model's config
-    image_tokens: Callable[[Any], int]
+    #: how many tokens one image takes in the decoder, from the model's config and the tower's prefix tokens
+    image_tokens: Callable[[Any, int], int]
     projector_parts: tuple[tuple[str, Part], ...] = ()
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
         tower = getattr(model.model, self.tower)
         return getattr(tower, "vision_model", tower)
+
+    def tower_prefix(self, model: nn.Module) -> int:
+        """The tower's tokens before its patch tokens: CLIP's [CLS] (none for SigLIP)."""
+        patches = patch_count(model.config)
+        return int(getattr(self.transformer(model).embeddings, "num_positions", patches)) - patches
+
+    def image_token_count(self, model: nn.Module) -> int:
+        """The placeholder tokens one image takes in the decoder's sequence (its features are put there)."""
+        return int(self.image_tokens(model.config, self.tower_prefix(model)))
 
     def misfit(self, model: nn.Module) -> str | None:
         """What of the tower or projector does not fit this layout (by its path), or None."""
@@ -100,13 +109,13 @@ def patch_count(config: Any) -> int:
 
 
 LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
-                             lambda config: patch_count(config) + int(config.vision_feature_select_strategy == "full"),  # [CLS] kept
+                             lambda config, prefix: patch_count(config) + prefix * (config.vision_feature_select_strategy == "full"),  # [CLS] kept
                              (("", LLAVA_PROJECTOR),))
 GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
-                              lambda config: config.mm_tokens_per_image,  # the patches average-pooled
+                              lambda config, prefix: config.mm_tokens_per_image,  # the patches average-pooled
                               (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),))
 IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
-                                "text_model", lambda config: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
+                                "text_model", lambda config, prefix: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
