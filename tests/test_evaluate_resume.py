@@ -284,6 +284,11 @@ def test_a_second_run_into_the_same_folder_is_refused_while_the_first_lives(tmp_
                 second.pending(2)
         first.save(0, {"a": 1})
     assert os.listdir(tmp_path / "out") == [PARTIAL]  # the lock file gone, the records kept
+    os.mkfifo(tmp_path / "out" / LOCK)
+    with within(20), Shards.at(tmp_path / "out", "x", {"n": 2}) as odd:
+        with pytest.raises(RunRefused, match=f"{LOCK} is not a regular file: remove it"):
+            odd.pending(2)
+    (tmp_path / "out" / LOCK).unlink()
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from relevancy.evaluation.shards import Shards\n"
         f"s = Shards.at({str(tmp_path / 'out')!r}, 'x', {{'n': 2}}); s.pending(2); print('held', flush=True); time.sleep(120)")],
@@ -456,6 +461,23 @@ def launch(commands: list[list[str]], log: Path, timeout: float, **extra: str) -
     return statuses
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_processes_started_differently_refuse_together(tmp_path):
+    """Two processes of one gloo run, one with another --seed: both refuse, naming the field and the ranks."""
+    port, out = free_port(), tmp_path / "out"
+    commands = [["env", f"RANK={rank}", f"LOCAL_RANK={rank}", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                 f"MASTER_PORT={port}", sys.executable, str(DRIVER), "--out", str(out), "--seed", str(rank)] for rank in range(2)]
+    assert launch(commands, tmp_path / "log", 120) == [2, 2]
+    log = (tmp_path / "log").read_text()
+    assert log.count("error: the processes of this run were started differently (seed: 0 on rank 0, 1 on rank 1; weights: [") == 2
+    assert not out.exists()  # the folder it made for the lock, removed
+
+
 def torchrun(processes: int, out: Path, log: Path, **extra: str) -> int:
     """`torchrun --standalone --nproc-per-node processes tests/resume_driver.py --out out`: the agent's status."""
     return launch([[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
@@ -495,9 +517,7 @@ def test_two_nodes_on_this_machine_give_the_single_process_results(tmp_path, sha
     argv = ["evaluate", "--model", str(shapes_checkpoint), "--arch", "shapes", "--threads", "1", "--quiet",
             "--methods", "rollout,cdam", "-n", "3", "--batch-size", "1"]
     assert main([*argv, "--out", str(tmp_path / "single")]) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", uuid.uuid4().hex, "-m", "relevancy", *argv,
             "--out", str(tmp_path / "nodes")]

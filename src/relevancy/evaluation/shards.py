@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -300,6 +301,9 @@ class Shards:
                 handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
             except OSError as error:
                 return RunRefused, f"cannot take the lock {path}: {error.strerror}; --out must be a folder this run can write"
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                os.close(handle)
+                return RunRefused, f"{path} is not a regular file: remove it (a run makes it as its lock)"
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -443,17 +447,16 @@ class Shards:
         """Let go of what this process holds (rank 0: the lock; an empty run folder and ``partial/``; the output folder
         when this run made it and left it empty). The records stay: the same command continues from them. Safe to
         call twice."""
-        if self.folder is None or self.rank != 0 or self._lock is None:
-            return
-        for folder in (self.folder, self.folder.parent):
-            try:
-                folder.rmdir()
-            except OSError:  # not empty, or not there
-                pass
-        assert self.out is not None
-        (self.out / LOCK).unlink(missing_ok=True)  # while still held: no other run locks this file after its removal
-        os.close(self._lock)
-        self._lock = None
+        if self._lock is not None:  # rank 0 of the live run: the folders are its own to tidy
+            assert self.folder is not None and self.out is not None
+            for folder in (self.folder, self.folder.parent):
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty, or not there
+                    pass
+            (self.out / LOCK).unlink(missing_ok=True)  # while still held: no other run locks this file after its removal
+            os.close(self._lock)
+            self._lock = None
         if self._made is not None:
             try:
                 self._made.rmdir()

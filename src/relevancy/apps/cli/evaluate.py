@@ -10,9 +10,11 @@ only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, co
 shapes-vqa, llm-retrieval and vlm-shapes write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
 :mod:`relevancy.apps.cli`; the output folder is checked before any work. Every benchmark is a fixed list of batches
 (`relevancy.evaluation.shards`): under ``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains
-every K-th batch; each process records every finished batch in ``DIR/partial/`` as it goes, the same command run
-again computes only the batches not recorded, and the records are merged (gloo) in batch order, so the numbers are
-those of one uninterrupted process.
+every K-th batch; each process records every finished batch in ``DIR/partial/<benchmark>/`` as it goes, the same
+command run again (with any K) computes only the batches not recorded, and the records are merged (gloo) in batch
+order, so the numbers are those of one uninterrupted process. Each benchmark weighs its models
+(`Shards.weigh`) before its first batch: records of another run (other options, weights or library versions) are
+refused by field, and a second run into a ``DIR`` a live run holds is refused.
 """
 from __future__ import annotations
 
