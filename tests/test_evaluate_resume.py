@@ -462,6 +462,7 @@ def launch(commands: list[list[str]], log: Path, timeout: float, **extra: str) -
 
 
 def free_port() -> int:
+    """A TCP port free on localhost now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
