@@ -10,7 +10,7 @@ against the same run uninterrupted, and the cost of recording each batch.
    with SIGKILL (torchrun then ends rank 0); the batches recorded by then; then the same command again: its wall
    time, the batches it computed, and whether results.json equals the uninterrupted one (timings aside).
 3. In one process, `relevancy.evaluation.run` with the records kept in memory and written to files (JSON lines,
-   fsync per batch), interleaved twice: the recording's cost.
+   fsync per batch; the model's weights digested once for the run's identity), interleaved twice: the recording's cost.
 Writes a Markdown report to `--out` (default benchmarks/results/evaluate_resume.md).
 """
 from __future__ import annotations
@@ -72,11 +72,12 @@ def recording_cost(args: argparse.Namespace, folder: Path) -> tuple[float, float
         started = time.perf_counter()
         run(model, settings, progress=False, shards=Shards())
         memory.append(time.perf_counter() - started)
-        shards = Shards.at(folder / str(attempt), {"attempt": attempt})
-        started = time.perf_counter()
-        run(model, settings, progress=False, shards=shards)
-        files.append(time.perf_counter() - started)
-        size = shards.path.stat().st_size
+        with Shards.at(folder / str(attempt), "shapes", {"attempt": attempt}) as shards:
+            started = time.perf_counter()
+            shards.weigh(model)
+            run(model, settings, progress=False, shards=shards)
+            files.append(time.perf_counter() - started)
+            size = shards.path.stat().st_size
     return min(memory), min(files), size
 
 
@@ -123,7 +124,7 @@ def main() -> None:
         f"| the same command again | {resumed:.1f} s | {batches - kept} |", "",
         f"results.json of the resumed run equals the uninterrupted one (timings aside): **{equal}**.", "",
         f"Recording, one process, {args.n // 2} + {max(1, args.n // 4)} scenes (best of 2, interleaved): records in memory "
-        f"{memory:.2f} s, in a file (a JSON line and an fsync per batch) {files:.2f} s ({100 * (files / memory - 1):+.1f} %); "
+        f"{memory:.2f} s, in a file (a JSON line and an fsync per batch, the weights' digest) {files:.2f} s ({100 * (files / memory - 1):+.1f} %); "
         f"the file holds {size / 1024:.0f} KiB.", "",
     ])
     write_atomic(args.out, report)

@@ -2,10 +2,12 @@
 
 `check_folder` and `check_file` refuse an output path that cannot be written before a command computes
 anything; `distinct_stems` names the outputs of a run apart; `write_atomic` writes a temporary file in the
-same folder and moves it into place with `os.replace`, so a failure leaves no partial file.
+same folder and moves it into place with `os.replace`, so a failure leaves no partial file; `read_regular` reads
+back what was written, refusing anything but a regular file of a bounded size (a pipe or a device may never end).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -43,6 +45,48 @@ def special_kind(path: str | Path) -> str | None:
     except (OSError, ValueError):
         return None
     return next((kind for test, kind in SPECIAL_KINDS if test(mode)), None)
+
+
+#: the dtypes a tensor written into a JSON file may name (a saved result's, an evaluation record's)
+TENSOR_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+
+
+def read_regular(path: str | Path, limit: int, links: bool = False) -> bytes:
+    """The bytes of `path`, refused (ValueError, naming what it is) unless it is a regular file of at most `limit`
+    bytes: a pipe, a device or a folder is never read (the read may never end or never stop), a symbolic link only
+    with `links`. The kind is checked before opening (no device is opened) and again on the open descriptor (no race
+    between the check and the read); the open does not block, whatever is there. A missing file is the OSError."""
+    path = Path(path)
+    mode = (os.stat if links else os.lstat)(path).st_mode
+    _check_regular(path, mode, links)
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if links else os.O_NOFOLLOW))
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # made a link since the check
+            _check_regular(path, stat.S_IFLNK, links)
+        raise
+    with os.fdopen(handle, "rb") as file:
+        info = os.fstat(handle)
+        _check_regular(path, info.st_mode, links)
+        if info.st_size > limit:
+            raise ValueError(f"{path} holds {info.st_size:,} bytes, more than the {limit:,} read here")
+        data = file.read(limit + 1)
+    if len(data) > limit:  # it grew while read
+        raise ValueError(f"{path} holds more than the {limit:,} bytes read here")
+    return data
+
+
+def _check_regular(path: Path, mode: int, links: bool) -> None:
+    """A ValueError naming what `path` is unless `mode` is a regular file's."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISLNK(mode):
+        kind = "a symbolic link" + ("" if links else " (read only as the file itself, not through a link)")
+    elif stat.S_ISDIR(mode):
+        kind = "a folder"
+    else:
+        kind = next((kind for test, kind in SPECIAL_KINDS if test(mode)), "an unknown kind of file")
+    raise ValueError(f"{path} is {kind}, not a regular file")
 
 
 def check_model_path(value: str, option: str) -> None:

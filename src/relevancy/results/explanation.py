@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
+from ..core.files import TENSOR_DTYPES, checked_path, read_regular
 from .parts import ImagePart, LatentRelevance, RegionPart, SpanRelevance, TextPart, excluded_positions, sink_shares
 from .token_text import token_texts
 
@@ -203,46 +204,34 @@ def load(source: str | Path | Mapping) -> Explanation:
 
 #: the largest result file `load` reads (a batch of pixel maps as JSON numbers: hundreds of MB at most)
 MAX_RESULT_BYTES = 2**30
-#: the dtypes a saved result's tensors may have
-SAVED_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 
 
 def _result_file(source: str | Path) -> str:
-    """The text of a saved result's file: a regular file (a pipe or a device is never read: it may never end) of at
-    most `MAX_RESULT_BYTES`, UTF-8 JSON; one-line errors otherwise."""
-    from ..core.files import checked_path, special_kind
-
+    """The text of a saved result's file: a regular file (a pipe or a device is never read: it may never end; links
+    followed) of at most `MAX_RESULT_BYTES`, UTF-8 JSON; one-line errors otherwise."""
     source = checked_path(source, "relevancy.load takes the dict to_json() gives or a path; the path", ValueError)
-    said = f"relevancy.load reads the JSON that save('....json') writes; {source}"
-    kind = special_kind(source)
-    if kind is not None:
-        raise ValueError(f"{said} is {kind}, not a file")
+    said = "relevancy.load reads the JSON that save('....json') writes"
     try:
-        path = Path(source)
-        size = path.stat().st_size
-        if path.is_dir():
-            raise ValueError(f"{said} is a folder")
-        if size > MAX_RESULT_BYTES:
-            raise ValueError(f"{said} holds {size / 2**20:.0f} MiB, more than a saved result's {MAX_RESULT_BYTES // 2**20} MiB")
-        with open(path, "rb") as file:
-            text = file.read(MAX_RESULT_BYTES + 1).decode("utf-8")
+        text = read_regular(source, MAX_RESULT_BYTES, links=True).decode("utf-8")
         json.loads(text)  # checked here, so that the message names the file
         return text
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, TypeError) as error:
-        raise ValueError(f"{said} could not be read as JSON: {' '.join(str(error).split())[:200]}") from None
+    except (OSError, TypeError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"{said}; {source} could not be read as JSON: {' '.join(str(error).split())[:200]}") from None
+    except ValueError as error:  # not a regular file, or too large: the error names the path
+        raise ValueError(f"{said}; {error}") from None
 
 
 def _check_tensors(numbers: dict) -> None:
     """Refuse, naming the key, a saved result whose `tensors` entry is missing or describes a tensor that is not one:
-    a dtype outside `SAVED_DTYPES`, a shape that is not a list of non-negative whole numbers."""
+    a dtype outside `TENSOR_DTYPES`, a shape that is not a list of non-negative whole numbers."""
     tensors = numbers.get("tensors")
     if not isinstance(tensors, dict) or not tensors:
         raise ValueError("the saved result has no 'tensors' entry (the dtype and shape of each tensor, as to_json() writes them)")
     for path, meta in tensors.items():
         if not isinstance(meta, dict) or set(meta) != {"dtype", "shape"}:
             raise ValueError(f"tensors[{path!r}] must be {{'dtype': ..., 'shape': [...]}}, got {json.dumps(meta)[:100]}")
-        if meta["dtype"] not in SAVED_DTYPES:
-            raise ValueError(f"tensors[{path!r}] has dtype {json.dumps(meta['dtype'])[:60]}; a saved tensor is one of {', '.join(SAVED_DTYPES)}")
+        if meta["dtype"] not in TENSOR_DTYPES:
+            raise ValueError(f"tensors[{path!r}] has dtype {json.dumps(meta['dtype'])[:60]}; a saved tensor is one of {', '.join(TENSOR_DTYPES)}")
         shape = meta["shape"]
         if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
             raise ValueError(f"tensors[{path!r}] has shape {json.dumps(shape)[:60]}; a shape is a list of whole numbers >= 0")

@@ -10,9 +10,11 @@ only), and with ``--json`` prints the summary metrics on stdout; shapes-clip, co
 shapes-vqa, llm-retrieval and vlm-shapes write results.json (fractions) and report.md only, and ``--json`` prints all of results.json. The options are defined in
 :mod:`relevancy.apps.cli`; the output folder is checked before any work. Every benchmark is a fixed list of batches
 (`relevancy.evaluation.shards`): under ``torchrun --nproc-per-node K`` (``WORLD_SIZE`` set) each process explains
-every K-th batch; each process records every finished batch in ``DIR/partial/`` as it goes, the same command run
-again computes only the batches not recorded, and the records are merged (gloo) in batch order, so the numbers are
-those of one uninterrupted process.
+every K-th batch; each process records every finished batch in ``DIR/partial/<benchmark>/`` as it goes, the same
+command run again (with any K) computes only the batches not recorded, and the records are merged (gloo) in batch
+order, so the numbers are those of one uninterrupted process. Each benchmark weighs its models
+(`Shards.weigh`) before its first batch: records of another run (other options, weights or library versions) are
+refused by field, and a second run into a ``DIR`` a live run holds is refused.
 """
 from __future__ import annotations
 
@@ -348,9 +350,9 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
         torch.set_num_threads(args.threads)
     rank, world, created = _distributed()
     try:
-        shards = Shards.at(args.out, {"benchmark": benchmark, **run_key(args, n)}, rank, world)
-        written = _evaluate(args, benchmark, n, shards)
-        shards.finish()
+        with Shards.at(args.out, benchmark, run_key(args, n), rank, world) as shards:
+            written = _evaluate(args, benchmark, n, shards)
+            shards.finish()
         if created:  # every rank leaves together: a rank tearing gloo down while another still runs can abort it
             dist.barrier()
         return written
@@ -382,6 +384,7 @@ def evaluate_images(args: argparse.Namespace, methods: tuple[str, ...], n: int |
     benchmark = args.benchmark
     model, info = load_model(args.model, args.arch)
     check(model)
+    shards.weigh(model)
     settings = Settings(benchmark=benchmark, methods=methods, n=n if n is not None else 2**62,
                         batch_size=args.batch_size, seed=args.seed, paper_settings=args.paper_settings,
                         data=args.data, workers=args.workers)
@@ -402,6 +405,7 @@ def evaluate_coco_detr(args: argparse.Namespace, methods: tuple[str, ...], n: in
     from ...core.extras import require
 
     model = require("transformers", "text").DetrForObjectDetection.from_pretrained(args.model).eval()
+    shards.weigh(model)
     images = args.images if args.images is not None else Path(args.data).parent
     results = evaluate_detection_segmentation(model, args.data, images, methods, n, shards, progress=not args.quiet)
     if shards.rank != 0:
@@ -430,6 +434,7 @@ def evaluate_shapes_detection(args: argparse.Namespace, methods: tuple[str, ...]
     if model.config.num_labels != len(CLASSES):
         raise UsageError(f"the shapes-detection benchmark needs a detector of the {len(CLASSES)} shape classes; "
                            f"{path} has {model.config.num_labels}")
+    shards.weigh(model)
     threshold = args.threshold if getattr(args, "threshold", None) is not None else DETECTION_THRESHOLD
     methods = _offered(args, methods, supported_methods(model), "DETR", "shapes-detection")
     results = run_benchmark(model, n=n, methods=methods, threshold=threshold, seed=DETECTION_TEST_SEED + args.seed,
@@ -472,6 +477,7 @@ def evaluate_shapes_vqa(args: argparse.Namespace, methods: tuple[str, ...], n: i
         model, _ = load_vqa_lxmert(path)
     except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as error:
         raise UsageError(f"cannot load a shapes LXMERT from {path} and its .json: {type(error).__name__}: {error}") from error
+    shards.weigh(model)
     perturbation_n = getattr(args, "perturbation_n", None)
     perturbation_n = min(n, DEFAULT_PERTURBATION_N) if perturbation_n is None else perturbation_n
     seed = VQA_TEST_SEED + 3 * args.seed
@@ -490,6 +496,7 @@ def evaluate_rationales(args: argparse.Namespace, methods: tuple[str, ...], n: i
     from ...evaluation.text_rationales import RationaleSet, rationale_test
 
     model, tokenizer = load_text_classifier(None if _shipped(args) else args.model)
+    shards.weigh(model, tokenizer)
     annotations, documents = load_eraser(args.data, args.split)
     data = RationaleSet(documents, annotations[:n] if n is not None else annotations)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
@@ -548,6 +555,7 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
     if not shipped and not Path(args.model).is_file():
         raise UsageError(f"--model for shapes-clip: 'shapes' (the shipped shapes CLIP) or a shapes-CLIP .safetensors file, got {args.model!r}")
     model, tokenizer = load_clip(None if shipped else args.model)
+    shards.weigh(model, tokenizer)
     results = evaluate_grounding(model, tokenizer, methods, n, seed=args.seed, batch_size=args.batch_size, progress=not args.quiet,
                                  shards=shards)
     if shards.rank != 0:
@@ -571,6 +579,7 @@ def evaluate_llm_retrieval(args: argparse.Namespace, methods: tuple[str, ...], n
     from ...models import load_language_model
 
     model, tokenizer = load_language_model(args.model)
+    shards.weigh(model, tokenizer)
     results = run_benchmark(model, tokenizer, methods=methods, n=n, seed=args.seed, batch_size=args.batch_size,
                             progress=not args.quiet, shards=shards)
     return _write_generated(args, results, args.model, llm_report, shards)
@@ -590,6 +599,7 @@ def evaluate_vlm_shapes(args: argparse.Namespace, methods: tuple[str, ...], n: i
         model, processor = load_shapes_llava(path)
     except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as error:
         raise UsageError(f"cannot load a shapes LLaVA from {path} and its .json: {type(error).__name__}: {error}") from error
+    shards.weigh(model)  # its processor is the library's own (a fixed vocabulary, checked against the file's)
     methods = _offered(args, methods, supported_methods(model, DEFAULT_METHODS), "LLaVA", "vlm-shapes")
     results = run_benchmark(model, processor, methods=methods, n=n, seed=VLM_TEST_SEED + 32 * args.seed,
                             batch_size=args.batch_size, progress=not args.quiet, shards=shards)
