@@ -28,3 +28,16 @@ def tiny_registers() -> torch.nn.Module:
 def tiny_global_pool() -> torch.nn.Module:
     torch.manual_seed(0)
     return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, class_token=False, global_pool="avg", **TINY).eval()
+
+
+def tiny_swin(seed: int = 0) -> torch.nn.Module:
+    """Two stages (8 x 8 then 4 x 4 tokens), windows of 2 x 2, shifted in every second block; random weights with a
+    random relative position bias, float64, eval mode."""
+    torch.manual_seed(seed)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=32, patch_size=4, embed_dim=8,
+                              depths=(2, 2), num_heads=(2, 2), window_size=2, num_classes=5, drop_path_rate=0.0)
+    with torch.no_grad():
+        for stage in model.layers:
+            for block in stage.blocks:
+                block.attn.relative_position_bias_table.normal_(0, 0.5)
+    return model.double().eval()

@@ -46,10 +46,10 @@ def explain(model: nn.Module, inputs: Any, method: str = "transformer_attributio
     with prepared(model, inputs, target, attention_probabilities=spec.needs_attention) as call:
         adapter, inputs, streams = call.adapter, call.inputs, call.streams
         adapter.check_method_target(call.target, method, tuple(n for n, m in REGISTRY.items() if m.token_targets))
-        # a cross-attention model reads every stream from its one readout stream's row
+        # a cross-attention model reads every stream from its one readout stream's row; a pooled stream its pooled token's
         across = streams_attend_to_each_other(adapter.attention_sites())
-        pooled = [] if across else [name for name, s in streams.items() if s.readout is None]
-        if spec.reads_class_token and pooled:
+        unread = [] if across else [name for name, s in streams.items() if s.readout is None and not s.pooled]
+        if spec.reads_class_token and unread:
             raise UnsupportedModelError(
                 f"method '{method}' reads the [CLS] row of attention, but this model has no class token "
                 f"(global pooling). Use one of: {', '.join(n for n in adapter.methods if not REGISTRY[n].reads_class_token)}"

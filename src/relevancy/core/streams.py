@@ -23,13 +23,31 @@ class Hookable(Protocol):
 
 
 @dataclass(frozen=True)
+class TokenLayout:
+    """A hierarchical stream's tokens at each of its self-attention sites, in forward order (Swin).
+
+    `windows[k]` `(n, w)`: site `k` attends within windows, its probabilities `(B * n, heads, w, w)`, and place `i`
+    of window `j` holds the site's token `windows[k][j, i]` (its stage's tokens in raster order on that stage's
+    grid, image coordinates: a shifted window's roll undone). `merges[k]` `(N_k, m)`: the tokens of site `k` are
+    made of the tokens before it (the previous site's, or the stream's grid for `k = 0`) in groups of `m`, token `t`
+    of the group `merges[k][t]` (patch merging: 2 x 2); None where they are the same tokens. Every token is in one
+    window per site and one group per merge (no padding)."""
+
+    windows: tuple[torch.Tensor, ...]
+    merges: tuple[torch.Tensor | None, ...]
+
+
+@dataclass(frozen=True)
 class Stream:
     """One token stream of a batch.
 
     `prefix_tokens`: tokens before the content ([CLS], registers, distillation token); scores cover the tokens
     after them. `readout`: `(B,)` the token whose row a method reads ([CLS]: 0; CLIP text: the end-of-text
     token), None where the model pools (no such row). `valid`: `(B, T)` bool of the real tokens (None: all).
-    `grid`: `(h, w)` of the content tokens of an image stream.
+    `grid`: `(h, w)` of the content tokens of an image stream (a hierarchical stream's: its first stage's patch grid).
+    `pooled`: the model averages the content tokens where it has no readout token (Swin's head): the methods that
+    read a readout row read the pooled token's, the mean of the content rows. `layout`: where a hierarchical
+    stream's attention sites sit on its tokens (windows, merges); None: every site attends over the whole stream.
     """
 
     name: str
@@ -38,6 +56,8 @@ class Stream:
     readout: torch.Tensor | None
     valid: torch.Tensor | None = None
     grid: tuple[int, int] | None = None
+    pooled: bool = False
+    layout: TokenLayout | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STREAM_KINDS:

@@ -23,8 +23,8 @@ from ..core.dispatch import within_hook
 from ..core.guard import this_thread_only
 from . import gradient, rules
 from .rule_sets import (
-    RelevanceRule, RuleSet, gate_rule, linear_module_rule, passthrough_rule, pixel_conv_rule, reweigh_rule, rule_of,
-    first_token_rule, weight_rule,
+    RelevanceRule, RuleSet, gate_rule, linear_module_rule, mean_rule, passthrough_rule, pixel_conv_rule, reweigh_rule,
+    rule_of, first_token_rule, weight_rule,
 )
 
 GRADIENT, RELEVANCE = "gradient", "relevance"  # the modes of an explicit pass's backward
@@ -205,6 +205,12 @@ def branch(session: Session | None, x: torch.Tensor) -> torch.Tensor:
 def first_token(session: Session | None, x: torch.Tensor) -> torch.Tensor:
     """`x[:, 0]`, the [CLS] readout: relevance goes back to token 0 (times the reference's factor when exact)."""
     return session.apply(first_token_rule, lambda t: t[:, 0], x) if _explicit(session) and session.exact else x[:, 0]
+
+
+def mean_tokens(session: Session | None, tokens: torch.Tensor) -> torch.Tensor:
+    """`tokens.mean(1)`, `(B, N, D) -> (B, D)` (global average pooling): relevance shared over the tokens in proportion
+    to their values in an explicit pass (`rule_sets.mean_rule`); its own gradient otherwise."""
+    return _apply(session, mean_rule, lambda t: t.mean(1), tokens)
 
 
 # -- patching ----------------------------------------------------------------------------------------------

@@ -66,6 +66,18 @@ def reweigh_rule(_session: Session, inputs: tuple, _output: torch.Tensor, releva
     return (rules.reweigh_branches(inputs[0], relevance),)
 
 
+def mean_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
+    """`mean_i x_i` over dim 1 (global average pooling): token i gets `x_i / sum_j x_j` of the relevance (the add rule
+    over N terms)."""
+    (tokens,) = inputs
+    total = tokens.sum(1, keepdim=True)
+    arriving = relevance[:, None]
+    if session.exact:
+        return (tokens * rules.safe_divide(arriving, total),)
+    signed, unsigned = rules.stable_quotients(arriving, total, tokens.abs().sum(1, keepdim=True))
+    return (torch.addcmul(tokens * signed, tokens.abs(), unsigned),)
+
+
 def first_token_rule(_session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
     (tokens,) = inputs
     shares = torch.zeros_like(tokens)

@@ -39,7 +39,7 @@ class Method:
     name: str
     run: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     signed: bool  # scores take both signs: shown with a diverging colormap centred on zero
-    reads_class_token: bool  # reads the [CLS] row: needs a model with a class token
+    reads_class_token: bool  # reads the [CLS] row: needs a model with a class token or a pooled readout (Stream.pooled)
     needs_attention: bool = True  # reads attention probabilities: fused attention is switched off for the call
     accepts_concept: bool = False  # can explain a `Concept` instead of a class
     pixels: bool = False

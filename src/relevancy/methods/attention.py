@@ -47,13 +47,75 @@ def set_class_entry(scores: torch.Tensor, how: ClassEntry, stream: Stream) -> to
     return scores
 
 
-def readout_row(matrix: torch.Tensor, stream: Stream) -> torch.Tensor:
-    """The readout token's row of a `(B, T, T)` token matrix (or of each head's, `(B, H, T, T)`) at the content
-    columns: `(B, N)` (or `(B, H, N)`)."""
-    rows = torch.arange(len(matrix), device=matrix.device)
-    readout = stream.readout.to(matrix.device)
-    picked = matrix[rows, :, readout] if matrix.ndim == 4 else matrix[rows, readout]
-    return picked[..., stream.prefix_tokens:]
+def times(row: torch.Tensor, matrix: torch.Tensor, windows: torch.Tensor | None = None) -> torch.Tensor:
+    """`row @ matrix` for rows `(B, [H,] T)` and a token matrix `(B, [H,] T, T)`, or a windowed one `(B * n, [H,] w, w)`
+    whose window `j` holds the tokens `windows[j]` (`TokenLayout`): block by block, no `(T, T)` matrix made."""
+    if windows is None:
+        return torch.matmul(row.unsqueeze(-2), matrix).squeeze(-2)
+    blocks = matrix.unflatten(0, (-1, len(windows)))  # (B, n, [H,] w, w)
+    if blocks.ndim == 5:
+        blocks = blocks.transpose(1, 2)  # (B, H, n, w, w)
+    parts = torch.matmul(row[..., windows].unsqueeze(-2), blocks).squeeze(-2)  # (B, [H,] n, w)
+    out = parts.new_zeros(*parts.shape[:-2], windows.numel())
+    out[..., windows.flatten()] = parts.flatten(-2)
+    return out
+
+
+def site_windows(stream: Stream, site: int) -> torch.Tensor | None:
+    """The windows of a stream's self-attention site `site` (negative: from the end), None where it sees every token."""
+    return None if stream.layout is None else stream.layout.windows[site]
+
+
+def readout_vector(stream: Stream, matrix: torch.Tensor, windows: torch.Tensor | None) -> torch.Tensor:
+    """`(B, T)` weights of the tokens a stream is read from, at a site whose matrix is `matrix`: 1 at the readout
+    token, or the mean of the content tokens where the model pools (the pooled token)."""
+    batch = len(matrix) // (1 if windows is None else len(windows))
+    tokens = matrix.shape[-1] if windows is None else windows.numel()
+    weights = matrix.new_zeros(batch, tokens)
+    if stream.pooled:
+        weights[:, stream.prefix_tokens:] = 1 / (tokens - stream.prefix_tokens)
+    else:
+        weights[torch.arange(batch, device=matrix.device), stream.readout.to(matrix.device)] = 1
+    return weights
+
+
+def site_row(matrix: torch.Tensor, stream: Stream, site: int = -1) -> torch.Tensor:
+    """The readout row of the token matrix of self-attention site `site` (`(B, T, T)`, or each head's `(B, H, T, T)`;
+    windowed where the stream's layout says) over all the site's tokens: `(B, [H,] T)`. Global pooling: the pooled
+    token's row, the mean of the content rows."""
+    windows = site_windows(stream, site)
+    if windows is None and not stream.pooled:
+        rows = torch.arange(len(matrix), device=matrix.device)
+        readout = stream.readout.to(matrix.device)
+        return matrix[rows, :, readout] if matrix.ndim == 4 else matrix[rows, readout]
+    vector = readout_vector(stream, matrix, windows)
+    return times(vector if matrix.ndim == 3 else vector[:, None], matrix, windows)
+
+
+def spread(row: torch.Tensor, merge: torch.Tensor | None) -> torch.Tensor:
+    """A row over merged tokens `(B, [H,] N)` carried to the tokens they were made of (`TokenLayout.merges`): each
+    finer token gets an equal share of its merged token's value (`row @ M`, `M` the merge's averaging matrix)."""
+    if merge is None:
+        return row
+    finer = row.new_zeros(*row.shape[:-1], merge.numel())
+    finer[..., merge.flatten()] = (row / merge.shape[1]).repeat_interleave(merge.shape[1], -1)
+    return finer
+
+
+def on_grid(row: torch.Tensor, stream: Stream, site: int = -1) -> torch.Tensor:
+    """A row over the tokens of self-attention site `site` at the stream's content tokens: its content columns, and
+    on a hierarchical stream carried down through every merge before the site to the first stage's grid (`spread`)."""
+    row = row[..., stream.prefix_tokens:]
+    if stream.layout is None:
+        return row
+    for merge in reversed(stream.layout.merges[:site % len(stream.layout.merges) + 1]):
+        row = spread(row, merge)
+    return row
+
+
+def readout_row(matrix: torch.Tensor, stream: Stream, site: int = -1) -> torch.Tensor:
+    """The readout row of site `site`'s token matrix (see `site_row`) at the content tokens: `(B, N)` (or `(B, H, N)`)."""
+    return on_grid(site_row(matrix, stream, site), stream, site)
 
 
 def per_stream(adapter: Adapter, inputs: Any, how: ClassEntry, compute) -> dict[str, torch.Tensor]:
@@ -76,13 +138,19 @@ def chain(matrices: list[torch.Tensor], start_layer: int) -> torch.Tensor:
     return joint
 
 
-def readout_chain(matrices: list[torch.Tensor], stream: Stream, start_layer: int = 0, identity: bool = False) -> torch.Tensor:
+def readout_chain(matrices: list[torch.Tensor], stream: Stream, start_layer: int = 0, identity: bool = False,
+                  first_site: int | None = None) -> torch.Tensor:
     """The readout row of `chain(matrices, start_layer)` at the content columns, `(B, N)`: the readout token's row of
     the last matrix carried back through the earlier ones, a `(T, T)` vector product per block instead of the
     `(T, T) @ (T, T)` product (long texts: 1,000 tokens make the full chain a tenth of a forward's work).
     `identity`: the chain of the `I + M` (the residual's share), carried as `r + r M`: no `(T, T)` identity is made
-    and added per block (fewer operations and launches; the same numbers to rounding)."""
+    and added per block (fewer operations and launches; the same numbers to rounding).
+    A pooled or hierarchical stream (`Stream.pooled`, `Stream.layout`): the pooled token's row, carried through
+    windowed matrices block by block and through each merge to the tokens it was made of (`spread`), down to the
+    first stage's grid; the matrices used are the stream's last sites, or those from `first_site` on."""
     check_start_layer(start_layer, len(matrices))
+    if stream.layout is not None or stream.pooled:
+        return layout_chain(matrices[start_layer:], stream, identity, first_site)
     last = matrices[-1]
     rows = torch.arange(len(last), device=last.device)
     readout = stream.readout.to(last.device)
@@ -93,6 +161,21 @@ def readout_chain(matrices: list[torch.Tensor], stream: Stream, start_layer: int
         carried = torch.bmm(row.unsqueeze(1), matrix).squeeze(1)
         row = carried.add_(row) if identity else carried
     return row[..., stream.prefix_tokens:]
+
+
+def layout_chain(used: list[torch.Tensor], stream: Stream, identity: bool, first_site: int | None) -> torch.Tensor:
+    """`readout_chain` on a pooled or hierarchical stream: `used` the matrices of consecutive sites, the last one the
+    stream's last site unless `first_site` says where they start."""
+    depth = len(stream.layout.windows) if stream.layout is not None else len(used)
+    first = depth - len(used) if first_site is None else first_site
+    sites = range(first, first + len(used))
+    row = readout_vector(stream, used[-1], site_windows(stream, sites[-1]))
+    for site, matrix in zip(reversed(sites), reversed(used)):
+        carried = times(row, matrix, site_windows(stream, site))
+        row = carried + row if identity else carried
+        if site > first and stream.layout is not None:
+            row = spread(row, stream.layout.merges[site])
+    return on_grid(row, stream, first)
 
 
 def with_identity(matrix: torch.Tensor) -> torch.Tensor:
@@ -135,8 +218,13 @@ def rollout(
         means = [a[:, 0] for a in fwd.self_attentions(stream.name)]  # (B, T, T) per block
         if not row_normalize:
             return readout_chain(means, stream, start_layer, identity=True)
-        matrices = torch.stack(means)  # every block's I + A and its row sums in one operation each, not one per block
-        matrices.diagonal(dim1=-2, dim2=-1).add_(1)
-        return readout_chain(list(matrices.div_(matrices.sum(-1, keepdim=True))), stream, start_layer)
+        # every block's I + A and its row sums in one operation each, not one per block (a hierarchical stream's
+        # stages differ in shape: one stack per shape)
+        normalised = {}
+        for shape in dict.fromkeys(m.shape for m in means):
+            matrices = torch.stack([m for m in means if m.shape == shape])
+            matrices.diagonal(dim1=-2, dim2=-1).add_(1)
+            normalised[shape] = iter(matrices.div_(matrices.sum(-1, keepdim=True)))
+        return readout_chain([next(normalised[m.shape]) for m in means], stream, start_layer)
 
     return per_stream(adapter, inputs, how, compute), fwd.indices, fwd.logits

@@ -12,7 +12,7 @@ from .recompute import BlockRecompute, gradient_pass, passes_down
 from ..core.streams import Feed, Stream
 from .targets import Target
 from . import coattention
-from .attention import StartLayer, first_layer, per_stream, readout_chain, readout_row
+from .attention import StartLayer, first_layer, on_grid, per_stream, readout_chain, readout_row, site_row
 
 def attention_gradcam(
     adapter: Adapter, inputs: Any, target: Target, normalize: bool | None = None, region: str | None = None,
@@ -31,19 +31,23 @@ def attention_gradcam(
     normalize = given_or(normalize, conventions.normalize)
     region = check_choice("region", given_or(region, conventions.region), Region)
     how = given_or(cls_entry, conventions.cls_entry)
+    streams = adapter.streams(inputs)
+    windowed = [name for name, stream in streams.items() if stream.layout is not None]
+    if region == "matrix" and windowed:
+        raise ValueError(f"region='matrix' reads the whole attention matrix; the {adapter.family} family's attention is "
+                         "windowed (its matrix is block-sparse): use region='class_row'")
     fwd = record_forward(adapter, inputs, target, attentions=True, gradients=True, share_rows=True, last_block_graph=True,
                          last_attention_only=True)
-    streams = adapter.streams(inputs)
     lasts = [fwd.self_attentions(name)[-1] for name in streams]
     grads = dict(zip(streams, fwd.gradients(lasts)))
     attention_of = dict(zip(streams, lasts))
 
     def compute(stream: Stream) -> torch.Tensor:
         attention, grad = attention_of[stream.name].detach(), grads[stream.name]
-        if region == "class_row":
-            cam = readout_row(attention, stream)  # (B, H, N)
-            weights = readout_row(grad, stream).mean(-1, keepdim=True)
-            scores = (weights * cam).mean(1).clamp(min=0)
+        if region == "class_row":  # pooled: the pooled token's row, over the entries the (windowed) attention has
+            cam = site_row(attention, stream)  # (B, H, T)
+            weights = site_row(grad, stream)[..., stream.prefix_tokens:].mean(-1, keepdim=True)
+            scores = on_grid((weights * cam).mean(1).clamp(min=0), stream)
             low, high = scores.amin(-1, keepdim=True), scores.amax(-1, keepdim=True)
         else:
             valid = stream.valid
@@ -189,7 +193,7 @@ def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
     tokens = [fwd.attention_inputs[name] for name in streams]
     grads = fwd.gradients(tokens)
     scores = {
-        name: (x.detach() * g).sum(-1)[:, stream.prefix_tokens:]
+        name: on_grid((x.detach() * g).sum(-1).flatten(1), stream)  # a grid of tokens (Swin's (B, h, w, C)) flattened
         for (name, stream), x, g in zip(streams.items(), tokens, grads)
     }
     return scores, fwd.indices, fwd.logits

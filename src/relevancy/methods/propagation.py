@@ -99,7 +99,8 @@ def transformer_attribution(
         stream_matrices = [next(pending) for _ in used[name]]
         if normalize:  # (I + M) / its row sums
             stream_matrices = [m.div_(m.sum(-1, keepdim=True)) for m in map(with_identity, stream_matrices)]
-        scores[name] = set_class_entry(readout_chain(stream_matrices, stream, identity=not normalize), how, stream)
+        chained = readout_chain(stream_matrices, stream, identity=not normalize, first_site=used[name][0])
+        scores[name] = set_class_entry(chained, how, stream)
         where = label if len(streams) == 1 else f"{label} ({name} stream)"
         reached, sources = masked(stream, relevance), []
         for feed, source in zip(feeds, arrived[len(streams):]):
@@ -218,7 +219,7 @@ def partial_lrp(
 def last_block_relevance(adapter: Adapter, session: Session, inputs, target: Target) -> tuple:
     """One-stream `partial_lrp`: the forward keeps no block's rule graph and the relevance pass crosses the last
     block only, run again (`recompute`): `(forward, [relevance at its attention, at its input])`."""
-    recompute = BlockRecompute.of(adapter, inputs, forget=[session.attentions])
+    recompute = BlockRecompute.of(adapter, inputs, forget=[session.attentions], last_only=True)
     with recompute.recording():
         fwd = record_forward(adapter, inputs, target, gradients=True)
     at_attention: list[torch.Tensor] = []

@@ -69,10 +69,18 @@ class BlockRecompute:
         self.rerunning = False
 
     @classmethod
-    def of(cls, adapter: Adapter, inputs: Any, forget: Sequence[list] = ()) -> BlockRecompute:
-        """The adapter's blocks; a clear error for families with several streams or no named blocks."""
-        if len(adapter.streams(inputs)) != 1 or not adapter.blocks:
+    def of(cls, adapter: Adapter, inputs: Any, forget: Sequence[list] = (), last_only: bool = False) -> BlockRecompute:
+        """The adapter's blocks; a clear error for families with several streams or no named blocks, and, unless the
+        passes cross the `last_only` block, for streams whose tokens are merged between blocks."""
+        streams = adapter.streams(inputs)
+        if len(streams) != 1 or not adapter.blocks:
             raise checkpoint_refused(adapter)
+        (stream,) = streams.values()
+        if not last_only and stream.layout is not None and any(merge is not None for merge in stream.layout.merges):
+            raise UnsupportedModelError(
+                f"checkpoint=True runs each block again from the previous block's output; the {adapter.family} family "
+                "merges its tokens between stages (outside the blocks). To hold less memory, explain fewer inputs at "
+                "once: rows_at_once=1")
         return cls(adapter.blocks, forget)
 
     @contextmanager

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...lrp import engine, rules
+from ...lrp import engine
 from ...lrp.attention import attend
 from ...lrp.engine import PASSTHROUGH, ForwardFactory, Replacements, Session, add, branch, by_type, first_token, passthrough, unchanged
 from ..base import Adapter
@@ -83,17 +83,6 @@ def _embeddings(embeddings: nn.Module, session: Session) -> Replacements:
     return {"forward": forward}
 
 
-def _mean_rule(session: Session, inputs: tuple, _output: torch.Tensor, relevance: torch.Tensor) -> tuple[torch.Tensor]:
-    """`mean_i x_i` over dim 1: token i gets `x_i / sum_j x_j` of the relevance (the add rule over N terms)."""
-    (tokens,) = inputs
-    total = tokens.sum(1, keepdim=True)
-    arriving = relevance[:, None]
-    if session.exact:
-        return (tokens * rules.safe_divide(arriving, total),)
-    signed, unsigned = rules.stable_quotients(arriving, total, tokens.abs().sum(1, keepdim=True))
-    return (torch.addcmul(tokens * signed, tokens.abs(), unsigned),)
-
-
 def head_ops(session: Session) -> HeadOps:
     """The head's operations under the rules: [CLS] readout, mean of tokens, average of two heads."""
 
@@ -103,7 +92,7 @@ def head_ops(session: Session) -> HeadOps:
 
     return HeadOps(
         class_token=lambda hidden: first_token(session, hidden),
-        mean_tokens=lambda tokens: session.apply(_mean_rule, lambda t: t.mean(1), tokens),
+        mean_tokens=lambda tokens: engine.mean_tokens(session, tokens),
         average=average,
     )
 

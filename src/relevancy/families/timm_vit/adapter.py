@@ -1,15 +1,14 @@
 """timm's `VisionTransformer` family: ViT, DeiT (distilled too), DINO/DINOv2 (register tokens, layer scale)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+from typing import ContextManager
 
 import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
-from .._shared import eval_mode
 from ..base import SEED_METHODS, ImageAdapter
+from ..timm_common import check_timm_image_shape, fused_attention_off, timm_class_names, timm_input_fields
 
 
 def _is_timm_vit(model: nn.Module) -> bool:
@@ -63,67 +62,16 @@ class TimmViTAdapter(ImageAdapter):
         return tuple(patch_embed.grid_size)
 
     def check_image_shape(self, shape: tuple[int, ...]) -> None:
-        """Channels from the patch embedding; size as timm takes it: the model's own image size, or with
-        `dynamic_img_size` multiples of the patch size (any size with `dynamic_img_pad`)."""
-        _, channels, height, width = shape
-        patch_embed = self.model.patch_embed
-        proj = getattr(patch_embed, "proj", None)
-        # a hybrid embedding's projection reads CNN features, not the image: its channels are not checked
-        expected_channels = proj.in_channels if isinstance(proj, nn.Conv2d) and not hasattr(patch_embed, "backbone") else None
-        channel_text = "C" if expected_channels is None else str(expected_channels)
-        size = getattr(patch_embed, "img_size", None)
-        patch = tuple(getattr(patch_embed, "patch_size", (1, 1)))
-        dynamic = getattr(self.model, "dynamic_img_size", False)
-        if size is not None and (getattr(patch_embed, "strict_img_size", True) or not dynamic):
-            fits = (height, width) == tuple(size)
-            takes = f"(B, {channel_text}, {size[0]}, {size[1]})"
-        elif getattr(patch_embed, "dynamic_img_pad", False):
-            fits = True
-            takes = f"(B, {channel_text}, H, W) of any size"
-        else:
-            fits = height >= patch[0] and width >= patch[1] and height % patch[0] == 0 and width % patch[1] == 0
-            takes = f"(B, {channel_text}, H, W) with H a multiple of {patch[0]} and W a multiple of {patch[1]} (its patch size)"
-        if fits and expected_channels in (None, channels):
-            return
-        raise ValueError(f"this model takes images of shape {takes}, got {shape}")
+        check_timm_image_shape(self.model, shape)
 
     def class_names(self) -> list[str] | None:
-        config = getattr(self.model, "pretrained_cfg", None) or {}
-        names = getattr(self.model, "class_names", None) or config.get("label_names")
-        if names:
-            return list(names)
-        if not config:
-            return None
-        from timm.data import ImageNetInfo, infer_imagenet_subset
-
-        subset = infer_imagenet_subset(self.model)
-        if subset is None:
-            return None
-        info = ImageNetInfo(subset)
-        return [info.index_to_description(i).split(",")[0] for i in range(self.model.num_classes)]
+        return timm_class_names(self.model)
 
     def describe_inputs(self, inputs: torch.Tensor) -> dict:
-        fields = {"input_size": tuple(inputs.shape[-2:])}
-        if getattr(self.model, "pretrained_cfg", None):
-            from timm.data import resolve_data_config
+        return timm_input_fields(self.model, inputs)
 
-            config = resolve_data_config({}, model=self.model)
-            fields.update(mean=tuple(config["mean"]), std=tuple(config["std"]))
-        return fields
-
-    @contextmanager
-    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
-        attentions = [b.attn for b in self.blocks]
-        fused = [a.fused_attn for a in attentions]
-        with eval_mode(self.model):
-            try:
-                if attention_probabilities:
-                    for a in attentions:
-                        a.fused_attn = False
-                yield
-            finally:
-                for a, flag in zip(attentions, fused):
-                    a.fused_attn = flag
+    def explaining(self, attention_probabilities: bool) -> ContextManager[None]:
+        return fused_attention_off(self.model, [b.attn for b in self.blocks], attention_probabilities)
 
     def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         m = self.model

@@ -1,0 +1,1 @@
+"""timm's Swin Transformer family: shifted windows, patch merging, global average pooling."""

@@ -1,0 +1,151 @@
+"""timm's `SwinTransformer` family: windowed and shifted-window attention over a grid of tokens that patch merging
+halves stage by stage, read through global average pooling.
+
+One stream `image` whose grid is the first stage's patch grid. Each block is one self-attention site; its
+probabilities are `(B * windows, heads, w, w)`, laid out on the stage's tokens by the stream's `TokenLayout`
+(which token each window place holds, the shift's roll undone), and each patch merging joins 2 x 2 tokens. The
+model has no [CLS]: the readout-row methods read the pooled token's row (`Stream.pooled`), the mean of the last
+stage's rows, carried down through the merges to the patch grid.
+"""
+from __future__ import annotations
+
+from typing import ContextManager
+
+import torch
+from torch import nn
+
+from ...core.streams import AttentionSite, Hookable, Stream, TokenLayout
+from ..base import SEED_METHODS, ImageAdapter
+from ..timm_common import check_timm_image_shape, fused_attention_off, timm_class_names, timm_input_fields
+
+
+def _is_timm_swin(model: nn.Module) -> bool:
+    try:
+        from timm.models.swin_transformer import SwinTransformer
+    except ImportError:  # timm is a dependency, but a user may have removed it
+        return False
+    return isinstance(model, SwinTransformer)
+
+
+def windows_of(height: int, width: int, window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """`(n, w)`: the raster index, on an `height x width` grid, of the token at each place of each window once the grid
+    is rolled by `-shift` (the shifted windows) and cut into `window`-sized windows in raster order, as timm does."""
+    rolled = torch.arange(height * width, device=device).view(height, width).roll((-shift[0], -shift[1]), (0, 1))
+    cut = rolled.view(height // window[0], window[0], width // window[1], window[1])
+    return cut.permute(0, 2, 1, 3).reshape(-1, window[0] * window[1])
+
+
+def merged_groups(height: int, width: int, device: torch.device) -> torch.Tensor:
+    """`(height * width / 4, 4)`: the raster index, on an `height x width` grid, of the 2 x 2 tokens each token of the
+    halved grid is made of (patch merging)."""
+    grid = torch.arange(height * width, device=device).view(height // 2, 2, width // 2, 2)
+    return grid.permute(0, 2, 1, 3).reshape(-1, 4)
+
+
+class SwinAdapter(ImageAdapter):
+    family = "timm SwinTransformer"
+    methods = SEED_METHODS
+    examples = "swin_*_patch4_window*, with global average pooling"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        if not _is_timm_swin(model):
+            return False
+        pool = getattr(getattr(model, "head", None), "global_pool", None)
+        return getattr(pool, "pool_type", "") == "avg" and all(
+            hasattr(b, "attn") and hasattr(b.attn, "fused_attn") and hasattr(b, "shift_size") for b in _blocks(model))
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.blocks = _blocks(model)
+
+    def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
+        patch = self.model.patch_embed.patch_size
+        return inputs.shape[-2] // patch[0], inputs.shape[-1] // patch[1]
+
+    def layout(self, grid: tuple[int, int], device: torch.device) -> TokenLayout:
+        """Per block its windows and, for a stage's first block after a patch merging, the merged groups."""
+        from timm.models.swin_transformer import PatchMerging
+
+        windows, merges = [], []
+        height, width = grid
+        for stage in self.model.layers:
+            merge = None
+            if isinstance(stage.downsample, PatchMerging):
+                merge = merged_groups(height, width, device)
+                height, width = height // 2, width // 2
+            for block in stage.blocks:
+                windows.append(windows_of(height, width, tuple(block.window_size), tuple(block.shift_size), device))
+                merges.append(merge)
+                merge = None
+        return TokenLayout(tuple(windows), tuple(merges))
+
+    def streams(self, inputs: torch.Tensor) -> dict[str, Stream]:
+        grid = self.grid_size(inputs)
+        return {"image": Stream("image", "image", 0, None, grid=grid, pooled=True, layout=self.layout(grid, inputs.device))}
+
+    def attention_sites(self) -> list[AttentionSite]:
+        # timm applies attn_drop to the window softmax; in eval mode it is the identity, so its output is A per window
+        return [AttentionSite("image", "image", b.attn.attn_drop) for b in self.blocks]
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        return {"image": self.blocks[-1].norm1}
+
+    def relevance_rule_map(self) -> dict:
+        from .rules import rule_map
+
+        return rule_map()
+
+    def check_image_shape(self, shape: tuple[int, ...]) -> None:
+        """timm's sizes, and every stage's grid even where it is merged and a multiple of its blocks' windows (a padded
+        window or merge would attend to, or merge, tokens that are not the image's)."""
+        from timm.models.swin_transformer import PatchMerging
+
+        check_timm_image_shape(self.model, shape)
+        patch = self.model.patch_embed.patch_size
+        height, width = shape[-2] // patch[0], shape[-1] // patch[1]
+        for index, stage in enumerate(self.model.layers):
+            if isinstance(stage.downsample, PatchMerging):
+                if height % 2 or width % 2:
+                    raise ValueError(f"stage {index} merges 2 x 2 tokens of a {height} x {width} grid: images of shape "
+                                     f"{shape} would be padded; take sides whose patch grids halve evenly at every stage")
+                height, width = height // 2, width // 2
+            for block in stage.blocks:
+                window = tuple(block.window_size)
+                if height % window[0] or width % window[1]:
+                    raise ValueError(f"stage {index}'s {height} x {width} grid is not a multiple of its {window[0]} x "
+                                     f"{window[1]} windows for images of shape {shape}: padded windows are not explained")
+
+    def class_names(self) -> list[str] | None:
+        return timm_class_names(self.model)
+
+    def describe_inputs(self, inputs: torch.Tensor) -> dict:
+        return timm_input_fields(self.model, inputs)
+
+    def explaining(self, attention_probabilities: bool) -> ContextManager[None]:
+        return fused_attention_off(self.model, [b.attn for b in self.blocks], attention_probabilities)
+
+    def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
+        if graph and torch.is_grad_enabled() and not inputs.requires_grad:  # a graph even when every weight is frozen
+            inputs = inputs.detach().requires_grad_(True)
+        return {"image": self.model.patch_embed(inputs).flatten(1, 2)}  # (B, h * w, C) in raster order
+
+    def forward_tokens(
+        self, inputs: torch.Tensor, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
+        positions: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The patch tokens through the stages; a selection of them (token ablation) has every token it lacks set to 0
+        on the grid: the windows and merges need every place of it."""
+        m = self.model
+        x = tokens["image"]
+        height, width = self.grid_size(inputs)
+        if positions is not None and "image" in positions:
+            kept, x = x, x.new_zeros(len(x), height * width, x.shape[-1])
+            x[torch.arange(len(x), device=x.device)[:, None], positions["image"]] = kept
+        features = m.norm(m.layers(x.reshape(len(x), height, width, -1)))
+        return m.forward_head(features), m.forward_head(features, pre_logits=True)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """Every `SwinTransformerBlock`, stage by stage."""
+    return [block for stage in model.layers for block in stage.blocks]
