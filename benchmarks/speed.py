@@ -58,7 +58,7 @@ CHECKPOINT_METHODS = ("transformer_attribution", "lrp", "generic_attention")
 
 def time_methods(model, batch: int, repeats: int, methods: list[str], exact: bool = False, checkpoint: bool = False) -> dict:
     images = torch.randn(batch, 3, 224, 224)
-    tokens = model.patch_embed.num_patches + model.num_prefix_tokens
+    tokens = model.patch_embed.num_patches + getattr(model, "num_prefix_tokens", 0)  # Swin: no prefix tokens
     runs = {m: (lambda m=m: relevancy.explain(model, images, method=m)) for m in methods}
     if exact:
         runs.update({f"{m}, exact=True": (lambda m=m: relevancy.explain(model, images, method=m, exact=True)) for m in methods if m in LRP_METHODS})
