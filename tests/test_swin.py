@@ -22,7 +22,7 @@ from relevancy.lrp import engine
 from relevancy.lrp.attention import attend
 from relevancy.lrp.engine import GRADIENT, RELEVANCE
 from bimodal_golden import assert_same, snapshot
-from models import tiny_swin
+from models import hf_swin_from, tiny_swin
 
 TOLERANCE = 1e-10  # float64: the same sums in another order
 
@@ -215,23 +215,28 @@ def reference() -> dict[str, torch.Tensor]:
     return reference_maps(MODEL, images())
 
 
-def explained(method: str, pixels: torch.Tensor, **options) -> torch.Tensor:
+HF_MODEL = hf_swin_from(MODEL)  # transformers' Swin with timm's weights: the same reference
+
+
+def explained(method: str, pixels: torch.Tensor, model: nn.Module = MODEL, **options) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # conservation notes of random weights
         options = {"exact": True, **options} if method in LRP_BASED else options
-        return relevancy.explain(MODEL, pixels, method=method, **options).scores
+        return relevancy.explain(model, pixels, method=method, **options).scores
 
 
+@pytest.mark.parametrize("library", ["timm", "transformers"])
 @pytest.mark.parametrize("method", METHODS)
-def test_each_method_equals_the_full_matrix_reference_single_and_batched(method):
-    expected = reference()[method].reshape(2, *explained(method, images()[:1]).shape[1:])
-    batched = explained(method, images())
+def test_each_method_equals_the_full_matrix_reference_single_and_batched(method, library):
+    model = {"timm": MODEL, "transformers": HF_MODEL}[library]
+    expected = reference()[method].reshape(2, *explained(method, images()[:1], model).shape[1:])
+    batched = explained(method, images(), model)
     scale = expected.abs().max().item()
     assert scale > 0
     error = (batched - expected).abs().max().item()
     assert error <= TOLERANCE * scale, f"{method}: max error {error:.3g} of {scale:.3g}"
     for row in range(2):
-        alone = explained(method, images()[row:row + 1])
+        alone = explained(method, images()[row:row + 1], model)
         assert (alone[0] - expected[row]).abs().max().item() <= TOLERANCE * scale, f"{method} row {row} alone"
 
 
@@ -293,3 +298,39 @@ def test_a_grid_the_windows_do_not_divide_is_refused():
                               depths=(2, 2), num_heads=(2, 2), window_size=2, num_classes=5, strict_img_size=False).double()
     with pytest.raises(ValueError, match="not a multiple of its 2 x 2 windows"):
         relevancy.explain(model, torch.zeros(1, 3, 40, 40, dtype=torch.float64), method="rollout")
+
+
+def test_transformers_swin_computes_timms_logits_and_is_handed_back_unchanged():
+    assert (HF_MODEL(pixel_values=images()).logits - MODEL(images())).abs().max().item() < 1e-12
+    model = hf_swin_from(MODEL)
+    model.config._attn_implementation = "sdpa"
+    model.train()
+    before = snapshot(model)
+    for method in ("rollout", "lrp", "token_ablation"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            relevancy.explain(model, images(), method=method)
+    assert_same(before, snapshot(model))
+    assert model.config._attn_implementation == "sdpa" and model.training
+
+    def fail(*_args):
+        raise RuntimeError("inside the forward")
+
+    handle = model.swin.encoder.layers[-1].blocks[-1].mlp.register_forward_hook(fail)
+    try:
+        for method in ("generic_attention", "transformer_attribution"):
+            with pytest.raises(RuntimeError, match="inside the forward"):
+                relevancy.explain(model, images(), method=method)
+    finally:
+        handle.remove()
+    assert_same(before, snapshot(model))
+    assert model.config._attn_implementation == "sdpa" and model.training
+
+
+def test_transformers_swin_refuses_what_it_would_pad():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 30, 32, dtype=torch.float64), method="rollout")
+    with pytest.raises(ValueError, match="stage 0's 5 x 8 grid is not a multiple of its 2 x 2 windows"):
+        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 20, 32, dtype=torch.float64), method="rollout")
+    with pytest.raises(ValueError, match="stage 1's 5 x 4 grid is not a multiple of its 2 x 2 windows"):
+        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 40, 32, dtype=torch.float64), method="rollout")

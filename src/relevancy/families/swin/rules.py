@@ -17,6 +17,12 @@ from ...lrp.attention import attend
 from ...lrp.engine import ForwardFactory, Replacements, Session, add, branch, mean_tokens, unchanged
 
 
+def window_bias(bias: torch.Tensor, mask: torch.Tensor | None, windows: int) -> torch.Tensor:
+    """The additive mask of window attention: the relative position bias `(1, heads, w, w)` plus, for shifted
+    windows, their mask `(n, w, w)`, window `j` of each image taking mask `j` (`windows` = images x `n`)."""
+    return bias if mask is None else (bias + mask[:, None]).repeat(windows // len(mask), 1, 1, 1)
+
+
 def _window_attention(attn: nn.Module, session: Session) -> Replacements:
     """timm `WindowAttention`: the fused q/k/v projection shaped into heads for the shared attention, with the
     relative position bias (and a shifted window's mask, window `j` of each image taking mask `j`) added to the scores."""
@@ -24,9 +30,7 @@ def _window_attention(attn: nn.Module, session: Session) -> Replacements:
     def forward(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         windows, tokens, _ = x.shape
         q, k, v = attn.qkv(x).reshape(windows, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        bias = attn._get_rel_pos_bias()  # (1, heads, w, w)
-        if mask is not None:
-            bias = (bias + mask[:, None]).repeat(windows // len(mask), 1, 1, 1)
+        bias = window_bias(attn._get_rel_pos_bias(), mask, windows)
         context, _ = attend(session, q, k, v, attn.scale, bias, dropout=attn.attn_drop)
         return attn.proj_drop(attn.proj(context.transpose(1, 2).reshape(windows, tokens, -1)))
 
