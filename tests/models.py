@@ -72,3 +72,21 @@ def hf_swin_from(timm_swin: torch.nn.Module) -> torch.nn.Module:
         for ours, theirs in pairs:
             ours.load_state_dict(theirs.state_dict())
     return model
+
+
+def tiny_swinv2(seed: int = 0) -> torch.nn.Module:
+    """`tiny_swin`'s shape as a timm SwinTransformerV2 (cosine attention, continuous position bias, post-norm), with
+    random logit scales, q and v biases and post-norm weights (timm starts them at 0), float64, eval mode."""
+    torch.manual_seed(seed)
+    model = timm.create_model("swinv2_tiny_window8_256", pretrained=False, img_size=32, patch_size=4, embed_dim=8,
+                              depths=(2, 2), num_heads=(2, 2), window_size=2, num_classes=5, drop_path_rate=0.0)
+    with torch.no_grad():
+        for stage in model.layers:
+            for block in stage.blocks:
+                block.attn.logit_scale.uniform_(0.5, 5.0)  # some above log(100): the clamp
+                block.attn.q_bias.normal_(0, 0.5)
+                block.attn.v_bias.normal_(0, 0.5)
+                for norm in (block.norm1, block.norm2):
+                    norm.weight.normal_(1, 0.3)
+                    norm.bias.normal_(0, 0.3)
+    return model.double().eval()

@@ -8,11 +8,14 @@ pooled readout. Single and batched; the model unchanged after, also after an exc
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
+from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import nn
 
 import relevancy
@@ -22,7 +25,7 @@ from relevancy.lrp import engine
 from relevancy.lrp.attention import attend
 from relevancy.lrp.engine import GRADIENT, RELEVANCE
 from bimodal_golden import assert_same, snapshot
-from models import hf_swin_from, tiny_swin
+from models import hf_swin_from, tiny_swin, tiny_swinv2
 
 TOLERANCE = 1e-10  # float64: the same sums in another order
 
@@ -53,7 +56,11 @@ def window_scores(block: nn.Module, height: int, width: int) -> tuple[torch.Tens
     window = (rows // wh) * (width // ww) + cols // ww
     place = (rows % wh) * ww + cols % ww
     same = window[:, None] == window[None, :]
-    table = attn.relative_position_bias_table[attn.relative_position_index[place[:, None], place[None, :]]]  # (N, N, heads)
+    if hasattr(attn, "cpb_mlp"):  # V2: 16 sigmoid of the continuous position bias's MLP at each relative offset
+        offsets = 16 * torch.sigmoid(attn.cpb_mlp(attn.relative_coords_table).view(-1, attn.num_heads))
+    else:
+        offsets = attn.relative_position_bias_table
+    table = offsets[attn.relative_position_index[place[:, None], place[None, :]]]  # (N, N, heads)
     additive = table.permute(2, 0, 1) * same
     if any(shift):
         def region(index: torch.Tensor, size: int, w: int, s: int) -> torch.Tensor:
@@ -83,7 +90,9 @@ def merge_selections(height: int, width: int) -> list[torch.Tensor]:
 def reference_forward(model: nn.Module, pixels: torch.Tensor, session=None, zero: int | None = None) -> dict:
     """The model's computation with full matrices: logits, every block's attention `(B, heads, N, N)`, the tokens
     entering the last attention, each block's grid and the merge matrices `(N_coarse, N_fine)` (each coarse token
-    the mean of its four). `zero`: a patch token set to 0 after the embedding (token ablation)."""
+    the mean of its four). `zero`: a patch token set to 0 after the embedding (token ablation). V2: cosine attention
+    (q, k normalised, the clamped logit scale), post-norm blocks, the merge's norm after its reduction."""
+    v2 = isinstance(model, SwinTransformerV2)
     tokens = model.patch_embed(pixels)
     batch, height, width, channels = tokens.shape
     x = tokens.reshape(batch, height * width, channels)
@@ -96,32 +105,47 @@ def reference_forward(model: nn.Module, pixels: torch.Tensor, session=None, zero
             selections = merge_selections(height, width)
             merges.append(sum(selections) / 4)
             x = torch.cat([s @ x for s in selections], -1)
-            x = stage.downsample.reduction(stage.downsample.norm(x))
+            merge = stage.downsample
+            x = merge.norm(merge.reduction(x)) if v2 else merge.reduction(merge.norm(x))
             height, width = height // 2, width // 2
         for block in stage.blocks:
             attn = block.attn
             additive, inside = window_scores(block, height, width)
             mask = additive.masked_fill(~inside, float("-inf"))
             x = engine.branch(session, x)
-            normed = block.norm1(x)
-            last_input = normed
-            q, k, v = attn.qkv(normed).reshape(batch, height * width, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-            context, probabilities = attend(session, q, k, v, attn.scale, mask)
+            attended = x if v2 else block.norm1(x)
+            last_input = attended
+            if v2:
+                bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+                qkv = engine.linear(session, lambda t: F.linear(t, attn.qkv.weight, bias), attended, attn.qkv.weight)
+            else:
+                qkv = attn.qkv(attended)
+            q, k, v = qkv.reshape(batch, height * width, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            if v2:
+                unit = lambda t: engine.normalisation(session, lambda u: u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12), None, t)  # noqa: E731
+                q, k, scale = unit(q), unit(k), attn.logit_scale.clamp(max=math.log(100)).exp()
+            else:
+                scale = attn.scale
+            context, probabilities = attend(session, q, k, v, scale, mask)
             attentions.append(probabilities)
             grids.append((height, width))
-            x = engine.add(session, x, attn.proj(context.transpose(1, 2).reshape(batch, height * width, -1)))
+            out = attn.proj(context.transpose(1, 2).reshape(batch, height * width, -1))
+            x = engine.add(session, x, block.norm1(out) if v2 else out)
             x = engine.branch(session, x)
-            x = engine.add(session, x, block.mlp(block.norm2(x)))
+            x = engine.add(session, x, block.norm2(block.mlp(x)) if v2 else block.mlp(block.norm2(x)))
     pooled = engine.mean_tokens(session, model.norm(x))
     return {"logits": model.head.fc(pooled), "attentions": attentions, "last_input": last_input, "grids": grids,
             "merges": merges, "pixels": pixels}
 
 
 def reference_rule_map(model: nn.Module) -> dict:
-    """The rules of the operations the reference calls (Linear, LayerNorm, GELU, the pixel convolution); every other
-    module of the model is a container here (the reference calls none of their forwards)."""
-    return {**engine.default_leaves(), nn.Conv2d: engine.PIXEL_CONV,
-            **{type(m): engine.unchanged for m in model.modules() if type(m) not in engine.default_leaves() and not isinstance(m, nn.Conv2d)}}
+    """The rules of the operations the reference calls (Linear, LayerNorm and timm's subclass of it, GELU and timm's
+    own, the pixel convolution); every other module of the model is a container here (the reference calls none of
+    their forwards)."""
+    from timm.layers.activations import GELU
+
+    rules = {**engine.default_leaves(), nn.Conv2d: engine.PIXEL_CONV, GELU: engine.ACTIVATION}
+    return {**rules, **{type(m): engine.unchanged for m in model.modules() if not isinstance(m, tuple(rules))}}
 
 
 def chained(model: nn.Module, run: dict, matrices: list[torch.Tensor], identity: bool) -> torch.Tensor:
@@ -208,14 +232,15 @@ METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention",
            "lrp", "cdam", "token_ablation")
 LRP_BASED = ("transformer_attribution", "partial_lrp", "lrp")
 MODEL = tiny_swin()
+HF_MODEL = hf_swin_from(MODEL)  # transformers' Swin with timm's weights: the same reference
+V2_MODEL = tiny_swinv2()
+MODELS = {"timm": MODEL, "transformers": HF_MODEL, "timm_v2": V2_MODEL}
+REFERENCE_OF = {"timm": "timm", "transformers": "timm", "timm_v2": "timm_v2"}  # whose modules the reference reads
 
 
 @functools.cache
-def reference() -> dict[str, torch.Tensor]:
-    return reference_maps(MODEL, images())
-
-
-HF_MODEL = hf_swin_from(MODEL)  # transformers' Swin with timm's weights: the same reference
+def reference(library: str = "timm") -> dict[str, torch.Tensor]:
+    return reference_maps(MODELS[REFERENCE_OF[library]], images())
 
 
 def explained(method: str, pixels: torch.Tensor, model: nn.Module = MODEL, **options) -> torch.Tensor:
@@ -225,11 +250,11 @@ def explained(method: str, pixels: torch.Tensor, model: nn.Module = MODEL, **opt
         return relevancy.explain(model, pixels, method=method, **options).scores
 
 
-@pytest.mark.parametrize("library", ["timm", "transformers"])
+@pytest.mark.parametrize("library", MODELS)
 @pytest.mark.parametrize("method", METHODS)
 def test_each_method_equals_the_full_matrix_reference_single_and_batched(method, library):
-    model = {"timm": MODEL, "transformers": HF_MODEL}[library]
-    expected = reference()[method].reshape(2, *explained(method, images()[:1], model).shape[1:])
+    model = MODELS[library]
+    expected = reference(library)[method].reshape(2, *explained(method, images()[:1], model).shape[1:])
     batched = explained(method, images(), model)
     scale = expected.abs().max().item()
     assert scale > 0

@@ -22,9 +22,10 @@ from ..timm_common import check_timm_image_shape, fused_attention_off, timm_clas
 def _is_timm_swin(model: nn.Module) -> bool:
     try:
         from timm.models.swin_transformer import SwinTransformer
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
     except ImportError:  # timm is a dependency, but a user may have removed it
         return False
-    return isinstance(model, SwinTransformer)
+    return isinstance(model, (SwinTransformer, SwinTransformerV2))
 
 
 def windows_of(height: int, width: int, window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -112,8 +113,8 @@ class WindowedAdapter(ImageAdapter):
 
 
 class SwinAdapter(WindowedAdapter):
-    family = "timm SwinTransformer"
-    examples = "swin_*_patch4_window*, with global average pooling"
+    family = "timm SwinTransformer (V1, V2)"
+    examples = "swin_*_patch4_window*, swinv2_*_window*, with global average pooling"
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -121,7 +122,7 @@ class SwinAdapter(WindowedAdapter):
             return False
         pool = getattr(getattr(model, "head", None), "global_pool", None)
         return getattr(pool, "pool_type", "") == "avg" and all(
-            hasattr(b, "attn") and hasattr(b.attn, "fused_attn") and hasattr(b, "shift_size") for b in _blocks(model))
+            hasattr(b, "attn") and hasattr(b.attn, "attn_drop") and hasattr(b, "shift_size") for b in _blocks(model))
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -139,7 +140,14 @@ class SwinAdapter(WindowedAdapter):
         return [AttentionSite("image", "image", b.attn.attn_drop) for b in self.blocks]
 
     def attention_inputs(self) -> dict[str, Hookable]:
-        return {"image": self.blocks[-1].norm1}
+        """The tokens entering the last attention: V1's block normalises them first (`norm1`); V2's post-norm block
+        attends to its input, the output of the module before it."""
+        from timm.models.swin_transformer_v2 import SwinTransformerV2Block
+
+        if not isinstance(self.blocks[-1], SwinTransformerV2Block):
+            return {"image": self.blocks[-1].norm1}
+        stage = self.model.layers[-1]
+        return {"image": stage.blocks[-2] if len(stage.blocks) > 1 else stage.downsample}
 
     def relevance_rule_map(self) -> dict:
         from .rules import rule_map
@@ -158,7 +166,10 @@ class SwinAdapter(WindowedAdapter):
         return timm_input_fields(self.model, inputs)
 
     def explaining(self, attention_probabilities: bool) -> ContextManager[None]:
-        return fused_attention_off(self.model, [b.attn for b in self.blocks], attention_probabilities)
+        """Eval mode; V1's fused attention kernel off where the probabilities are needed (V2's cosine attention has
+        none)."""
+        fused = [b.attn for b in self.blocks if hasattr(b.attn, "fused_attn")]
+        return fused_attention_off(self.model, fused, attention_probabilities)
 
     def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         if graph and torch.is_grad_enabled() and not inputs.requires_grad:  # a graph even when every weight is frozen
