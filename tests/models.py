@@ -41,3 +41,52 @@ def tiny_swin(seed: int = 0) -> torch.nn.Module:
             for block in stage.blocks:
                 block.attn.relative_position_bias_table.normal_(0, 0.5)
     return model.double().eval()
+
+
+def hf_swin_from(timm_swin: torch.nn.Module) -> torch.nn.Module:
+    """transformers' `SwinForImageClassification` with the weights of a timm Swin built like `tiny_swin` (fused
+    q/k/v split, each stage's merge moved to the end of the stage before), float64, eval mode."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    stages = timm_swin.layers
+    config = SwinConfig(image_size=32, patch_size=4, embed_dim=8, depths=[len(s.blocks) for s in stages],
+                        num_heads=[s.blocks[0].attn.num_heads for s in stages], window_size=stages[0].blocks[0].window_size[0],
+                        num_labels=timm_swin.num_classes, drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = SwinForImageClassification(config).double().eval()
+    swin = model.swin
+    pairs = [(swin.embeddings.patch_embeddings.projection, timm_swin.patch_embed.proj),
+             (swin.embeddings.norm, timm_swin.patch_embed.norm), (swin.layernorm, timm_swin.norm), (model.classifier, timm_swin.head.fc)]
+    for index, (stage, theirs) in enumerate(zip(swin.encoder.layers, stages)):
+        if index + 1 < len(stages):
+            pairs += [(stage.downsample.norm, stages[index + 1].downsample.norm), (stage.downsample.reduction, stages[index + 1].downsample.reduction)]
+        for layer, block in zip(stage.blocks, theirs.blocks):
+            pairs += [(layer.layernorm_before, block.norm1), (layer.layernorm_after, block.norm2), (layer.attention.o_proj, block.attn.proj),
+                      (layer.mlp.fc1, block.mlp.fc1), (layer.mlp.fc2, block.mlp.fc2)]
+            with torch.no_grad():
+                layer.attention.relative_position_bias.relative_position_bias_table.copy_(block.attn.relative_position_bias_table)
+                for proj, weight, bias in zip((layer.attention.q_proj, layer.attention.k_proj, layer.attention.v_proj),
+                                              block.attn.qkv.weight.chunk(3), block.attn.qkv.bias.chunk(3)):
+                    proj.weight.copy_(weight)
+                    proj.bias.copy_(bias)
+    with torch.no_grad():
+        for ours, theirs in pairs:
+            ours.load_state_dict(theirs.state_dict())
+    return model
+
+
+def tiny_swinv2(seed: int = 0) -> torch.nn.Module:
+    """`tiny_swin`'s shape as a timm SwinTransformerV2 (cosine attention, continuous position bias, post-norm), with
+    random logit scales, q and v biases and post-norm weights (timm starts them at 0), float64, eval mode."""
+    torch.manual_seed(seed)
+    model = timm.create_model("swinv2_tiny_window8_256", pretrained=False, img_size=32, patch_size=4, embed_dim=8,
+                              depths=(2, 2), num_heads=(2, 2), window_size=2, num_classes=5, drop_path_rate=0.0)
+    with torch.no_grad():
+        for stage in model.layers:
+            for block in stage.blocks:
+                block.attn.logit_scale.uniform_(0.5, 5.0)  # some above log(100): the clamp
+                block.attn.q_bias.normal_(0, 0.5)
+                block.attn.v_bias.normal_(0, 0.5)
+                for norm in (block.norm1, block.norm2):
+                    norm.weight.normal_(1, 0.3)
+                    norm.bias.normal_(0, 0.3)
+    return model.double().eval()

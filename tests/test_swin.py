@@ -8,11 +8,14 @@ pooled readout. Single and batched; the model unchanged after, also after an exc
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
+from timm.models.swin_transformer_v2 import SwinTransformerV2
 from torch import nn
 
 import relevancy
@@ -22,7 +25,7 @@ from relevancy.lrp import engine
 from relevancy.lrp.attention import attend
 from relevancy.lrp.engine import GRADIENT, RELEVANCE
 from bimodal_golden import assert_same, snapshot
-from models import tiny_swin
+from models import hf_swin_from, tiny_swin, tiny_swinv2
 
 TOLERANCE = 1e-10  # float64: the same sums in another order
 
@@ -53,7 +56,11 @@ def window_scores(block: nn.Module, height: int, width: int) -> tuple[torch.Tens
     window = (rows // wh) * (width // ww) + cols // ww
     place = (rows % wh) * ww + cols % ww
     same = window[:, None] == window[None, :]
-    table = attn.relative_position_bias_table[attn.relative_position_index[place[:, None], place[None, :]]]  # (N, N, heads)
+    if hasattr(attn, "cpb_mlp"):  # V2: 16 sigmoid of the continuous position bias's MLP at each relative offset
+        offsets = 16 * torch.sigmoid(attn.cpb_mlp(attn.relative_coords_table).view(-1, attn.num_heads))
+    else:
+        offsets = attn.relative_position_bias_table
+    table = offsets[attn.relative_position_index[place[:, None], place[None, :]]]  # (N, N, heads)
     additive = table.permute(2, 0, 1) * same
     if any(shift):
         def region(index: torch.Tensor, size: int, w: int, s: int) -> torch.Tensor:
@@ -83,7 +90,9 @@ def merge_selections(height: int, width: int) -> list[torch.Tensor]:
 def reference_forward(model: nn.Module, pixels: torch.Tensor, session=None, zero: int | None = None) -> dict:
     """The model's computation with full matrices: logits, every block's attention `(B, heads, N, N)`, the tokens
     entering the last attention, each block's grid and the merge matrices `(N_coarse, N_fine)` (each coarse token
-    the mean of its four). `zero`: a patch token set to 0 after the embedding (token ablation)."""
+    the mean of its four). `zero`: a patch token set to 0 after the embedding (token ablation). V2: cosine attention
+    (q, k normalised, the clamped logit scale), post-norm blocks, the merge's norm after its reduction."""
+    v2 = isinstance(model, SwinTransformerV2)
     tokens = model.patch_embed(pixels)
     batch, height, width, channels = tokens.shape
     x = tokens.reshape(batch, height * width, channels)
@@ -96,32 +105,47 @@ def reference_forward(model: nn.Module, pixels: torch.Tensor, session=None, zero
             selections = merge_selections(height, width)
             merges.append(sum(selections) / 4)
             x = torch.cat([s @ x for s in selections], -1)
-            x = stage.downsample.reduction(stage.downsample.norm(x))
+            merge = stage.downsample
+            x = merge.norm(merge.reduction(x)) if v2 else merge.reduction(merge.norm(x))
             height, width = height // 2, width // 2
         for block in stage.blocks:
             attn = block.attn
             additive, inside = window_scores(block, height, width)
             mask = additive.masked_fill(~inside, float("-inf"))
             x = engine.branch(session, x)
-            normed = block.norm1(x)
-            last_input = normed
-            q, k, v = attn.qkv(normed).reshape(batch, height * width, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-            context, probabilities = attend(session, q, k, v, attn.scale, mask)
+            attended = x if v2 else block.norm1(x)
+            last_input = attended
+            if v2:
+                bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+                qkv = engine.linear(session, lambda t: F.linear(t, attn.qkv.weight, bias), attended, attn.qkv.weight)
+            else:
+                qkv = attn.qkv(attended)
+            q, k, v = qkv.reshape(batch, height * width, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            if v2:
+                unit = lambda t: engine.normalisation(session, lambda u: u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12), None, t)  # noqa: E731
+                q, k, scale = unit(q), unit(k), attn.logit_scale.clamp(max=math.log(100)).exp()
+            else:
+                scale = attn.scale
+            context, probabilities = attend(session, q, k, v, scale, mask)
             attentions.append(probabilities)
             grids.append((height, width))
-            x = engine.add(session, x, attn.proj(context.transpose(1, 2).reshape(batch, height * width, -1)))
+            out = attn.proj(context.transpose(1, 2).reshape(batch, height * width, -1))
+            x = engine.add(session, x, block.norm1(out) if v2 else out)
             x = engine.branch(session, x)
-            x = engine.add(session, x, block.mlp(block.norm2(x)))
+            x = engine.add(session, x, block.norm2(block.mlp(x)) if v2 else block.mlp(block.norm2(x)))
     pooled = engine.mean_tokens(session, model.norm(x))
     return {"logits": model.head.fc(pooled), "attentions": attentions, "last_input": last_input, "grids": grids,
             "merges": merges, "pixels": pixels}
 
 
 def reference_rule_map(model: nn.Module) -> dict:
-    """The rules of the operations the reference calls (Linear, LayerNorm, GELU, the pixel convolution); every other
-    module of the model is a container here (the reference calls none of their forwards)."""
-    return {**engine.default_leaves(), nn.Conv2d: engine.PIXEL_CONV,
-            **{type(m): engine.unchanged for m in model.modules() if type(m) not in engine.default_leaves() and not isinstance(m, nn.Conv2d)}}
+    """The rules of the operations the reference calls (Linear, LayerNorm and timm's subclass of it, GELU and timm's
+    own, the pixel convolution); every other module of the model is a container here (the reference calls none of
+    their forwards)."""
+    from timm.layers.activations import GELU
+
+    rules = {**engine.default_leaves(), nn.Conv2d: engine.PIXEL_CONV, GELU: engine.ACTIVATION}
+    return {**rules, **{type(m): engine.unchanged for m in model.modules() if not isinstance(m, tuple(rules))}}
 
 
 def chained(model: nn.Module, run: dict, matrices: list[torch.Tensor], identity: bool) -> torch.Tensor:
@@ -208,30 +232,36 @@ METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention",
            "lrp", "cdam", "token_ablation")
 LRP_BASED = ("transformer_attribution", "partial_lrp", "lrp")
 MODEL = tiny_swin()
+HF_MODEL = hf_swin_from(MODEL)  # transformers' Swin with timm's weights: the same reference
+V2_MODEL = tiny_swinv2()
+MODELS = {"timm": MODEL, "transformers": HF_MODEL, "timm_v2": V2_MODEL}
+REFERENCE_OF = {"timm": "timm", "transformers": "timm", "timm_v2": "timm_v2"}  # whose modules the reference reads
 
 
 @functools.cache
-def reference() -> dict[str, torch.Tensor]:
-    return reference_maps(MODEL, images())
+def reference(library: str = "timm") -> dict[str, torch.Tensor]:
+    return reference_maps(MODELS[REFERENCE_OF[library]], images())
 
 
-def explained(method: str, pixels: torch.Tensor, **options) -> torch.Tensor:
+def explained(method: str, pixels: torch.Tensor, model: nn.Module = MODEL, **options) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # conservation notes of random weights
         options = {"exact": True, **options} if method in LRP_BASED else options
-        return relevancy.explain(MODEL, pixels, method=method, **options).scores
+        return relevancy.explain(model, pixels, method=method, **options).scores
 
 
+@pytest.mark.parametrize("library", MODELS)
 @pytest.mark.parametrize("method", METHODS)
-def test_each_method_equals_the_full_matrix_reference_single_and_batched(method):
-    expected = reference()[method].reshape(2, *explained(method, images()[:1]).shape[1:])
-    batched = explained(method, images())
+def test_each_method_equals_the_full_matrix_reference_single_and_batched(method, library):
+    model = MODELS[library]
+    expected = reference(library)[method].reshape(2, *explained(method, images()[:1], model).shape[1:])
+    batched = explained(method, images(), model)
     scale = expected.abs().max().item()
     assert scale > 0
     error = (batched - expected).abs().max().item()
     assert error <= TOLERANCE * scale, f"{method}: max error {error:.3g} of {scale:.3g}"
     for row in range(2):
-        alone = explained(method, images()[row:row + 1])
+        alone = explained(method, images()[row:row + 1], model)
         assert (alone[0] - expected[row]).abs().max().item() <= TOLERANCE * scale, f"{method} row {row} alone"
 
 
@@ -293,3 +323,39 @@ def test_a_grid_the_windows_do_not_divide_is_refused():
                               depths=(2, 2), num_heads=(2, 2), window_size=2, num_classes=5, strict_img_size=False).double()
     with pytest.raises(ValueError, match="not a multiple of its 2 x 2 windows"):
         relevancy.explain(model, torch.zeros(1, 3, 40, 40, dtype=torch.float64), method="rollout")
+
+
+def test_transformers_swin_computes_timms_logits_and_is_handed_back_unchanged():
+    assert (HF_MODEL(pixel_values=images()).logits - MODEL(images())).abs().max().item() < 1e-12
+    model = hf_swin_from(MODEL)
+    model.config._attn_implementation = "sdpa"
+    model.train()
+    before = snapshot(model)
+    for method in ("rollout", "lrp", "token_ablation"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            relevancy.explain(model, images(), method=method)
+    assert_same(before, snapshot(model))
+    assert model.config._attn_implementation == "sdpa" and model.training
+
+    def fail(*_args):
+        raise RuntimeError("inside the forward")
+
+    handle = model.swin.encoder.layers[-1].blocks[-1].mlp.register_forward_hook(fail)
+    try:
+        for method in ("generic_attention", "transformer_attribution"):
+            with pytest.raises(RuntimeError, match="inside the forward"):
+                relevancy.explain(model, images(), method=method)
+    finally:
+        handle.remove()
+    assert_same(before, snapshot(model))
+    assert model.config._attn_implementation == "sdpa" and model.training
+
+
+def test_transformers_swin_refuses_what_it_would_pad():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 30, 32, dtype=torch.float64), method="rollout")
+    with pytest.raises(ValueError, match="stage 0's 5 x 8 grid is not a multiple of its 2 x 2 windows"):
+        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 20, 32, dtype=torch.float64), method="rollout")
+    with pytest.raises(ValueError, match="stage 1's 5 x 4 grid is not a multiple of its 2 x 2 windows"):
+        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 40, 32, dtype=torch.float64), method="rollout")

@@ -1,5 +1,6 @@
 """What the families share below their adapters: the error for unsupported models, hookable parts of a module's
-output, image checks, eval mode and the transformers configs a call switches. Private to
+output, image checks, eval mode, the transformers configs a call switches and what an image model's config records
+(class names, normalisation). Private to
 `families`; it imports no family and no presentation code (explanations, pictures)."""
 from __future__ import annotations
 
@@ -91,6 +92,26 @@ def transformers_configs(model: nn.Module) -> list:
                 if sub is not None and hasattr(sub, "_attn_implementation"):
                     seen.setdefault(id(sub), sub)
     return list(seen.values())
+
+
+def config_class_names(config: object) -> list[str] | None:
+    """A transformers classifier's class names from its config's `id2label`; None where they do not cover its
+    `num_labels`."""
+    labels = getattr(config, "id2label", None) or {}
+    count = getattr(config, "num_labels", len(labels))
+    if len(labels) != count:
+        return None
+    return [str(labels.get(i, labels.get(str(i), f"class {i}"))) for i in range(count)]
+
+
+def config_image_fields(config: object, inputs: torch.Tensor) -> dict:
+    """The Explanation's input fields of a transformers image model: the input size, and the normalisation where
+    the config records it (`image_mean`, `image_std`), so that `Explanation.pixels` can undo it."""
+    fields = {"input_size": tuple(inputs.shape[-2:])}
+    mean, std = getattr(config, "image_mean", None), getattr(config, "image_std", None)
+    if mean is not None and std is not None:
+        fields.update(mean=tuple(mean), std=tuple(std))
+    return fields
 
 
 def adapted_base(model: nn.Module) -> nn.Module:

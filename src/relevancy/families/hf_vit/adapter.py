@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
-from .._shared import OutputPart, transformers_configs
+from .._shared import OutputPart, config_class_names, config_image_fields, transformers_configs
 from ..base import SEED_METHODS, ImageAdapter, UnsupportedModelError
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .heads import HEADS, PLAIN_OPS, supported_class
@@ -100,13 +100,7 @@ class HFViTAdapter(ImageAdapter):
         return rule_map(self)
 
     def class_names(self) -> list[str] | None:
-        if self.head_kind == "features":
-            return None
-        labels = getattr(self.model.config, "id2label", None) or {}
-        count = getattr(self.model.config, "num_labels", len(labels))
-        if len(labels) != count:
-            return None
-        return [str(labels.get(i, labels.get(str(i), f"class {i}"))) for i in range(count)]
+        return None if self.head_kind == "features" else config_class_names(self.model.config)
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_image_shape(self, shape: tuple[int, ...]) -> None:
@@ -122,14 +116,8 @@ class HFViTAdapter(ImageAdapter):
         )
 
     def describe_inputs(self, inputs: torch.Tensor) -> dict:
-        """The input size; the normalisation where the config records it (`image_mean`, `image_std`, as
-        `relevancy.models.dinov2_small` does), so that `Explanation.pixels` can undo it."""
-        fields = {"input_size": tuple(inputs.shape[-2:])}
-        config = self.model.config
-        mean, std = getattr(config, "image_mean", None), getattr(config, "image_std", None)
-        if mean is not None and std is not None:
-            fields.update(mean=tuple(mean), std=tuple(std))
-        return fields
+        """The input size; the normalisation where the config records it (as `relevancy.models.dinov2_small` does)."""
+        return config_image_fields(self.model.config, inputs)
 
     # -- running --------------------------------------------------------------------------------------------
     def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:

@@ -22,9 +22,10 @@ from ..timm_common import check_timm_image_shape, fused_attention_off, timm_clas
 def _is_timm_swin(model: nn.Module) -> bool:
     try:
         from timm.models.swin_transformer import SwinTransformer
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
     except ImportError:  # timm is a dependency, but a user may have removed it
         return False
-    return isinstance(model, SwinTransformer)
+    return isinstance(model, (SwinTransformer, SwinTransformerV2))
 
 
 def windows_of(height: int, width: int, window: tuple[int, int], shift: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -42,10 +43,78 @@ def merged_groups(height: int, width: int, device: torch.device) -> torch.Tensor
     return grid.permute(0, 2, 1, 3).reshape(-1, 4)
 
 
-class SwinAdapter(ImageAdapter):
-    family = "timm SwinTransformer"
+class WindowedAdapter(ImageAdapter):
+    """What every Swin adapter shares (timm's, transformers'): one pooled stream `image` on the first stage's patch
+    grid, its `TokenLayout` from the blocks' windows and shifts and the stages' merges, the checks that no window or
+    merge is padded, the patch tokens set back on the grid for token ablation. A library's adapter says where its
+    stages, blocks and patch size are (`stages`, `window_and_shift`, `patch_size`) and how it runs."""
+
     methods = SEED_METHODS
-    examples = "swin_*_patch4_window*, with global average pooling"
+    patch_size: tuple[int, int]
+
+    def stages(self) -> list[tuple[bool, list[nn.Module]]]:
+        """Per stage: whether a patch merging comes before its blocks, and its blocks."""
+        raise NotImplementedError
+
+    def window_and_shift(self, block: nn.Module, grid: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The window and the shift `block` runs with on a `grid` of tokens."""
+        raise NotImplementedError
+
+    def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
+        return inputs.shape[-2] // self.patch_size[0], inputs.shape[-1] // self.patch_size[1]
+
+    def steps(self, grid: tuple[int, int], shape: tuple[int, ...]) -> list[tuple[bool, tuple[int, int], tuple[int, int], tuple[int, int]]]:
+        """Per block: whether a merge comes right before it, its grid, window and shift; images of `shape` whose
+        stages would pad a merge or a window are refused (a padded window or merge would attend to, or merge,
+        tokens that are not the image's)."""
+        steps = []
+        height, width = grid
+        for index, (merged, blocks) in enumerate(self.stages()):
+            if merged:
+                if height % 2 or width % 2:
+                    raise ValueError(f"stage {index} merges 2 x 2 tokens of a {height} x {width} grid: images of shape "
+                                     f"{shape} would be padded; take sides whose patch grids halve evenly at every stage")
+                height, width = height // 2, width // 2
+            for block in blocks:
+                window, shift = self.window_and_shift(block, (height, width))
+                if height % window[0] or width % window[1]:
+                    raise ValueError(f"stage {index}'s {height} x {width} grid is not a multiple of its {window[0]} x "
+                                     f"{window[1]} windows for images of shape {shape}: padded windows are not explained")
+                steps.append((merged, (height, width), window, shift))
+                merged = False
+        return steps
+
+    def layout(self, grid: tuple[int, int], device: torch.device) -> TokenLayout:
+        """Per block its windows and, for a stage's first block after a patch merging, the merged groups."""
+        windows, merges, before = [], [], grid
+        for merged, (height, width), window, shift in self.steps(grid, ()):
+            merges.append(merged_groups(*before, device) if merged else None)
+            windows.append(windows_of(height, width, window, shift, device))
+            before = (height, width)
+        return TokenLayout(tuple(windows), tuple(merges))
+
+    def streams(self, inputs: torch.Tensor) -> dict[str, Stream]:
+        grid = self.grid_size(inputs)
+        return {"image": Stream("image", "image", 0, None, grid=grid, pooled=True, layout=self.layout(grid, inputs.device))}
+
+    def check_grids(self, shape: tuple[int, ...]) -> None:
+        """Every stage's grid even where it is merged and a multiple of its blocks' windows (`steps`)."""
+        self.steps((shape[-2] // self.patch_size[0], shape[-1] // self.patch_size[1]), shape)
+
+    def on_grid(self, inputs: torch.Tensor, tokens: torch.Tensor, positions: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        """The patch tokens `(B, N, C)`; a selection of them (token ablation) has every token it lacks set to 0 on the
+        grid: the windows and merges need every place of it."""
+        if positions is None or "image" not in positions:
+            return tokens
+        height, width = self.grid_size(inputs)
+        placed = tokens.new_zeros(len(tokens), height * width, tokens.shape[-1])
+        placed[torch.arange(len(tokens), device=tokens.device)[:, None], positions["image"]] = tokens
+        return placed
+
+
+class SwinAdapter(WindowedAdapter):
+    family = "timm SwinTransformer (V1, V2)"
+    examples = "swin_*_patch4_window*, swinv2_*_window*, with global average pooling"
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -53,43 +122,32 @@ class SwinAdapter(ImageAdapter):
             return False
         pool = getattr(getattr(model, "head", None), "global_pool", None)
         return getattr(pool, "pool_type", "") == "avg" and all(
-            hasattr(b, "attn") and hasattr(b.attn, "fused_attn") and hasattr(b, "shift_size") for b in _blocks(model))
+            hasattr(b, "attn") and hasattr(b.attn, "attn_drop") and hasattr(b, "shift_size") for b in _blocks(model))
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.blocks = _blocks(model)
+        self.patch_size = tuple(model.patch_embed.patch_size)
 
-    def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
-        patch = self.model.patch_embed.patch_size
-        return inputs.shape[-2] // patch[0], inputs.shape[-1] // patch[1]
+    def stages(self) -> list[tuple[bool, list[nn.Module]]]:
+        return [(not isinstance(stage.downsample, nn.Identity), list(stage.blocks)) for stage in self.model.layers]
 
-    def layout(self, grid: tuple[int, int], device: torch.device) -> TokenLayout:
-        """Per block its windows and, for a stage's first block after a patch merging, the merged groups."""
-        from timm.models.swin_transformer import PatchMerging
-
-        windows, merges = [], []
-        height, width = grid
-        for stage in self.model.layers:
-            merge = None
-            if isinstance(stage.downsample, PatchMerging):
-                merge = merged_groups(height, width, device)
-                height, width = height // 2, width // 2
-            for block in stage.blocks:
-                windows.append(windows_of(height, width, tuple(block.window_size), tuple(block.shift_size), device))
-                merges.append(merge)
-                merge = None
-        return TokenLayout(tuple(windows), tuple(merges))
-
-    def streams(self, inputs: torch.Tensor) -> dict[str, Stream]:
-        grid = self.grid_size(inputs)
-        return {"image": Stream("image", "image", 0, None, grid=grid, pooled=True, layout=self.layout(grid, inputs.device))}
+    def window_and_shift(self, block: nn.Module, grid: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        return tuple(block.window_size), tuple(block.shift_size)
 
     def attention_sites(self) -> list[AttentionSite]:
         # timm applies attn_drop to the window softmax; in eval mode it is the identity, so its output is A per window
         return [AttentionSite("image", "image", b.attn.attn_drop) for b in self.blocks]
 
     def attention_inputs(self) -> dict[str, Hookable]:
-        return {"image": self.blocks[-1].norm1}
+        """The tokens entering the last attention: V1's block normalises them first (`norm1`); V2's post-norm block
+        attends to its input, the output of the module before it."""
+        from timm.models.swin_transformer_v2 import SwinTransformerV2Block
+
+        if not isinstance(self.blocks[-1], SwinTransformerV2Block):
+            return {"image": self.blocks[-1].norm1}
+        stage = self.model.layers[-1]
+        return {"image": stage.blocks[-2] if len(stage.blocks) > 1 else stage.downsample}
 
     def relevance_rule_map(self) -> dict:
         from .rules import rule_map
@@ -97,24 +155,9 @@ class SwinAdapter(ImageAdapter):
         return rule_map()
 
     def check_image_shape(self, shape: tuple[int, ...]) -> None:
-        """timm's sizes, and every stage's grid even where it is merged and a multiple of its blocks' windows (a padded
-        window or merge would attend to, or merge, tokens that are not the image's)."""
-        from timm.models.swin_transformer import PatchMerging
-
+        """timm's sizes, and the stages' grids (`check_grids`)."""
         check_timm_image_shape(self.model, shape)
-        patch = self.model.patch_embed.patch_size
-        height, width = shape[-2] // patch[0], shape[-1] // patch[1]
-        for index, stage in enumerate(self.model.layers):
-            if isinstance(stage.downsample, PatchMerging):
-                if height % 2 or width % 2:
-                    raise ValueError(f"stage {index} merges 2 x 2 tokens of a {height} x {width} grid: images of shape "
-                                     f"{shape} would be padded; take sides whose patch grids halve evenly at every stage")
-                height, width = height // 2, width // 2
-            for block in stage.blocks:
-                window = tuple(block.window_size)
-                if height % window[0] or width % window[1]:
-                    raise ValueError(f"stage {index}'s {height} x {width} grid is not a multiple of its {window[0]} x "
-                                     f"{window[1]} windows for images of shape {shape}: padded windows are not explained")
+        self.check_grids(shape)
 
     def class_names(self) -> list[str] | None:
         return timm_class_names(self.model)
@@ -123,7 +166,10 @@ class SwinAdapter(ImageAdapter):
         return timm_input_fields(self.model, inputs)
 
     def explaining(self, attention_probabilities: bool) -> ContextManager[None]:
-        return fused_attention_off(self.model, [b.attn for b in self.blocks], attention_probabilities)
+        """Eval mode; V1's fused attention kernel off where the probabilities are needed (V2's cosine attention has
+        none)."""
+        fused = [b.attn for b in self.blocks if hasattr(b.attn, "fused_attn")]
+        return fused_attention_off(self.model, fused, attention_probabilities)
 
     def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         if graph and torch.is_grad_enabled() and not inputs.requires_grad:  # a graph even when every weight is frozen
@@ -134,14 +180,9 @@ class SwinAdapter(ImageAdapter):
         self, inputs: torch.Tensor, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
         positions: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The patch tokens through the stages; a selection of them (token ablation) has every token it lacks set to 0
-        on the grid: the windows and merges need every place of it."""
         m = self.model
-        x = tokens["image"]
         height, width = self.grid_size(inputs)
-        if positions is not None and "image" in positions:
-            kept, x = x, x.new_zeros(len(x), height * width, x.shape[-1])
-            x[torch.arange(len(x), device=x.device)[:, None], positions["image"]] = kept
+        x = self.on_grid(inputs, tokens["image"], positions)
         features = m.norm(m.layers(x.reshape(len(x), height, width, -1)))
         return m.forward_head(features), m.forward_head(features, pre_logits=True)
 
