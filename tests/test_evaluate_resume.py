@@ -20,6 +20,7 @@ import transformers
 from safetensors.torch import save_file
 
 from relevancy.apps.cli import main
+from relevancy.core import runs
 from relevancy.core.files import read_regular
 from relevancy.evaluation import shards as S
 from relevancy.evaluation.shards import LOCK, PARTIAL, RUN_FILE, RunRefused, Shards, weights_digest
@@ -239,8 +240,8 @@ def test_records_of_another_run_are_refused_naming_each_difference(tmp_path, mon
     assert f"remove {folder} to start this run afresh, or give another --out" in message
     assert "weights: [" in refused(tmp_path, {"n": 3, "seed": 0, "model": "m.safetensors"}, other)  # same path, other weights
     assert 'model: "m.safetensors" there, "n.safetensors" here' in refused(tmp_path, {"n": 3, "seed": 0, "model": "n.safetensors"}, model)
-    installed = S.library_versions()
-    monkeypatch.setattr(S, "library_versions", lambda: {**installed, "torch": "0.1"})
+    installed = runs.library_versions()
+    monkeypatch.setattr(runs, "library_versions", lambda: {**installed, "torch": "0.1"})
     assert "versions.torch: " in refused(tmp_path, {"n": 3, "seed": 0, "model": "m.safetensors"}, model)
     monkeypatch.undo()
     assert records(tmp_path) == [{"chunk": 0, "record": {"a": 1}}]  # nothing touched by the refusals

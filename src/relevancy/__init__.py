@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     METHODS: tuple[str, ...]
 
 __all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "Span", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "DecoderExplanation", "GenerationExplanation", "TextExplanation", "explain_generation", "load", "METHODS"]
-__version__ = "0.1.0"
+from .core import __version__  # noqa: E402 (the one place it is written is core, below every layer)
 
 
 def __getattr__(name: str) -> Any:
