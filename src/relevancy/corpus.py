@@ -403,10 +403,11 @@ def _digest(corpus: Sequence[Prompt]) -> str:
 
 
 def _padded(batch: Sequence[Prompt], device: torch.device) -> dict[str, torch.Tensor]:
-    """The batch's token ids, left-padded (padding id 0, masked), on `device`."""
+    """The batch's token ids, right-padded (padding id 0, masked), on `device`: each row's tokens at the positions
+    they have alone (a model whose rotary frequencies are float32 gives a shifted row other rounding)."""
     width = max(len(p.ids) for p in batch)
-    ids = torch.tensor([[0] * (width - len(p.ids)) + p.ids for p in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(p.ids)) + [1] * len(p.ids) for p in batch], device=device)
+    ids = torch.tensor([p.ids + [0] * (width - len(p.ids)) for p in batch], device=device)
+    mask = torch.tensor([[1] * len(p.ids) + [0] * (width - len(p.ids)) for p in batch], device=device)
     return {"input_ids": ids, "attention_mask": mask}
 
 
