@@ -88,7 +88,7 @@ def run_explain_corpus(args: argparse.Namespace) -> list[Path]:
         summary = explain_corpus(model, tokenizer, _prompts(Path(args.prompts)), args.method,
                                  targets="generate" if args.generate else None, out=args.out,
                                  prompt_column=args.prompt_column, target_column=args.target_column, id_column=args.id_column,
-                                 max_new_tokens=args.max_new_tokens, latent=latent, memory_budget=budget,
+                                 max_new_tokens=args.max_new_tokens, latent=latent or False, memory_budget=budget,
                                  max_batch=args.max_batch, progress=not args.quiet)
     finally:
         torch.set_num_threads(threads)
