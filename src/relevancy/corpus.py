@@ -272,8 +272,10 @@ def explain_corpus(model: nn.Module, tokenizer: Any, prompts: Any, method: str =
     finished run called again rewrites only its report. Returns a `CorpusSummary` (on every process)."""
     started = time.perf_counter()
     family = adapter_for(model)
-    if not family.generates:
-        raise UnsupportedModelError(f"explain_corpus explains decoder language models, not the {family.family} family ({family.examples})")
+    if not family.generates or family.reads_images:
+        raise UnsupportedModelError(f"explain_corpus explains text decoder language models, not the {family.family} family "
+                                    f"({family.examples}): a vision-language decoder's prompt comes with its image, "
+                                    "explain_generation(..., image=)")
     generate = isinstance(targets, str) and targets == "generate"
     if generate:
         method = check_generation_method(method)
@@ -444,11 +446,13 @@ def _explained(model: nn.Module, tokenizer: Any, batch: Sequence[Prompt], method
         columns["target_ids"].append(ids)
         columns["target"].append(tokenizer.decode(ids))
         columns["relevance_total"].append(None if expl.relevance_total is None else float(expl.relevance_total[b]))
+        # a span's own tokens where the target has several (a one-token target has none, as when explained alone)
+        read = len(ids) if len(ids) > 1 else 0
         if span is not None:
-            columns["span_scores"].append(_floats(span.scores[b][: len(ids)]))
+            columns["span_scores"].append(_floats(span.scores[b][:read]))
         if "layers" in parts:  # the prompt's columns, then the span's
             keep = torch.cat([mask[b], torch.ones(expl.latent.layers.shape[2] - width, dtype=torch.bool)])
-            columns["latent_layers"].append(_floats(expl.latent.layers[:, b][:, keep][:, : len(p.ids) + (0 if span is None else len(ids))]))
+            columns["latent_layers"].append(_floats(expl.latent.layers[:, b][:, keep][:, : len(p.ids) + read]))
         if "heads" in parts:
             columns["latent_heads"].append(_floats(expl.latent.heads[:, b]))
     return columns
