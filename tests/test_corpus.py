@@ -28,8 +28,10 @@ pytest.importorskip("pyarrow")
 datasets = pytest.importorskip("datasets")
 
 DRIVER = Path(__file__).resolve().parent / "corpus_driver.py"
+#: the columns that hold computed numbers
+NUMBERS = ("scores", "relevance_total", "sink_share")
 #: the kill matrix: (point, processes killed, processes continuing)
-KILLS = [("start", 3, 1), ("mid-batch", 1, 2), ("mid-batch", 2, 3), ("mid-batch", 3, 1), ("saved", 2, 1), ("report", 3, 2)]
+KILLS = [("start", 3, 1), ("mid-batch", 2, 3), ("mid-batch", 3, 1), ("saved", 1, 2), ("report", 3, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +223,10 @@ def uninterrupted(tiny, tmp_path_factory) -> list[dict]:
                "--quiet", "--out", str(out / "out")]
     assert launch([command], out / "log", 240) == [0], (out / "log").read_text()
     relevancy.explain_corpus(model, tokenizer, prompts, out=out / "here", max_batch=16, progress=False)
-    assert rows(out / "out") == rows(out / "here")
+    for got, here in zip(rows(out / "out"), rows(out / "here"), strict=True):  # other threads, other rounding
+        assert {k: v for k, v in got.items() if k not in NUMBERS} == {k: v for k, v in here.items() if k not in NUMBERS}
+        for key in NUMBERS:
+            assert_close(got[key], here[key], f"{got['prompt']}: {key}")
     return rows(out / "out")
 
 
