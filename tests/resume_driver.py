@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ from relevancy.apps.cli import main
 from relevancy.core.files import write_atomic
 from relevancy.evaluation import data
 from relevancy.evaluation.shards import Shards
+
+from processes import kill_all
 
 #: the points `RELEVANCY_TEST_KILL` names
 POINTS = ("start", "mid-chunk", "finished", "gather", "cleanup")
@@ -58,19 +59,6 @@ def run_probe(args, methods, n: int, shards: Shards) -> list[Path]:
     results = {"n": n, "seed": args.seed, "sums": [r["sum"] for r in records],
                "outputs": [r["outputs"].tolist() for r in records], "argmax": [r["argmax"].tolist() for r in records]}
     return [write_atomic(Path(args.out) / "results.json", json.dumps(results) + "\n")]
-
-
-def kill_all() -> None:
-    """SIGKILL to every process of this run (its environment holds the token), this one last."""
-    mark = f"RELEVANCY_TEST_RUN={os.environ['RELEVANCY_TEST_RUN']}".encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                    os.kill(int(entry), signal.SIGKILL)
-            except (OSError, ProcessLookupError):
-                pass
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def arm(point: str) -> None:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,10 +18,12 @@ import transformers
 from safetensors.torch import save_file
 
 from relevancy.apps.cli import main
+from relevancy.core import runs
 from relevancy.core.files import read_regular
 from relevancy.evaluation import shards as S
 from relevancy.evaluation.shards import LOCK, PARTIAL, RUN_FILE, RunRefused, Shards, weights_digest
 
+from processes import free_port, launch
 from resume_driver import POINTS
 from test_evaluate import TINY_SHAPES, shapes_checkpoint  # noqa: F401  (a fixture)
 from test_shapes_detection_benchmark import cli_detector  # noqa: F401  (a fixture)
@@ -239,8 +239,8 @@ def test_records_of_another_run_are_refused_naming_each_difference(tmp_path, mon
     assert f"remove {folder} to start this run afresh, or give another --out" in message
     assert "weights: [" in refused(tmp_path, {"n": 3, "seed": 0, "model": "m.safetensors"}, other)  # same path, other weights
     assert 'model: "m.safetensors" there, "n.safetensors" here' in refused(tmp_path, {"n": 3, "seed": 0, "model": "n.safetensors"}, model)
-    installed = S.library_versions()
-    monkeypatch.setattr(S, "library_versions", lambda: {**installed, "torch": "0.1"})
+    installed = runs.library_versions()
+    monkeypatch.setattr(runs, "library_versions", lambda: {**installed, "torch": "0.1"})
     assert "versions.torch: " in refused(tmp_path, {"n": 3, "seed": 0, "model": "m.safetensors"}, model)
     monkeypatch.undo()
     assert records(tmp_path) == [{"chunk": 0, "record": {"a": 1}}]  # nothing touched by the refusals
@@ -416,58 +416,6 @@ def test_the_command_refuses_records_of_another_seed_or_other_weights(tmp_path, 
 
 
 # ---------------------------------------------------------------------------------------------- processes
-def environment(token: str, **extra: str) -> dict[str, str]:
-    """The environment of a run's processes: one thread each, this checkout's source, the run's token."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "RELEVANCY_TEST_RUN": token, **extra,
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-
-
-def alive(token: str) -> list[int]:
-    """The processes whose environment holds the run's token."""
-    mark = f"RELEVANCY_TEST_RUN={token}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                found.append(int(entry))
-        except OSError:
-            pass
-    return found
-
-
-def launch(commands: list[list[str]], log: Path, timeout: float, **extra: str) -> list[int]:
-    """Run `commands` at once (the processes of one run, sharing a fresh token) to their end; their exit statuses.
-    Past `timeout` every process of the run is killed and the test fails: nothing hangs."""
-    token = uuid.uuid4().hex
-    with open(log, "w") as output:
-        processes = [subprocess.Popen(command, env=environment(token, **extra), stdout=output, stderr=subprocess.STDOUT,
-                                      cwd=ROOT) for command in commands]
-        try:
-            deadline = time.monotonic() + timeout
-            statuses = [process.wait(timeout=max(1.0, deadline - time.monotonic())) for process in processes]
-        except subprocess.TimeoutExpired:
-            statuses = None
-        finally:
-            for pid in alive(token):
-                os.kill(pid, signal.SIGKILL)
-            for process in processes:
-                process.wait(timeout=30)
-    assert statuses is not None, f"still running after {timeout} s: {log.read_text()[-3000:]}"
-    for _ in range(100):  # a killed process's children are reaped by init, soon
-        if not alive(token):
-            break
-        time.sleep(0.05)
-    assert not alive(token), "processes of the run outlived it"
-    return statuses
-
-
-def free_port() -> int:
-    """A TCP port free on localhost now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_processes_started_differently_refuse_together(tmp_path):
     """Two processes of one gloo run, one with another --seed: both refuse, naming the field and the ranks."""
     port, out = free_port(), tmp_path / "out"

@@ -15,12 +15,13 @@ if TYPE_CHECKING:
     from .families.detr import detect
     from .families.causal_lm import Contrast, Span
     from .generation import explain_generation
+    from .corpus import explain_corpus, load_corpus
     from .methods.targets import Concept
 
     METHODS: tuple[str, ...]
 
-__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "Span", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "DecoderExplanation", "GenerationExplanation", "TextExplanation", "explain_generation", "load", "METHODS"]
-__version__ = "0.1.0"
+__all__ = ["explain", "Explanation", "ImageExplanation", "PairExplanation", "RegionTextExplanation", "Concept", "Contrast", "Span", "ImageTextBatch", "ZeroShotClassifier", "detect", "DetectionExplanation", "DecoderExplanation", "GenerationExplanation", "TextExplanation", "explain_generation", "explain_corpus", "load_corpus", "load", "METHODS"]
+from .core import __version__  # noqa: E402 (the one place it is written is core, below every layer)
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from .results.explanation import Explanation as value
     elif name == "explain_generation":
         from .generation import explain_generation as value
+    elif name in ("explain_corpus", "load_corpus"):
+        from . import corpus
+
+        value = getattr(corpus, name)
     elif name in ("ImageExplanation", "TextExplanation", "PairExplanation", "RegionTextExplanation", "DetectionExplanation",
                   "DecoderExplanation", "GenerationExplanation", "load"):
         from .results import explanation

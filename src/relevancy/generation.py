@@ -154,7 +154,7 @@ def _is_one_prompt(prompt: object) -> bool:
         all(isinstance(v, int) and not isinstance(v, bool) for v in prompt) or all(isinstance(v, Mapping) for v in prompt))
 
 
-def _prompt_ids(tokenizer: Any, prompt: object) -> list[int]:
+def prompt_ids(tokenizer: Any, prompt: object) -> list[int]:
     """One prompt's token ids: a text tokenised (special tokens added as the tokenizer does), token ids as given, chat
     messages through the tokenizer's chat template with the generation prompt (the assistant's turn) appended."""
     if isinstance(prompt, str):
@@ -183,9 +183,9 @@ def _prompts(tokenizer: Any, prompt: object) -> tuple[list[list[int]], bool]:
     if isinstance(prompt, torch.Tensor) and prompt.ndim == 2:
         return [row.tolist() for row in prompt], False
     if _is_one_prompt(prompt):
-        return [_prompt_ids(tokenizer, prompt)], True
+        return [prompt_ids(tokenizer, prompt)], True
     if isinstance(prompt, (list, tuple)) and prompt and all(_is_one_prompt(p) for p in prompt):
-        return [_prompt_ids(tokenizer, p) for p in prompt], False
+        return [prompt_ids(tokenizer, p) for p in prompt], False
     raise ValueError("prompt must be a text, token ids, chat messages (a list of {'role', 'content'} dicts), or a non-empty "
                      f"list of these (a batch), got {quoted(prompt)}")
 

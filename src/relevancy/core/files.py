@@ -195,9 +195,10 @@ def distinct_stems(paths: Sequence[str | Path]) -> list[str]:
     return stems
 
 
-def write_atomic(path: str | Path, content: bytes | str) -> Path:
+def write_atomic(path: str | Path, content: bytes | str, durable: bool = False) -> Path:
     """Write `content` to `path` so that a failure leaves no partial file (and an older file untouched); a path
-    that is a folder, or below a file, is refused in one line (`check_file`)."""
+    that is a folder, or below a file, is refused in one line (`check_file`). `durable`: on disk (the file and its
+    folder's entry fsynced) before this returns, so that a machine's crash keeps it too (a resumable run's records)."""
     path = check_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8") if isinstance(content, str) else content
@@ -207,10 +208,19 @@ def write_atomic(path: str | Path, content: bytes | str) -> Path:
     try:
         with os.fdopen(handle, "wb") as f:
             f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600 files; outputs are ordinary files
         os.replace(temporary, path)
+        if durable:
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)

@@ -1,4 +1,4 @@
-"""Command line: `relevancy explain | explain-text | explain-generation | explain-detections | explain-question | demo | evaluate | serve`.
+"""Command line: `relevancy explain | explain-text | explain-generation | explain-corpus | explain-detections | explain-question | demo | evaluate | serve`.
 
 Every command's options are defined here, in a module that imports neither torch nor the model libraries, so
 `relevancy --help` answers at once; each handler imports what it needs when it runs. Handlers check the request
@@ -104,6 +104,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help=f"print the result as JSON on stdout: {TO_JSON} (the tokens, the prompt "
                                                        "length, the generated ids and text, the (G, T + G) scores, the relevance totals)")
     p.set_defaults(handler=_lazy("relevancy.apps.cli.generation", "run_explain_generation"))
+
+    p = commands.add_parser("explain-corpus", help="explain a corpus of prompts with a decoder language model: a resumable, "
+                                                   "sharded run written as a Parquet dataset",
+                            description="Explain every prompt of a file (JSON lines: a text, chat messages or an object "
+                                        "per line; a text file: a prompt per line) or of a saved Hugging Face dataset "
+                                        "(save_to_disk) with a decoder language model, in padded batches of similar "
+                                        "length within --memory-budget. Writes OUT/shards/part-*.parquet (one row per "
+                                        "prompt: relevancy.load_corpus(OUT), or datasets' \"parquet\" loader), "
+                                        "OUT/run.json and OUT/report.md. Under torchrun every process takes its share; a "
+                                        "killed run continues when the same command runs again (with any process count).")
+    p.add_argument("prompts", metavar="PROMPTS", help="a .jsonl or text file of prompts, or a folder saved by datasets' save_to_disk")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (default, offline), 'gemma3', or a local folder of a decoder "
+                                                      "language model and its tokenizer (save_pretrained)")
+    p.add_argument("--method", default="attnlrp", help="a decoder method (default attnlrp; docs/language_models.md)")
+    p.add_argument("--out", required=True, help="the output folder (continued where it holds this run's batches)")
+    p.add_argument("--prompt-column", default="prompt", help="the prompt's column of JSON objects or dataset rows (default prompt)")
+    p.add_argument("--target-column", default=None, help="a column holding each prompt's target: a token id, a text (one token "
+                                                        "or an answer span, read teacher-forced) or a list of token ids "
+                                                        "(default: each prompt's predicted next token)")
+    p.add_argument("--id-column", default=None, help="a column holding each prompt's id (default: its index)")
+    p.add_argument("--generate", action="store_true", help="explain the model's own continuation of each prompt (every "
+                                                          "generated token, --max-new-tokens at most)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=f"with --generate: tokens to generate, 1 to {MAX_NEW_TOKENS} (default 32)")
+    p.add_argument("--latent", default=None, metavar="PARTS", help="also keep relevance inside the model: 'layers', 'heads' or "
+                                                                 "'layers,heads'")
+    p.add_argument("--memory-budget", default="1GiB", metavar="SIZE", help="the memory one batch may take, e.g. 512MiB, 8GiB "
+                                                                          "(default 1GiB): batches are planned from it")
+    p.add_argument("--max-batch", type=int, default=64, help="the most prompts in one batch (default 64)")
+    p.add_argument("--dtype", default=None, choices=("float32", "float64", "bfloat16", "float16"),
+                   help="run the model in this dtype (default: as loaded)")
+    p.add_argument("--device", default="auto", help="'auto' (default: the process's GPU under torchrun, LOCAL_RANK, where "
+                                                    "there is one; else the CPU), 'cpu', or a torch device such as cuda:1")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads per process (default: torch's choice)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_lazy("relevancy.apps.cli.corpus", "run_explain_corpus"))
 
     p = commands.add_parser("explain-detections", help="explain every object a DETR model detects in each image",
                             description="Explain each object a transformers DetrForObjectDetection detects (best class "
@@ -269,7 +304,7 @@ MAX_ERROR_CHARS = 1_000
 
 
 #: commands that run for minutes or for good: they keep Python's cycle collector running in their own process
-LONG_RUNNING = ("evaluate", "serve")
+LONG_RUNNING = ("evaluate", "explain-corpus", "serve")
 
 
 @contextmanager

@@ -315,18 +315,6 @@ def _check_shapes_model(model: nn.Module) -> None:
         raise UsageError(f"the shapes benchmark needs {len(CLASSES)} classes ({', '.join(CLASSES)}); the model has {logits.shape[-1]}")
 
 
-def _distributed() -> tuple[int, int, bool]:
-    """``(rank, world, created)``: joins the gloo process group when launched by torchrun (``WORLD_SIZE`` set)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), False
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("gloo")
-        return dist.get_rank(), dist.get_world_size(), True
-    return 0, 1, False
-
-
 #: options that change how a run goes, not its results: left out of the run's key (`run_key`)
 RUN_ONLY_OPTIONS = frozenset({"out", "threads", "workers", "quiet", "json", "handler", "command"})
 
@@ -342,13 +330,14 @@ def evaluate(args: argparse.Namespace) -> list[Path]:
     process recording its chunks in --out as they finish), merge, rank 0 writes the files."""
     import torch.distributed as dist
 
+    from ...core.runs import distributed
     from ...evaluation.shards import Shards
 
     benchmark, n = _check(args)
     threads = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    rank, world, created = _distributed()
+    rank, world, created = distributed()
     try:
         with Shards.at(args.out, benchmark, run_key(args, n), rank, world) as shards:
             written = _evaluate(args, benchmark, n, shards)

@@ -1,0 +1,119 @@
+"""Prompts per second explaining a corpus on SmolLM2-135M-Instruct: relevancy's corpus run (`explain_corpus`: padded
+batches of similar length, Parquet output) beside a loop of relevancy's `explain` per prompt and a loop of lxt 2.1's
+AttnLRP per prompt (in its own venv).
+
+    OMP_NUM_THREADS=1 python benchmarks/corpus_speed.py --lxt-python /tmp/lxt/bin/python [--prompts 64] [--threads 1]
+
+The weights are SmolLM2's own (`relevancy.models.smollm2`, offline), saved once to a temporary folder with the
+prompts: the retrieval world's first `--prompts` test prompts (`relevancy.worlds.language`), tokenised by SmolLM2's
+tokenizer. Each tool runs in a process of its own that loads them from there, float32, `--threads` CPU threads:
+relevancy's in this interpreter, lxt's in `--lxt-python` (lxt, torch and transformers; never a dependency of
+relevancy). The loops explain each prompt's predicted next token as `benchmarks/llm_vs_lxt.py` does (lxt as its README
+runs it, with relevancy's shortcut: the last position's logits only, one backward to the input); the corpus run does
+the same for every prompt, its time including writing the Parquet files and the report. Reported: seconds for the
+whole corpus (after one warm-up prompt), prompts per second, and each tool's speed over lxt's loop.
+Results: benchmarks/results/corpus_speed.txt (and .json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from llm_vs_lxt import lxt_explainer, relevancy_explainer  # noqa: E402
+from machine import cpu_name, today  # noqa: E402
+
+TOOLS = ("relevancy corpus", "relevancy loop", "lxt loop")
+
+
+def prepare(folder: Path, count: int) -> None:
+    """SmolLM2's weights (safetensors), its tokenizer and `count` prompts' token ids into `folder`."""
+    from relevancy.models import smollm2
+    from relevancy.worlds import language as llm_world
+
+    model, tokenizer = smollm2()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    ids = [tokenizer(llm_world.prompt("test", k).text)["input_ids"] for k in range(count)]
+    (folder / "prompts.json").write_text(json.dumps(ids))
+
+
+def one(folder: Path, tool: str, threads: int) -> dict:
+    """One tool over the whole corpus, in this process: its seconds (after a warm-up on the first prompt)."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    torch.set_num_threads(threads)
+    model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    prompts = [torch.tensor([ids]) for ids in json.loads((folder / "prompts.json").read_text())]
+    if tool == "relevancy corpus":
+        import relevancy
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        rows = [row[0].tolist() for row in prompts]
+        relevancy.explain_corpus(model, tokenizer, rows[:1], out=folder / "warm-up", progress=False)
+        began = time.perf_counter()
+        summary = relevancy.explain_corpus(model, tokenizer, rows, out=folder / "corpus", progress=False)
+        seconds = time.perf_counter() - began
+        return {"tool": tool, "seconds": seconds, "prompts": len(rows), "batches": summary.batches,
+                "tokens": sum(len(row) for row in rows)}
+    explain = (lxt_explainer if tool == "lxt loop" else relevancy_explainer)(model)
+    explain(prompts[0])
+    began = time.perf_counter()
+    for ids in prompts:
+        explain(ids)
+    return {"tool": tool, "seconds": time.perf_counter() - began, "prompts": len(prompts),
+            "tokens": sum(ids.shape[1] for ids in prompts)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lxt-python", help="the interpreter of a venv with lxt 2.1, torch and transformers (required)")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "corpus_speed")
+    parser.add_argument("--one", nargs=3, metavar=("FOLDER", "TOOL", "THREADS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        folder, tool, threads = args.one
+        print(json.dumps(one(Path(folder), tool, int(threads))))
+        return
+    if not args.lxt_python:
+        parser.error("--lxt-python is required: the interpreter of a venv with lxt 2.1, torch and transformers")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
+    runs = []
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary)
+        prepare(folder, args.prompts)
+        for tool in TOOLS:
+            python = args.lxt_python if tool == "lxt loop" else sys.executable
+            out = subprocess.run([python, __file__, "--one", str(folder), tool, str(args.threads)], capture_output=True, text=True, env=env)
+            if out.returncode:
+                raise SystemExit(f"{tool} failed:\n{out.stderr[-3000:]}")
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(tool, f"{runs[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+    lxt = next(r for r in runs if r["tool"] == "lxt loop")
+    lines = [f"SmolLM2-135M-Instruct (its GGUF weights), float32, {args.prompts} retrieval-world prompts "
+             f"({runs[0]['tokens']:,} tokens, {runs[0]['tokens'] / args.prompts:.0f} per prompt), attnlrp / lxt 2.1 attnLRP of "
+             f"each prompt's predicted token, {cpu_name()}, {args.threads} thread(s), {today()}; torch {torch.__version__}",
+             f"{'tool':<17} {'seconds':>8} {'prompts/s':>9} {'vs lxt loop':>11}"]
+    for r in runs:
+        lines.append(f"{r['tool']:<17} {r['seconds']:>8.1f} {r['prompts'] / r['seconds']:>9.2f} {lxt['seconds'] / r['seconds']:>10.2f}x"
+                     + (f"  ({r['batches']} batches)" if "batches" in r else ""))
+    text = "\n".join(lines)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".txt").write_text(text + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "threads": args.threads}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
