@@ -35,15 +35,22 @@ from machine import cpu_name, today  # noqa: E402
 TOOLS = ("relevancy corpus", "relevancy loop", "lxt loop")
 
 
-def prepare(folder: Path, count: int) -> None:
-    """SmolLM2's weights (safetensors), its tokenizer and `count` prompts' token ids into `folder`."""
+def prepare(folder: Path, count: int, longest: int = 1) -> None:
+    """SmolLM2's weights (safetensors), its tokenizer and `count` prompts' token ids into `folder`. `longest` 1: the
+    retrieval world's prompts about 2 people (~57 tokens); above 1, lengths spread evenly from those up to `longest`
+    ten-person prompts joined into one (~206 tokens each: 5 gives ~1,000), the last one's question explained."""
     from relevancy.models import smollm2
     from relevancy.worlds import language as llm_world
 
     model, tokenizer = smollm2()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    ids = [tokenizer(llm_world.prompt("test", k).text)["input_ids"] for k in range(count)]
+    texts = []
+    for k in range(count):
+        joined = k * (longest + 1) // count if longest > 1 else 0  # 0: one two-person prompt
+        texts.append(" ".join(llm_world.prompt("test", count * j + k, n_people=10).text for j in range(joined))
+                     if joined else llm_world.prompt("test", k).text)
+    ids = [tokenizer(text)["input_ids"] for text in texts]
     (folder / "prompts.json").write_text(json.dumps(ids))
 
 
@@ -78,6 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lxt-python", help="the interpreter of a venv with lxt 2.1, torch and transformers (required)")
     parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--longest", type=int, default=1,
+                        help="1: two-person prompts (~57 tokens); N > 1: lengths spread up to N ten-person prompts joined (5: ~1,000 tokens)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "corpus_speed")
     parser.add_argument("--one", nargs=3, metavar=("FOLDER", "TOOL", "THREADS"), help=argparse.SUPPRESS)
@@ -92,7 +101,7 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
-        prepare(folder, args.prompts)
+        prepare(folder, args.prompts, args.longest)
         for tool in TOOLS:
             python = args.lxt_python if tool == "lxt loop" else sys.executable
             out = subprocess.run([python, __file__, "--one", str(folder), tool, str(args.threads)], capture_output=True, text=True, env=env)
@@ -101,8 +110,8 @@ def main() -> None:
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(tool, f"{runs[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
     lxt = next(r for r in runs if r["tool"] == "lxt loop")
-    lines = [f"SmolLM2-135M-Instruct (its GGUF weights), float32, {args.prompts} retrieval-world prompts "
-             f"({runs[0]['tokens']:,} tokens, {runs[0]['tokens'] / args.prompts:.0f} per prompt), attnlrp / lxt 2.1 attnLRP of "
+    lines = [f"SmolLM2-135M-Instruct (its GGUF weights), float32, {args.prompts} retrieval-world prompts (longest: "
+             f"{args.longest} joined; {runs[0]['tokens']:,} tokens, {runs[0]['tokens'] / args.prompts:.0f} per prompt), attnlrp / lxt 2.1 attnLRP of "
              f"each prompt's predicted token, {cpu_name()}, {args.threads} thread(s), {today()}; torch {torch.__version__}",
              f"{'tool':<17} {'seconds':>8} {'prompts/s':>9} {'vs lxt loop':>11}"]
     for r in runs:

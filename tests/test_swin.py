@@ -313,8 +313,8 @@ def test_refusals_name_the_problem():
         relevancy.explain(MODEL, images(), method="generic_attention", checkpoint=True)
     with pytest.raises(ValueError, match=r"\(B, 3, 32, 32\)"):
         relevancy.explain(MODEL, torch.zeros(1, 3, 48, 48, dtype=torch.float64), method="rollout")
-    with pytest.raises(relevancy.families.UnsupportedModelError, match="'attnlrp'"):
-        relevancy.explain(MODEL, images(), method="attnlrp")
+    with pytest.raises(ValueError, match="latent= is for decoder language models only"):
+        relevancy.explain(MODEL, images(), method="attnlrp", latent="layers")
 
 
 def test_a_grid_the_windows_do_not_divide_is_refused():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import torch
@@ -19,6 +20,22 @@ from ._shared import UnsupportedModelError, checked_images
 #: order: what a one-stream image or text family with a relevance rule map offers
 SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution",
                 "partial_lrp", "lrp", "cdam", "token_ablation")
+
+
+#: the input-relevance methods (AttnLRP, CP-LRP, input x gradient) that an encoder family with a rule map and
+#: `embedding_leaves` offers beside the seeds' methods, in the registry's order
+INPUT_RELEVANCE_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient")
+
+
+@dataclass(frozen=True)
+class EmbeddingLeaf:
+    """Where an encoder's input relevance is measured for one stream (lxt's choice: the token or patch embeddings):
+    the output of `module` (a tuple's first item), whose embedding width is dimension `width` (-1 for tokens
+    `(B, ..., D)`, 1 for a convolution's `(B, D, h, w)`); the other dimensions after the batch are the stream's
+    content tokens in order."""
+
+    module: nn.Module
+    width: int = -1
 
 
 class Adapter:
@@ -69,6 +86,10 @@ class Adapter:
     def relevance_rule_map(self) -> dict:
         """Module type -> relevance rule (see relevancy.lrp) for the propagation methods."""
         raise UnsupportedModelError(f"no relevance rules for the {self.family} family yet")
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """Per stream, where the encoder's input relevance is measured (attnlrp, cp_lrp, input_x_gradient)."""
+        raise UnsupportedModelError(f"no embedding leaves for the {self.family} family yet")
 
     def class_names(self) -> list[str] | None:
         return None

@@ -243,8 +243,22 @@ _SOFTMAX = rule_of(lambda rules: rules.softmax)
 _NORMALISATION = rule_of(lambda rules: rules.normalisation)
 _ACTIVATION = rule_of(lambda rules: rules.activation)
 PASSTHROUGH = leaf(lambda _m: passthrough_rule)
-NORMALISATION = leaf(lambda _m: _NORMALISATION)
-ACTIVATION = leaf(lambda _m: _ACTIVATION)
+
+
+def NORMALISATION(module: nn.Module, session: Session) -> Replacements:
+    """An entry for a norm module (LayerNorm, RMSNorm): the normalisation rule of the session's rule set (a gradient
+    rule set: the module's norm with its divisor constant, `gradient.module_norm`)."""
+    original = module.forward
+    return {"forward": lambda x: normalisation(session, original, lambda t: gradient.module_norm(module, t), x)}
+
+
+def ACTIVATION(module: nn.Module, session: Session) -> Replacements:
+    """An entry for an element-wise activation module: the activation rule of the session's rule set (a gradient
+    rule set: the identity rule)."""
+    original = module.forward
+    return {"forward": lambda x: activation(session, original, x)}
+
+
 LINEAR = leaf(linear_module_rule)
 PIXEL_CONV = leaf(pixel_conv_rule)
 

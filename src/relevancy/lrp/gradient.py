@@ -219,6 +219,20 @@ def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
     return y.to(x.dtype)
 
 
+def module_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A norm module's output under the identity rule: a LayerNorm over the last dimension (`layer_norm`) or an
+    RMSNorm (`rms_norm`; without a weight, `x / rms(x)`); a one-line error naming them for any other norm."""
+    if isinstance(norm, torch.nn.LayerNorm) and len(norm.normalized_shape) == 1:
+        return layer_norm(x, norm)
+    if isinstance(norm, getattr(torch.nn, "RMSNorm", ())) and len(norm.normalized_shape) == 1:
+        eps = torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
+        if norm.weight is None:
+            return norm_identity(x, torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        return rms_norm(x, norm.weight, eps)
+    raise TypeError(f"the gradient rule sets (attnlrp, cp_lrp) rule LayerNorm and RMSNorm over the last dimension; "
+                    f"got {type(norm).__name__} over {tuple(getattr(norm, 'normalized_shape', ()))}")
+
+
 def take(x: torch.Tensor, factor: float | None) -> torch.Tensor:
     """`x` as one factor of a product whose backward it shares by `factor` (None: detached, a constant)."""
     if factor is None:

@@ -127,11 +127,11 @@ REGISTRY: dict[str, Method] = {
                accepts_concept=True,
                generation="prefixes", summary="score drop when a patch token is removed"),
         Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",
-               summary="decoder language models: AttnLRP (Achtibat et al.) at the token embeddings"),
+               summary="AttnLRP (Achtibat et al.) at the token or patch embeddings"),
         Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",
-               summary="decoder language models: CP-LRP, AttnLRP without relevance through queries, keys, gates"),
+               summary="CP-LRP: AttnLRP without relevance through queries, keys, gates"),
         Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False, token_targets=True,
-               generation="one_forward", summary="decoder language models: input x gradient at the token embeddings"),
+               generation="one_forward", summary="input x gradient at the token or patch embeddings"),
     )
 }
 

@@ -1,5 +1,6 @@
-"""The methods of decoder language models: AttnLRP, CP-LRP and input x gradient at the token embeddings, for a next
-token, an answer span or a function of the logits, with the relevance inside the decoder on request (`latent`)."""
+"""AttnLRP, CP-LRP and input x gradient at the token embeddings: on decoder language models for a next token, an
+answer span or a function of the logits, with the relevance inside the decoder on request (`latent`); on the
+encoders for a class, a concept or a function of the logits (`embeddings.embedding_relevance`)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -10,6 +11,7 @@ from ..families.base import Adapter
 from ..lrp import RULE_SETS, RuleSet
 from ..core.messages import quoted
 from ..results.parts import LATENT_PARTS
+from .embeddings import embedding_relevance
 
 #: the input-relevance methods of decoders and the rule set of their backward (None: the plain gradient)
 INPUT_RELEVANCE_RULES: dict[str, RuleSet | None] = {"attnlrp": RULE_SETS["attnlrp"], "cp_lrp": RULE_SETS["cp_lrp"], "input_x_gradient": None}
@@ -35,6 +37,13 @@ def _input_relevance(adapter: Adapter, inputs: Any, target: Any, rules: RuleSet 
     the rule-based ones report `relevance_total`. `checkpoint`:
     recompute the layers in the backward instead of keeping their activations (less memory on long prompts and deep
     models, `CausalLMAdapter.layers_recomputed`; the same map)."""
+    if getattr(adapter, "input_relevance", None) is None:  # an encoder: its class, concept or function of the logits
+        decoder_only = [name for name, given in (("checkpoint", checkpoint), ("score", score != "logit"), ("latent", bool(latent))) if given]
+        if decoder_only:
+            named = ", ".join(f"{name}=" for name in decoder_only)
+            raise ValueError(f"{named} {'is' if len(decoder_only) == 1 else 'are'} for decoder language models only; the "
+                             f"{adapter.family} family takes inputs and a target alone")
+        return embedding_relevance(adapter, inputs, target, rules)
     parts = latent_parts(latent)
     if checkpoint and "heads" in parts:
         raise ValueError("latent heads are read inside each layer, which checkpoint=True runs again in the backward: ask for them without checkpoint")

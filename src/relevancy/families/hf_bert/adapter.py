@@ -27,7 +27,7 @@ from ...results.explanation import TextExplanation
 from ...lrp.engine import ForwardFactory
 from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, transformers_configs
-from ..base import SEED_METHODS, Adapter, UnsupportedModelError
+from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, Adapter, EmbeddingLeaf, UnsupportedModelError
 from ..hf_attention import EAGER, attention_probabilities, explaining_call
 from ..text_batch import TextBatch, from_encoding, mask_from_padding, placeholder_tokens, token_tensor
 from .rules import bert_rules, distilbert_rules, roberta_rules
@@ -136,7 +136,7 @@ class HFBertAdapter(Adapter):
     """
 
     family = "Hugging Face BERT-family sequence classifier"
-    methods = SEED_METHODS
+    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
     examples = "BertForSequenceClassification, RobertaForSequenceClassification, DistilBertForSequenceClassification"
     num_prefix_tokens = 0
     has_class_token = True
@@ -287,6 +287,10 @@ class HFBertAdapter(Adapter):
     def shared_state(self) -> list[object]:
         """The configs whose attention implementation `explaining` switches: models built from one config share it."""
         return transformers_configs(self.model)
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """The word embeddings `(B, T, D)`, before the position and token type embeddings are added (lxt's)."""
+        return {"text": EmbeddingLeaf(self.embeddings.word_embeddings)}
 
     def embed(self, inputs: TextBatch, graph: bool = False) -> dict[str, torch.Tensor]:
         kwargs = {"input_ids": inputs.input_ids}

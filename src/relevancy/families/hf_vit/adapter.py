@@ -30,7 +30,7 @@ from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, config_class_names, config_image_fields, transformers_configs
-from ..base import SEED_METHODS, ImageAdapter, UnsupportedModelError
+from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter, UnsupportedModelError
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
 from .heads import HEADS, PLAIN_OPS, supported_class
 
@@ -40,7 +40,7 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
 
 class HFViTAdapter(ImageAdapter):
     family = "Hugging Face vision transformer"
-    methods = SEED_METHODS
+    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
     examples = ("ViTModel, ViTForImageClassification, DeiT* (with teacher too), Dinov2Model, Dinov2ForImageClassification, "
                 "Dinov2WithRegisters*")
 
@@ -82,6 +82,10 @@ class HFViTAdapter(ImageAdapter):
     def streams(self, inputs: torch.Tensor) -> dict[str, Stream]:
         readout = torch.zeros(len(inputs), dtype=torch.long, device=inputs.device)
         return {"image": Stream("image", "image", self.num_prefix_tokens, readout, grid=self.grid_size(inputs))}
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """The patch embedding's tokens `(B, N, D)`."""
+        return {"image": EmbeddingLeaf(self.embeddings.patch_embeddings)}
 
     def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
         return inputs.shape[-2] // self.patch_size[0], inputs.shape[-1] // self.patch_size[1]

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream, TokenLayout
-from ..base import SEED_METHODS, ImageAdapter
+from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter
 from ..timm_common import check_timm_image_shape, fused_attention_off, timm_class_names, timm_input_fields
 
 
@@ -49,7 +49,7 @@ class WindowedAdapter(ImageAdapter):
     merge is padded, the patch tokens set back on the grid for token ablation. A library's adapter says where its
     stages, blocks and patch size are (`stages`, `window_and_shift`, `patch_size`) and how it runs."""
 
-    methods = SEED_METHODS
+    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
     patch_size: tuple[int, int]
 
     def stages(self) -> list[tuple[bool, list[nn.Module]]]:
@@ -148,6 +148,10 @@ class SwinAdapter(WindowedAdapter):
             return {"image": self.blocks[-1].norm1}
         stage = self.model.layers[-1]
         return {"image": stage.blocks[-2] if len(stage.blocks) > 1 else stage.downsample}
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """The patch embedding's tokens `(B, h, w, C)`."""
+        return {"image": EmbeddingLeaf(self.model.patch_embed)}
 
     def relevance_rule_map(self) -> dict:
         from .rules import rule_map

@@ -18,6 +18,7 @@ from torch import nn
 from ...core.streams import AttentionSite, Hookable
 from .._shared import OutputPart, config_class_names, config_image_fields, transformers_configs
 from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
+from ..base import EmbeddingLeaf
 from .adapter import WindowedAdapter
 
 
@@ -61,6 +62,10 @@ class HFSwinAdapter(WindowedAdapter):
 
     def attention_inputs(self) -> dict[str, Hookable]:
         return {"image": self.blocks[-1].layernorm_before}
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """The patch embedding's tokens `(B, N, C)` (the first item of what it returns)."""
+        return {"image": EmbeddingLeaf(self.backbone.embeddings.patch_embeddings)}
 
     def relevance_rule_map(self) -> dict:
         from .hf_rules import rule_map

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
-from ..base import SEED_METHODS, ImageAdapter
+from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter
 from ..timm_common import check_timm_image_shape, fused_attention_off, timm_class_names, timm_input_fields
 
 
@@ -21,7 +21,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
 
 class TimmViTAdapter(ImageAdapter):
     family = "timm VisionTransformer"
-    methods = SEED_METHODS
+    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
     examples = "vit_*, deit_*, deit_*_distilled_*, vit_*_dinov2, vit_*_reg*, any image size"
 
     @classmethod
@@ -54,6 +54,10 @@ class TimmViTAdapter(ImageAdapter):
         from .rules import rule_map
 
         return rule_map()
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """The patch embedding's tokens (`(B, N, D)`, or `(B, h, w, D)` with a dynamic size)."""
+        return {"image": EmbeddingLeaf(self.model.patch_embed)}
 
     def grid_size(self, inputs: torch.Tensor) -> tuple[int, int]:
         patch_embed = self.model.patch_embed

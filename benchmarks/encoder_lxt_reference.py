@@ -1,0 +1,179 @@
+"""Make tests/golden/encoder_lxt_reference.pt: lxt's AttnLRP and CP-LRP maps on tiny random encoders, in float64: a
+BERT classifier, a DINOv2 classifier and torchvision's VisionTransformer.
+
+    /tmp/lxtenv/bin/python benchmarks/encoder_lxt_reference.py [--out tests/golden/encoder_lxt_reference.pt]
+
+Run it in a venv with lxt 2.1 (never a dependency of relevancy; see `llm_lxt_reference.py`), transformers 5.24.
+- torchvision's ViT: lxt's own map `lxt.efficient.models.vit_torch.cp_LRP` (the identity rule on GELU and
+  LayerNorm, queries and keys of `nn.MultiheadAttention` detached); lxt has no AttnLRP map of it.
+- BERT and DINOv2: lxt 2.1's BERT module is a copy of transformers 4's modeling file, which transformers 5 cannot
+  import, and lxt has no DINOv2 map; so lxt's patches are composed as its maps use them (as for the vision towers in
+  `vlm_lxt_reference.py`): the modeling module's attention function wrapped by `patch_attention` (AttnLRP: queries
+  and keys 1/4, values 1/2) or `patch_cp_attention` (CP-LRP: queries and keys detached), `torch.nn.LayerNorm` by
+  `layer_norm_forward` (the divisor constant) and the activations (BERT's GELU and its pooler's tanh, as lxt's own
+  BERT map; DINOv2's GELU) by `non_linear_forward` (the identity rule). Attention runs through `sdpa` (an exact
+  float64 softmax).
+Each map is input x gradient of the target's logit (the plain model's most likely class) at the embeddings, summed
+over the width: BERT's word embeddings `(B, T)`, the patch embeddings' tokens `(B, N)` of the images. Inputs: two
+rows (BERT's padded right) and each alone. The file holds the models' configs and weights, the inputs, targets and maps.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(Path(__file__).resolve().parent)]
+
+from llm_lxt_reference import lxt_applied, lxt_models, write_golden  # noqa: E402
+from vlm_lxt_reference import tower_map  # noqa: E402
+
+VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
+BERT = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=40, num_labels=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+DINOV2 = dict(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
+              num_labels=5, layerscale_value=0.5)
+TORCHVISION_VIT = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=5)
+
+
+def _randomised(model: torch.nn.Module) -> torch.nn.Module:
+    """Every parameter drawn at random (LayerNorms and biases too: a default 1 / 0 hides rule mistakes)."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)
+    return model.double().eval()
+
+
+def build(name: str) -> torch.nn.Module:
+    """The tiny float64 model `name` ("bert", "dinov2", "torchvision_vit") with its fixed random weights."""
+    torch.manual_seed(7)
+    if name == "bert":
+        import transformers
+
+        return _randomised(transformers.BertForSequenceClassification(transformers.BertConfig(**BERT)))
+    if name == "dinov2":
+        import transformers
+
+        return _randomised(transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2)))
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return _randomised(VisionTransformer(**TORCHVISION_VIT))
+
+
+def inputs(name: str) -> dict[str, dict[str, torch.Tensor]]:
+    """Two rows ("batch"; BERT's second padded right) and each alone ("single0", "single1")."""
+    generator = torch.Generator().manual_seed(3)
+    if name == "bert":
+        ids = torch.randint(3, BERT["vocab_size"], (2, 9), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[1, 6:] = 0
+        ids[1, 6:] = 0
+        batch = {"input_ids": ids, "attention_mask": mask}
+        alone = [{"input_ids": ids[r:r + 1, :int(mask[r].sum())], "attention_mask": mask[r:r + 1, :int(mask[r].sum())]} for r in range(2)]
+    else:
+        side = DINOV2["image_size"] if name == "dinov2" else TORCHVISION_VIT["image_size"]
+        batch = {"pixel_values": torch.randn(2, 3, side, side, generator=generator, dtype=torch.float64)}
+        alone = [{"pixel_values": batch["pixel_values"][r:r + 1]} for r in range(2)]
+    return {"batch": batch, **{f"single{r}": row for r, row in enumerate(alone)}}
+
+
+def leaf_module(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """Where the map is read: BERT's word embeddings, DINOv2's patch embeddings, torchvision's patch convolution."""
+    if name == "bert":
+        return model.bert.embeddings.word_embeddings
+    if name == "dinov2":
+        return model.dinov2.embeddings.patch_embeddings
+    return model.conv_proj
+
+
+def run(model: torch.nn.Module, name: str, batch: dict[str, torch.Tensor], target: torch.Tensor | None):
+    """`(logits, map (B, N))`; with `target` None no backward."""
+    leaf = {}
+
+    def hook(_module, _args, output):
+        leaf["x"] = output.detach().requires_grad_(True)
+        return leaf["x"]
+
+    handle = leaf_module(model, name).register_forward_hook(hook)
+    try:
+        logits = model(batch["pixel_values"]) if name == "torchvision_vit" else model(**batch).logits
+    finally:
+        handle.remove()
+    if target is None:
+        return logits.detach(), None
+    logits.gather(1, target[:, None]).sum().backward()
+    relevance = leaf["x"] * leaf["x"].grad
+    return logits.detach(), (relevance.sum(1) if name == "torchvision_vit" else relevance.sum(-1)).flatten(1).detach()
+
+
+@contextmanager
+def classes_patched(patch_map: dict) -> Iterator[None]:
+    """lxt's patches of classes (`patch_method` on each key) applied, and every patched class's forward given back."""
+    saved = {cls: {key: cls.__dict__.get(key) for key in ("forward", "original_forward")} for cls in patch_map}
+    try:
+        for cls, patch in patch_map.items():
+            patch(cls)
+        yield
+    finally:
+        for cls, methods in saved.items():
+            for key, method in methods.items():
+                if method is None and key in cls.__dict__:
+                    delattr(cls, key)
+                elif method is not None:
+                    setattr(cls, key, method)
+
+
+def patched(name: str, variant: str) -> ExitStack:
+    """lxt's rules for model `name` under `variant` ("attnLRP", "cp_LRP"), applied for the `with` block."""
+    stack = ExitStack()
+    if name == "torchvision_vit":
+        stack.enter_context(classes_patched(lxt_models("vit_torch").cp_LRP))
+        return stack
+    patches = tower_map(variant)  # lxt.efficient entered as a bare namespace there
+    from lxt.efficient.patches import non_linear_forward, patch_method
+
+    attention = patches.pop("attention")
+    if name == "bert":  # the pooler's tanh, as lxt's own BERT map
+        patches[torch.nn.Tanh] = partial(patch_method, non_linear_forward, keep_original=True)
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    stack.enter_context(lxt_applied(module, {module: attention, **patches}))
+    return stack
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden/encoder_lxt_reference.pt")
+    args = parser.parse_args()
+    import transformers
+
+    golden: dict = {"transformers": transformers.__version__, "models": {}}
+    for name in ("bert", "dinov2", "torchvision_vit"):
+        model = build(name)
+        if name != "torchvision_vit":
+            model.config._attn_implementation = "sdpa"
+        data = inputs(name)
+        entry = {"state_dict": {k: v.clone() for k, v in model.state_dict().items()}, "inputs": data,
+                 "targets": {key: run(model, name, batch, None)[0].argmax(-1) for key, batch in data.items()}}
+        variants = {"cp_LRP": "cp_lrp"} if name == "torchvision_vit" else VARIANTS
+        for variant, key in variants.items():
+            with patched(name, variant):
+                maps = {part: run(model, name, batch, entry["targets"][part])[1] for part, batch in data.items()}
+            for row in range(2):
+                single = maps[f"single{row}"][0]
+                gap = float((maps["batch"][row, :len(single)] - single).abs().max() / single.abs().max())
+                assert gap < 1e-10, f"{name} {variant} row {row}: batched differs from single by {gap:.1e}"
+            entry[key] = maps
+            print(f"{name} {variant}: maxima {[round(float(m.abs().max()), 4) for m in maps.values()]}")
+        golden["models"][name] = entry
+    write_golden(golden, args.out)
+
+
+if __name__ == "__main__":
+    main()
