@@ -123,9 +123,8 @@ def test_the_plan_groups_similar_lengths_within_the_budget():
     batches = C.plan_batches(lengths, cost, budget=700, max_batch=3)
     assert batches == [[1, 3], [6, 5], [2, 4, 0], [7]]  # longest first; each batch's rows x its longest within 700
     assert all(len(b) * cost(lengths[b[0]]) <= 700 for b in batches) and sorted(sum(batches, [])) == list(range(8))
-    with pytest.raises(ValueError, match=r"prompt 1 \(30 tokens\) needs about 0 MiB alone, over the memory budget .* "
-                                         r"\(memory_budget=, --memory-budget\)"):
-        C.plan_batches(lengths, cost, budget=299)
+    # a prompt alone over the budget is a batch of its own
+    assert C.plan_batches(lengths, cost, budget=299) == [[1], [3], [6], [5, 2], [4, 0, 7]]
 
 
 def test_row_memory_grows_with_the_length_and_the_method(tiny):
@@ -135,6 +134,14 @@ def test_row_memory_grows_with_the_length_and_the_method(tiny):
 
 
 # ---------------------------------------------------------------------------------------------- sources
+def test_a_prompt_over_the_budget_runs_alone_with_a_warning(tiny, tmp_path):
+    folder, model, tokenizer, prompts = tiny
+    with pytest.warns(UserWarning, match=r"3 prompts need more than the memory budget .* each runs in a batch of its own"):
+        summary = relevancy.explain_corpus(model, tokenizer, corpus_prompts(3, seed=4), out=tmp_path / "out",
+                                           memory_budget=1, progress=False)
+    assert (summary.prompts, summary.batches) == (3, 3)
+
+
 def test_every_source_gives_the_same_prompts(tiny, tmp_path):
     _, _, tokenizer, _ = tiny
     texts = corpus_prompts(4, seed=3)

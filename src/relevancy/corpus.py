@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -190,18 +191,15 @@ def row_memory(model: nn.Module, method: str, length: int) -> int:
 
 def plan_batches(lengths: Sequence[int], cost: Callable[[int], int], budget: int, max_batch: int = MAX_BATCH) -> list[list[int]]:
     """Batches of prompt indices: longest first, each batch as many prompts of similar length as fit `budget` bytes
-    (`cost(length)` per row of the batch's longest prompt) and `max_batch`; a prompt alone over the budget is refused,
-    naming it. A pure function of the lengths: every process, and every later run, plans the same batches."""
+    (`cost(length)` per row of the batch's longest prompt) and `max_batch`; a prompt alone over the budget is a batch
+    of its own (it is explained as `explain` would, one prompt, and `explain_corpus` warns). A pure function of the
+    lengths: every process, and every later run, plans the same batches."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for i in order:
         if batches and len(batches[-1]) < max_batch and (len(batches[-1]) + 1) * cost(lengths[batches[-1][0]]) <= budget:
             batches[-1].append(i)
         else:
-            if cost(lengths[i]) > budget:
-                raise ValueError(f"prompt {i} ({lengths[i]} tokens) needs about {cost(lengths[i]) / 2**20:,.0f} MiB alone, over the "
-                                 f"memory budget of {budget / 2**20:,.0f} MiB (memory_budget=, --memory-budget): raise it, or "
-                                 "shorten the prompt")
             batches.append([i])
     return batches
 
@@ -304,6 +302,13 @@ def explain_corpus(model: nn.Module, tokenizer: Any, prompts: Any, method: str =
             raise ValueError(f"prompt {p.id!r} has {len(p.ids)} tokens, and with {extra} more exceeds the model's context window of {window}")
     cost = (lambda length: row_memory(model, method, length + extra))
     batches = plan_batches([len(p.ids) for p in corpus], cost, memory_budget, max_batch)
+    over = [p for p in corpus if cost(len(p.ids)) > memory_budget]
+    if over:
+        longest = max(over, key=lambda p: len(p.ids))
+        warnings.warn(f"{len(over)} prompt{'s' if len(over) > 1 else ''} need more than the memory budget of "
+                      f"{memory_budget / 2**20:,.0f} MiB alone (the longest, {longest.id!r}: {len(longest.ids)} tokens, about "
+                      f"{cost(len(longest.ids)) / 2**20:,.0f} MiB): each runs in a batch of its own (memory_budget=, --memory-budget)",
+                      stacklevel=2)
     identity = {"corpus": _digest(corpus), "prompts": len(corpus), "batches": len(batches), "method": method,
                 "targets": "generate" if generate else ("given" if any(p.target is not None for p in corpus) else "predicted"),
                 "max_new_tokens": max_new_tokens if generate else None, "latent": list(parts), "options": options,
