@@ -151,7 +151,7 @@ def test_the_output_file_is_checked_before_loading(tmp_path, capsys, no_work):
 def test_json_prints_tokens_and_scores(capsys):
     assert main(argv(texts=[POSITIVE, NEGATIVE], method="all", json=True)) == 0
     results = json.loads(capsys.readouterr().out)  # one to_json() per method, each over both texts
-    assert [result["method"] for result in results] == list(SEED_METHODS)
+    assert [result["method"] for result in results] == list(SEED_METHODS) + ["attnlrp", "cp_lrp", "input_x_gradient"]
     for result in results:
         assert result["kind"] == "TextExplanation" and result["class_names"] == ["negative", "positive"]
         assert len(result["target"]) == 2 and all(k in (0, 1) for k in result["target"])
