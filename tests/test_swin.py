@@ -279,6 +279,21 @@ def test_the_default_rules_run_finite():
         assert torch.isfinite(explained(method, images(), exact=False)).all(), method
 
 
+def assert_unchanged_by_a_failure_inside(model: torch.nn.Module, module: torch.nn.Module, before: dict) -> None:
+    """An error raised inside `module`'s forward reaches the caller of two methods, and `model` is as `before`."""
+    def fail(*_args):
+        raise RuntimeError("inside the forward")
+
+    handle = module.register_forward_hook(fail)
+    try:
+        for method in ("generic_attention", "transformer_attribution"):
+            with pytest.raises(RuntimeError, match="inside the forward"):
+                relevancy.explain(model, images(), method=method)
+    finally:
+        handle.remove()
+    assert_same(before, snapshot(model))
+
+
 def test_model_unchanged_after_success_and_after_an_exception():
     model = tiny_swin()
     model.train()
@@ -292,17 +307,7 @@ def test_model_unchanged_after_success_and_after_an_exception():
         assert_same(before, snapshot(model))
     assert all(block.attn.fused_attn for block in adapter_for(model).blocks) and model.training
 
-    def fail(*_args):
-        raise RuntimeError("inside the forward")
-
-    handle = model.layers[-1].blocks[-1].mlp.register_forward_hook(fail)
-    try:
-        for method in ("generic_attention", "transformer_attribution"):
-            with pytest.raises(RuntimeError, match="inside the forward"):
-                relevancy.explain(model, images(), method=method)
-    finally:
-        handle.remove()
-    assert_same(before, snapshot(model))
+    assert_unchanged_by_a_failure_inside(model, model.layers[-1].blocks[-1].mlp, before)
     assert all(block.attn.fused_attn for block in adapter_for(model).blocks) and model.training
 
 
@@ -338,17 +343,7 @@ def test_transformers_swin_computes_timms_logits_and_is_handed_back_unchanged():
     assert_same(before, snapshot(model))
     assert model.config._attn_implementation == "sdpa" and model.training
 
-    def fail(*_args):
-        raise RuntimeError("inside the forward")
-
-    handle = model.swin.encoder.layers[-1].blocks[-1].mlp.register_forward_hook(fail)
-    try:
-        for method in ("generic_attention", "transformer_attribution"):
-            with pytest.raises(RuntimeError, match="inside the forward"):
-                relevancy.explain(model, images(), method=method)
-    finally:
-        handle.remove()
-    assert_same(before, snapshot(model))
+    assert_unchanged_by_a_failure_inside(model, model.swin.encoder.layers[-1].blocks[-1].mlp, before)
     assert model.config._attn_implementation == "sdpa" and model.training
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
@@ -31,7 +31,7 @@ from ..core.guard import acts_for
 from ..lrp import gradient
 from ..lrp.attention import attend
 from ..lrp.engine import ACTIVATION, ForwardFactory, Replacements, Session, activation, add, default_leaves, gate
-from ._shared import eval_mode, transformers_configs
+from ._shared import config_image_fields, eval_mode, transformers_configs
 
 # the name of relevancy's exact eager attention (and of its mask function) in transformers' registries
 EXACT_ATTENTION = "relevancy_exact_eager"
@@ -210,3 +210,22 @@ def explaining_call(model: nn.Module, implementation: str | None) -> Iterator[No
         finally:
             if restore is not None:
                 restore()
+
+
+class TransformersImageCalls:
+    """What the adapter of a transformers image model (`self.model` with its config) says of its inputs and switches for
+    a call; shared by the ViT and Swin adapters, placed before their adapter base class."""
+
+    model: nn.Module
+
+    def describe_inputs(self, inputs: torch.Tensor) -> dict:
+        """The input size; the normalisation where the config records it (as `relevancy.models.dinov2_small` does)."""
+        return config_image_fields(self.model.config, inputs)
+
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
+        """Eval mode and, if asked, the exact eager attention for one call; both restored after."""
+        return explaining_call(self.model, EXACT_ATTENTION if attention_probabilities else None)
+
+    def shared_state(self) -> list[object]:
+        """The configs whose attention implementation `explaining` switches: models built from one config share it."""
+        return transformers_configs(self.model)

@@ -23,22 +23,21 @@ and DeiT computes it in float32) and restored after, with every module's train/e
 from __future__ import annotations
 
 import inspect
-from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
-from .._shared import OutputPart, config_class_names, config_image_fields, transformers_configs
+from .._shared import OutputPart, config_class_names
 from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter, UnsupportedModelError
-from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
+from ..hf_attention import TransformersImageCalls, attention_probabilities
 from .heads import HEADS, PLAIN_OPS, supported_class
 
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-class HFViTAdapter(ImageAdapter):
+class HFViTAdapter(TransformersImageCalls, ImageAdapter):
     family = "Hugging Face vision transformer"
     methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
     examples = ("ViTModel, ViTForImageClassification, DeiT* (with teacher too), Dinov2Model, Dinov2ForImageClassification, "
@@ -119,19 +118,7 @@ class HFViTAdapter(ImageAdapter):
             f"{pw} (its patch size; {h}x{w} is its own size, others interpolate the position embeddings), got {shape}"
         )
 
-    def describe_inputs(self, inputs: torch.Tensor) -> dict:
-        """The input size; the normalisation where the config records it (as `relevancy.models.dinov2_small` does)."""
-        return config_image_fields(self.model.config, inputs)
-
     # -- running --------------------------------------------------------------------------------------------
-    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
-        """Eval mode and, if asked, the exact eager attention for one call; both restored after."""
-        return explaining_call(self.model, EXACT_ATTENTION if attention_probabilities else None)
-
-    def shared_state(self) -> list[object]:
-        """The configs whose attention implementation `explaining` switches: models built from one config share it."""
-        return transformers_configs(self.model)
-
     def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         if graph and torch.is_grad_enabled() and not inputs.requires_grad:  # a graph even when every weight is frozen
             inputs = inputs.detach().requires_grad_(True)

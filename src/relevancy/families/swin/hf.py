@@ -10,14 +10,13 @@ LayerNorm (and absolute position embedding, where the config has one) come befor
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable
-from .._shared import OutputPart, config_class_names, config_image_fields, transformers_configs
-from ..hf_attention import EXACT_ATTENTION, attention_probabilities, explaining_call
+from .._shared import OutputPart, config_class_names
+from ..hf_attention import TransformersImageCalls, attention_probabilities
 from ..base import EmbeddingLeaf
 from .adapter import WindowedAdapter
 
@@ -26,7 +25,7 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-class HFSwinAdapter(WindowedAdapter):
+class HFSwinAdapter(TransformersImageCalls, WindowedAdapter):
     family = "Hugging Face Swin"
     examples = "SwinForImageClassification"
 
@@ -89,17 +88,6 @@ class HFSwinAdapter(WindowedAdapter):
 
     def class_names(self) -> list[str] | None:
         return config_class_names(self.model.config)
-
-    def describe_inputs(self, inputs: torch.Tensor) -> dict:
-        return config_image_fields(self.model.config, inputs)
-
-    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
-        """Eval mode and, if asked, the exact eager attention for one call; both restored after."""
-        return explaining_call(self.model, EXACT_ATTENTION if attention_probabilities else None)
-
-    def shared_state(self) -> list[object]:
-        """The configs whose attention implementation `explaining` switches."""
-        return transformers_configs(self.model)
 
     def embed(self, inputs: torch.Tensor, graph: bool = False) -> dict[str, torch.Tensor]:
         if graph and torch.is_grad_enabled() and not inputs.requires_grad:  # a graph even when every weight is frozen
