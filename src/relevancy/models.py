@@ -25,6 +25,8 @@ from .zoo.smollm2 import smollm2  # noqa: F401  (the real language model: SmolLM
 
 CHECKPOINT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 SHIPPED = "shapes"
+#: the shipped shapes Swin, the hierarchical model beside the shapes ViT
+SHIPPED_SWIN = "shapes-swin"
 #: timm names offered where a name is not close to any
 TIMM_EXAMPLES = ("vit_base_patch16_224", "deit_small_patch16_224", "vit_small_patch14_dinov2")
 #: seconds to wait for a connection to the Hub (or the HTTPS proxy) before going offline
@@ -55,7 +57,8 @@ def _state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
-    """`name`: "shapes" (the model shipped in the package), a local checkpoint with `arch`, or a timm model name.
+    """`name`: "shapes" or "shapes-swin" (the ViT and Swin shipped in the package), a local checkpoint with `arch`, or
+    a timm model name.
 
     timm names load with `pretrained=True`: the hub's weights (or the local cache) for users with internet access.
     """
@@ -65,12 +68,16 @@ def load_image_model(name: str = SHIPPED, arch: str | None = None) -> nn.Module:
         from .worlds import load_model
 
         return load_model()
+    if name == SHIPPED_SWIN:
+        from .worlds.shapes_swin import load_swin
+
+        return load_swin()
     check_model_path(name, "--model")
     path = Path(name)
     if path.is_dir():
-        raise ValueError(f"--model {name} is a folder; it takes a checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, or '{SHIPPED}'")
+        raise ValueError(f"--model {name} is a folder; it takes a checkpoint file ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, '{SHIPPED}' or '{SHIPPED_SWIN}'")
     if path.is_file() and path.suffix not in CHECKPOINT_SUFFIXES:
-        raise ValueError(f"--model {name} is not a weights file: it takes a checkpoint ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, or '{SHIPPED}'")
+        raise ValueError(f"--model {name} is not a weights file: it takes a checkpoint ({', '.join(CHECKPOINT_SUFFIXES)}) with --arch, a timm model name, '{SHIPPED}' or '{SHIPPED_SWIN}'")
     if path.suffix in CHECKPOINT_SUFFIXES:
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {name} does not exist")
@@ -103,7 +110,7 @@ def _check_name(timm, name: str, option: str) -> None:
         return
     close = difflib.get_close_matches(name, timm.list_models("*vit*") + timm.list_models("*deit*"), n=3)
     hint = f"close timm names: {', '.join(close)}" if close else f"timm names such as {', '.join(TIMM_EXAMPLES)}"
-    what = "a timm architecture" if option == "--arch" else f"a timm model name, nor an existing checkpoint file, nor '{SHIPPED}'"
+    what = "a timm architecture" if option == "--arch" else f"a timm model name, nor an existing checkpoint file, nor '{SHIPPED}' or '{SHIPPED_SWIN}'"
     raise ValueError(f"unknown {option} '{name}': not {what}; {hint} (timm.list_models('*vit*') lists them)")
 
 

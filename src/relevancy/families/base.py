@@ -26,6 +26,10 @@ SEED_METHODS = ("raw_attention", "rollout", "attention_gradcam", "generic_attent
 #: `embedding_leaves` offers beside the seeds' methods, in the registry's order
 INPUT_RELEVANCE_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient")
 
+#: what an image encoder family offers: the seeds' methods, Grad-CAM on its tokens and the input-relevance methods, in
+#: the registry's order
+IMAGE_ENCODER_METHODS = SEED_METHODS + ("gradcam",) + INPUT_RELEVANCE_METHODS
+
 
 @dataclass(frozen=True)
 class EmbeddingLeaf:

@@ -100,7 +100,7 @@ class Method:
 from . import across  # noqa: E402
 from .ablation import token_ablation  # noqa: E402
 from .attention import raw_attention, rollout  # noqa: E402
-from .gradients import attention_gradcam, cdam, generic_attention  # noqa: E402
+from .gradients import attention_gradcam, cdam, generic_attention, gradcam  # noqa: E402
 from .language import attnlrp, cp_lrp, input_x_gradient  # noqa: E402
 from .propagation import lrp, partial_lrp, transformer_attribution  # noqa: E402
 
@@ -126,6 +126,8 @@ REGISTRY: dict[str, Method] = {
         Method("token_ablation", token_ablation, signed=True, reads_class_token=False, needs_attention=False,
                accepts_concept=True,
                generation="prefixes", summary="score drop when a patch token is removed"),
+        Method("gradcam", gradcam, signed=False, reads_class_token=False, needs_attention=False,
+               summary="Grad-CAM on the tokens entering the last attention (pytorch-grad-cam's transformer recipe)"),
         Method("attnlrp", attnlrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",
                summary="AttnLRP (Achtibat et al.) at the token or patch embeddings"),
         Method("cp_lrp", cp_lrp, signed=True, reads_class_token=False, needs_attention=False, token_targets=True, generation="one_forward",

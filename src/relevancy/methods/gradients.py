@@ -186,6 +186,28 @@ def generic_attention_block_by_block(adapter: Adapter, inputs: Any, target: Targ
     return scores, fwd.indices, fwd.logits
 
 
+def gradcam(adapter: Adapter, inputs: Any, target: Target, normalize: bool = False) -> tuple:
+    """Grad-CAM (Selvaraju et al.) where pytorch-grad-cam's transformer recipe puts it: the normalised tokens entering
+    each stream's last attention (timm ViT's `blocks[-1].norm1`, Swin's last block's `norm1`), [CLS] left out. Each
+    channel is weighted by the mean of the score's gradient over the content tokens; the map is the ReLU of the
+    weighted sum over channels. `normalize`: min-max per map, as pytorch-grad-cam shows it (its `1e-7` added to the
+    maximum); the order of the tokens, and so every perturbation and segmentation figure, is the same either way."""
+    fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True, share_rows=True, last_block_graph=True)
+    streams = adapter.streams(inputs)
+    tokens = [fwd.attention_inputs[name] for name in streams]
+    grads = fwd.gradients(tokens)
+    scores = {}
+    for (name, stream), x, g in zip(streams.items(), tokens, grads):
+        x, g = x.detach().flatten(1, -2), g.flatten(1, -2)  # a grid of tokens (Swin's (B, h, w, C)) flattened
+        weights = g[:, stream.prefix_tokens:].mean(1, keepdim=True)
+        cam = on_grid((x * weights).sum(-1).clamp(min=0), stream)
+        if normalize:
+            cam = cam - cam.amin(-1, keepdim=True)
+            cam = cam / (cam.amax(-1, keepdim=True) + 1e-7)
+        scores[name] = cam
+    return scores, fwd.indices, fwd.logits
+
+
 def cdam(adapter: Adapter, inputs: Any, target: Target) -> tuple:
     """Brocki & Chung: `sum_d X * dF/dX` at the normalised tokens entering each stream's last attention; signed."""
     fwd = record_forward(adapter, inputs, target, attention_inputs=True, gradients=True, share_rows=True, last_block_graph=True)

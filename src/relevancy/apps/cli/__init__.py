@@ -221,13 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
                                   "coco-detr: a COCO instances annotation file")
     p.add_argument("--images", help="coco-detr: the folder the annotations' file names are relative to (default: the "
                                     "annotation file's folder)")
-    p.add_argument("--model", default=None, help="'shapes' (the shipped model, default; for shapes-clip the shipped shapes CLIP, "
+    p.add_argument("--model", default=None, help="'shapes' (the shipped model, default; for the shapes benchmark also "
+                        "'shapes-swin', the shipped shapes Swin; for shapes-clip the shipped shapes CLIP, "
                         "for shapes-detection the shipped shapes DETR, for shapes-vqa the shipped shapes LXMERT), a timm model "
                         "name, or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file; for "
                         "shapes-detection a shapes-DETR, for shapes-vqa a shapes-LXMERT .safetensors file with its .json beside it); "
                         "llm-retrieval: 'smollm2' (default), 'gemma3' or a folder of a causal language model and its tokenizer; "
                         "vlm-shapes: 'shapes' (the shipped shapes LLaVA) or a shapes-LLaVA .safetensors file with its .json")
-    p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' for a checkpoint of the shapes ViT")
+    p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' / 'shapes-swin' for a checkpoint of the shapes "
+                                      "ViT / Swin (as training.shapes_vit / training.shapes_swin write them)")
     p.add_argument("--methods", default="all", help="'all' (default) or a comma-separated list of methods")
     p.add_argument("--n", "-n", "--num-images", dest="n", type=int, default=None,
                    help="images to evaluate (shapes: one-object scenes, default 500, plus n//2 two-object scenes; "

@@ -269,19 +269,22 @@ def vlm_model_path(model: str) -> Path:
 def load_model(name: str, arch: str | None) -> tuple[nn.Module, dict[str, Any]]:
     """The model to evaluate and what its checkpoint says about itself (shapes checkpoints: steps, final, val).
 
-    ``--arch shapes`` reads a checkpoint of the shapes architecture (its size in the file's metadata), as
-    ``training.shapes_vit`` writes them; anything else goes through ``relevancy.models.load_image_model``.
+    ``--arch shapes`` (``shapes-swin``) reads a checkpoint of the shapes ViT (Swin) architecture (its size in the file's
+    metadata), as ``training.shapes_vit`` (``training.shapes_swin``) writes them; anything else goes through ``relevancy.models.load_image_model``.
     """
     from ... import models
     from ...worlds import load_model as load_shapes
+    from ...worlds.shapes_swin import SWIN_WEIGHTS_PATH, load_swin
 
     if SHIPPED["image"].means(name):
         return models.load_image_model(name, arch), _shapes_metadata(SHIPPED["image"].weights_path())
-    if arch == "shapes":
+    if name == models.SHIPPED_SWIN:
+        return models.load_image_model(name, arch), _shapes_metadata(SWIN_WEIGHTS_PATH)
+    if arch in ("shapes", "shapes-swin"):
         path = Path(name)
         if not path.is_file():
             raise FileNotFoundError(f"checkpoint {name} does not exist")
-        return load_shapes(path), _shapes_metadata(path)
+        return (load_shapes if arch == "shapes" else load_swin)(path), _shapes_metadata(path)
     return models.load_image_model(name, arch), {}
 
 

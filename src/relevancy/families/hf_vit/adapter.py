@@ -29,7 +29,7 @@ from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
 from .._shared import OutputPart, config_class_names
-from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter, UnsupportedModelError
+from ..base import IMAGE_ENCODER_METHODS, EmbeddingLeaf, ImageAdapter, UnsupportedModelError
 from ..hf_attention import TransformersImageCalls, attention_probabilities
 from .heads import HEADS, PLAIN_OPS, supported_class
 
@@ -39,7 +39,7 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
 
 class HFViTAdapter(TransformersImageCalls, ImageAdapter):
     family = "Hugging Face vision transformer"
-    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
+    methods = IMAGE_ENCODER_METHODS
     examples = ("ViTModel, ViTForImageClassification, DeiT* (with teacher too), Dinov2Model, Dinov2ForImageClassification, "
                 "Dinov2WithRegisters*")
 

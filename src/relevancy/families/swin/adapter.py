@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream, TokenLayout
-from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter
+from ..base import IMAGE_ENCODER_METHODS, EmbeddingLeaf, ImageAdapter
 from ..timm_common import check_timm_image_shape, fused_attention_off, timm_class_names, timm_input_fields
 
 
@@ -49,7 +49,7 @@ class WindowedAdapter(ImageAdapter):
     merge is padded, the patch tokens set back on the grid for token ablation. A library's adapter says where its
     stages, blocks and patch size are (`stages`, `window_and_shift`, `patch_size`) and how it runs."""
 
-    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
+    methods = IMAGE_ENCODER_METHODS
     patch_size: tuple[int, int]
 
     def stages(self) -> list[tuple[bool, list[nn.Module]]]:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable, Stream
-from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, EmbeddingLeaf, ImageAdapter
+from ..base import IMAGE_ENCODER_METHODS, EmbeddingLeaf, ImageAdapter
 from ..timm_common import check_timm_image_shape, fused_attention_off, timm_class_names, timm_input_fields
 
 
@@ -21,7 +21,7 @@ def _is_timm_vit(model: nn.Module) -> bool:
 
 class TimmViTAdapter(ImageAdapter):
     family = "timm VisionTransformer"
-    methods = SEED_METHODS + INPUT_RELEVANCE_METHODS
+    methods = IMAGE_ENCODER_METHODS
     examples = "vit_*, deit_*, deit_*_distilled_*, vit_*_dinov2, vit_*_reg*, any image size"
 
     @classmethod
