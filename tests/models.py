@@ -90,3 +90,37 @@ def tiny_swinv2(seed: int = 0) -> torch.nn.Module:
                     norm.weight.normal_(1, 0.3)
                     norm.bias.normal_(0, 0.3)
     return model.double().eval()
+
+
+def hf_swinv2_from(timm_v2: torch.nn.Module) -> torch.nn.Module:
+    """transformers' `Swinv2ForImageClassification` with the weights of a timm Swin V2 built like `tiny_swinv2`
+    (fused q/k/v split, with its q and v biases; the continuous position bias's MLP and the logit scales; each
+    stage's merge moved to the end of the stage before), float64, eval mode."""
+    from transformers import Swinv2Config, Swinv2ForImageClassification
+
+    stages = timm_v2.layers
+    config = Swinv2Config(image_size=32, patch_size=4, embed_dim=8, depths=[len(s.blocks) for s in stages],
+                          num_heads=[s.blocks[0].attn.num_heads for s in stages], window_size=stages[0].blocks[0].window_size[0],
+                          num_labels=timm_v2.num_classes, drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = Swinv2ForImageClassification(config).double().eval()
+    swin = model.swinv2
+    pairs = [(swin.embeddings.patch_embeddings.projection, timm_v2.patch_embed.proj),
+             (swin.embeddings.norm, timm_v2.patch_embed.norm), (swin.layernorm, timm_v2.norm), (model.classifier, timm_v2.head.fc)]
+    for index, (stage, theirs) in enumerate(zip(swin.encoder.layers, stages)):
+        if index + 1 < len(stages):
+            pairs += [(stage.downsample.norm, stages[index + 1].downsample.norm), (stage.downsample.reduction, stages[index + 1].downsample.reduction)]
+        for layer, block in zip(stage.blocks, theirs.blocks):
+            attention = layer.attention.self
+            pairs += [(layer.layernorm_before, block.norm1), (layer.layernorm_after, block.norm2), (layer.attention.output.dense, block.attn.proj),
+                      (layer.intermediate.dense, block.mlp.fc1), (layer.output.dense, block.mlp.fc2),
+                      (attention.continuous_position_bias_mlp, block.attn.cpb_mlp)]
+            with torch.no_grad():
+                attention.logit_scale.copy_(block.attn.logit_scale)
+                for proj, weight in zip((attention.query, attention.key, attention.value), block.attn.qkv.weight.chunk(3)):
+                    proj.weight.copy_(weight)
+                attention.query.bias.copy_(block.attn.q_bias)
+                attention.value.bias.copy_(block.attn.v_bias)
+    with torch.no_grad():
+        for ours, theirs in pairs:
+            ours.load_state_dict(theirs.state_dict())
+    return model
