@@ -19,7 +19,7 @@ from decoder_families import FAMILIES as DECODER_FAMILIES, build as build_decode
 from vlm_models import FAMILIES as VLM_FAMILIES, alone, build as build_vlm, inputs as vlm_inputs
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
-from models import hf_swin_from, tiny_swin, tiny_swinv2, tiny_vit
+from models import hf_swin_from, hf_swinv2_from, tiny_swin, tiny_swinv2, tiny_vit
 from test_detr_family import build as build_detr, images as detr_images, targets_per_image
 from test_text_adapter import tiny as tiny_text
 from golden import GOLDEN
@@ -156,6 +156,7 @@ FAMILIES: dict[str, FamilyCase] = {
     "timm_swin": _image_case(tiny_swin),
     "timm_swinv2": _image_case(tiny_swinv2),
     "hf_swin": _image_case(lambda: hf_swin_from(tiny_swin())),
+    "hf_swinv2": _image_case(lambda: hf_swinv2_from(tiny_swinv2())),
     "hf_vit": _image_case(lambda: tiny_hf("vit", dtype=torch.float64)),
     "hf_dinov2_swiglu": _image_case(lambda: tiny_dinov2_swiglu(torch.float64), size=42),
     "hf_bert": _text_case("bert"),

@@ -1,10 +1,11 @@
-"""timm's Swin Transformer against a float64 reference written with full matrices: every block's attention a
-`(N, N)` token matrix of its stage in image coordinates (zero outside the windows, each shifted window's mask and
-the relative position bias placed through the shift's permutation matrix), each patch merging a matrix from the
-finer grid's tokens to the coarser. The reference reads the model's own modules (qkv, the bias table and index,
-norms, MLPs, the merge's Linear) and none of the Swin family's code; its LRP passes run the library's rules (the
-engine's operations, `attend` over the full matrix), so what is checked is the family's windows, shifts, merges and
-pooled readout. Single and batched; the model unchanged after, also after an exception; refusals named."""
+"""timm's Swin Transformer (V1, V2), and transformers' with the same weights, against a float64 reference written
+with full matrices: every block's attention a `(N, N)` token matrix of its stage in image coordinates (zero outside
+the windows, each shifted window's mask and the relative position bias placed through the shift's permutation
+matrix), each patch merging a matrix from the finer grid's tokens to the coarser. The reference reads the model's
+own modules (qkv, the bias table and index, norms, MLPs, the merge's Linear) and none of the Swin family's code; its
+LRP passes run the library's rules (the engine's operations, `attend` over the full matrix), so what is checked is
+the family's windows, shifts, merges and pooled readout. Single and batched; the model unchanged after, also after
+an exception; refusals named; AttnLRP, CP-LRP and input x gradient the same in both libraries."""
 from __future__ import annotations
 
 import functools
@@ -25,7 +26,7 @@ from relevancy.lrp import engine
 from relevancy.lrp.attention import attend
 from relevancy.lrp.engine import GRADIENT, RELEVANCE
 from bimodal_golden import assert_same, snapshot
-from models import hf_swin_from, tiny_swin, tiny_swinv2
+from models import hf_swin_from, hf_swinv2_from, tiny_swin, tiny_swinv2
 
 TOLERANCE = 1e-10  # float64: the same sums in another order
 
@@ -234,8 +235,11 @@ LRP_BASED = ("transformer_attribution", "partial_lrp", "lrp")
 MODEL = tiny_swin()
 HF_MODEL = hf_swin_from(MODEL)  # transformers' Swin with timm's weights: the same reference
 V2_MODEL = tiny_swinv2()
-MODELS = {"timm": MODEL, "transformers": HF_MODEL, "timm_v2": V2_MODEL}
-REFERENCE_OF = {"timm": "timm", "transformers": "timm", "timm_v2": "timm_v2"}  # whose modules the reference reads
+HF_V2_MODEL = hf_swinv2_from(V2_MODEL)  # transformers' Swin V2 with timm V2's weights
+MODELS = {"timm": MODEL, "transformers": HF_MODEL, "timm_v2": V2_MODEL, "transformers_v2": HF_V2_MODEL}
+# whose modules the reference reads
+REFERENCE_OF = {"timm": "timm", "transformers": "timm", "timm_v2": "timm_v2", "transformers_v2": "timm_v2"}
+HF_OF = {"timm": ("transformers", hf_swin_from), "timm_v2": ("transformers_v2", hf_swinv2_from)}  # timm's -> transformers'
 
 
 @functools.cache
@@ -330,9 +334,11 @@ def test_a_grid_the_windows_do_not_divide_is_refused():
         relevancy.explain(model, torch.zeros(1, 3, 40, 40, dtype=torch.float64), method="rollout")
 
 
-def test_transformers_swin_computes_timms_logits_and_is_handed_back_unchanged():
-    assert (HF_MODEL(pixel_values=images()).logits - MODEL(images())).abs().max().item() < 1e-12
-    model = hf_swin_from(MODEL)
+@pytest.mark.parametrize("timm_name", HF_OF)
+def test_transformers_swin_computes_timms_logits_and_is_handed_back_unchanged(timm_name):
+    hf_name, hf_from = HF_OF[timm_name]
+    assert (MODELS[hf_name](pixel_values=images()).logits - MODELS[timm_name](images())).abs().max().item() < 1e-12
+    model = hf_from(MODELS[timm_name])
     model.config._attn_implementation = "sdpa"
     model.train()
     before = snapshot(model)
@@ -343,14 +349,26 @@ def test_transformers_swin_computes_timms_logits_and_is_handed_back_unchanged():
     assert_same(before, snapshot(model))
     assert model.config._attn_implementation == "sdpa" and model.training
 
-    assert_unchanged_by_a_failure_inside(model, model.swin.encoder.layers[-1].blocks[-1].mlp, before)
+    assert_unchanged_by_a_failure_inside(model, model.base_model.encoder.layers[-1].blocks[-1].layernorm_after, before)
     assert model.config._attn_implementation == "sdpa" and model.training
 
 
-def test_transformers_swin_refuses_what_it_would_pad():
+@pytest.mark.parametrize("timm_name", HF_OF)
+@pytest.mark.parametrize("method", ("attnlrp", "cp_lrp", "input_x_gradient"))
+def test_transformers_swin_gives_timms_maps_under_the_gradient_rule_sets(method, timm_name):
+    """The encoders' AttnLRP, CP-LRP and input x gradient: one set of weights, the same map in both libraries."""
+    expected = explained(method, images(), MODELS[timm_name])
+    scale = expected.abs().max().item()
+    assert scale > 0
+    assert (explained(method, images(), MODELS[HF_OF[timm_name][0]]) - expected).abs().max().item() <= TOLERANCE * scale
+
+
+@pytest.mark.parametrize("library", ("transformers", "transformers_v2"))
+def test_transformers_swin_refuses_what_it_would_pad(library):
+    model = MODELS[library]
     with pytest.raises(ValueError, match="multiple of 4"):
-        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 30, 32, dtype=torch.float64), method="rollout")
+        relevancy.explain(model, torch.zeros(1, 3, 30, 32, dtype=torch.float64), method="rollout")
     with pytest.raises(ValueError, match="stage 0's 5 x 8 grid is not a multiple of its 2 x 2 windows"):
-        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 20, 32, dtype=torch.float64), method="rollout")
+        relevancy.explain(model, torch.zeros(1, 3, 20, 32, dtype=torch.float64), method="rollout")
     with pytest.raises(ValueError, match="stage 1's 5 x 4 grid is not a multiple of its 2 x 2 windows"):
-        relevancy.explain(HF_MODEL, torch.zeros(1, 3, 40, 32, dtype=torch.float64), method="rollout")
+        relevancy.explain(model, torch.zeros(1, 3, 40, 32, dtype=torch.float64), method="rollout")

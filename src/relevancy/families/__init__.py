@@ -12,13 +12,13 @@ from .hf_bert.adapter import HFBertAdapter
 from .hf_vit.adapter import HFViTAdapter
 from .lxmert.adapter import LxmertAdapter
 from .swin.adapter import SwinAdapter
-from .swin.hf import HFSwinAdapter
+from .swin.hf import HFSwinAdapter, HFSwinv2Adapter
 from .timm_vit.adapter import TimmViTAdapter
 from .visual_bert.adapter import VisualBertAdapter
 from .vision_language import VisionLanguageAdapter
 
 BUILT_IN: tuple[type[Adapter], ...] = (
-    TimmViTAdapter, SwinAdapter, HFBertAdapter, HFViTAdapter, HFSwinAdapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
+    TimmViTAdapter, SwinAdapter, HFBertAdapter, HFViTAdapter, HFSwinAdapter, HFSwinv2Adapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
     CausalLMAdapter, VisionLanguageAdapter,
 )
 # families registered by users, the latest first; checked before the built-in ones

@@ -1,5 +1,5 @@
-"""transformers' `SwinForImageClassification`: the Swin family (`adapter.WindowedAdapter`) where transformers keeps
-its pieces.
+"""transformers' `SwinForImageClassification` and `Swinv2ForImageClassification`: the Swin family
+(`adapter.WindowedAdapter`) where transformers keeps its pieces.
 
 What differs from timm's: the stages are `swin.encoder.layers`, each ending with its patch merging (timm's begin with
 it; the 2 x 2 concatenation order is the same); a layer whose grid is no larger than its window runs unshifted (the
@@ -7,17 +7,24 @@ model's own `set_shift_and_window_size`); the attention returns `(output, probab
 switched to relevancy's exact eager attention for the call (`hf_attention.explaining_call`); the embedding's
 LayerNorm (and absolute position embedding, where the config has one) come before the first stage; the head is
 `layernorm`, `AdaptiveAvgPool1d` over the tokens and the classifier.
+
+V2 (`HFSwinv2Adapter`) differs from V1 in a few places only: each layer's window and shift are fixed when the model
+is built; the self-attention returns its probabilities only when asked (`output_attentions`), so they are read where
+it passes them through its dropout module, as for timm; the post-norm layer's attention reads the layer's input;
+and it has its own rule map.
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 
 import torch
 from torch import nn
 
 from ...core.streams import AttentionSite, Hookable
-from .._shared import OutputPart, config_class_names
+from .._shared import OutputPart, config_class_names, eval_mode
 from ..hf_attention import TransformersImageCalls, attention_probabilities
 from ..base import EmbeddingLeaf
+from ..regions import InputPart
 from .adapter import WindowedAdapter
 
 
@@ -26,20 +33,21 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
 
 
 class HFSwinAdapter(TransformersImageCalls, WindowedAdapter):
-    family = "Hugging Face Swin"
+    family = "Hugging Face Swin V1"
     examples = "SwinForImageClassification"
+    model_class = "SwinForImageClassification"  # the transformers class `supports` takes (with its pooler)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
         try:
-            from transformers import SwinForImageClassification
+            import transformers
         except ImportError:  # transformers is optional
             return False
-        return isinstance(model, SwinForImageClassification) and model.swin.pooler is not None
+        return isinstance(model, getattr(transformers, cls.model_class)) and model.base_model.pooler is not None
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.backbone = model.swin
+        self.backbone = model.base_model  # `swin` (V1) or `swinv2` (V2)
         self.stage_modules = list(self.backbone.encoder.layers)
         self.blocks = [block for stage in self.stage_modules for block in stage.blocks]
         self.patch_size = _pair(self.backbone.embeddings.patch_embeddings.patch_size)
@@ -63,8 +71,9 @@ class HFSwinAdapter(TransformersImageCalls, WindowedAdapter):
         return {"image": self.blocks[-1].layernorm_before}
 
     def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
-        """The patch embedding's tokens `(B, N, C)` (the first item of what it returns)."""
-        return {"image": EmbeddingLeaf(self.backbone.embeddings.patch_embeddings)}
+        """The patch tokens `(B, N, C)` after the embedding's LayerNorm, as timm's patch embedding returns them (before
+        it the LayerNorm's scale invariance would leave input x gradient about 0)."""
+        return {"image": EmbeddingLeaf(self.backbone.embeddings.norm)}
 
     def relevance_rule_map(self) -> dict:
         from .hf_rules import rule_map
@@ -102,3 +111,36 @@ class HFSwinAdapter(TransformersImageCalls, WindowedAdapter):
         hidden = backbone.encoder(self.on_grid(inputs, tokens["image"], positions), self.grid_size(inputs)).last_hidden_state
         pooled = backbone.pooler(backbone.layernorm(hidden).transpose(1, 2)).flatten(1)
         return self.model.classifier(pooled), pooled
+
+
+class HFSwinv2Adapter(HFSwinAdapter):
+    """transformers' `Swinv2ForImageClassification`: V1's adapter, except where V2 differs (see the module's doc)."""
+
+    family = "Hugging Face Swin V2"
+    examples = "Swinv2ForImageClassification"
+    model_class = "Swinv2ForImageClassification"
+
+    def window_and_shift(self, block: nn.Module, grid: tuple[int, int]) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The layer's window and shift, fixed when the model was built (from the config's image size)."""
+        window, shift = int(block.window_size), int(block.shift_size)
+        return (window, window), (shift, shift)
+
+    def attention_sites(self) -> list[AttentionSite]:
+        # the self-attention's dropout returns the probabilities (the identity in eval mode), as timm's attn_drop
+        return [AttentionSite("image", "image", block.attention.self.dropout) for block in self.blocks]
+
+    def attention_inputs(self) -> dict[str, Hookable]:
+        """The post-norm layer attends to its input (the `hidden_states` the last layer starts with)."""
+        return {"image": InputPart(self.blocks[-1], 0, "hidden_states")}
+
+    def relevance_rule_map(self) -> dict:
+        from .hf_rules import rule_map_v2
+
+        return rule_map_v2(self)
+
+    def explaining(self, attention_probabilities: bool) -> AbstractContextManager[None]:
+        """Eval mode only: the probabilities come from the model's own attention, no implementation is switched."""
+        return eval_mode(self.model)
+
+    def shared_state(self) -> list[object]:
+        return []  # no config is switched

@@ -17,6 +17,7 @@ residual branch (post-norm); patch merging's LayerNorm comes after its Linear.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,23 +48,47 @@ def _window_attention(attn: nn.Module, session: Session) -> Replacements:
     return {"forward": forward}
 
 
-def _cosine_attention(attn: nn.Module, session: Session) -> Replacements:
-    """timm V2 `WindowAttention`: the fused q/k/v projection (with its q and v biases) under the Linear rule, q and k
-    L2-normalised under the normalisation rule, the shared attention with the logit scale as its scale and the
-    continuous position bias (plus a shifted window's mask) as its additive mask."""
+def continuous_position_bias(mlp: nn.Module, coordinates: torch.Tensor, index: torch.Tensor, heads: int) -> torch.Tensor:
+    """V2's continuous position bias `(heads, w, w)`: `16 sigmoid(mlp(log-spaced relative coordinates))` at each
+    pair's relative offset (`index`, `(w, w)`)."""
+    table = mlp(coordinates).view(-1, heads)
+    return 16 * torch.sigmoid(table[index.view(-1)].view(*index.shape, heads).permute(2, 0, 1))
+
+
+def cosine_attend(session: Session, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, logit_scale: torch.Tensor,
+                  bias: torch.Tensor, mask: torch.Tensor | None, dropout: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """V2's cosine attention `(context, probabilities)`: q and k L2-normalised under the normalisation rule, the shared
+    attention with the logit scale (clamped at log 100, then exp) as its scale and the position `bias` (plus a
+    shifted window's `mask`, `window_bias`) as its additive mask."""
 
     def unit(t: torch.Tensor) -> torch.Tensor:
         return normalisation(session, lambda u: F.normalize(u, dim=-1), lambda u: u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12).detach(), t)
+
+    scale = torch.clamp(logit_scale, max=math.log(1.0 / 0.01)).exp()
+    return attend(session, unit(q), unit(k), v, scale, window_bias(bias[None], mask, len(q)), dropout=dropout)
+
+
+def two_residuals(session: Session, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor],
+                  mlp: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """A Swin block's `x + attention(x)`, then `+ mlp(.)` (each branch as the block computes it, norm and drop path
+    included): each input feeds two branches, each add under the add rule."""
+    x = branch(session, x)
+    x = add(session, x, attention(x))
+    x = branch(session, x)
+    return add(session, x, mlp(x))
+
+
+def _cosine_attention(attn: nn.Module, session: Session) -> Replacements:
+    """timm V2 `WindowAttention`: the fused q/k/v projection (with its q and v biases) under the Linear rule, then
+    the cosine attention (`cosine_attend`) with the continuous position bias."""
 
     def forward(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         windows, tokens, _ = x.shape
         bias = None if attn.q_bias is None else torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
         qkv = linear(session, lambda t: F.linear(t, attn.qkv.weight, bias), x, attn.qkv.weight)
         q, k, v = qkv.reshape(windows, tokens, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        table = attn.cpb_mlp(attn.relative_coords_table).view(-1, attn.num_heads)
-        position = 16 * torch.sigmoid(table[attn.relative_position_index.view(-1)].view(tokens, tokens, -1).permute(2, 0, 1))
-        scale = torch.clamp(attn.logit_scale, max=math.log(1.0 / 0.01)).exp()
-        context, _ = attend(session, unit(q), unit(k), v, scale, window_bias(position[None], mask, windows), dropout=attn.attn_drop)
+        position = continuous_position_bias(attn.cpb_mlp, attn.relative_coords_table, attn.relative_position_index, attn.num_heads)
+        context, _ = cosine_attend(session, q, k, v, attn.logit_scale, position, mask, attn.attn_drop)
         return attn.proj_drop(attn.proj(context.transpose(1, 2).reshape(windows, tokens, -1)))
 
     return {"forward": forward}
@@ -81,12 +106,7 @@ def _block(block: nn.Module, session: Session) -> Replacements:
         attention, mlp = (lambda x: block._attn(block.norm1(x))), (lambda x: block.mlp(block.norm2(x)))
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        batch, height, width, channels = x.shape
-        x = branch(session, x)
-        x = add(session, x, block.drop_path1(attention(x)))
-        x = branch(session, x.reshape(batch, -1, channels))
-        x = add(session, x, block.drop_path2(mlp(x)))
-        return x.reshape(batch, height, width, channels)
+        return two_residuals(session, x, lambda t: block.drop_path1(attention(t)), lambda t: block.drop_path2(mlp(t)))
 
     return {"forward": forward}
 
