@@ -37,6 +37,19 @@ def shapes_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def swin_checkpoint(tmp_path_factory) -> Path:
+    """A small random shapes Swin saved as `training.shapes_swin` saves it (architecture in the metadata)."""
+    from relevancy.worlds.shapes_swin import build_swin
+
+    torch.manual_seed(0)
+    config = dict(embed_dim=16, depths=[2, 2], num_heads=[2, 2])
+    path = tmp_path_factory.mktemp("ckpt") / "tiny_swin.safetensors"
+    save_file({k: v.contiguous() for k, v in build_swin(**config).state_dict().items()}, str(path),
+              metadata={"model_config": json.dumps(config), "steps": "0", "final": "false"})
+    return path
+
+
 def run(*argv) -> int:
     return main([str(a) for a in argv])
 
@@ -47,6 +60,21 @@ def shapes(checkpoint: Path, out: Path, *extra) -> int:
 
 def finite_or_none(x) -> bool:
     return x is None or math.isfinite(x)
+
+
+def test_a_shapes_swin_checkpoint_runs_every_method_it_offers(tmp_path, swin_checkpoint):
+    """`--arch shapes-swin` reads a checkpoint of the shapes Swin; `--methods all` is every method of the Swin family,
+    maps laid on its first stage's 16 x 16 grid."""
+    from relevancy.families import adapter_for
+    from relevancy.worlds.shapes_swin import load_swin
+
+    out = tmp_path / "swin"
+    assert run("evaluate", "--model", swin_checkpoint, "--arch", "shapes-swin", "--out", out, "--threads", "1", "--quiet",
+               "--methods", "all", "-n", 2) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["methods"]) == list(adapter_for(load_swin(swin_checkpoint)).methods)
+    assert results["model_info"] == {"steps": 0, "final": False}
+    assert all(0 <= m["perturbation"]["positive_auc"] <= 90 for m in results["methods"].values())
 
 
 def test_shapes_end_to_end(tmp_path, shapes_checkpoint, capsys):

@@ -67,9 +67,9 @@ RATIONALE_UNITS = "token_f1: precision, recall and F1 as fractions in [0, 1], as
 
 
 def parse_methods(spec: str) -> tuple[str, ...]:
-    """``all`` or a comma-separated list of the seed papers' methods, which the image, text, pair, question and
-    detection benchmarks evaluate (order kept, duplicates dropped); each benchmark keeps those its model's family
-    offers."""
+    """``all`` (the seed papers' methods; the image benchmarks: every method of the model's family) or a
+    comma-separated list of registered methods, for the image, text, pair, question and detection benchmarks (order
+    kept, duplicates dropped); each benchmark keeps those its model's family offers."""
     from ...families.base import SEED_METHODS
     from ...methods import lookup
 
@@ -80,7 +80,7 @@ def parse_methods(spec: str) -> tuple[str, ...]:
         raise UsageError(f"--methods must be 'all' or a comma-separated list of methods, got {spec!r}")
     for name in names:
         try:
-            lookup(name, SEED_METHODS, "methods of this benchmark")
+            lookup(name)
         except ValueError as error:
             raise UsageError(str(error)) from error
     return tuple(dict.fromkeys(names))
@@ -374,8 +374,12 @@ def evaluate_images(args: argparse.Namespace, methods: tuple[str, ...], n: int |
     from ...evaluation.report import summary
 
     benchmark = args.benchmark
+    from ...families import adapter_for
+
     model, info = load_model(args.model, args.arch)
     check(model)
+    methods = _offered(args, adapter_for(model).methods if args.methods.strip() == "all" else methods,
+                       adapter_for(model).methods, f"the {adapter_for(model).family} family", benchmark)
     shards.weigh(model)
     settings = Settings(benchmark=benchmark, methods=methods, n=n if n is not None else 2**62,
                         batch_size=args.batch_size, seed=args.seed, paper_settings=args.paper_settings,
