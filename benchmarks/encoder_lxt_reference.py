@@ -36,8 +36,9 @@ from typing import Iterator
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
+from clip_leaves import clip_embedding_maps  # noqa: E402
 from llm_lxt_reference import lxt_applied, lxt_models, write_golden  # noqa: E402
 from vlm_lxt_reference import tower_map  # noqa: E402
 
@@ -138,31 +139,16 @@ def run(model: torch.nn.Module, name: str, batch: dict[str, torch.Tensor], targe
 
 def run_clip(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`(pair logits (B,), maps {"image": (B, N), "text": (B, T)})` of image r with text r, the similarity under
-    lxt's rules (the module's own patched by the caller)."""
+    lxt's rules (the modeling module's own patched by the caller)."""
     from lxt.efficient.rules import divide_gradient, stop_gradient
 
-    leaves: dict[str, torch.Tensor] = {}
-
-    def hook(tower: str):
-        def keep(_module, _args, output):
-            leaves[tower] = output.detach().requires_grad_(True)
-            return leaves[tower]
-
-        return keep
-
-    handles = [model.vision_model.embeddings.patch_embedding.register_forward_hook(hook("image")),
-               model.text_model.embeddings.token_embedding.register_forward_hook(hook("text"))]
-    try:
+    def similarity() -> torch.Tensor:
         image = model.get_image_features(pixel_values=batch["pixel_values"]).pooler_output
         text = model.get_text_features(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).pooler_output
-    finally:
-        for handle in handles:
-            handle.remove()
-    units = [divide_gradient(f / stop_gradient(f.norm(dim=-1, keepdim=True)), 2) for f in (image, text)]
-    logits = model.logit_scale.exp() * (units[0] * units[1]).sum(-1)
-    logits.sum().backward()
-    relevance = {tower: leaf * leaf.grad for tower, leaf in leaves.items()}
-    return logits.detach(), {"image": relevance["image"].sum(1).flatten(1).detach(), "text": relevance["text"].sum(-1).detach()}
+        units = [divide_gradient(f / stop_gradient(f.norm(dim=-1, keepdim=True)), 2) for f in (image, text)]
+        return model.logit_scale.exp() * (units[0] * units[1]).sum(-1)
+
+    return clip_embedding_maps(model, similarity)
 
 
 def clip_entry() -> dict:
