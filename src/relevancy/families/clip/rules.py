@@ -21,6 +21,11 @@ module for module, in both libraries alike (docs/methods.md, "CLIP"):
   each tower's half rescaled to 1: each tower is explained on its own, as a one-tower model with relevance 1 at
   its output, and its map and its conservation (1 per tower) are read on their own, never summed.
 
+Under the gradient rule sets (attnlrp, cp_lrp: `methods.embeddings`) the same map serves: the LayerNorms hold their
+divisor constant, (Quick)GELU takes the identity rule, attention shares its backward (`attention.attend`), and the
+pair logit's two L2 normalisations hold their divisor constant while the product of the unit vectors takes the
+uniform rule (half of the logit to each tower); the zero-shot head's normalisation holds its divisor constant too.
+
 `exact=True` divides with the reference's 1e-9 stabiliser; there is no CLIP reference whose branch (`Clone`) or
 readout (`IndexSelect`) factors it would reproduce, so those are not applied.
 
