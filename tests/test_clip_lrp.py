@@ -127,7 +127,8 @@ def test_model_unchanged(library):
     configs = _implementations(model)
     for exact in (False, True):
         explain(library, exact=exact)
-    relevancy.explain(model, GRID, method="partial_lrp")
+    for method in ("partial_lrp", "attnlrp", "cp_lrp", "input_x_gradient"):
+        relevancy.explain(model, GRID, method=method)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert _instance_state(model) == attributes  # no patched forward, projection or attribute left behind
     assert _implementations(model) == configs

@@ -1,6 +1,7 @@
 """AttnLRP, CP-LRP and input x gradient on the encoders: equal in float64 to lxt's maps (tests/golden/
-encoder_lxt_reference.pt: BERT, DINOv2, torchvision's ViT with its weights copied into timm's), single and batched;
-input x gradient equal to autograd through the model's own forward; CP-LRP conserving on a bias-free ViT."""
+encoder_lxt_reference.pt: BERT, DINOv2, torchvision's ViT with its weights copied into timm's, CLIP's two towers),
+single and batched; input x gradient equal to autograd through the model's own forward; CP-LRP conserving on a
+bias-free ViT; open_clip equal to transformers for the same CLIP weights, the zero-shot classifier to the pair."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +12,10 @@ import torch
 import transformers
 
 import relevancy
+from relevancy.families.clip.batch import ImageTextBatch
+from relevancy.families.clip.zero_shot import ZeroShotClassifier
+from clip_leaves import clip_embedding_maps
+from test_clip import CASES as CLIP_CASES, LIBRARIES as CLIP_LIBRARIES, build as build_clip, close
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "encoder_lxt_reference.pt", weights_only=True)["models"]
 BERT = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -48,6 +53,8 @@ def _model(name: str) -> torch.nn.Module:
         return _timm_from_torchvision(state)
     if name == "bert":
         model = transformers.BertForSequenceClassification(transformers.BertConfig(**BERT))
+    elif name == "clip":
+        model = transformers.CLIPModel(transformers.CLIPConfig(**GOLDEN["clip"]["config"]))
     else:
         model = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**DINOV2))
     model.load_state_dict(state)
@@ -123,3 +130,65 @@ def test_cp_lrp_conserves_on_a_bias_free_vit():
 def test_decoder_options_are_refused_on_encoders():
     with pytest.raises(ValueError, match="decoder language models only"):
         relevancy.explain(_model("torchvision_vit"), torch.zeros(1, 3, 32, 32, dtype=torch.float64), method="attnlrp", checkpoint=True)
+
+
+INPUT_RELEVANCE = ("attnlrp", "cp_lrp", "input_x_gradient")
+
+
+def _clip_pairs(batch: dict) -> tuple[torch.Tensor, dict]:
+    """A CLIP reference input as relevancy takes it: image r with text r."""
+    return batch["pixel_values"], {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def _clip_maps(explanation) -> dict[str, torch.Tensor]:
+    return {"image": explanation.image_scores.flatten(1), "text": explanation.text_scores}
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
+def test_clip_equal_to_lxt_single_and_batched(method):
+    """Both towers' maps of the pair logit; a padded text's row equals the pair alone, padding at 0."""
+    entry, model = GOLDEN["clip"], _model("clip")
+    found = {}
+    for part, batch in entry["inputs"].items():
+        explanation = relevancy.explain(model, _clip_pairs(batch), method=method)
+        found[part] = ours = _clip_maps(explanation)
+        for tower, theirs in entry[method][part].items():
+            theirs = theirs * batch["attention_mask"] if tower == "text" else theirs
+            assert ours[tower].shape == theirs.shape
+            assert close(ours[tower], theirs) <= TOLERANCE, (method, part, tower)
+        assert explanation.relevance_total.shape == (len(batch["input_ids"]), 2)  # columns: image, text
+    for row in range(2):
+        for tower, single in found[f"single{row}"].items():
+            single = single[0]
+            assert close(found["batch"][tower][row, :len(single)], single) <= 1e-10
+    assert (found["batch"]["text"][1, 6:] == 0).all()
+
+
+def test_clip_input_x_gradient_is_autograd_through_the_models_own_forward():
+    model, batch = _model("clip"), GOLDEN["clip"]["inputs"]["batch"]
+    _, expected = clip_embedding_maps(model, lambda: model(**batch).logits_per_image.diagonal())
+    expected["text"] = expected["text"] * batch["attention_mask"]
+    ours = _clip_maps(relevancy.explain(model, _clip_pairs(batch), method="input_x_gradient"))
+    for tower in expected:
+        assert close(ours[tower], expected[tower]) <= 1e-12
+    attnlrp = _clip_maps(relevancy.explain(model, _clip_pairs(batch), method="attnlrp"))
+    assert close(attnlrp["image"], expected["image"]) > 1e-3  # the rules change the map
+
+
+@pytest.mark.parametrize("method", INPUT_RELEVANCE)
+def test_clip_open_clip_equals_transformers_and_zero_shot_equals_the_pair(method):
+    """The same weights in both libraries give the same maps; the zero-shot classifier's image map is the pair's
+    with the prompt as text, doubled (the prompt's features are constants: the similarity's uniform rule gives
+    the image tower half of the pair logit, the zero-shot head all of the class logit)."""
+    case = CLIP_CASES[0]
+    grid = ImageTextBatch.grid(case["images"], case["input_ids"])
+    pairs = {}
+    for library in CLIP_LIBRARIES:
+        model = build_clip(case, library)
+        pairs[library] = _clip_maps(relevancy.explain(model, grid, method=method))
+        classifier = ZeroShotClassifier(model, case["input_ids"])
+        zero_shot = relevancy.explain(classifier, case["images"], method=method, target=[1, 1]).scores.flatten(1)
+        in_pairs = pairs[library]["image"][grid.pairs[:, 1] == 1]  # image i with text 1
+        assert close(zero_shot, 2 * in_pairs if method != "input_x_gradient" else in_pairs) < 1e-10, library
+    for tower in ("image", "text"):
+        assert close(pairs["open_clip"][tower], pairs["transformers"][tower]) < 1e-10

@@ -17,7 +17,7 @@ from ...core.conventions import Conventions, GenericAttentionConventions
 from ...results.explanation import Explanation, PairExplanation
 from ...core.streams import AttentionSite, Stream
 from .._shared import checked_images
-from ..base import SEED_METHODS, Adapter
+from ..base import INPUT_RELEVANCE_METHODS, SEED_METHODS, Adapter, EmbeddingLeaf
 from .batch import ImageTextBatch
 from .towers import IMAGE, TEXT, Recorder, clip_library, towers_of
 
@@ -39,8 +39,9 @@ class RecordedTensor:
         return recorder.listen(self.key, hook)
 
 
-#: CLIP's methods: the seeds' but full LRP to the pixels, which is not defined for CLIP's towers
-CLIP_METHODS = tuple(m for m in SEED_METHODS if m != "lrp")
+#: CLIP's methods: the seeds' but full LRP to the pixels, which is not defined for CLIP's towers, and the input
+#: relevance methods (AttnLRP, CP-LRP, input x gradient at each tower's embeddings)
+CLIP_METHODS = tuple(m for m in SEED_METHODS if m != "lrp") + INPUT_RELEVANCE_METHODS
 
 
 class ClipTowersAdapter(Adapter):
@@ -69,6 +70,12 @@ class ClipTowersAdapter(Adapter):
 
     def attention_inputs(self) -> dict[str, RecordedTensor]:
         return {tower: RecordedTensor(self, ("input", tower)) for tower in self.towers_used}
+
+    def embedding_leaves(self) -> dict[str, EmbeddingLeaf]:
+        """Per tower used, its input embeddings: the patch convolution's output `(B, D, h, w)` (width 1) and the
+        token embeddings `(B, T, D)`, before the [CLS] and position embeddings are added (as for ViT and BERT)."""
+        modules = self.towers.embedding_modules()
+        return {tower: EmbeddingLeaf(modules[tower], 1 if tower == IMAGE else -1) for tower in self.towers_used}
 
     @contextmanager
     def explaining(self, attention_probabilities: bool) -> Iterator[None]:

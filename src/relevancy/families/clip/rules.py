@@ -21,6 +21,11 @@ module for module, in both libraries alike (docs/methods.md, "CLIP"):
   each tower's half rescaled to 1: each tower is explained on its own, as a one-tower model with relevance 1 at
   its output, and its map and its conservation (1 per tower) are read on their own, never summed.
 
+Under the gradient rule sets (attnlrp, cp_lrp: `methods.embeddings`) the same map serves: the LayerNorms hold their
+divisor constant, (Quick)GELU takes the identity rule, attention shares its backward (`attention.attend`), and the
+pair logit's two L2 normalisations hold their divisor constant while the product of the unit vectors takes the
+uniform rule (half of the logit to each tower); the zero-shot head's normalisation holds its divisor constant too.
+
 `exact=True` divides with the reference's 1e-9 stabiliser; there is no CLIP reference whose branch (`Clone`) or
 readout (`IndexSelect`) factors it would reproduce, so those are not applied.
 
@@ -36,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...lrp import rules
+from ...lrp import gradient, rules
 from ...lrp.attention import attend
 from ...lrp.engine import (
     ACTIVATION, PASSTHROUGH, PIXEL_CONV, ForwardFactory, MissingRuleError, Replacements, Session, add, default_leaves,
-    linear, passthrough, unchanged,
+    linear, normalisation, passthrough, unchanged,
 )
 from ..hf_attention import transformers_leaves
 from .towers import IMAGE, TEXT, ClipTowers, towers_of
@@ -68,6 +73,13 @@ def _pair_rule(
     return shares, shares.clone()
 
 
+def _unit(session: Session, features: torch.Tensor) -> torch.Tensor:
+    """`features / |features|` over the last dimension (`F.normalize`) under the normalisation rule: relevance
+    passed unchanged in the explicit pass, the divisor (the L2 norm) constant in the gradient form."""
+    return normalisation(session, lambda f: F.normalize(f, dim=-1),
+                         lambda f: gradient.norm_identity(f, f.norm(dim=-1, keepdim=True).clamp_min(1e-12)), features)
+
+
 def _pair_logits(towers: ClipTowers) -> ForwardFactory:
     """The model itself: its towers' pair logits (computed outside any module) under the pair rule."""
 
@@ -77,7 +89,11 @@ def _pair_logits(towers: ClipTowers) -> ForwardFactory:
         original = towers.pair_logits
 
         def pair_logits(image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
-            return session.apply(_pair_rule, original, image_features, text_features)
+            if session.rule_set.explicit:
+                return session.apply(_pair_rule, original, image_features, text_features)
+            # the gradient form: the uniform rule on the product of the two unit vectors (half to each)
+            image, text = (gradient.share(_unit(session, f), 0.5) for f in (image_features, text_features))
+            return towers.scaled_logits((image * text).sum(-1))
 
         return {(towers, "pair_logits"): pair_logits, **_projection(model, "text_projection", session)}
 
@@ -306,7 +322,7 @@ def zero_shot_rule_map(classifier: nn.Module) -> dict[type, ForwardFactory]:
 
     def head(module: nn.Module, session: Session) -> Replacements:
         def logits_from_features(image_features: torch.Tensor) -> torch.Tensor:
-            unit = passthrough(session, lambda f: F.normalize(f, dim=-1), image_features)
+            unit = _unit(session, image_features)
             classes = module.class_features.to(unit)
             cosines = linear(session, lambda x: x @ classes.T, unit, classes)
             return passthrough(session, lambda c: c * module.clip.logit_scale.exp(), cosines)

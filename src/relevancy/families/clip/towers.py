@@ -124,7 +124,10 @@ class ClipTowers:
         if image_features.shape != text_features.shape:
             shapes = f"{tuple(image_features.shape)} and {tuple(text_features.shape)}"
             raise ValueError(f"pair_logits pairs row i of both: the features must have one shape, got {shapes}")
-        cosine = (F.normalize(image_features, dim=-1) * F.normalize(text_features, dim=-1)).sum(-1)
+        return self.scaled_logits((F.normalize(image_features, dim=-1) * F.normalize(text_features, dim=-1)).sum(-1))
+
+    def scaled_logits(self, cosine: torch.Tensor) -> torch.Tensor:
+        """The logits of cosines as the model makes them: exp(logit_scale) * cosine (+ logit_bias if any)."""
         logits = self.logit_scale() * cosine
         bias = getattr(self.model, "logit_bias", None)
         return logits if bias is None else logits + bias.reshape(())
@@ -184,6 +187,11 @@ class ClipTowers:
     ) -> torch.Tensor:
         """(B, E) text features from `text_tokens` output; `keep` (B, T) bool: a False token is masked out of every
         attention as a key (its own row keeps only itself, so no row is empty), the causal mask stays."""
+        raise NotImplementedError
+
+    def embedding_modules(self) -> dict[str, nn.Module]:
+        """Per tower, the module whose output is its input embeddings (where input relevance is read): the patch
+        convolution `(B, D, h, w)` and the token embedding `(B, T, D)`, before [CLS] and positions are added."""
         raise NotImplementedError
 
 
@@ -258,6 +266,9 @@ class _TransformersTowers(ClipTowers):
 
     def text_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self._text.embeddings(input_ids=input_ids)
+
+    def embedding_modules(self) -> dict[str, nn.Module]:
+        return {IMAGE: self._vision.embeddings.patch_embedding, TEXT: self._text.embeddings.token_embedding}
 
     def text_features_from_tokens(
         self, tokens: torch.Tensor, input_ids: torch.Tensor, keep: torch.Tensor | None = None
@@ -357,6 +368,9 @@ class _OpenClipTowers(ClipTowers):
     def image_features_from_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         pooled, _ = self._visual._pool(self._visual.transformer(tokens))
         return pooled @ self._visual.proj if self._visual.proj is not None else pooled
+
+    def embedding_modules(self) -> dict[str, nn.Module]:
+        return {IMAGE: self._visual.conv1, TEXT: self._text_tower.token_embedding}
 
     def text_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         text = self._text_tower
