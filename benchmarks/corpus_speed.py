@@ -4,7 +4,7 @@ AttnLRP per prompt (in its own venv); with `--inseq-python`, also input x gradie
 of inseq 0.7's `attribute` per prompt (in its own venv).
 
     OMP_NUM_THREADS=1 python benchmarks/corpus_speed.py --lxt-python /tmp/lxt/bin/python [--inseq-python /tmp/inseq/bin/python]
-        [--prompts 64] [--threads 1]
+        [--prompts 64] [--longest 1] [--slices 1] [--threads 1]
 
 The weights are SmolLM2's own (`relevancy.models.smollm2`, offline), saved once to a temporary folder with the
 prompts: the retrieval world's first `--prompts` test prompts (`relevancy.worlds.language`), tokenised by SmolLM2's
@@ -17,7 +17,8 @@ for a decoder, `attribute(text, generation_args={"max_new_tokens": 1})` with "in
 predicted token, then attributes it; the prompt's text decoded from its ids and tokenised again by inseq); it is set
 beside relevancy's corpus run with `method="input_x_gradient"`. Reported: seconds for the whole corpus (after one
 warm-up prompt), prompts per second, and each tool's speed over lxt's loop (attnlrp) or inseq's loop (input x gradient).
-Results: benchmarks/results/corpus_speed.txt (and .json).
+`--slices S` cuts the corpus into S interleaved slices and runs the tools in turn on each, their order rotated, so that
+a machine's changing load falls on every tool alike. Results: benchmarks/results/corpus_speed.txt (and .json).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from llm_vs_lxt import lxt_explainer, relevancy_explainer  # noqa: E402
-from machine import cpu_name, today  # noqa: E402
+from machine import cpu_name, today, write_results  # noqa: E402
 
 TOOLS = ("relevancy corpus", "relevancy loop", "lxt loop")
 #: the input x gradient tools, run with --inseq-python
@@ -61,22 +62,23 @@ def prepare(folder: Path, count: int, longest: int = 1) -> None:
     (folder / "prompts.json").write_text(json.dumps(ids))
 
 
-def one(folder: Path, tool: str, threads: int) -> dict:
-    """One tool over the whole corpus, in this process: its seconds (after a warm-up on the first prompt)."""
+def one(folder: Path, tool: str, threads: int, part: int = 0, parts: int = 1) -> dict:
+    """One tool over slice `part` of `parts` of the corpus (every `parts`-th prompt from the `part`-th), in this
+    process: its seconds (after a warm-up on the slice's first prompt)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     torch.set_num_threads(threads)
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
-    prompts = [torch.tensor([ids]) for ids in json.loads((folder / "prompts.json").read_text())]
+    prompts = [torch.tensor([ids]) for ids in json.loads((folder / "prompts.json").read_text())[part::parts]]
     if tool.startswith("relevancy corpus"):
         import relevancy
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
         rows = [row[0].tolist() for row in prompts]
         method = "input_x_gradient" if tool.endswith("ixg") else "attnlrp"
-        relevancy.explain_corpus(model, tokenizer, rows[:1], method=method, out=folder / f"warm-up {tool}", progress=False)
+        relevancy.explain_corpus(model, tokenizer, rows[:1], method=method, out=folder / f"warm-up {tool} {part}", progress=False)
         began = time.perf_counter()
-        summary = relevancy.explain_corpus(model, tokenizer, rows, method=method, out=folder / tool, progress=False)
+        summary = relevancy.explain_corpus(model, tokenizer, rows, method=method, out=folder / f"{tool} {part}", progress=False)
         seconds = time.perf_counter() - began
         return {"tool": tool, "seconds": seconds, "prompts": len(rows), "batches": summary.batches,
                 "tokens": sum(len(row) for row in rows)}
@@ -120,31 +122,41 @@ def main() -> None:
     parser.add_argument("--longest", type=int, default=1,
                         help="1: two-person prompts (~57 tokens); N > 1: lengths spread up to N ten-person prompts joined (5: ~1,000 tokens)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--slices", type=int, default=1,
+                        help="the corpus cut into this many interleaved slices, the tools run in turn on each (their order "
+                             "rotated slice by slice), each tool's seconds summed: a machine's load shared out over the tools")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "corpus_speed")
-    parser.add_argument("--one", nargs=3, metavar=("FOLDER", "TOOL", "THREADS"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=5, metavar=("FOLDER", "TOOL", "THREADS", "PART", "PARTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        folder, tool, threads = args.one
-        print(json.dumps(one(Path(folder), tool, int(threads))))
+        folder, tool, threads, part, parts = args.one
+        print(json.dumps(one(Path(folder), tool, int(threads), int(part), int(parts))))
         return
     if not args.lxt_python:
         parser.error("--lxt-python is required: the interpreter of a venv with lxt 2.1, torch and transformers")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
-    runs = []
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         prepare(folder, args.prompts, args.longest)
         tools = TOOLS + (GRADIENT_TOOLS if args.inseq_python else ())
-        for tool in tools:
-            python = {"lxt loop": args.lxt_python, "inseq loop": args.inseq_python}.get(tool, sys.executable)
-            out = subprocess.run([python, __file__, "--one", str(folder), tool, str(args.threads)], capture_output=True, text=True, env=env)
-            if out.returncode:
-                raise SystemExit(f"{tool} failed:\n{out.stderr[-3000:]}")
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(tool, f"{runs[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+        totals: dict[str, dict] = {}
+        for part in range(args.slices):
+            for tool in tools[part % len(tools):] + tools[:part % len(tools)]:
+                python = {"lxt loop": args.lxt_python, "inseq loop": args.inseq_python}.get(tool, sys.executable)
+                out = subprocess.run([python, __file__, "--one", str(folder), tool, str(args.threads), str(part), str(args.slices)],
+                                     capture_output=True, text=True, env=env)
+                if out.returncode:
+                    raise SystemExit(f"{tool} failed:\n{out.stderr[-3000:]}")
+                run = json.loads(out.stdout.strip().splitlines()[-1])
+                total = totals.setdefault(tool, {key: 0 for key in run if key != "tool"} | {"tool": tool})
+                for key, value in run.items():
+                    if key != "tool":
+                        total[key] += value
+                print(tool, f"slice {part}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
+        runs = [totals[tool] for tool in tools]
     baselines = {r["tool"]: r for r in runs if r["tool"].endswith("loop") and not r["tool"].startswith("relevancy")}
     lines = [f"SmolLM2-135M-Instruct (its GGUF weights), float32, {args.prompts} retrieval-world prompts (longest: "
-             f"{args.longest} joined; {runs[0]['tokens']:,} tokens, {runs[0]['tokens'] / args.prompts:.0f} per prompt), attnlrp / lxt 2.1 attnLRP"
+             f"{args.longest} joined; {args.slices} slice(s), the tools in turn on each; {runs[0]['tokens']:,} tokens, {runs[0]['tokens'] / args.prompts:.0f} per prompt), attnlrp / lxt 2.1 attnLRP"
              f"{' and input_x_gradient / inseq 0.7 input_x_gradient' if args.inseq_python else ''} of "
              f"each prompt's predicted token, {cpu_name()}, {args.threads} thread(s), {today()}; torch {torch.__version__}",
              f"{'tool':<21} {'seconds':>8} {'prompts/s':>9} {'speed-up':>9}  over"]
@@ -152,11 +164,7 @@ def main() -> None:
         baseline = baselines["inseq loop" if r["tool"] in GRADIENT_TOOLS else "lxt loop"]
         lines.append(f"{r['tool']:<21} {r['seconds']:>8.1f} {r['prompts'] / r['seconds']:>9.2f} {baseline['seconds'] / r['seconds']:>8.2f}x  "
                      f"{baseline['tool']}" + (f" ({r['batches']} batches)" if "batches" in r else ""))
-    text = "\n".join(lines)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".txt").write_text(text + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs, "threads": args.threads}, indent=1))
+    write_results(args.out, lines, {"runs": runs, "threads": args.threads})
 
 
 if __name__ == "__main__":

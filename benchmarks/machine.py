@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import datetime
+import json
 import platform
+from pathlib import Path
 
 
 def cpu_name() -> str:
@@ -17,3 +19,12 @@ def cpu_name() -> str:
 def today() -> str:
     """The UTC date, for the header of a results file."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def write_results(out: Path, lines: list[str], data: dict) -> None:
+    """Print a benchmark's table and write it to `out`.txt, its numbers to `out`.json (the folder made)."""
+    text = "\n".join(lines)
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".txt").write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
