@@ -50,9 +50,11 @@ SHARDS = "shards"
 LOCK = ".relevancy-corpus.lock"
 #: the most rows in one batch, whatever the budget (beyond it a batch gains little speed on any device)
 MAX_BATCH = 64
-#: per method, the `(T, T)` matrices per attention site and head that `explain` keeps per row where generation's
-#: tables (`MATRICES`, `PREFIX_ROW_MATRICES`) do not say: the relevance methods of one forward keep each site's
-#: probabilities for the backward and what flows back through them
+#: the `(T, T)` matrices per head that the methods of one forward (attnlrp, cp_lrp, input_x_gradient) hold at once
+#: per row, where generation's tables (`MATRICES`, `PREFIX_ROW_MATRICES`) do not say: their attention runs fused and
+#: keeps no probabilities for the backward, so only the site whose backward is running holds its scores and
+#: probabilities (measured on SmolLM2, `benchmarks/corpus_memory.py`: a 1,000-token prompt peaks at 0.9 GiB above the
+#: model, where one probability matrix per site and head kept would be 2 GiB more)
 ONE_FORWARD_MATRICES = 2
 #: per token and attention site, the activations a forward keeps for the backward, in hidden-size vectors and
 #: intermediate-size vectors (norms, q/k/v, attention output, residuals; the MLP's gate, up and product)
@@ -175,7 +177,7 @@ def row_memory(model: nn.Module, method: str, length: int) -> int:
     """Bytes one row of `length` tokens holds while `method` explains it (an estimate): the forward's activations kept
     for the backward (`ACTIVATIONS` per token and layer), the logits and their gradient, and the method's `(T, T)`
     matrices (generation's tables: `shared_forward_memory`; the relevance methods of one forward:
-    `ONE_FORWARD_MATRICES` per site and head)."""
+    `ONE_FORWARD_MATRICES` per head, one site's at a time)."""
     config = model.config.get_text_config()
     sites = len(adapter_for(model).attention_sites())
     itemsize = torch.promote_types(next(model.parameters()).dtype, torch.float32).itemsize
@@ -185,7 +187,7 @@ def row_memory(model: nn.Module, method: str, length: int) -> int:
     if method in MATRICES or method in PREFIX_ROW_MATRICES:
         matrices = sum(shared_forward_memory(model, sites, length, method))
     else:
-        matrices = ONE_FORWARD_MATRICES * sites * config.num_attention_heads * length * length * itemsize
+        matrices = ONE_FORWARD_MATRICES * config.num_attention_heads * length * length * itemsize
     return activations + logits + matrices
 
 

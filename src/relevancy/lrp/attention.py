@@ -127,6 +127,8 @@ def attend(
         q = passthrough(session, lambda t: t * scale, q)
     if groups > 1 and explicit:  # the rules' products on 4-D batches of matrices (bmm), copies' shares summed back
         k, v, groups = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), 1
+    if explicit:  # heads cut from a fused projection are strided views: copied once here, not by each of the rules' products
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if groups > 1:  # (B, key heads, group, T, d) against (B, key heads, 1, d, S)
         q, k, v = q.view(batch, k.shape[1], groups, length, width), k.unsqueeze(2), v.unsqueeze(2)
         mask = mask.unsqueeze(2) if mask is not None and mask.ndim == 4 else mask

@@ -124,9 +124,12 @@ def live_rows(relevance: torch.Tensor, inputs: int) -> torch.Tensor | None:
     """The indices of the rows (tokens, over every dimension but the last) with any relevance, where there are at
     most as many as `inputs` and at most `LIVE_ROW_SHARE` of all rows (the last block under a readout row: one row
     per input); None otherwise."""
-    live = relevance.reshape(-1, relevance.shape[-1]).ne(0).any(-1)
-    rows = live.nonzero().squeeze(1)  # one read back to the host (a synchronisation on a GPU), not two
-    return rows if len(rows) <= min(inputs, LIVE_ROW_SHARE * len(live)) else None
+    flat = relevance.reshape(-1, relevance.shape[-1])
+    limit = min(inputs, LIVE_ROW_SHARE * len(flat))
+    if int(flat[:, 0].count_nonzero()) > limit:  # rows live at their first entry already too many: dense, at 1 / width of the cost
+        return None
+    rows = flat.ne(0).any(-1).nonzero().squeeze(1)  # one read back to the host (a synchronisation on a GPU), not two
+    return rows if len(rows) <= limit else None
 
 
 def live_columns(relevance: torch.Tensor) -> torch.Tensor | None:

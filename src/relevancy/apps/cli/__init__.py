@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("images", nargs="+", help="image files (16-bit and float images are scaled by their range; "
                                              f"EXIF orientation is applied; animations use frame 1; at most {MAX_IMAGE_PIXELS:,} pixels)")
     p.add_argument("--model", default=None, help="timm model name (hub weights), local checkpoint (.pth/.pt/.bin/.safetensors, with --arch), "
-                                             "or 'shapes' (the shipped model, default). With --text: 'shapes-clip' (the shipped CLIP, default), "
+                                             "'shapes' (the shipped ViT, default) or 'shapes-swin' (the shipped Swin). With --text: 'shapes-clip' (the shipped CLIP, default), "
                                              "'open_clip:ARCH:PRETRAINED' (a tag, a weights file, or 'random' for untrained weights), "
                                              "or a Hugging Face CLIP hub name or folder")
     p.add_argument("--text", action="append", default=None, metavar="TEXT",

@@ -40,7 +40,7 @@ def run_explain(args: argparse.Namespace) -> list[Path]:
         raise UsageError(f"--arch names the architecture of a local checkpoint file ({', '.join(models.CHECKPOINT_SUFFIXES)}); "
                          f"--model {name} is none")
     model = models.load_image_model(name, args.arch)
-    if SHIPPED["image"].means(args.model):
+    if SHIPPED["image"].means(args.model) or args.model == models.SHIPPED_SWIN:  # a model of the shapes world
         pictures = [_scene(picture) or picture for picture in pictures]  # a scene the demo saved enlarged: its own pixels
         _warn_unless_scenes(args.images, pictures)
     images = preprocess(pictures, model)
