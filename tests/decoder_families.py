@@ -33,6 +33,17 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
     # parallel residual, a quarter of each head rotated
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
                  dict(num_key_value_heads=None, rotary_pct=0.25, use_parallel_residual=True, eos_token_id=2, bos_token_id=1), 17),
+    # one weight-only LayerNorm before attention and the MLP side by side, per-head query and key norms, interleaved
+    # RoPE, the logits times 0.5; no biases
+    "cohere": ("CohereConfig", "CohereForCausalLM",
+               dict(use_qk_norm=True, logit_scale=0.5, pad_token_id=0, eos_token_id=2, bos_token_id=1), 18),
+    # a dense first layer, then routed experts (top 2 of 4 in 2 groups, a sigmoid router with a correction bias)
+    # beside a shared expert; query and key norms, half of each head rotated
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 dict(head_dim=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                      first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=1.5, use_qk_norm=True,
+                      partial_rotary_factor=0.5, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+                      experts_implementation="eager"), 19),
 }
 
 
@@ -49,8 +60,13 @@ def build(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
     model = getattr(transformers, model_name)(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if "norm" in name and parameter.ndim == 1 and name.endswith("weight"):
+            if "norm" in name and parameter.ndim <= 2 and name.endswith("weight"):
                 parameter.copy_(torch.randn_like(parameter) * 0.3 + (0.0 if family.startswith("gemma") else 1.0))
+            elif name.endswith("gate.weight") and not parameter.any():  # GLM's router starts at 0: every expert tied
+                parameter.copy_(torch.randn_like(parameter) * 0.3)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # GLM's router bias starts at 0 too
+                buffer.copy_(torch.randn_like(buffer) * 0.1)
     return model.to(dtype).eval()
 
 

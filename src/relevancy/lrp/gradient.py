@@ -206,16 +206,22 @@ def one_plus_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 
 
 def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
-    """A LayerNorm module's output under the identity rule (the centring stays linear, the divisor constant); in
-    float32 at least and rounded once at the end, as torch's LayerNorm computes half precision; weight and bias
-    detached (as in `rms_norm`); contiguous, as torch's LayerNorm returns it (Idefics3's pixel shuffle views it)."""
+    """A LayerNorm module's output under the identity rule (`centred_norm`)."""
+    return centred_norm(x, norm.weight, norm.bias, norm.eps)
+
+
+def centred_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """`(x - mean(x)) / std(x) * w + b` over the last dimension (a LayerNorm; Cohere's, weight only) under the identity
+    rule (the centring stays linear, the divisor constant); in float32 at least and rounded once at the end, as
+    torch's LayerNorm computes half precision; weight and bias detached (as in `rms_norm`); contiguous, as torch's
+    LayerNorm returns it (Idefics3's pixel shuffle views it)."""
     wide = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
     centred = wide - wide.mean(-1, keepdim=True)
-    y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + norm.eps))
-    if norm.weight is not None:
-        y = y * norm.weight.detach().to(wide.dtype)
-    if norm.bias is not None:
-        y = y + norm.bias.detach().to(wide.dtype)
+    y = norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + eps))
+    if weight is not None:
+        y = y * weight.detach().to(wide.dtype)
+    if bias is not None:
+        y = y + bias.detach().to(wide.dtype)
     return y.to(x.dtype)
 
 

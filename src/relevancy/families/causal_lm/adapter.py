@@ -441,11 +441,11 @@ class CausalLMAdapter(Adapter):
         return self.finished(logits if bias is None else logits + bias.to(hidden.device))
 
     def finished(self, logits: torch.Tensor) -> torch.Tensor:
-        """The output embeddings' logits as the model finishes them: divided by its logit scale where the layout names
-        one (Granite's `logits_scaling`), soft-capped `c tanh(z / c)` where the model caps them (Gemma 2), each with its
-        own gradient (lxt leaves the head as the model has it)."""
-        divisor = getattr(self.text_config, self.layout.logits_divisor) if self.layout.logits_divisor else None
-        logits = logits if divisor is None else logits / divisor
+        """The output embeddings' logits as the model finishes them: scaled where the layout says so (Granite's
+        division by `logits_scaling`, Cohere's product with `logit_scale`), soft-capped `c tanh(z / c)` where the
+        model caps them (Gemma 2), each with its own gradient (lxt leaves the head as the model has it)."""
+        scale = self.layout.logit_scale
+        logits = logits if scale is None else scale(logits, self.text_config)
         cap = getattr(self.text_config, "final_logit_softcapping", None)
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -88,9 +88,10 @@ def _by_name(layer: nn.Module, args: tuple, kwargs: dict) -> dict:
 @dataclass(frozen=True)
 class Residual:
     """How a layer adds its attention and its MLP to the residual stream, by the names of its modules: the norms
-    `before_...` a branch (its input) and `after_...` it (its output; None: no such norm), `parallel`, the
-    layer's flag that says the MLP reads the layer's input beside attention (GPT-NeoX), summed as the model sums, and
-    `branch_scale`, the layer's attribute that scales each branch's output before its add (Granite's
+    `before_...` a branch (its input) and `after_...` it (its output; None: no such norm; one norm named before both
+    is computed once and read by both, as Cohere computes it), `parallel`, the layer's flag that says the MLP reads
+    the layer's input beside attention (GPT-NeoX) or True where it always does (Cohere), summed as the model sums,
+    and `branch_scale`, the layer's attribute that scales each branch's output before its add (Granite's
     `residual_multiplier`; a constant factor passes relevance)."""
 
     attention: str
@@ -99,8 +100,12 @@ class Residual:
     before_mlp: str | None
     after_attention: str | None = None
     after_mlp: str | None = None
-    parallel: str | None = None
+    parallel: str | bool | None = None
     branch_scale: str | None = None
+
+    def is_parallel(self, layer: nn.Module) -> bool:
+        """Whether `layer` feeds its MLP beside attention."""
+        return self.parallel is True or (isinstance(self.parallel, str) and bool(getattr(layer, self.parallel)))
 
     def rule(self, layer: nn.Module, session: Session) -> Replacements:
         """The layer's forward with both residual adds under the add rule, each input feeding two branches."""
@@ -116,14 +121,29 @@ class Residual:
         def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             named = _by_name(layer, args, kwargs)
             x = branch(session, hidden_states)
-            attended = scaled(around(self.after_attention, getattr(layer, self.attention)(around(self.before_attention, x), **named)[0]))
-            if self.parallel is not None and getattr(layer, self.parallel):
-                fed = scaled(around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x))))
+            shared = self.before_attention is not None and self.before_attention == self.before_mlp
+            normed = branch(session, around(self.before_attention, x)) if shared else around(self.before_attention, x)
+            attended = scaled(around(self.after_attention, getattr(layer, self.attention)(normed, **named)[0]))
+            if self.is_parallel(layer):
+                fed = scaled(around(self.after_mlp, getattr(layer, self.mlp)(normed if shared else around(self.before_mlp, x))))
                 return add(session, add(session, fed, attended), x)
             x = branch(session, add(session, x, attended))
             return add(session, x, scaled(around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x)))))
 
         return {"forward": forward}
+
+
+@dataclass(frozen=True)
+class LogitScale:
+    """The config's `attribute` a model scales its logits by: multiplied (Cohere's `logit_scale`) or, with
+    `divides`, divided (Granite's `logits_scaling`), as the model computes it; a constant factor passes relevance."""
+
+    attribute: str
+    divides: bool = False
+
+    def __call__(self, logits: torch.Tensor, config: object) -> torch.Tensor:
+        factor = getattr(config, self.attribute)
+        return logits / factor if self.divides else logits * factor
 
 
 @dataclass(frozen=True)
@@ -134,8 +154,8 @@ class Layout:
     before attention; None where attention reads the residual stream: the layer's input), of the attention's
     output projection on the attention (its input: the heads' outputs side by side); `parts`: (path on a
     layer, the kinds of module it may be) and `final`: (path on the decoder, kind) - every module the rules touch;
-    `residual`: how a layer adds its branches to the residual stream; `logits_divisor`: the config's attribute the
-    model divides its logits by (Granite's `logits_scaling`; None: none)."""
+    `residual`: how a layer adds its branches to the residual stream; `logit_scale`: how the model scales its logits
+    (Granite's division by `logits_scaling`, Cohere's product with `logit_scale`; None: not at all)."""
 
     name: str
     classes: tuple[str, ...]
@@ -149,7 +169,7 @@ class Layout:
     parts: tuple[tuple[str, tuple[Part, ...]], ...]
     final: tuple[str, Part]
     residual: Residual
-    logits_divisor: str | None = None
+    logit_scale: LogitScale | None = None
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
@@ -225,8 +245,10 @@ def _width(model: nn.Module) -> int:
 
 
 def _kind(module: nn.Module | None, kinds: tuple[Part, ...], width: int) -> Part | None:
-    """The first of `kinds` that `module` fits, or None."""
-    return next((kind for kind in kinds if module is not None and kind.fits(module, width)), None)
+    """The first of `kinds` that `module` fits (no module: `ABSENT` where it is one of them), or None."""
+    if module is None:
+        return ABSENT if ABSENT in kinds else None
+    return next((kind for kind in kinds if kind.fits(module, width)), None)
 
 
 # -- the parts: what each must be ------------------------------------------------------------------------------
@@ -249,15 +271,16 @@ def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight.to(x.dtype))
 
 
-def _probe(module: nn.Module, width: int) -> torch.Tensor:
-    """A fixed input `(2, width)` in the dtype and on the device the module computes in (a quantized layer's packed
+def _probe(module: nn.Module, width: int | tuple[int, ...]) -> torch.Tensor:
+    """A fixed input `(2, width)` (`(2, *width)`: a norm per head, Cohere's query norm) in the dtype and on the device the module computes in (a quantized layer's packed
     bytes are not its dtype; an offloaded module's weights sit on the meta device)."""
     device = dispatch.execution_device(module)
     generator = torch.Generator(device=device).manual_seed(0)
-    return torch.randn(2, width, generator=generator, device=device).to(linears.compute_dtype(module))
+    shape = width if isinstance(width, tuple) else (width,)
+    return torch.randn(2, *shape, generator=generator, device=device).to(linears.compute_dtype(module))
 
 
-def _computes(module: nn.Module, width: int, expected: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+def _computes(module: nn.Module, width: int | tuple[int, ...], expected: Callable[[torch.Tensor], torch.Tensor]) -> bool:
     """Whether the module's own forward gives `expected` on a probe input (to its dtype's precision, and to LLM.int8()'s
     where a layer quantizes its input too). `expected` gets the probe in float32 at least and reads the weights in that
     dtype (`x.dtype`), loaded where accelerate offloads them: a float32 model's weights are not copied (a 7B model's MLP
@@ -288,6 +311,15 @@ def _fits_rms_norm(one_plus: bool) -> Fits:
         return _computes(module, len(weight), lambda x: _normalised(x, eps) * (module.weight.to(x.dtype) + (1.0 if one_plus else 0.0)))
 
     return fits
+
+
+def _fits_centred_norm(module: nn.Module, width: int) -> bool:
+    """Cohere's LayerNorm: `(x - mean(x)) / std(x) * w` over the last dimension, a weight and no bias (its query and
+    key norms: a weight per head, `(heads, head_dim)`)."""
+    weight, eps = getattr(module, "weight", None), _eps(module)
+    if not isinstance(weight, nn.Parameter) or weight.ndim not in (1, 2) or eps is None or getattr(module, "bias", None) is not None:
+        return False
+    return _computes(module, tuple(weight.shape), lambda x: gradient.centred_norm(x, module.weight.to(x.dtype), None, eps))
 
 
 def _fits_layer_norm(module: nn.Module, width: int) -> bool:
@@ -348,7 +380,15 @@ def _fits_experts(module: nn.Module, width: int) -> bool:
 def _fits_mixture(module: nn.Module, width: int) -> bool:
     router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
     return (router is not None and experts is not None and _fits_router(router, width) and _fits_experts(experts, width)
-            and router.weight.shape[0] == experts.gate_up_proj.shape[0])
+            and router.weight.shape[0] == experts.gate_up_proj.shape[0] and not hasattr(module, "shared_experts"))
+
+
+def _fits_shared_mixture(module: nn.Module, width: int) -> bool:
+    """GLM-4.5's mixture: a top-k router `gate`, routed `experts` and a gated MLP `shared_experts`."""
+    router, experts, shared = (getattr(module, name, None) for name in ("gate", "experts", "shared_experts"))
+    return (router is not None and experts is not None and shared is not None and _fits_router(router, width)
+            and _fits_experts(experts, width) and router.weight.shape[0] == experts.gate_up_proj.shape[0]
+            and _fits_gated_mlp(shared, width))
 
 
 def fits_attention(*projections: str) -> Fits:
@@ -419,16 +459,38 @@ def _experts(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]
     return forward
 
 
+def _shared_mixture(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """GLM-4.5's mixture `experts(x; router(x)) + shared_experts(x)`: the router as the model runs it (sigmoid scores,
+    the correction bias choosing the experts only, grouped top-k, the weights normalised and times
+    `routed_scaling_factor`; its weights are the gates of `_experts`' gating products, the gate rule), the routed
+    experts under `_experts`' rules, the shared experts a gated MLP, the two summed under the add rule (`x` feeding
+    both)."""
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        x = branch(session, hidden_states)
+        _, weights, index = module.gate(x)
+        routed = module.experts(x.reshape(-1, x.shape[-1]), index, weights).view_as(x)
+        return add(session, routed, module.shared_experts(x))
+
+    return forward
+
+
 RMS_NORM = Part("an RMSNorm computing x / rms(x) * w", _fits_rms_norm(one_plus=False),
                 _norm(lambda norm, x: gradient.rms_norm(x, norm.weight, _eps(norm))))
 ONE_PLUS_RMS_NORM = Part("Gemma's RMSNorm computing x / rms(x) * (1 + w)", _fits_rms_norm(one_plus=True),
                          _norm(lambda norm, x: gradient.one_plus_rms_norm(x, norm.weight, _eps(norm))))
 LAYER_NORM = Part("a LayerNorm of the model's width", _fits_layer_norm, _norm(lambda norm, x: gradient.layer_norm(x, norm)))
+CENTRED_NORM = Part("a LayerNorm without bias computing (x - mean(x)) / std(x) * w", _fits_centred_norm,
+                    _norm(lambda norm, x: gradient.centred_norm(x, norm.weight, None, _eps(norm))))
+#: a part a layer may lack (Cohere's and GLM's query and key norms, `use_qk_norm`)
+ABSENT = Part("absent", lambda module, width: False, owns=())
 GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, gated_forward)
 FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fused_gated_mlp, _fused_gated_mlp)
 EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
 MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture,
                inner=(("experts", EXPERTS),))
+SHARED_MIXTURE = Part("a mixture of routed and shared experts (a top-k router `gate`, `experts`, `shared_experts`)",
+                      _fits_shared_mixture, _shared_mixture, inner=(("experts", EXPERTS), ("shared_experts", GATED_MLP)))
 ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
                  owns=("q_proj", "k_proj", "v_proj", "o_proj"))
 FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
@@ -440,10 +502,11 @@ NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", fits_plain_mlp("d
                 plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
 
 
-def _pre_norm(attention: Part, mlp: tuple[Part, ...], norm: Part, *inner: str) -> tuple[tuple[str, tuple[Part, ...]], ...]:
+def _pre_norm(attention: Part, mlp: tuple[Part, ...], norm: Part, *inner: str, optional: bool = False) -> tuple[tuple[str, tuple[Part, ...]], ...]:
     """A pre-norm layer's parts: the norms before attention and MLP, attention (with norms `inner` on its queries
-    and keys), the MLP."""
-    return (("input_layernorm", (norm,)), ("self_attn", (attention,)), *((f"self_attn.{name}", (norm,)) for name in inner),
+    and keys; `optional`: a model may lack them), the MLP."""
+    kinds = (norm, ABSENT) if optional else (norm,)
+    return (("input_layernorm", (norm,)), ("self_attn", (attention,)), *((f"self_attn.{name}", kinds) for name in inner),
             ("post_attention_layernorm", (norm,)), ("mlp", mlp))
 
 
@@ -458,11 +521,11 @@ POST_NORM = Residual("self_attn", "mlp", before_attention=None, before_mlp=None,
 
 
 def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...], parts: tuple, norm: Part,
-                residual: Residual = PRE_NORM, attention_norm: str | None = "input_layernorm", logits_divisor: str | None = None) -> Layout:
+                residual: Residual = PRE_NORM, attention_norm: str | None = "input_layernorm", logit_scale: LogitScale | None = None) -> Layout:
     """A layout with Llama's names: `model.embed_tokens`, `model.layers`, `self_attn`, the final `model.norm`."""
     return Layout(name, classes, model_types, decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
                   attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), residual=residual,
-                  logits_divisor=logits_divisor)
+                  logit_scale=logit_scale)
 
 
 #: Gemma's norms around the MLP as well as around attention
@@ -474,7 +537,7 @@ LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralFo
 #: (`attention_multiplier`, passed to the attention) and the logits divided by `logits_scaling`
 GRANITE = _llama_like("granite", ("GraniteForCausalLM",), ("granite",), _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM,
                       Residual("self_attn", "mlp", before_attention="input_layernorm", before_mlp="post_attention_layernorm",
-                               branch_scale="residual_multiplier"), logits_divisor="logits_scaling")
+                               branch_scale="residual_multiplier"), logit_scale=LogitScale("logits_scaling", divides=True))
 QWEN3 = _llama_like("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM, "q_norm", "k_norm"),
                     RMS_NORM)
 QWEN3_MOE = _llama_like("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",),
@@ -490,6 +553,17 @@ OLMO2 = _llama_like("olmo2", ("Olmo2ForCausalLM",), ("olmo2",),
                     (("self_attn", (ATTENTION,)), ("self_attn.q_norm", (RMS_NORM,)), ("self_attn.k_norm", (RMS_NORM,)),
                      ("post_attention_layernorm", (RMS_NORM,)), ("mlp", (GATED_MLP,)), ("post_feedforward_layernorm", (RMS_NORM,))),
                     RMS_NORM, POST_NORM, attention_norm=None)
+#: GLM-4.5's MoE: Llama's layer, the first `first_k_dense_replace` layers' MLPs dense, the others a mixture of routed
+#: and shared experts; query and key norms where `use_qk_norm`; a part of each head rotated (the file's own RoPE)
+GLM4_MOE = _llama_like("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",),
+                       _pre_norm(ATTENTION, (SHARED_MIXTURE, GATED_MLP), RMS_NORM, "q_norm", "k_norm", optional=True), RMS_NORM)
+#: Cohere (Command R): one weight-only LayerNorm read by attention and the MLP side by side, query and key norms per
+#: head where `use_qk_norm`, RoPE on interleaved pairs (the file's own), the logits times `logit_scale`
+COHERE = _llama_like("cohere", ("CohereForCausalLM",), ("cohere",),
+                     (("input_layernorm", (CENTRED_NORM,)), ("self_attn", (ATTENTION,)), ("self_attn.q_norm", (CENTRED_NORM, ABSENT)),
+                      ("self_attn.k_norm", (CENTRED_NORM, ABSENT)), ("mlp", (GATED_MLP,))), CENTRED_NORM,
+                     Residual("self_attn", "mlp", before_attention="input_layernorm", before_mlp="input_layernorm", parallel=True),
+                     logit_scale=LogitScale("logit_scale"))
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
@@ -504,7 +578,7 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), residual=Residual("attn", "mlp", before_attention="ln_1", before_mlp="ln_2"),
 )
-LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GEMMA3, GEMMA2, PHI3, OLMO2, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
+LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 
