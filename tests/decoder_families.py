@@ -47,11 +47,12 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
 }
 
 
-def build(family: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
-    """The family's tiny model: transformers' own initialisation from the family's seed, then every norm's weight
-    drawn at random too (transformers starts them at 1, or 0 for Gemma's `1 + w`), in `dtype`, eval mode."""
+def build(family: str, dtype: torch.dtype = torch.float64, **overrides: object) -> torch.nn.Module:
+    """The family's tiny model (its config options changed by `overrides`): transformers' own initialisation from the
+    family's seed, then every norm's weight drawn at random too (transformers starts them at 1, or 0 for Gemma's
+    `1 + w`; GLM's router and its bias at 0), in `dtype`, eval mode."""
     config_name, model_name, options, seed = FAMILIES[family]
-    settings = {key: value for key, value in {**_SHARED, **options}.items() if value is not None}
+    settings = {key: value for key, value in {**_SHARED, **options, **overrides}.items() if value is not None}
     experts = settings.pop("experts_implementation", None)
     config = getattr(transformers, config_name)(**settings)
     if experts is not None:  # torch's grouped matrix product (transformers' default for experts) has no float64

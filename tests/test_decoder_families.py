@@ -78,16 +78,25 @@ def test_every_part_runs_its_rule_and_the_model_is_unchanged(family):
         assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-8)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen3"])
+#: family -> (the model type it is given, the part then named)
+MISNAMED = {
+    "gemma3": ("llama", "model.layers.0.input_layernorm (Gemma3RMSNorm) is not an RMSNorm"),
+    "qwen3": ("llama", "model.layers.0.self_attn.q_norm.weight belongs to no part of the llama layout"),
+    "cohere": ("llama", "model.layers.0.input_layernorm (CohereLayerNorm) is not an RMSNorm"),
+    "glm4_moe": ("qwen3_moe", "model.layers.1.mlp (Glm4MoeMoE) is not a mixture of experts"),
+}
+
+
+@pytest.mark.parametrize("family", MISNAMED)
 def test_a_model_whose_name_says_another_layout_is_refused_naming_the_part(family):
-    """A Gemma 3 or Qwen3 whose model type reads "llama": its layers are not Llama's (Gemma's norm computes
-    `x / rms(x) * (1 + w)`, Qwen3's attention has query and key norms), so it is refused, naming the part, the
-    decoder families by their classes and the page on adding one."""
+    """A Gemma 3, Qwen3 or Cohere whose model type reads "llama", a GLM-4.5 MoE whose reads "qwen3_moe": its layers
+    are not that layout's (Gemma's norm computes `x / rms(x) * (1 + w)`, Qwen3's attention has query and key norms,
+    Cohere's norm is a LayerNorm, GLM's mixture has shared experts), so it is refused, naming the part, the decoder
+    families by their classes and the page on adding one."""
     model = build(family)
-    model.config.model_type = "llama"
-    part = "model.layers.0.input_layernorm (Gemma3RMSNorm) is not an RMSNorm" if family == "gemma3" else \
-        "model.layers.0.self_attn.q_norm.weight belongs to no part of the llama layout"
-    with pytest.raises(UnsupportedModelError, match=r"^cannot map .*model type 'llama' says the llama layout, but ") as error:
+    model_type, part = MISNAMED[family]
+    model.config.model_type = model_type
+    with pytest.raises(UnsupportedModelError, match=rf"^cannot map .*model type '{model_type}' says the {model_type} layout, but ") as error:
         relevancy.explain(model, batch("single0"), method="attnlrp")
     message = str(error.value)
     assert part in message and "\n" not in message

@@ -1,0 +1,114 @@
+"""The Cohere and GLM-4.5 MoE layouts (tiny random float64 models of `decoder_families.py`), which lxt has no map of:
+the plain gradient is autograd's through the model's own forward, the explained logit is the model's own under
+every rule set, a padded row is the row alone, CP-LRP conserves the logit (neither model has a bias; the norms'
+weights scale a linear map under the identity rule, which conserves), and the model is as it was after a call and
+after an exception."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from bimodal_golden import assert_same, snapshot
+from decoder_families import build
+from test_causal_lm import assert_close_to
+from test_decoder_families import batch, model_of
+
+import relevancy
+from relevancy.families.causal_lm import CausalLMAdapter
+
+NEW = ("cohere", "glm4_moe")
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_the_layouts_read_every_part(family):
+    """Each model is taken by its own layout: Cohere's norm computed once for both branches, its logits scaled;
+    GLM's dense and mixture layers, the routed and the shared experts each under their rule."""
+    model = model_of(family)
+    adapter = CausalLMAdapter(model)
+    assert adapter.layout.name == family
+    ruled = {type(module).__name__ for module, _ in adapter.ruled}
+    expected = {"cohere": {"CohereLayerNorm", "CohereMLP"},
+                "glm4_moe": {"Glm4MoeRMSNorm", "Glm4MoeMLP", "Glm4MoeMoE", "Glm4MoeExperts"}}[family]
+    assert ruled == expected
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
+    """The plain gradient's map is input x gradient at the token embeddings through transformers' own forward."""
+    model = model_of(family)
+    ids, mask = batch("single0").values()
+    explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeddings, attention_mask=mask, use_cache=False).logits[0, -1]
+    (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
+    assert_close_to(explanation.scores, (embeddings * gradient).sum(-1).detach(), f"{family} input x gradient", 1e-10)
+    assert torch.allclose(explanation.logits[0], logits.detach(), atol=1e-12)
+
+
+@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
+def test_the_rules_explain_the_models_own_logit(family, method):
+    """Under AttnLRP and CP-LRP the maps are finite and the explained logits are the model's own (Cohere's times its
+    `logit_scale`; transformers' eager attention takes its softmax in float32, hence 1e-6); the rules change the map."""
+    model = model_of(family)
+    explanation = relevancy.explain(model, batch("single0"), method=method)
+    with torch.no_grad():
+        own = model(**batch("single0"), use_cache=False).logits[:, -1]
+    assert torch.isfinite(explanation.scores).all()
+    assert_close_to(explanation.logits, own, f"{family} {method} logits", 1e-6)
+    plain = relevancy.explain(model, batch("single0"), method="input_x_gradient").scores
+    assert not torch.allclose(explanation.scores, plain, rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp"])
+def test_a_padded_row_is_the_row_alone(family, method):
+    """Right padding with the attention mask: each row's map is its own alone, padding 0. GLM's router runs in float32
+    (transformers' own): where the rules pass the gradient through it (not CP-LRP's, which gives the router weights
+    none), autograd's own input x gradient differs between a batch and the row alone by about 1e-7."""
+    tolerance = 1e-6 if family == "glm4_moe" and method != "cp_lrp" else 1e-10
+    model = model_of(family)
+    batched = relevancy.explain(model, batch("right"), method=method).scores
+    mask = batch("right")["attention_mask"].bool()
+    assert (batched[~mask] == 0).all()
+    for row in range(len(mask)):
+        single = relevancy.explain(model, batch(f"single{row}"), method=method).scores[0]
+        assert_close_to(batched[row][mask[row]], single, f"{family} {method} row {row}", tolerance)
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_cp_lrp_conserves_the_logit_without_biases(family):
+    """No Linear of either model has a bias: CP-LRP gives the embeddings the whole explained logit on every row."""
+    model = model_of(family)
+    assert all(getattr(module, "bias", None) is None for module in model.modules() if isinstance(module, torch.nn.Linear))
+    explanation = relevancy.explain(model, batch("left"), method="cp_lrp")
+    assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp", "lrp"])
+def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
+    """Weights, modes, hooks, forwards, attention and the modeling file's RoPE as they were, also after an exception
+    raised inside the call (a target function that fails under the rules)."""
+    model = build(family)
+    before, modeling = snapshot(model), vars(sys.modules[type(model).__module__])
+    rotation = modeling["apply_rotary_pos_emb"]
+    relevancy.explain(model, batch("left"), method=method)
+    assert_same(before, snapshot(model))
+
+    def failing(logits: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a failing target")
+
+    with pytest.raises(RuntimeError, match="a failing target"):
+        relevancy.explain(model, batch("left"), method=method, target=failing)
+    assert_same(before, snapshot(model))
+    assert modeling["apply_rotary_pos_emb"] is rotation
+
+
+def test_cohere_without_query_and_key_norms():
+    """`use_qk_norm=False`: the query and key norms are absent parts and the layout still fits."""
+    model = build("cohere", use_qk_norm=False)
+    assert CausalLMAdapter(model).layout.name == "cohere"
+    explanation = relevancy.explain(model, batch("single0"), method="cp_lrp")
+    assert torch.allclose(explanation.relevance_total, torch.ones(1, dtype=torch.float64), atol=1e-6)
