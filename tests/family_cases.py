@@ -118,10 +118,15 @@ def _detr_case() -> FamilyCase:
     )
 
 
-def _decoder_case(arch: str, build: Callable[[str], torch.nn.Module] = build_llm) -> FamilyCase:
+def _decoder_case(arch: str, build: Callable[[str], torch.nn.Module] = build_llm, tolerance: float = 1e-9) -> FamilyCase:
     """A right-padded batch of three prompts (a padded batch's columns start with each row's own tokens)."""
     return FamilyCase(lambda: build(arch), lambda: (llm_batch("right"), None),
-                      lambda: [(llm_batch(f"single{row}"), None) for row in range(3)])
+                      lambda: [(llm_batch(f"single{row}"), None) for row in range(3)], tolerance)
+
+
+#: GLM-4.5's router computes in float32 (transformers' own): a gradient through it differs between a batch and a
+#: row alone by about 1e-7 of the map, in autograd's own input x gradient too
+_DECODER_TOLERANCE = {"glm4_moe": 1e-6}
 
 
 def _run_once(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -169,6 +174,6 @@ FAMILIES: dict[str, FamilyCase] = {
     "detr": _detr_case(),
     "causal_lm_llama": _decoder_case("llama"),
     "causal_lm_gpt2": _decoder_case("gpt2"),
-    **{f"causal_lm_{family}": _decoder_case(family, build_decoder) for family in DECODER_FAMILIES},
+    **{f"causal_lm_{family}": _decoder_case(family, build_decoder, _DECODER_TOLERANCE.get(family, 1e-9)) for family in DECODER_FAMILIES},
     **{f"vision_language_{family}": _vision_language_case(family) for family in VLM_FAMILIES},
 }

@@ -16,6 +16,7 @@ from test_decoder_families import batch, model_of
 
 import relevancy
 from relevancy.families.causal_lm import CausalLMAdapter
+from relevancy.lrp import gradient
 
 NEW = ("cohere", "glm4_moe")
 
@@ -31,6 +32,27 @@ def test_the_layouts_read_every_part(family):
     expected = {"cohere": {"CohereLayerNorm", "CohereMLP"},
                 "glm4_moe": {"Glm4MoeRMSNorm", "Glm4MoeMLP", "Glm4MoeMoE", "Glm4MoeExperts"}}[family]
     assert ruled == expected
+
+
+def test_cohere_norm_is_its_forward_with_the_divisor_constant():
+    """Cohere's LayerNorm (per head too) under the gradient rules: the model's own numbers (Cohere's norm computes in
+    float32 even for a float64 input; the rule, as the RMSNorms', in float32 at least), and the backward of the
+    centred input over a constant divisor (the identity rule), which conserves: sum(x * grad) = sum(y * upstream)."""
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+
+    norm = CohereLayerNorm((4, 8), eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.3 * torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    y = gradient.centred_norm(x, norm.weight, None, norm.variance_epsilon)
+    assert_close_to(y, norm(x), "Cohere's norm", 1e-6)
+    upstream = torch.randn(y.shape, generator=generator, dtype=torch.float64)
+    centred = x - x.mean(-1, keepdim=True)
+    composed = norm.weight * gradient.norm_identity(centred, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5))
+    (fused,), (expected,) = torch.autograd.grad(y, x, upstream), torch.autograd.grad(composed, x, upstream)
+    assert torch.allclose(fused, expected, atol=1e-14)
+    assert torch.allclose((x * fused).sum(), (y * upstream).sum())
 
 
 @pytest.mark.parametrize("family", NEW)
@@ -50,7 +72,8 @@ def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
 def test_the_rules_explain_the_models_own_logit(family, method):
     """Under AttnLRP and CP-LRP the maps are finite and the explained logits are the model's own (Cohere's times its
-    `logit_scale`; transformers' eager attention takes its softmax in float32, hence 1e-6); the rules change the map."""
+    `logit_scale`; transformers' eager softmax, its norms and GLM's router compute in float32, hence 1e-6); the rules
+    change the map."""
     model = model_of(family)
     explanation = relevancy.explain(model, batch("single0"), method=method)
     with torch.no_grad():

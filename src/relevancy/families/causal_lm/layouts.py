@@ -11,11 +11,11 @@ its modules fit.
 
 The rule map of a layout: each part's forward in the engine's operations (`Part.forward`: norms, MLPs, a mixture's
 experts), the layer's residual adds (`Residual`: pre-norm, Gemma's norms around both branches, OLMo 2's after
-them, GPT-NeoX's parallel branches), and attention through the config: the adapter switches every config to
-relevancy's attention (`lrp.attention.attend`), which reads the call's session off the attention module. Under a
-rule set that carries a gradient the layers run as they are (their additions' gradient is the rule); under an
-explicit one every module runs through the rule map (`rule_map`), RoPE's rotation passing relevance coordinate by
-coordinate (a position-dependent rotation carries no relevance of its own).
+them, GPT-NeoX's parallel branches, Cohere's from one norm), and attention through the config: the adapter
+switches every config to relevancy's attention (`lrp.attention.attend`), which reads the call's session off the
+attention module. Under a rule set that carries a gradient the layers run as they are (their additions' gradient
+is the rule); under an explicit one every module runs through the rule map (`rule_map`), RoPE's rotation passing
+relevance coordinate by coordinate (a position-dependent rotation carries no relevance of its own).
 """
 from __future__ import annotations
 
@@ -272,8 +272,9 @@ def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _probe(module: nn.Module, width: int | tuple[int, ...]) -> torch.Tensor:
-    """A fixed input `(2, width)` (`(2, *width)`: a norm per head, Cohere's query norm) in the dtype and on the device the module computes in (a quantized layer's packed
-    bytes are not its dtype; an offloaded module's weights sit on the meta device)."""
+    """A fixed input `(2, width)` (`(2, *width)` for a tuple: Cohere's norm per head) in the dtype and on the device
+    the module computes in (a quantized layer's packed bytes are not its dtype; an offloaded module's weights sit on
+    the meta device)."""
     device = dispatch.execution_device(module)
     generator = torch.Generator(device=device).manual_seed(0)
     shape = width if isinstance(width, tuple) else (width,)
@@ -377,18 +378,22 @@ def _fits_experts(module: nn.Module, width: int) -> bool:
             and callable(getattr(module, "act_fn", None)) and getattr(module, "num_experts", None) == gate_up.shape[0])
 
 
-def _fits_mixture(module: nn.Module, width: int) -> bool:
+def _routes(module: nn.Module, width: int) -> bool:
+    """A top-k router `gate` over as many `experts` as it scores."""
     router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
     return (router is not None and experts is not None and _fits_router(router, width) and _fits_experts(experts, width)
-            and router.weight.shape[0] == experts.gate_up_proj.shape[0] and not hasattr(module, "shared_experts"))
+            and router.weight.shape[0] == experts.gate_up_proj.shape[0])
+
+
+def _fits_mixture(module: nn.Module, width: int) -> bool:
+    """Routed experts alone (Qwen3-MoE, Mixtral)."""
+    return _routes(module, width) and not hasattr(module, "shared_experts")
 
 
 def _fits_shared_mixture(module: nn.Module, width: int) -> bool:
-    """GLM-4.5's mixture: a top-k router `gate`, routed `experts` and a gated MLP `shared_experts`."""
-    router, experts, shared = (getattr(module, name, None) for name in ("gate", "experts", "shared_experts"))
-    return (router is not None and experts is not None and shared is not None and _fits_router(router, width)
-            and _fits_experts(experts, width) and router.weight.shape[0] == experts.gate_up_proj.shape[0]
-            and _fits_gated_mlp(shared, width))
+    """GLM-4.5's mixture: routed experts and a gated MLP `shared_experts`."""
+    shared = getattr(module, "shared_experts", None)
+    return _routes(module, width) and shared is not None and _fits_gated_mlp(shared, width)
 
 
 def fits_attention(*projections: str) -> Fits:
@@ -702,9 +707,9 @@ def rotation_replacements(attention: nn.Module) -> list[tuple[object, str, objec
 def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, RuleForward]]) -> dict[type, ForwardFactory]:
     """The layout's rule map for a session that carries relevance (the seeds' LRP methods), keyed by the types of the
     model's own modules: transformers' leaves (Linear, GPT-2's `Conv1D`), the ruled parts' forwards, the layers'
-    residual adds, attention's session and rotation; the model, the decoder, its rotary embedding, a mixture and
-    its router as they are (the router's weights take no relevance: the gate rule). Activations run inside the
-    MLPs' forwards, which apply the activation rule themselves."""
+    residual adds, attention's session and rotation; the model, the decoder, its rotary embedding, a mixture (but
+    GLM's, a ruled part) and its router as they are (the router's weights take no relevance: the gate rule).
+    Activations run inside the MLPs' forwards, which apply the activation rule themselves."""
     from transformers.pytorch_utils import Conv1D
 
     decoder = getattr(model, layout.decoder)
