@@ -15,7 +15,7 @@ from test_causal_lm import assert_close_to
 from test_decoder_families import batch, model_of
 
 import relevancy
-from relevancy.families.causal_lm import CausalLMAdapter
+from relevancy.families.causal_lm import CausalLMAdapter, layouts
 from relevancy.lrp import gradient
 
 NEW = ("cohere", "glm4_moe")
@@ -42,7 +42,7 @@ def test_cohere_norm_is_its_forward_with_the_divisor_constant():
 
     norm = CohereLayerNorm((4, 8), eps=1e-5).double()
     with torch.no_grad():
-        norm.weight.copy_(1.0 + 0.3 * torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+        norm.weight.normal_(1.0, 0.3, generator=torch.Generator().manual_seed(1))
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 4, 8, generator=generator, dtype=torch.float64, requires_grad=True)
     y = gradient.centred_norm(x, norm.weight, None, norm.variance_epsilon)
@@ -129,9 +129,31 @@ def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
     assert modeling["apply_rotary_pos_emb"] is rotation
 
 
-def test_cohere_without_query_and_key_norms():
+@pytest.mark.parametrize("family", NEW)
+def test_without_query_and_key_norms(family):
     """`use_qk_norm=False`: the query and key norms are absent parts and the layout still fits."""
-    model = build("cohere", use_qk_norm=False)
-    assert CausalLMAdapter(model).layout.name == "cohere"
+    model = build(family, use_qk_norm=False)
+    assert CausalLMAdapter(model).layout.name == family
     explanation = relevancy.explain(model, batch("single0"), method="cp_lrp")
     assert torch.allclose(explanation.relevance_total, torch.ones(1, dtype=torch.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_the_rotation_is_the_models_own(family):
+    """Cohere rotates interleaved pairs: not Llama's rotation, so the gradient rules run the modeling file's own
+    `apply_rotary_pos_emb`. GLM's file has Llama's, which the rules swap for its fused twin; the model rotates half of
+    each head, which the twin hands back to the file's own, bit for bit."""
+    model = model_of(family)
+    modeling = sys.modules[type(model).__module__]
+    attention = model.model.layers[0].self_attn
+    replaced = layouts.rotation_replacements(attention)
+    ids = batch("single0")["input_ids"]
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(model.get_input_embeddings()(ids), torch.arange(ids.shape[1])[None])
+    if family == "cohere":
+        assert replaced == [] and cos.shape[-1] == attention.head_dim
+        return
+    ((owner, name, twin),) = replaced
+    assert (owner, name) == (modeling, "apply_rotary_pos_emb") and cos.shape[-1] == attention.head_dim // 2
+    q, k = (torch.randn(1, heads, ids.shape[1], attention.head_dim, dtype=torch.float64) for heads in (4, 2))
+    assert all(torch.equal(a, b) for a, b in zip(twin(q, k, cos, sin), modeling.apply_rotary_pos_emb(q, k, cos, sin)))
