@@ -85,14 +85,16 @@ MISNAMED = {
     "qwen3": ("llama", "model.layers.0.self_attn.q_norm.weight belongs to no part of the llama layout"),
     "cohere": ("llama", "model.layers.0.input_layernorm (CohereLayerNorm) is not an RMSNorm"),
     "glm4_moe": ("qwen3_moe", "model.layers.1.mlp (Glm4MoeMoE) is not a mixture of experts"),
+    "gpt_oss": ("mixtral", "model.layers.0.mlp (GptOssMLP) is not a mixture of experts"),
 }
 
 
 @pytest.mark.parametrize("family", MISNAMED)
 def test_a_model_whose_name_says_another_layout_is_refused_naming_the_part(family):
-    """A Gemma 3, Qwen3 or Cohere whose model type reads "llama", a GLM-4.5 MoE whose reads "qwen3_moe": its layers
-    are not that layout's (Gemma's norm computes `x / rms(x) * (1 + w)`, Qwen3's attention has query and key norms,
-    Cohere's norm is a LayerNorm, GLM's mixture has shared experts), so it is refused, naming the part, the decoder
+    """A Gemma 3, Qwen3 or Cohere whose model type reads "llama", a GLM-4.5 MoE whose reads "qwen3_moe", a gpt-oss
+    whose reads "mixtral": its layers are not that layout's (Gemma's norm computes `x / rms(x) * (1 + w)`, Qwen3's
+    attention has query and key norms, Cohere's norm is a LayerNorm, GLM's mixture has shared experts, gpt-oss's
+    experts are stored otherwise, with biases), so it is refused, naming the part, the decoder
     families by their classes and the page on adding one."""
     model = build(family)
     model_type, part = MISNAMED[family]
