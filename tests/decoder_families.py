@@ -44,13 +44,20 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
                       first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=1.5, use_qk_norm=True,
                       partial_rotary_factor=0.5, pad_token_id=0, eos_token_id=2, bos_token_id=1,
                       experts_implementation="eager"), 19),
+    # attention sinks, a sliding-window layer (window 4 < the 7-token prompt) and a full one, a mixture of experts in
+    # both (top 2 of 4, a router with a bias, experts with biases; the SwiGLU's clamp at 1 cuts some values)
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(head_dim=8, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.0,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0), pad_token_id=0, eos_token_id=2,
+                     bos_token_id=1, experts_implementation="eager"), 20),
 }
 
 
 def build(family: str, dtype: torch.dtype = torch.float64, **overrides: object) -> torch.nn.Module:
     """The family's tiny model (its config options changed by `overrides`): transformers' own initialisation from the
     family's seed, then every norm's weight drawn at random too (transformers starts them at 1, or 0 for Gemma's
-    `1 + w`; GLM's router and its bias at 0), in `dtype`, eval mode."""
+    `1 + w`; GLM's router and its bias at 0; gpt-oss's experts' biases at 0), in `dtype`, eval mode."""
     config_name, model_name, options, seed = FAMILIES[family]
     settings = {key: value for key, value in {**_SHARED, **options, **overrides}.items() if value is not None}
     experts = settings.pop("experts_implementation", None)
@@ -65,6 +72,8 @@ def build(family: str, dtype: torch.dtype = torch.float64, **overrides: object) 
                 parameter.copy_(torch.randn_like(parameter) * 0.3 + (0.0 if family.startswith("gemma") else 1.0))
             elif name.endswith("gate.weight") and not parameter.any():  # GLM's router starts at 0: every expert tied
                 parameter.copy_(torch.randn_like(parameter) * 0.3)
+            elif name.endswith("_proj_bias"):  # gpt-oss's experts' biases start at 0
+                parameter.copy_(torch.randn_like(parameter) * 0.1)
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # GLM's router bias starts at 0 too
                 buffer.copy_(torch.randn_like(buffer) * 0.1)

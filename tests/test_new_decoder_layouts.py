@@ -1,8 +1,8 @@
-"""The Cohere and GLM-4.5 MoE layouts (tiny random float64 models of `decoder_families.py`), which lxt has no map of:
+"""The Cohere, GLM-4.5 MoE and gpt-oss layouts (tiny random float64 models of `decoder_families.py`), which lxt has no map of:
 the plain gradient is autograd's through the model's own forward, the explained logit is the model's own under
-every rule set, a padded row is the row alone, CP-LRP conserves the logit (neither model has a bias; the norms'
-weights scale a linear map under the identity rule, which conserves), and the model is as it was after a call and
-after an exception."""
+every rule set, a padded row is the row alone, CP-LRP conserves the logit (neither Cohere nor GLM has a bias; the
+norms' weights scale a linear map under the identity rule, which conserves), and the model is as it was after a call
+and after an exception."""
 from __future__ import annotations
 
 import sys
@@ -19,6 +19,8 @@ from relevancy.families.causal_lm import CausalLMAdapter, layouts
 from relevancy.lrp import gradient
 
 NEW = ("cohere", "glm4_moe")
+#: with gpt-oss (test_gpt_oss.py: its sinks, its clamped experts), the families these tests run on alike
+MAPPED = (*NEW, "gpt_oss")
 
 
 @pytest.mark.parametrize("family", NEW)
@@ -55,7 +57,7 @@ def test_cohere_norm_is_its_forward_with_the_divisor_constant():
     assert torch.allclose((x * fused).sum(), (y * upstream).sum())
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", MAPPED)
 def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
     """The plain gradient's map is input x gradient at the token embeddings through transformers' own forward."""
     model = model_of(family)
@@ -68,7 +70,7 @@ def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
     assert torch.allclose(explanation.logits[0], logits.detach(), atol=1e-12)
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", MAPPED)
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
 def test_the_rules_explain_the_models_own_logit(family, method):
     """Under AttnLRP and CP-LRP the maps are finite and the explained logits are the model's own (Cohere's times its
@@ -84,7 +86,7 @@ def test_the_rules_explain_the_models_own_logit(family, method):
     assert not torch.allclose(explanation.scores, plain, rtol=1e-3)
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", MAPPED)
 @pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp"])
 def test_a_padded_row_is_the_row_alone(family, method):
     """Right padding with the attention mask: each row's map is its own alone, padding 0. GLM's router runs in float32
@@ -109,7 +111,7 @@ def test_cp_lrp_conserves_the_logit_without_biases(family):
     assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", MAPPED)
 @pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp", "lrp"])
 def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
     """Weights, modes, hooks, forwards, attention and the modeling file's RoPE as they were, also after an exception

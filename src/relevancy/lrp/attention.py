@@ -58,6 +58,19 @@ def _passing(session: Session | None, steps: list[Callable[[torch.Tensor], torch
     return passthrough(session, run, x)
 
 
+def sunk_softmax(sinks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The softmax of scores `(B, H, ..., T, S)` with a per-head sink logit `sinks` `(H,)` (gpt-oss) in the
+    denominator: `exp(s_j) / (sum_k exp(s_k) + exp(sink))` over the real keys, as the model computes it (the softmax
+    over the scores and the sink's column, the column dropped), in float32 at least. The sink is a constant: its
+    parameter detached (no rule gives a model's weights relevance), so a gradient flows to the scores only."""
+
+    def probabilities(scores: torch.Tensor) -> torch.Tensor:
+        sink = sinks.detach().to(scores.dtype).reshape(*scores.shape[1:-2], 1, 1).expand(*scores.shape[:-1], 1)
+        return softmax_of(torch.cat([scores, sink], dim=-1))[..., :-1]
+
+    return probabilities
+
+
 def _eager_is_faster(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether the eager products beat torch's fused kernel forward and backward: on a CPU in half precision up to
     `EAGER_HALF_PRECISION_KEYS` keys (the fused kernel's backward there costs 2.5x the eager one's at 100 tokens)."""
@@ -88,6 +101,7 @@ def attend(
     dropout: Callable[[torch.Tensor], torch.Tensor] = lambda p: p,
     softcap: float | None = None,
     probabilities: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`(softmax(q k^T * scale + mask) v, probabilities)` for heads `(B, H, T, d)`; the context stays in heads.
     (`scale` is the divisor where the style divides.)
@@ -96,14 +110,24 @@ def attend(
     group) and broadcast against their key head, so keys and values are not copied per head (under an explicit rule
     set they are: its rules' products run as batches of matrices, and each copy's share adds up at its head). `mask`: additive (or
     boolean, True where allowed), broadcast to `(B, H, Tq, Tk)` and cut to the keys' length; `causal` without a mask
-    makes the causal one. `softcap` (Gemma 2): the scores soft-capped `c tanh(s / c)` before the mask.
+    makes the causal one. `softcap` (Gemma 2): the scores soft-capped `c tanh(s / c)` before the mask. `sinks`
+    (gpt-oss): a learned logit per query head `(H,)` in the softmax's denominator (`sunk_softmax`): the
+    probabilities over the real keys, returned and recorded as they are, sum to less than 1.
 
     Under the session's rule set: an explicit one gives the products the matmul rule, lets scale, soft-cap and mask
     pass relevance (or the mask takes its share, see `AttentionStyle`), the softmax its softmax rule, and records
     the probabilities; a gradient one shares the backward of queries, keys and values (`RuleSet.query_key`,
     `value`). Without `probabilities` (not under an explicit rule set) torch's fused kernel computes it and none
     are returned: a pass that needs the input's relevance alone keeps no `(T, T)` matrix (except where the eager
-    products are faster, `_eager_is_faster`: short prompts in half precision on a CPU).
+    products are faster, `_eager_is_faster`: short prompts in half precision on a CPU; and with sinks, which the
+    fused kernel does not take).
+
+    The sinks are constants of the softmax. Under an explicit rule set the softmax's rule moves the relevance of
+    each real key's probability to its score (the seeds' rule sets pass it unchanged); the sink is no input of the
+    attention and takes none, and what it takes of the probability mass never reaches the output, which weighs
+    the values by the real keys' probabilities alone. Under a gradient rule set the scores' gradient is the
+    softmax's true one, through a denominator that holds the sink (AttnLRP's softmax rule; CP-LRP holds the
+    probabilities constant and gives the scores none), the sink parameter held constant.
     """
     explicit = session is not None and session.rule_set.explicit
     if session is not None and not explicit:
@@ -111,8 +135,8 @@ def attend(
         q, k, v = gradient.take(q, rule_set.query_key), gradient.take(k, rule_set.query_key), gradient.take(v, rule_set.value)
     batch, heads, length, width = q.shape
     groups = heads // k.shape[1]
-    half_eager = not probabilities and not explicit and _eager_is_faster(q, k)
-    if not probabilities and not explicit and softcap is None and style.scale != "divide" and not half_eager:
+    half_eager = not probabilities and not explicit and sinks is None and _eager_is_faster(q, k)
+    if not probabilities and not explicit and softcap is None and sinks is None and style.scale != "divide" and not half_eager:
         if mask is not None and mask.dtype != torch.bool:
             mask = mask[..., : k.shape[-2]]
         context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and causal and length > 1,
@@ -146,15 +170,16 @@ def attend(
     if mask is not None and not mask_added:
         fresh = bool(steps) or not explicit  # in an explicit pass the first step's input is the rule's own leaf
         steps.append(lambda t: _masked(t, mask, in_place=fresh))
+    normalised = softmax_of if sinks is None else sunk_softmax(sinks)
     if mask_added:
-        weights = softmax(session, add(session, _passing(session, steps, products), mask))
+        weights = softmax(session, add(session, _passing(session, steps, products), mask), normalised)
     elif explicit and session.rule_set.softmax is passthrough_rule:  # the softmax passes relevance too
-        weights = _passing(session, [*steps, softmax_of], products)
+        weights = _passing(session, [*steps, normalised], products)
     elif half_eager:  # the softmax in the input's dtype: the CPU's kernel accumulates in float32 (the same numbers
         # as the float32 softmax rounded), and the backward keeps the half-precision output only
         weights = torch.softmax(_passing(session, steps, products), dim=-1)
     else:
-        weights = softmax(session, _passing(session, steps, products))
+        weights = softmax(session, _passing(session, steps, products), normalised)
     weights = dropout(weights.flatten(1, 2) if groups > 1 else weights)  # (B, H, T, S): what the output is computed from
     if explicit:
         session.attentions.append(weights)

@@ -152,10 +152,12 @@ def gate(session: Session | None, value: torch.Tensor, gate_values: torch.Tensor
     return gradient.take(gate_values, gate_share) * gradient.take(value, value_share)
 
 
-def softmax(session: Session | None, scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dimension (in float32 at least, back in the scores' dtype) under the rule set's
-    softmax rule (a gradient rule set: its true gradient)."""
-    return _apply(session, _SOFTMAX, softmax_of, scores)
+def softmax(session: Session | None, scores: torch.Tensor,
+            of: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Softmax over the last dimension (in float32 at least, back in the scores' dtype; `of`: another such map of
+    the scores, gpt-oss's softmax with sinks) under the rule set's softmax rule (a gradient rule set: its true
+    gradient)."""
+    return _apply(session, _SOFTMAX, of or softmax_of, scores)
 
 
 def softmax_of(scores: torch.Tensor) -> torch.Tensor:

@@ -195,7 +195,8 @@ def read_cross(adapter: Adapter, inputs: Any, how: ClassEntry, matrices: dict[st
 
 def raw_attention(adapter: Adapter, inputs: Any, target: Target, cls_entry: str | None = None) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
-    Cross-attention models: `across.raw_attention`."""
+    Cross-attention models: `across.raw_attention`. The probabilities are read as the model has them: with
+    gpt-oss's attention sinks a row sums to less than 1 (the sink's share is no key's)."""
     how = given_or(cls_entry, adapter.conventions.raw_attention.cls_entry)
     fwd = record_forward(adapter, inputs, target, attentions=True, share_rows=True, head_mean=True, last_attention_only=True)
     scores = per_stream(adapter, inputs, how, lambda stream: readout_row(fwd.self_attentions(stream.name)[-1][:, 0], stream))
@@ -208,7 +209,9 @@ def rollout(
 ) -> tuple:
     """`cls_entry`: see `set_class_entry` (text models: the BERT reference sets it to "zero").
     `row_normalize`: divide each `I + A` by its row sums (Abnar & Zuidema; the default), or chain the raw
-    `I + A` (the authors' VisualBERT code). Cross-attention models: `across.rollout`."""
+    `I + A` (the authors' VisualBERT code). Cross-attention models: `across.rollout`. With gpt-oss's attention
+    sinks `A`'s rows sum to `s < 1` as the model has them; the row normalisation divides `I + A` by its own row
+    sums `1 + s` (the sink's share is no key's and is not put back)."""
     conventions = adapter.conventions.rollout
     row_normalize = given_or(row_normalize, conventions.row_normalize)
     how = given_or(cls_entry, conventions.cls_entry)

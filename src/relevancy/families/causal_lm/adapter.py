@@ -63,7 +63,8 @@ def _registered_attention(probabilities: bool) -> str:
     """The name of relevancy's attention (`lrp.attention.attend`) under the session the attention module's config
     holds for the call (`layouts.SESSION`; none: the plain gradient): with `probabilities`, the exact eager one (and
     transformers' eager mask); without, torch's fused kernel where the session's rule set allows (and transformers'
-    sdpa mask), which keeps no `(T, T)` matrix for the backward."""
+    sdpa mask), which keeps no `(T, T)` matrix for the backward. A layer's sliding window is in the mask the model
+    builds for its layer type; gpt-oss's sinks (`s_aux`) go to the softmax."""
     from transformers.masking_utils import eager_mask, sdpa_mask
 
     def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -71,7 +72,8 @@ def _registered_attention(probabilities: bool) -> str:
         session = vars(module).get(SESSION) or vars(getattr(module, "config", None) or object).get(SESSION)
         causal = kwargs.get("is_causal", getattr(module, "is_causal", True))  # a vision tower attends everywhere
         context, weights = attend(session, query, key, value, scale, attention_mask, style=SCALED_QUERIES,
-                                  causal=causal, softcap=kwargs.get("softcap"), probabilities=probabilities)
+                                  causal=causal, softcap=kwargs.get("softcap"), probabilities=probabilities,
+                                  sinks=kwargs.get("s_aux"))  # gpt-oss's per-head sinks
         return context.transpose(1, 2).contiguous(), weights
 
     name = ATTENTION_NAME + ("" if probabilities else "_fused")

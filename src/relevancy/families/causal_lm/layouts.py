@@ -53,8 +53,9 @@ Fits = Callable[[nn.Module, int], bool]
 @dataclass(frozen=True)
 class Part:
     """A kind of module a layout rules: `what` it must be (named in a refusal), whether a module `fits`, its rule
-    forward (None: it runs as it is under the rules), `owns`: the children whose parameters it accounts for
-    (None: all; attention accounts for its projections, its query and key norms are parts of their own) and
+    forward (None: it runs as it is under the rules), `owns`: the children (or its own parameters: gpt-oss's
+    sinks) whose parameters it accounts for (None: all; attention accounts for its projections, its query and key
+    norms are parts of their own) and
     `inner`: children that run a rule forward of their own (a mixture's experts)."""
 
     what: str
@@ -67,7 +68,8 @@ class Part:
         """The parameters of `module` this part accounts for."""
         if self.owns is None:
             return list(module.parameters())
-        return [p for name in self.owns for p in getattr(module, name).parameters()]
+        owned = [getattr(module, name) for name in self.owns]
+        return [p for item in owned for p in ([item] if isinstance(item, nn.Parameter) else item.parameters())]
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,6 +115,10 @@ class Residual:
         def around(name: str | None, x: torch.Tensor) -> torch.Tensor:
             return x if name is None else getattr(layer, name)(x)
 
+        def mlp(x: torch.Tensor) -> torch.Tensor:  # gpt-oss's mixture returns its router's scores beside its output
+            out = getattr(layer, self.mlp)(x)
+            return out[0] if isinstance(out, tuple) else out
+
         def scaled(x: torch.Tensor) -> torch.Tensor:
             if self.branch_scale is None:
                 return x
@@ -125,10 +131,10 @@ class Residual:
             normed = branch(session, around(self.before_attention, x)) if shared else around(self.before_attention, x)
             attended = scaled(around(self.after_attention, getattr(layer, self.attention)(normed, **named)[0]))
             if self.is_parallel(layer):
-                fed = scaled(around(self.after_mlp, getattr(layer, self.mlp)(normed if shared else around(self.before_mlp, x))))
+                fed = scaled(around(self.after_mlp, mlp(normed if shared else around(self.before_mlp, x))))
                 return add(session, add(session, fed, attended), x)
             x = branch(session, add(session, x, attended))
-            return add(session, x, scaled(around(self.after_mlp, getattr(layer, self.mlp)(around(self.before_mlp, x)))))
+            return add(session, x, scaled(around(self.after_mlp, mlp(around(self.before_mlp, x)))))
 
         return {"forward": forward}
 
@@ -378,6 +384,34 @@ def _fits_experts(module: nn.Module, width: int) -> bool:
             and callable(getattr(module, "act_fn", None)) and getattr(module, "num_experts", None) == gate_up.shape[0])
 
 
+def _fits_gpt_oss_experts(module: nn.Module, width: int) -> bool:
+    """gpt-oss's experts: `gate_up_proj (E, width, 2I)` (gate and up interleaved) and `down_proj (E, I, width)`
+    stored transposed, each with a bias, and the clamped SwiGLU's `alpha` and `limit`."""
+    shapes = [getattr(getattr(module, name, None), "shape", None) for name in
+              ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")]
+    if None in shapes or len(shapes[0]) != 3:
+        return False
+    experts, inner = shapes[0][0], shapes[0][2] // 2
+    return (tuple(shapes[0]) == (experts, width, 2 * inner) and tuple(shapes[1]) == (experts, 2 * inner)
+            and tuple(shapes[2]) == (experts, inner, width) and tuple(shapes[3]) == (experts, width)
+            and getattr(module, "num_experts", None) == experts
+            and all(isinstance(getattr(module, name, None), float) for name in ("alpha", "limit")))
+
+
+def _fits_gpt_oss_mixture(module: nn.Module, width: int) -> bool:
+    """gpt-oss's mixture: a top-k `router` with a bias over as many `experts` as it scores."""
+    router, experts = getattr(module, "router", None), getattr(module, "experts", None)
+    return (router is not None and experts is not None and _fits_router(router, width) and _fits_gpt_oss_experts(experts, width)
+            and isinstance(getattr(router, "bias", None), nn.Parameter) and router.weight.shape[0] == experts.gate_up_proj.shape[0])
+
+
+def _fits_sink_attention(module: nn.Module, width: int) -> bool:
+    """gpt-oss's self-attention: Llama's projections and a sink logit per query head (`sinks`)."""
+    sinks = getattr(module, "sinks", None)
+    return (fits_attention("q_proj", "k_proj", "v_proj", "o_proj")(module, width) and isinstance(sinks, nn.Parameter)
+            and sinks.ndim == 1 and linears.features(module.q_proj)[1] == len(sinks) * getattr(module, "head_dim", 0))
+
+
 def _routes(module: nn.Module, width: int) -> bool:
     """A top-k router `gate` over as many `experts` as it scores."""
     router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
@@ -435,40 +469,66 @@ def _norm(constant_divisor: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -
     return lambda module, session: (lambda x, _own=module.forward: normalisation(session, _own, lambda t: constant_divisor(module, t), x))
 
 
-def _experts(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+#: the experts of a mixture, the call's session, one expert's index and its tokens `(n, D)` -> its outputs `(n, D)`
+Expert = Callable[[nn.Module, Session, int, torch.Tensor], torch.Tensor]
+
+
+def _mixed(expert_forward: Expert) -> RuleForward:
     """A mixture of experts `sum_k w_k expert_k(x)` over tokens `x (N, D)`, each token's experts `index (N, k)` and
-    router weights `weights (N, k)`, experts stored as `gate_up (E, 2I, D)`, `down (E, D, I)` (transformers 5's
-    Qwen3-MoE and Mixtral). Each expert is a gated MLP; its output times its router weight is a gating product (the
-    router weight the gate: AttnLRP half each, as lxt's qwen3_moe map; the seeds' rules and CP-LRP all to the
-    expert's output). The router's softmax and top-k run in the model's own forward."""
-    gate_up, down, act = module.gate_up_proj, module.down_proj, module.act_fn
+    router weights `weights (N, k)`, each expert's outputs by `expert_forward`. An expert's output times its router
+    weight is a gating product (the router weight the gate: AttnLRP half each, as lxt's qwen3_moe map; the seeds'
+    rules and CP-LRP all to the expert's output). The router's softmax and top-k run in the model's own forward."""
 
-    def forward(x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        slots, parts, places = index.shape[1], [], []
-        for expert in index.unique().tolist():
-            if expert >= len(gate_up):  # transformers' marker of an unused slot
-                continue
-            token, slot = torch.where(index == expert)
-            into, back = gate_up[expert], down[expert]
-            gate_values, up = linear(session, lambda t: F.linear(t, into), x[token], into).chunk(2, dim=-1)
-            hidden = linear(session, lambda t: F.linear(t, back), gated_product(session, act, gate_values, up), back)
-            parts.append(gate(session, hidden, weights[token, slot, None]).to(x.dtype))
-            places.append(token * slots + slot)
-        # each token's experts side by side (N, k, D), then summed slot by slot under the add rule
-        chosen = x.new_zeros(len(x) * slots, x.shape[-1]).index_copy(0, torch.cat(places), torch.cat(parts)).view(len(x), slots, -1)
-        out = chosen[:, 0]
-        for slot in range(1, slots):
-            out = add(session, out, chosen[:, slot])
-        return out
+    def ruled(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+        def forward(x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            slots, parts, places = index.shape[1], [], []
+            for expert in index.unique().tolist():
+                if expert >= module.num_experts:  # transformers' marker of an unused slot
+                    continue
+                token, slot = torch.where(index == expert)
+                hidden = expert_forward(module, session, expert, x[token])
+                parts.append(gate(session, hidden, weights[token, slot, None]).to(x.dtype))
+                places.append(token * slots + slot)
+            # each token's experts side by side (N, k, D), then summed slot by slot under the add rule
+            chosen = x.new_zeros(len(x) * slots, x.shape[-1]).index_copy(0, torch.cat(places), torch.cat(parts)).view(len(x), slots, -1)
+            out = chosen[:, 0]
+            for slot in range(1, slots):
+                out = add(session, out, chosen[:, slot])
+            return out
 
-    return forward
+        return forward
+
+    return ruled
+
+
+def _gated_expert(module: nn.Module, session: Session, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """One expert of `gate_up (E, 2I, D)`, `down (E, D, I)` (transformers 5's Qwen3-MoE and Mixtral): a gated MLP."""
+    into, back = module.gate_up_proj[expert], module.down_proj[expert]
+    gate_values, up = linear(session, lambda t: F.linear(t, into), x, into).chunk(2, dim=-1)
+    return linear(session, lambda t: F.linear(t, back), gated_product(session, module.act_fn, gate_values, up), back)
+
+
+def _clamped_swiglu_expert(module: nn.Module, session: Session, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """One of gpt-oss's experts: `gate, up` interleaved in `x W1 + b1` (`W1 (D, 2I)` stored transposed), the clamped
+    SwiGLU `(clamp(up, -l, l) + 1) * g sigmoid(alpha g)` with `g = clamp(gate, max=l)`, then `. W2 + b2`. The
+    product is a gated MLP's (the house's gate rule: AttnLRP half each, CP-LRP all to the up side, the gate held
+    constant), `g sigmoid(alpha g)` under the activation rule. The clamps are the model's own: their derivative (1
+    within the limits, 0 where they cut: a cut value is the constant limit) carries the gradient and, in an
+    explicit pass, the relevance; the `+ 1` is a constant like the biases (under a gradient rule set it takes its
+    share of relevance; an explicit pass moves relevance through it unchanged)."""
+    into, into_bias = module.gate_up_proj[expert], module.gate_up_proj_bias[expert]
+    back, back_bias = module.down_proj[expert], module.down_proj_bias[expert]
+    gate_up = linear(session, lambda t: t @ into + into_bias, x, into.t())
+    gate_values, up = gate_up[..., ::2].clamp(max=module.limit), gate_up[..., 1::2].clamp(-module.limit, module.limit) + 1
+    hidden = gated_product(session, lambda g: g * torch.sigmoid(g * module.alpha), gate_values, up)
+    return linear(session, lambda t: t @ back + back_bias, hidden, back.t())
 
 
 def _shared_mixture(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
     """GLM-4.5's mixture `experts(x; router(x)) + shared_experts(x)`: the router as the model runs it (sigmoid scores,
     the correction bias choosing the experts only, grouped top-k, the weights normalised and times
-    `routed_scaling_factor`; its weights are the gates of `_experts`' gating products, the gate rule), the routed
-    experts under `_experts`' rules, the shared experts a gated MLP, the two summed under the add rule (`x` feeding
+    `routed_scaling_factor`; its weights are the gates of `_mixed`'s gating products, the gate rule), the routed
+    experts under `_mixed`'s rules, the shared experts a gated MLP, the two summed under the add rule (`x` feeding
     both)."""
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -491,13 +551,21 @@ CENTRED_NORM = Part("a LayerNorm without bias computing (x - mean(x)) / std(x) *
 ABSENT = Part("absent", lambda module, width: False, owns=())
 GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, gated_forward)
 FUSED_GATED_MLP = Part("a fused gated MLP (gate_up_proj, down_proj)", _fits_fused_gated_mlp, _fused_gated_mlp)
-EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _experts)
+EXPERTS = Part("routed experts (gate_up_proj, down_proj)", _fits_experts, _mixed(_gated_expert))
+GPT_OSS_EXPERTS = Part("gpt-oss's experts (gate_up_proj, down_proj and their biases, alpha, limit)", _fits_gpt_oss_experts,
+                       _mixed(_clamped_swiglu_expert))
 MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gate_up_proj, down_proj)", _fits_mixture,
                inner=(("experts", EXPERTS),))
 SHARED_MIXTURE = Part("a mixture of routed and shared experts (a top-k router `gate`, `experts`, `shared_experts`)",
                       _fits_shared_mixture, _shared_mixture, inner=(("experts", EXPERTS), ("shared_experts", GATED_MLP)))
+#: gpt-oss's mixture runs its own forward (its router, then the experts under their rules); it returns the router's
+#: scores beside its output, which the layer drops
+GPT_OSS_MIXTURE = Part("gpt-oss's mixture (a top-k `router` with a bias and `experts` with biases)", _fits_gpt_oss_mixture,
+                       inner=(("experts", GPT_OSS_EXPERTS),))
 ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
                  owns=("q_proj", "k_proj", "v_proj", "o_proj"))
+SINK_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj and a sink per head", _fits_sink_attention,
+                      owns=("q_proj", "k_proj", "v_proj", "o_proj", "sinks"))
 FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
 NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", fits_attention("query_key_value", "dense"),
                       owns=("query_key_value", "dense"))
@@ -569,6 +637,11 @@ COHERE = _llama_like("cohere", ("CohereForCausalLM",), ("cohere",),
                       ("self_attn.k_norm", (CENTRED_NORM, ABSENT)), ("mlp", (GATED_MLP,))), CENTRED_NORM,
                      Residual("self_attn", "mlp", before_attention="input_layernorm", before_mlp="input_layernorm", parallel=True),
                      logit_scale=LogitScale("logit_scale"))
+#: gpt-oss: Llama's layer, attention with a sink per head (`attend`'s `sinks`), sliding-window and full layers
+#: (`layer_types`, in the masks the model builds per layer type), a mixture of experts in every layer (a router with
+#: a bias, experts with biases and a clamped SwiGLU); the file's own RoPE (halves rotated by half-width tables)
+GPT_OSS = _llama_like("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",), _pre_norm(SINK_ATTENTION, (GPT_OSS_MIXTURE,), RMS_NORM),
+                      RMS_NORM)
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
@@ -583,7 +656,7 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), residual=Residual("attn", "mlp", before_attention="ln_1", before_mlp="ln_2"),
 )
-LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
+LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 
@@ -708,7 +781,7 @@ def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, Rule
     """The layout's rule map for a session that carries relevance (the seeds' LRP methods), keyed by the types of the
     model's own modules: transformers' leaves (Linear, GPT-2's `Conv1D`), the ruled parts' forwards, the layers'
     residual adds, attention's session and rotation; the model, the decoder, its rotary embedding, a mixture (but
-    GLM's, a ruled part) and its router as they are (the router's weights take no relevance: the gate rule).
+    GLM's, a ruled part) and its router (`gate`; gpt-oss's `router`) as they are (the router's weights take no relevance: the gate rule).
     Activations run inside the MLPs' forwards, which apply the activation rule themselves."""
     from transformers.pytorch_utils import Conv1D
 
@@ -720,7 +793,8 @@ def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, Rule
     activations = {cls for cls, entry in leaves.items() if entry is ACTIVATION_LEAF}
     return {
         **leaves, **{cls: unchanged for cls in activations}, Conv1D: CONV1D,
-        **by_type([model, getattr(decoder, "rotary_emb", None), *mixtures, *(m.gate for m in mixtures)], unchanged),
+        **by_type([model, getattr(decoder, "rotary_emb", None), *mixtures, *(getattr(m, "gate", None) or m.router for m in mixtures)],
+                  unchanged),
         type(decoder): _rotation_passing(sys.modules[type(attentions[0]).__module__]),
         **by_type(layers, layout.residual.rule),
         **by_type(attentions, session_attribute),
