@@ -145,16 +145,15 @@ def test_bad_targets_and_inputs_are_named(model):
 
 
 def test_other_families_refuse_the_language_methods():
-    """A family without the gradient rule sets (CLIP) refuses them by name, listing the families that have them."""
+    """A family without the gradient rule sets (LXMERT) refuses them by name, listing the families that have them."""
+    from family_cases import FAMILIES
+
     from relevancy.families.base import UnsupportedModelError
 
-    clip = transformers.CLIPModel(transformers.CLIPConfig(
-        text_config=dict(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         max_position_embeddings=16, bos_token_id=38, eos_token_id=39),
-        vision_config=dict(image_size=32, patch_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                           num_attention_heads=2))).eval()
-    with pytest.raises(UnsupportedModelError, match="method 'attnlrp' does not apply to the CLIP .*'attnlrp' explains: .*decoder language model"):
-        relevancy.explain(clip, (torch.randn(1, 3, 32, 32), torch.tensor([[1, 2, 39]])), method="attnlrp")
+    case = FAMILIES["lxmert"]
+    inputs, target = case.batch()
+    with pytest.raises(UnsupportedModelError, match="method 'attnlrp' does not apply to the Hugging Face LXMERT .*'attnlrp' explains: .*decoder language model"):
+        relevancy.explain(case.build(), inputs, method="attnlrp", target=target)
 
 
 @pytest.mark.parametrize("method", ["transformer_attribution", "lrp"])
