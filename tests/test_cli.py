@@ -71,7 +71,7 @@ def test_the_package_loads_its_public_names_on_first_use():
         (["--singles", "-1"], "--singles must be between 0 and 100, got -1"),
         (["--pairs", "-2"], "--pairs must be between 0 and 100, got -2"),
         (["--singles", "0", "--pairs", "0"], "there is no scene to explain"),
-        (["--methods", "rollout,gradcam"], "unknown method 'gradcam'"),
+        (["--methods", "rollout,saliency"], "unknown method 'saliency'"),
     ],
 )
 def test_demo_refuses_bad_requests_before_work(tmp_path, capsys, monkeypatch, argv, message):

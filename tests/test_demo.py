@@ -106,8 +106,8 @@ def test_overlay_of_an_all_zero_map_is_the_grey_picture():
 
 
 def test_demo_rejects_unknown_methods(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path / "d"), "--methods", "rollout,gradcam"]) == 2
-    assert "unknown method 'gradcam'" in capsys.readouterr().err
+    assert main(["demo", "--out", str(tmp_path / "d"), "--methods", "rollout,saliency"]) == 2
+    assert "unknown method 'saliency'" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
 
 
