@@ -27,7 +27,7 @@ import relevancy
 from relevancy.worlds import make_scenes
 from relevancy.apps.serve import Limits, create_app, load_catalog, make_samples
 from relevancy.apps.serve import jobs
-from relevancy.families.base import SEED_METHODS
+from relevancy.families.base import IMAGE_ENCODER_METHODS, SEED_METHODS
 from relevancy.core.files import strict_json
 
 LIMITS = Limits(max_body_bytes=2 * 2**20, max_image_bytes=2**20, max_pixels=1_000_000, max_text_chars=300,
@@ -117,7 +117,7 @@ def test_info_lists_models_methods_samples_and_limits(client):
     info = client.get("/api/info").json()
     assert [m["name"] for m in info["image_models"]] == ["shapes"]
     assert info["image_models"][0]["classes"][5] == "star" and info["image_models"][0]["input_size"] == [64, 64]
-    assert [m["name"] for m in info["methods"]] == list(SEED_METHODS) + ["attnlrp", "cp_lrp", "input_x_gradient"]
+    assert [m["name"] for m in info["methods"]] == list(IMAGE_ENCODER_METHODS)
     assert {m["name"] for m in info["methods"] if m["concept"]} == {"cdam", "token_ablation"}
     assert "lrp" not in {m["name"] for m in info["methods"] if m["pairs"]}
     assert info["text_model"]["classes"] == ["negative", "positive"] and info["pair_model"]["name"] == "shapes-clip"
