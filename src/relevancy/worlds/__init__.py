@@ -1,4 +1,4 @@
-"""Synthetic shapes benchmark: scenes with pixel-exact masks, a trained ViT and a trained CLIP (with captions).
+"""Synthetic shapes benchmark: scenes with pixel-exact masks, a trained ViT and Swin and a trained CLIP (with captions).
 
 >>> from relevancy.worlds import make_scenes, load_model, CLASSES
 >>> scenes = make_scenes(8, seed=0, objects=2)
@@ -26,6 +26,7 @@ from .shapes_vit import (
     load_model,
     pretrained_cfg,
 )
+from .shapes_swin import load_swin
 from .captions import Tokenizer
 from .shapes_clip import evaluate_clip, load_clip
 
@@ -46,6 +47,7 @@ __all__ = [
     "evaluate_accuracy",
     "load_model",
     "pretrained_cfg",
+    "load_swin",
     "Tokenizer",
     "evaluate_clip",
     "load_clip",
