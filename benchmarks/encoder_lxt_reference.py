@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from clip_leaves import clip_embedding_maps  # noqa: E402
-from llm_lxt_reference import lxt_applied, lxt_models, write_golden  # noqa: E402
+from llm_lxt_reference import lxt_applied, lxt_models, restore_class_attributes, write_golden  # noqa: E402
 from vlm_lxt_reference import tower_map  # noqa: E402
 
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
@@ -185,12 +185,7 @@ def classes_patched(patch_map: dict) -> Iterator[None]:
             patch(cls)
         yield
     finally:
-        for cls, methods in saved.items():
-            for key, method in methods.items():
-                if method is None and key in cls.__dict__:
-                    delattr(cls, key)
-                elif method is not None:
-                    setattr(cls, key, method)
+        restore_class_attributes(saved)
 
 
 def patched(name: str, variant: str) -> ExitStack:

@@ -104,6 +104,17 @@ def lxt_models(name: str) -> object:
     return importlib.import_module(f"lxt.efficient.models.{name}")
 
 
+def restore_class_attributes(saved: dict[type, dict[str, object]]) -> None:
+    """Each class's attributes as `saved` holds them (`cls.__dict__.get(name)` before a patch): set back, or removed
+    where the class had none of its own."""
+    for cls, attributes in saved.items():
+        for name, value in attributes.items():
+            if value is None and name in cls.__dict__:
+                delattr(cls, name)
+            elif value is not None:
+                setattr(cls, name, value)
+
+
 @contextmanager
 def lxt_applied(module: object, patch_map: dict) -> Iterator[None]:
     """lxt's `patch_map` on transformers' modeling `module` applied, as `lxt.efficient.monkey_patch` applies it,
@@ -124,12 +135,7 @@ def lxt_applied(module: object, patch_map: dict) -> Iterator[None]:
             module.ALL_ATTENTION_FUNCTIONS = interface
         yield
     finally:
-        for cls, methods in saved_forwards.items():
-            for name, method in methods.items():
-                if method is None and name in cls.__dict__:
-                    delattr(cls, name)
-                elif method is not None:
-                    setattr(cls, name, method)
+        restore_class_attributes(saved_forwards)
         module.eager_attention_forward, module.ALL_ATTENTION_FUNCTIONS = saved_eager, saved_interface
         saved_interface._local_mapping = saved_local
 

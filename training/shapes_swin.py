@@ -21,14 +21,10 @@ import torch.nn.functional as F
 from relevancy.worlds.scenes import CLASSES, IMAGE_SIZE
 from relevancy.worlds.shapes_swin import SWIN_CONFIG, build_swin, load_swin
 from relevancy.worlds.shapes_vit import EVAL_SEED_BASE, evaluate_accuracy
-from training.shapes_vit import (VAL_SEED, Run, _batch, _log, adamw, aux_weight, fit, logged_evaluation, machine,
-                                 run_training_command, save_weights, start_run, step_loader, training_parser)
+from training.shapes_vit import (VAL_SEED, Run, _batch, _log, _step_batch, adamw, aux_weight, fit, logged_evaluation,
+                                 machine, run_classifier_command, save_weights, start_run, step_loader)
 
 WEIGHTS_NAME = "shapes_swin.safetensors"
-
-
-def _step_batch(args, n_single: int, n_pair: int, step: int):
-    return _batch(args.seed, step, n_single, n_pair, args.smoothing, step / args.steps)
 
 
 def _pooled(tok_target: torch.Tensor, side: int) -> torch.Tensor:
@@ -93,12 +89,8 @@ def evaluate(args) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = training_parser(__doc__, minutes=80.0, pair_fraction=0.4, lr=1.5e-3, weight_decay=0.05)
-    ap.add_argument("--smoothing", type=float, default=0.05)
-    ap.add_argument("--aux-weight", type=float, default=1.0,
-                    help="weight of the auxiliary per-token (token labelling) loss early in training")
-    run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped run: 2, on a 2-core CPU)",
-                         ckpt_minutes=5.0, n_help="scenes per test set for --evaluate-only")
+    run_classifier_command(__doc__, argv, train, evaluate, minutes=80.0,
+                           threads_help="torch threads (the shipped run: 1, beside other jobs on a 2-core CPU)")
 
 
 if __name__ == "__main__":

@@ -340,13 +340,20 @@ def run_training_command(ap: argparse.ArgumentParser, argv, train_fn, evaluate_f
         train_fn(args)
 
 
-def main(argv=None) -> None:
-    ap = training_parser(__doc__, minutes=88.0, pair_fraction=0.4, lr=1.5e-3, weight_decay=0.05)
+def run_classifier_command(doc: str, argv, train_fn, evaluate_fn, minutes: float, threads_help: str) -> None:
+    """The command of a shapes classifier's trainer (the ViT's, the Swin's): the shared options, label smoothing and
+    the auxiliary token-labelling loss's weight, then train or evaluate."""
+    ap = training_parser(doc, minutes=minutes, pair_fraction=0.4, lr=1.5e-3, weight_decay=0.05)
     ap.add_argument("--smoothing", type=float, default=0.05)
     ap.add_argument("--aux-weight", type=float, default=1.0,
-                    help="weight of the auxiliary per-patch (token labelling) loss early in training")
-    run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped run: 2, alone on a 2-core CPU)",
-                         ckpt_minutes=5.0, n_help="scenes per test set for --evaluate-only")
+                    help="weight of the auxiliary per-token (token labelling) loss early in training")
+    run_training_command(ap, argv, train_fn, evaluate_fn, threads_help=threads_help, ckpt_minutes=5.0,
+                         n_help="scenes per test set for --evaluate-only")
+
+
+def main(argv=None) -> None:
+    run_classifier_command(__doc__, argv, train, evaluate, minutes=88.0,
+                           threads_help="torch threads (the shipped run: 2, alone on a 2-core CPU)")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .scenes import CLASSES, IMAGE_SIZE
-from .shapes_vit import WEIGHTS_DIR, pretrained_cfg
+from .shapes_vit import WEIGHTS_DIR, described
 
 __all__ = ["SWIN_CONFIG", "SWIN_WEIGHTS_PATH", "build_swin", "load_swin"]
 
@@ -38,13 +38,7 @@ def build_swin(**overrides) -> torch.nn.Module:
 
     cfg = dict(SWIN_CONFIG)
     cfg.update(overrides)
-    model = SwinTransformer(**cfg)
-    pc = dict(pretrained_cfg(), architecture="swin_shapes_64", first_conv="patch_embed.proj", classifier="head.fc")
-    pc["num_classes"] = cfg["num_classes"]
-    model.pretrained_cfg = pc
-    model.default_cfg = pc
-    model.class_names = tuple(CLASSES)
-    return model
+    return described(SwinTransformer(**cfg), cfg["num_classes"], architecture="swin_shapes_64", classifier="head.fc")
 
 
 def load_swin(path: str | Path | None = None, device: str | torch.device = "cpu") -> torch.nn.Module:

@@ -64,9 +64,13 @@ def build_model(**overrides) -> torch.nn.Module:
 
     cfg = dict(MODEL_CONFIG)
     cfg.update(overrides)
-    model = VisionTransformer(**cfg)
-    pc = pretrained_cfg()
-    pc["num_classes"] = cfg["num_classes"]
+    return described(VisionTransformer(**cfg), cfg["num_classes"])
+
+
+def described(model: torch.nn.Module, num_classes: int, **fields) -> torch.nn.Module:
+    """`model` with the shapes world's timm pretrained config (`pretrained_cfg()`, its class count and `fields` set)
+    and class names: what timm's data config and the apps read of a shapes classifier."""
+    pc = dict(pretrained_cfg(), num_classes=num_classes, **fields)
     model.pretrained_cfg = pc
     model.default_cfg = pc
     model.class_names = tuple(CLASSES)
