@@ -51,15 +51,35 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
                      layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.0,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0), pad_token_id=0, eos_token_id=2,
                      bos_token_id=1, experts_implementation="eager"), 20),
+    # multi-head latent attention (low-rank queries, a latent of 16 for keys and values, 8 + 4 query and key dims of
+    # which 4 rotated on interleaved pairs, values of 6; yarn's mscale in the scale), a dense first layer, then GLM's
+    # mixture (top 2 of 4 in 2 groups, a sigmoid router with a correction bias, a shared expert)
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(num_key_value_heads=4, q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                         v_head_dim=6, rope_interleave=True, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                         n_group=2, topk_group=1, first_k_dense_replace=1, n_shared_experts=1, routed_scaling_factor=1.5,
+                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=8,
+                                              mscale=1.0, mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0),
+                         pad_token_id=0, eos_token_id=2, bos_token_id=1, experts_implementation="eager"), 21),
+    # a chunked layer with RoPE and the query and key norm (chunks of 4 < the 7-token prompt) and a global one without
+    # either, whose queries' temperature is tuned (floor_scale 2: factors above 1 from the second position on); a
+    # mixture (top 2 of 4 routed experts fed their scored input, a shared expert) in the first layer, a dense MLP of
+    # another width in the second
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM",
+               dict(head_dim=8, intermediate_size=16, intermediate_size_mlp=40, num_local_experts=4, num_experts_per_tok=2,
+                    moe_layers=[0], no_rope_layers=[1, 0], attention_chunk_size=4, use_qk_norm=True,
+                    attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5, pad_token_id=0, eos_token_id=2,
+                    bos_token_id=1, experts_implementation="eager"), 22),
 }
 
 
 def build(family: str, dtype: torch.dtype = torch.float64, **overrides: object) -> torch.nn.Module:
-    """The family's tiny model (its config options changed by `overrides`): transformers' own initialisation from the
+    """The family's tiny model (its config options changed by `overrides`; an option None: the config's default, an
+    override None: None, DeepSeek's `q_lora_rank`): transformers' own initialisation from the
     family's seed, then every norm's weight drawn at random too (transformers starts them at 1, or 0 for Gemma's
     `1 + w`; GLM's router and its bias at 0; gpt-oss's experts' biases at 0), in `dtype`, eval mode."""
     config_name, model_name, options, seed = FAMILIES[family]
-    settings = {key: value for key, value in {**_SHARED, **options, **overrides}.items() if value is not None}
+    settings = {**{key: value for key, value in {**_SHARED, **options}.items() if value is not None}, **overrides}
     experts = settings.pop("experts_implementation", None)
     config = getattr(transformers, config_name)(**settings)
     if experts is not None:  # torch's grouped matrix product (transformers' default for experts) has no float64

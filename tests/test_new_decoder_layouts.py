@@ -1,8 +1,9 @@
-"""The Cohere, GLM-4.5 MoE and gpt-oss layouts (tiny random float64 models of `decoder_families.py`), which lxt has no map of:
+"""The Cohere, GLM-4.5 MoE, gpt-oss, DeepSeek-V3 and Llama 4 layouts (tiny random float64 models of `decoder_families.py`), which lxt has no map of:
 the plain gradient is autograd's through the model's own forward, the explained logit is the model's own under
-every rule set, a padded row is the row alone, CP-LRP conserves the logit (neither Cohere nor GLM has a bias; the
-norms' weights scale a linear map under the identity rule, which conserves), and the model is as it was after a call
-and after an exception."""
+every rule set, a padded row is the row alone, CP-LRP conserves the logit (no Cohere, GLM, DeepSeek or Llama 4 Linear
+has a bias; the norms' weights scale a linear map under the identity rule, which conserves), and the model is as it
+was after a call and after an exception (test_deepseek_llama4.py: their parts, raw attention, MLA's written-out
+AttnLRP)."""
 from __future__ import annotations
 
 import sys
@@ -16,11 +17,17 @@ from test_decoder_families import batch, model_of
 
 import relevancy
 from relevancy.families.causal_lm import CausalLMAdapter, layouts
+from relevancy.families.causal_lm.layouts import ROTATIONS
 from relevancy.lrp import gradient
 
 NEW = ("cohere", "glm4_moe")
+#: DeepSeek-V3 and Llama 4 (test_deepseek_llama4.py): no bias either
+BIAS_FREE = (*NEW, "deepseek_v3", "llama4")
 #: with gpt-oss (test_gpt_oss.py: its sinks, its clamped experts), the families these tests run on alike
-MAPPED = (*NEW, "gpt_oss")
+MAPPED = (*BIAS_FREE, "gpt_oss")
+#: the families whose router computes in float32 (transformers' own): a gradient through it differs between a
+#: batch and a row alone by about 1e-7 of the map
+FLOAT32_ROUTERS = ("glm4_moe", "deepseek_v3")
 
 
 @pytest.mark.parametrize("family", NEW)
@@ -90,9 +97,12 @@ def test_the_rules_explain_the_models_own_logit(family, method):
 @pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp"])
 def test_a_padded_row_is_the_row_alone(family, method):
     """Right padding with the attention mask: each row's map is its own alone, padding 0. GLM's router runs in float32
-    (transformers' own): where the rules pass the gradient through it (not CP-LRP's, which gives the router weights
-    none), autograd's own input x gradient differs between a batch and the row alone by about 1e-7."""
-    tolerance = 1e-6 if family == "glm4_moe" and method != "cp_lrp" else 1e-10
+    (transformers' own; DeepSeek's too): where the rules pass the gradient through it (not CP-LRP's, which gives the
+    router weights none), autograd's own input x gradient differs between a batch and the row alone by about 1e-7.
+    Llama 4 rotates its queries and keys in float32 (its complex RoPE) and its router's sigmoid too: every method
+    there, autograd's own included, differs by about 1e-7."""
+    float32 = (family in FLOAT32_ROUTERS and method != "cp_lrp") or family == "llama4"
+    tolerance = 1e-6 if float32 else 1e-10
     model = model_of(family)
     batched = relevancy.explain(model, batch("right"), method=method).scores
     mask = batch("right")["attention_mask"].bool()
@@ -102,9 +112,9 @@ def test_a_padded_row_is_the_row_alone(family, method):
         assert_close_to(batched[row][mask[row]], single, f"{family} {method} row {row}", tolerance)
 
 
-@pytest.mark.parametrize("family", NEW)
+@pytest.mark.parametrize("family", BIAS_FREE)
 def test_cp_lrp_conserves_the_logit_without_biases(family):
-    """No Linear of either model has a bias: CP-LRP gives the embeddings the whole explained logit on every row."""
+    """No Linear of these models has a bias: CP-LRP gives the embeddings the whole explained logit on every row."""
     model = model_of(family)
     assert all(getattr(module, "bias", None) is None for module in model.modules() if isinstance(module, torch.nn.Linear))
     explanation = relevancy.explain(model, batch("left"), method="cp_lrp")
@@ -114,11 +124,13 @@ def test_cp_lrp_conserves_the_logit_without_biases(family):
 @pytest.mark.parametrize("family", MAPPED)
 @pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp", "lrp"])
 def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
-    """Weights, modes, hooks, forwards, attention and the modeling file's RoPE as they were, also after an exception
-    raised inside the call (a target function that fails under the rules)."""
+    """Weights, modes, hooks, forwards, attention and the modeling file's rotations (DeepSeek's on interleaved pairs,
+    Llama 4's complex one) as they were, also after an exception raised inside the call (a target function that
+    fails under the rules)."""
     model = build(family)
     before, modeling = snapshot(model), vars(sys.modules[type(model).__module__])
-    rotation = modeling["apply_rotary_pos_emb"]
+    rotations = {name: modeling[name] for name in ROTATIONS if name in modeling}
+    assert rotations
     relevancy.explain(model, batch("left"), method=method)
     assert_same(before, snapshot(model))
 
@@ -128,7 +140,7 @@ def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
     with pytest.raises(RuntimeError, match="a failing target"):
         relevancy.explain(model, batch("left"), method=method, target=failing)
     assert_same(before, snapshot(model))
-    assert modeling["apply_rotary_pos_emb"] is rotation
+    assert all(modeling[name] is rotation for name, rotation in rotations.items())
 
 
 @pytest.mark.parametrize("family", NEW)

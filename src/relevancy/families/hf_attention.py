@@ -61,11 +61,17 @@ def exact_eager_attention(module, query, key, value, attention_mask, scaling, dr
     return context.transpose(1, 2).contiguous(), probabilities
 
 
+def gated_activation(mlp: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """A gated feed-forward's activation: `act_fn`, or Llama 4's `activation_fn`; None where it has neither."""
+    act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+    return act if callable(act) else None
+
+
 def gated_forward(mlp: nn.Module, session: Session | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """transformers' gated feed-forward (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`: DINOv2's SwiGLU, the
     decoders' MLPs) in the engine's operations: the activation under the activation rule, the gating product under
     the gate rule, the projections under their own entries (or as they are, for a rule set that carries a gradient)."""
-    return lambda x: mlp.down_proj(gated_product(session, mlp.act_fn, mlp.gate_proj(x), mlp.up_proj(x)))
+    return lambda x: mlp.down_proj(gated_product(session, gated_activation(mlp), mlp.gate_proj(x), mlp.up_proj(x)))
 
 
 def gated_product(session: Session | None, act: Callable[[torch.Tensor], torch.Tensor], gate_values: torch.Tensor,

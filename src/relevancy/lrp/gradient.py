@@ -197,6 +197,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _RMSNormRule.apply(x, weight.detach(), eps)
 
 
+def weightless_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x / rms(x)` without a weight (torch's RMSNorm without one; Llama 4's query and key norm, its "L2 norm") under
+    the identity rule, in float32 at least, as the models compute it."""
+    wide = x.to(torch.promote_types(x.dtype, torch.float32))
+    return norm_identity(wide, torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
 def one_plus_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma's RMSNorm `x / rms(x) * (1 + w)` under the identity rule, as Gemma computes it (in float32, scaled
     before the cast back)."""
@@ -233,7 +240,7 @@ def module_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(norm, getattr(torch.nn, "RMSNorm", ())) and len(norm.normalized_shape) == 1:
         eps = torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
         if norm.weight is None:
-            return norm_identity(x, torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+            return weightless_rms_norm(x, eps)
         return rms_norm(x, norm.weight, eps)
     raise TypeError(f"the gradient rule sets (attnlrp, cp_lrp) rule LayerNorm and RMSNorm over the last dimension; "
                     f"got {type(norm).__name__} over {tuple(getattr(norm, 'normalized_shape', ()))}")

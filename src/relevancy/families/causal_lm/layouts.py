@@ -35,11 +35,11 @@ from ...lrp import gradient
 from ...lrp.engine import ACTIVATION as ACTIVATION_LEAF
 from ...lrp.engine import (
     ForwardFactory, MissingRuleError, Replacements, Session, activation, add, branch, by_type, gate, leaf, linear,
-    normalisation, passthrough, unchanged,
+    normalisation, passthrough, replaced, unchanged,
 )
 from ...lrp.rule_sets import weight_rule
 from ..base import UnsupportedModelError
-from ..hf_attention import gated_forward, gated_product, transformers_leaves
+from ..hf_attention import gated_activation, gated_forward, gated_product, transformers_leaves
 
 #: the attribute of an attention module (a seeds' relevance session) or of a config (a gradient rule set's session, for
 #: every attention of the config's modules) that holds the call's session, read by relevancy's attention
@@ -54,8 +54,8 @@ Fits = Callable[[nn.Module, int], bool]
 class Part:
     """A kind of module a layout rules: `what` it must be (named in a refusal), whether a module `fits`, its rule
     forward (None: it runs as it is under the rules), `owns`: the children (or its own parameters: gpt-oss's
-    sinks) whose parameters it accounts for (None: all; attention accounts for its projections, its query and key
-    norms are parts of their own) and
+    sinks) whose parameters it accounts for, those the module has (None: all; attention accounts for its
+    projections, its query and key norms are parts of their own) and
     `inner`: children that run a rule forward of their own (a mixture's experts)."""
 
     what: str
@@ -68,7 +68,7 @@ class Part:
         """The parameters of `module` this part accounts for."""
         if self.owns is None:
             return list(module.parameters())
-        owned = [getattr(module, name) for name in self.owns]
+        owned = [item for item in (getattr(module, name) for name in self.owns) if item is not None]  # DeepSeek's q_proj or q_a_proj
         return [p for item in owned for p in ([item] if isinstance(item, nn.Parameter) else item.parameters())]
 
 
@@ -335,10 +335,11 @@ def _fits_layer_norm(module: nn.Module, width: int) -> bool:
 
 def _fits_gated_mlp(module: nn.Module, width: int) -> bool:
     gate, up, down = (getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
+    act = gated_activation(module)
     if not (_linear(gate, width) and _linear(up, width, getattr(gate, "out_features", None))
-            and _linear(down, getattr(gate, "out_features", None), width) and callable(getattr(module, "act_fn", None))):
+            and _linear(down, getattr(gate, "out_features", None), width) and act is not None):
         return False
-    return _computes(module, width, lambda x: _project(down, module.act_fn(_project(gate, x)) * _project(up, x)))
+    return _computes(module, width, lambda x: _project(down, act(_project(gate, x)) * _project(up, x)))
 
 
 def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
@@ -412,6 +413,47 @@ def _fits_sink_attention(module: nn.Module, width: int) -> bool:
             and sinks.ndim == 1 and linears.features(module.q_proj)[1] == len(sinks) * getattr(module, "head_dim", 0))
 
 
+def _fits_latent_attention(module: nn.Module, width: int) -> bool:
+    """DeepSeek-V3's multi-head latent attention: the queries from `q_proj` or through the low-rank `q_a_proj` (its
+    norm `q_a_layernorm` a part of its own) and `q_b_proj`, `(heads, nope + rope)`; `kv_a_proj_with_mqa` to the
+    compressed latent and the one rotated key part all heads share, `kv_b_proj` from the latent to each head's
+    unrotated key and value `(heads, nope + v)`; `o_proj` from the heads' values back to the width."""
+    sizes = [getattr(module, name, None) for name in ("num_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")]
+    if not all(isinstance(size, int) for size in sizes):
+        return False
+    heads, nope, rope, value, rank = sizes
+    low_rank = getattr(module, "q_a_proj", None)
+    queries = (_linear(low_rank, width) and _linear(getattr(module, "q_b_proj", None), linears.features(low_rank)[1], heads * (nope + rope))
+               if low_rank is not None else _linear(getattr(module, "q_proj", None), width, heads * (nope + rope)))
+    return (queries and _linear(getattr(module, "kv_a_proj_with_mqa", None), width, rank + rope)
+            and _linear(getattr(module, "kv_b_proj", None), rank, heads * (nope + value))
+            and _linear(getattr(module, "o_proj", None), heads * value, width))
+
+
+def _fits_weightless_norm(module: nn.Module, width: int) -> bool:
+    """Llama 4's query and key norm (`Llama4TextL2Norm`): `x / rms(x)`, no parameter."""
+    eps = _eps(module)
+    return eps is not None and not any(True for _ in module.parameters()) and _computes(module, width, lambda x: _normalised(x, eps))
+
+
+def _fits_input_gated_experts(module: nn.Module, width: int) -> bool:
+    """Llama 4's experts: `gate_up_proj (E, width, 2I)` (gate, then up) and `down_proj (E, I, width)` stored
+    transposed, no biases."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter) and gate_up.ndim == 3
+            and gate_up.shape[1] == width and tuple(down.shape) == (gate_up.shape[0], gate_up.shape[2] // 2, width)
+            and callable(getattr(module, "act_fn", None)) and getattr(module, "num_experts", None) == gate_up.shape[0])
+
+
+def _fits_input_gated_mixture(module: nn.Module, width: int) -> bool:
+    """Llama 4's mixture: a top-k `router` (a Linear without bias) over as many `experts` as it scores, and a gated MLP
+    `shared_expert`."""
+    router, experts, shared = (getattr(module, name, None) for name in ("router", "experts", "shared_expert"))
+    return (router is not None and experts is not None and shared is not None and _fits_router(router, width)
+            and getattr(router, "bias", None) is None and _fits_input_gated_experts(experts, width)
+            and router.weight.shape[0] == experts.num_experts and _fits_gated_mlp(shared, width))
+
+
 def _routes(module: nn.Module, width: int) -> bool:
     """A top-k router `gate` over as many `experts` as it scores."""
     router, experts = getattr(module, "gate", None), getattr(module, "experts", None)
@@ -473,11 +515,13 @@ def _norm(constant_divisor: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -
 Expert = Callable[[nn.Module, Session, int, torch.Tensor], torch.Tensor]
 
 
-def _mixed(expert_forward: Expert) -> RuleForward:
+def _mixed(expert_forward: Expert, gates_input: bool = False) -> RuleForward:
     """A mixture of experts `sum_k w_k expert_k(x)` over tokens `x (N, D)`, each token's experts `index (N, k)` and
     router weights `weights (N, k)`, each expert's outputs by `expert_forward`. An expert's output times its router
     weight is a gating product (the router weight the gate: AttnLRP half each, as lxt's qwen3_moe map; the seeds'
-    rules and CP-LRP all to the expert's output). The router's softmax and top-k run in the model's own forward."""
+    rules and CP-LRP all to the expert's output). `gates_input`: the router weight multiplies the expert's input
+    instead, `sum_k expert_k(w_k x)` (Llama 4), the same gating product on the input's side. The router's top-k
+    runs in the model's own forward."""
 
     def ruled(module: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
         def forward(x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -486,8 +530,11 @@ def _mixed(expert_forward: Expert) -> RuleForward:
                 if expert >= module.num_experts:  # transformers' marker of an unused slot
                     continue
                 token, slot = torch.where(index == expert)
-                hidden = expert_forward(module, session, expert, x[token])
-                parts.append(gate(session, hidden, weights[token, slot, None]).to(x.dtype))
+                weight = weights[token, slot, None]
+                if gates_input:
+                    parts.append(expert_forward(module, session, expert, gate(session, x[token], weight).to(x.dtype)))
+                else:
+                    parts.append(gate(session, expert_forward(module, session, expert, x[token]), weight).to(x.dtype))
                 places.append(token * slots + slot)
             # each token's experts side by side (N, k, D), then summed slot by slot under the add rule
             chosen = x.new_zeros(len(x) * slots, x.shape[-1]).index_copy(0, torch.cat(places), torch.cat(parts)).view(len(x), slots, -1)
@@ -540,6 +587,54 @@ def _shared_mixture(module: nn.Module, session: Session) -> Callable[[torch.Tens
     return forward
 
 
+def _transposed_gated_expert(module: nn.Module, session: Session, expert: int, x: torch.Tensor) -> torch.Tensor:
+    """One of Llama 4's experts: `(act(g) * u) W2` with `g, u = x W1` (`W1 (D, 2I)`, `W2 (I, D)` stored transposed):
+    a gated MLP."""
+    into, back = module.gate_up_proj[expert], module.down_proj[expert]
+    gate_values, up = linear(session, lambda t: t @ into, x, into.t()).chunk(2, dim=-1)
+    return linear(session, lambda t: t @ back, gated_product(session, module.act_fn, gate_values, up), back.t())
+
+
+def _input_gated_mixture(module: nn.Module, session: Session) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Llama 4's mixture `shared_expert(x) + sum_k expert_k(s_k x)`: the router as the model runs it (its top-k
+    logits, their sigmoid the scores `s_k`), each score times the expert's input a gating product (`_mixed` with
+    `gates_input`: the score the gate), the shared expert a gated MLP, the two summed under the add rule (`x`
+    feeding both), in the input's shape; the router's logits beside the output, as the model returns them."""
+
+    def forward(hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = branch(session, hidden_states.reshape(-1, hidden_states.shape[-1]))
+        scores, logits = module.router(x)
+        index = logits.topk(module.router.top_k, dim=-1).indices  # the router's own choice (its `torch.topk`)
+        routed = module.experts(x, index, scores.gather(1, index))
+        return add(session, module.shared_expert(x), routed).view(hidden_states.shape), logits
+
+    return forward
+
+
+def _temperature_passing(attention: nn.Module, session: Session) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    """Llama 4's attention, its own forward; on a layer without RoPE that tunes its queries' temperature
+    (`attn_temperature_tuning`), in an explicit pass the queries' position-dependent factor (the model's
+    `log1p(floor((t + 1) / floor_scale)) * attn_scale + 1`) is a constant passing relevance: applied to `q_proj`'s
+    output (such a layer neither rotates nor norms its queries, so the factor per position commutes with the view
+    to heads) and the module's own tuning off for the call."""
+    own = attention.forward
+    if not (session.rule_set.explicit and attention.attn_temperature_tuning and not attention.use_rope):
+        return own
+
+    def forward(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        project = attention.q_proj.forward  # the call's (the Linear rule's), read when the call runs
+
+        def scaled(x: torch.Tensor) -> torch.Tensor:
+            positions = torch.arange(x.shape[1], device=x.device)
+            factor = torch.log1p(torch.floor((positions.float() + 1.0) / attention.floor_scale)) * attention.attn_scale + 1.0
+            return passthrough(session, lambda t: (t * factor.view(1, -1, 1)).to(t.dtype), project(x))
+
+        with replaced([(attention, "attn_temperature_tuning", False), (attention.q_proj, "forward", scaled)]):
+            return own(*args, **kwargs)
+
+    return forward
+
+
 RMS_NORM = Part("an RMSNorm computing x / rms(x) * w", _fits_rms_norm(one_plus=False),
                 _norm(lambda norm, x: gradient.rms_norm(x, norm.weight, _eps(norm))))
 ONE_PLUS_RMS_NORM = Part("Gemma's RMSNorm computing x / rms(x) * (1 + w)", _fits_rms_norm(one_plus=True),
@@ -547,6 +642,8 @@ ONE_PLUS_RMS_NORM = Part("Gemma's RMSNorm computing x / rms(x) * (1 + w)", _fits
 LAYER_NORM = Part("a LayerNorm of the model's width", _fits_layer_norm, _norm(lambda norm, x: gradient.layer_norm(x, norm)))
 CENTRED_NORM = Part("a LayerNorm without bias computing (x - mean(x)) / std(x) * w", _fits_centred_norm,
                     _norm(lambda norm, x: gradient.centred_norm(x, norm.weight, None, _eps(norm))))
+WEIGHTLESS_NORM = Part("a norm without weight computing x / rms(x)", _fits_weightless_norm,
+                       _norm(lambda norm, x: gradient.weightless_rms_norm(x, _eps(norm))))
 #: a part a layer may lack (Cohere's and GLM's query and key norms, `use_qk_norm`)
 ABSENT = Part("absent", lambda module, width: False, owns=())
 GATED_MLP = Part("a gated MLP down(act(gate(x)) * up(x)) of consistent shapes", _fits_gated_mlp, gated_forward)
@@ -558,12 +655,23 @@ MIXTURE = Part("a mixture of experts (a top-k router `gate` and `experts` of gat
                inner=(("experts", EXPERTS),))
 SHARED_MIXTURE = Part("a mixture of routed and shared experts (a top-k router `gate`, `experts`, `shared_experts`)",
                       _fits_shared_mixture, _shared_mixture, inner=(("experts", EXPERTS), ("shared_experts", GATED_MLP)))
+INPUT_GATED_EXPERTS = Part("Llama 4's experts (gate_up_proj, down_proj stored transposed)", _fits_input_gated_experts,
+                           _mixed(_transposed_gated_expert, gates_input=True))
+INPUT_GATED_MIXTURE = Part("Llama 4's mixture (a top-k `router`, `experts` fed the scored input, a `shared_expert`)",
+                           _fits_input_gated_mixture, _input_gated_mixture,
+                           inner=(("experts", INPUT_GATED_EXPERTS), ("shared_expert", GATED_MLP)))
 #: gpt-oss's mixture runs its own forward (its router, then the experts under their rules); it returns the router's
 #: scores beside its output, which the layer drops
 GPT_OSS_MIXTURE = Part("gpt-oss's mixture (a top-k `router` with a bias and `experts` with biases)", _fits_gpt_oss_mixture,
                        inner=(("experts", GPT_OSS_EXPERTS),))
 ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
                  owns=("q_proj", "k_proj", "v_proj", "o_proj"))
+#: DeepSeek-V3's multi-head latent attention runs as it is: its projections are Linears, its norms parts of their
+#: own, its rotation the file's (passing relevance in an explicit pass), its attention relevancy's
+LATENT_ATTENTION = Part("multi-head latent attention (q_proj or q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj)",
+                        _fits_latent_attention, owns=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
+LLAMA4_ATTENTION = Part("Llama 4's self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
+                        _temperature_passing, owns=("q_proj", "k_proj", "v_proj", "o_proj"))
 SINK_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj and a sink per head", _fits_sink_attention,
                       owns=("q_proj", "k_proj", "v_proj", "o_proj", "sinks"))
 FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
@@ -642,6 +750,20 @@ COHERE = _llama_like("cohere", ("CohereForCausalLM",), ("cohere",),
 #: a bias, experts with biases and a clamped SwiGLU); the file's own RoPE (halves rotated by half-width tables)
 GPT_OSS = _llama_like("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",), _pre_norm(SINK_ATTENTION, (GPT_OSS_MIXTURE,), RMS_NORM),
                       RMS_NORM)
+#: DeepSeek-V3 (and Kimi K2, which runs DeepSeek-V3's classes): Llama's layer with multi-head latent attention
+#: (low-rank queries and keys and values, the norms inside it, a rotated part of each query and one rotated key part
+#: shared by the heads, RoPE on interleaved pairs where `rope_interleave`, yarn's `mscale` in the attention's scale),
+#: the first `first_k_dense_replace` layers' MLPs dense, the others GLM-4.5's mixture of routed and shared experts
+DEEPSEEK_V3 = _llama_like("deepseek_v3", ("DeepseekV3ForCausalLM",), ("deepseek_v3",),
+                          _pre_norm(LATENT_ATTENTION, (SHARED_MIXTURE, GATED_MLP), RMS_NORM, "q_a_layernorm", "kv_a_layernorm",
+                                    optional=True), RMS_NORM)
+#: Llama 4's text decoder: chunked local attention layers with RoPE (complex rotation, the file's `apply_rotary_emb`)
+#: and a weightless query and key norm, global layers without either and with the queries' temperature tuned by
+#: position, mixture layers (routed experts fed their scored input, a shared expert) among dense ones (`feed_forward`)
+LLAMA4 = _llama_like("llama4", ("Llama4ForCausalLM",), ("llama4_text",),
+                     (("input_layernorm", (RMS_NORM,)), ("self_attn", (LLAMA4_ATTENTION,)), ("self_attn.qk_norm", (WEIGHTLESS_NORM, ABSENT)),
+                      ("post_attention_layernorm", (RMS_NORM,)), ("feed_forward", (INPUT_GATED_MIXTURE, GATED_MLP))), RMS_NORM,
+                     Residual("self_attn", "feed_forward", before_attention="input_layernorm", before_mlp="post_attention_layernorm"))
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
@@ -656,7 +778,8 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), residual=Residual("attn", "mlp", before_attention="ln_1", before_mlp="ln_2"),
 )
-LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS, GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
+LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
+           GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 
@@ -729,18 +852,22 @@ def session_attribute(attention: nn.Module, session: Session) -> Replacements:
     return {SESSION: session}
 
 
+#: the modeling files' functions that rotate queries and keys `(q, k, *tables)`: Llama's, DeepSeek's on interleaved
+#: pairs, Llama 4's complex one
+ROTATIONS = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
+
+
 def _rotation_passing(modeling: object) -> ForwardFactory:
-    """An entry (for the decoder, run once per call) that replaces the modeling file's `apply_rotary_pos_emb`, for this
-    thread and call, by the same rotation of queries and keys passing relevance coordinate by coordinate; nothing
-    where the file rotates nothing (GPT-2)."""
-    rotate = getattr(modeling, "apply_rotary_pos_emb", None)
+    """An entry (for the decoder, run once per call) that replaces the modeling file's rotations (`ROTATIONS`), for
+    this thread and call, by the same rotation of queries and keys passing relevance coordinate by coordinate;
+    nothing where the file rotates nothing (GPT-2)."""
+
+    def passing(rotate: Callable, session: Session) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        return lambda q, k, *args, **kwargs: (passthrough(session, lambda t: rotate(t, t, *args, **kwargs)[0], q),
+                                              passthrough(session, lambda t: rotate(t, t, *args, **kwargs)[1], k))
 
     def factory(_decoder: nn.Module, session: Session) -> Replacements:
-        if rotate is None:
-            return {}
-        return {(modeling, "apply_rotary_pos_emb"): lambda q, k, cos, sin, *args, **kwargs: (
-            passthrough(session, lambda t: rotate(t, t, cos, sin, *args, **kwargs)[0], q),
-            passthrough(session, lambda t: rotate(t, t, cos, sin, *args, **kwargs)[1], k))}
+        return {(modeling, name): passing(getattr(modeling, name), session) for name in ROTATIONS if hasattr(modeling, name)}
 
     return factory
 
@@ -791,12 +918,19 @@ def rule_map(layout: Layout, model: nn.Module, ruled: list[tuple[nn.Module, Rule
     mixtures = [module for layer in layers for module in [getattr(layer, layout.residual.mlp)] if hasattr(module, "experts")]
     leaves = transformers_leaves()
     activations = {cls for cls, entry in leaves.items() if entry is ACTIVATION_LEAF}
-    return {
+    entries = {
         **leaves, **{cls: unchanged for cls in activations}, Conv1D: CONV1D,
         **by_type([model, getattr(decoder, "rotary_emb", None), *mixtures, *(getattr(m, "gate", None) or m.router for m in mixtures)],
                   unchanged),
         type(decoder): _rotation_passing(sys.modules[type(attentions[0]).__module__]),
         **by_type(layers, layout.residual.rule),
         **by_type(attentions, session_attribute),
-        **{type(module): (lambda forward: lambda m, session: {"forward": forward(m, session)})(forward) for module, forward in ruled},
     }
+    for module, forward in ruled:  # a ruled part's forward on top of its type's entry (Llama 4's attention keeps its session)
+        entries[type(module)] = _with_forward(entries.get(type(module), unchanged), forward)
+    return entries
+
+
+def _with_forward(entry: ForwardFactory, forward: RuleForward) -> ForwardFactory:
+    """`entry`'s replacements and the rule forward `forward`."""
+    return lambda module, session: {**entry(module, session), "forward": forward(module, session)}
