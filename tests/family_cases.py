@@ -124,9 +124,10 @@ def _decoder_case(arch: str, build: Callable[[str], torch.nn.Module] = build_llm
                       lambda: [(llm_batch(f"single{row}"), None) for row in range(3)], tolerance)
 
 
-#: GLM-4.5's router computes in float32 (transformers' own): a gradient through it differs between a batch and a
-#: row alone by about 1e-7 of the map, in autograd's own input x gradient too
-_DECODER_TOLERANCE = {"glm4_moe": 1e-6}
+#: GLM-4.5's and DeepSeek-V3's routers compute in float32 (transformers' own), Llama 4's rotation and router too: a
+#: gradient through them differs between a batch and a row alone by about 1e-7 of the map, in autograd's own input x
+#: gradient too
+_DECODER_TOLERANCE = {"glm4_moe": 1e-6, "deepseek_v3": 1e-6, "llama4": 1e-6}
 
 
 def _run_once(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.nn.Module:

@@ -17,6 +17,7 @@ from test_causal_lm import assert_close_to
 import relevancy
 from relevancy.families.base import UnsupportedModelError
 from relevancy.families.causal_lm import CausalLMAdapter
+from relevancy.families.causal_lm.layouts import ROTATIONS
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "llm_lxt_families.pt", weights_only=False)
 NAMES = ("right", "left", "single0", "single1", "single2")
@@ -86,16 +87,19 @@ MISNAMED = {
     "cohere": ("llama", "model.layers.0.input_layernorm (CohereLayerNorm) is not an RMSNorm"),
     "glm4_moe": ("qwen3_moe", "model.layers.1.mlp (Glm4MoeMoE) is not a mixture of experts"),
     "gpt_oss": ("mixtral", "model.layers.0.mlp (GptOssMLP) is not a mixture of experts"),
+    "deepseek_v3": ("llama", "model.layers.0.self_attn (DeepseekV3Attention) is not self-attention with q_proj"),
+    "llama4": ("llama", "model.layers.0.mlp (nothing) is not a gated MLP"),
 }
 
 
 @pytest.mark.parametrize("family", MISNAMED)
 def test_a_model_whose_name_says_another_layout_is_refused_naming_the_part(family):
     """A Gemma 3, Qwen3 or Cohere whose model type reads "llama", a GLM-4.5 MoE whose reads "qwen3_moe", a gpt-oss
-    whose reads "mixtral": its layers are not that layout's (Gemma's norm computes `x / rms(x) * (1 + w)`, Qwen3's
-    attention has query and key norms, Cohere's norm is a LayerNorm, GLM's mixture has shared experts, gpt-oss's
-    experts are stored otherwise, with biases), so it is refused, naming the part, the decoder
-    families by their classes and the page on adding one."""
+    whose reads "mixtral", a DeepSeek-V3 or a Llama 4 whose reads "llama": its layers are not that layout's (Gemma's
+    norm computes `x / rms(x) * (1 + w)`, Qwen3's attention has query and key norms, Cohere's norm is a LayerNorm,
+    GLM's mixture has shared experts, gpt-oss's experts are stored otherwise, with biases, DeepSeek's attention is
+    latent, Llama 4's MLP is its `feed_forward`), so it is refused, naming the part, the decoder families by their
+    classes and the page on adding one."""
     model = build(family)
     model_type, part = MISNAMED[family]
     model.config.model_type = model_type
@@ -104,6 +108,7 @@ def test_a_model_whose_name_says_another_layout_is_refused_naming_the_part(famil
     message = str(error.value)
     assert part in message and "\n" not in message
     assert "Gemma3ForCausalLM, Gemma2ForCausalLM" in message and "GPTNeoXForCausalLM" in message and "docs/adding-a-family.md" in message
+    assert "DeepseekV3ForCausalLM" in message and "Llama4ForCausalLM" in message
     assert "ViT" not in message  # the decoder families only
 
 
@@ -153,21 +158,26 @@ def test_a_norm_that_computes_otherwise_is_refused():
 def test_every_layout_runs_the_seeds_lrp_methods(family, method):
     """Every layout's one rule map serves the seeds' methods too (the CVPR'21 rules: RoPE, query and key norms,
     Gemma's norms around both branches and its soft-caps, OLMo 2's norms after them, GPT-NeoX's parallel branches,
-    a mixture's experts and router weights): the rules conserve the explained 1 on every row of a padded batch, a
-    padded row's map is the row's alone, and the model is as it was after."""
+    a mixture's experts and router weights; DeepSeek's latent attention and interleaved rotation, Llama 4's complex
+    rotation and query temperature): the rules conserve the explained 1 on every row of a padded batch, a padded
+    row's map is the row's alone, and the model is as it was after. Llama 4's padding is on the right: its query
+    temperature reads each query's place in the padded sequence, not its position id (the model's own; its default
+    `floor_scale` of 8192 makes the factor 1 for shorter prompts), so left padding changes a row there."""
     options = {"rules": "paper"} if method != "transformer_attribution" else {}
     model = model_of(family)
     before, modeling = snapshot(model), vars(sys.modules[type(model).__module__])
-    rotation = modeling.get("apply_rotary_pos_emb")  # the modeling file's RoPE, replaced in this thread for the call
-    explanation = relevancy.explain(model, batch("left"), method=method, **options)
+    rotations = {name: modeling[name] for name in ROTATIONS if name in modeling}  # replaced in this thread for the call
+    padding = "right" if family == "llama4" else "left"
+    explanation = relevancy.explain(model, batch(padding), method=method, **options)
     assert_same(before, snapshot(model))
-    assert modeling.get("apply_rotary_pos_emb") is rotation
+    assert all(modeling[name] is rotation for name, rotation in rotations.items())
     # partial LRP reads the last attention's relevance, not the input's; gpt-oss's clamps cut some relevance
     # (test_gpt_oss: conserved where they cut nothing)
     if method != "partial_lrp" and family != "gpt_oss":
         assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
     single = relevancy.explain(model, batch("single2"), method=method, **options).scores
-    assert_close_to(explanation.scores[2, -3:], single[0], f"{family} {method}", 1e-9)
+    row = explanation.scores[2, :3] if padding == "right" else explanation.scores[2, -3:]
+    assert_close_to(row, single[0], f"{family} {method}", 1e-6 if family == "llama4" else 1e-9)  # Llama 4 rotates in float32
 
 
 def test_gemma2_soft_caps_attention_and_logits():
