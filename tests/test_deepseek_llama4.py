@@ -48,12 +48,18 @@ def test_the_layouts_read_every_part(family):
         assert layers[0].is_moe_layer and not layers[1].is_moe_layer
 
 
-def test_deepseek_without_low_rank_queries():
-    """`q_lora_rank=None`: the queries come from one `q_proj`, the query norm is absent, and CP-LRP still conserves."""
-    model = build("deepseek_v3", q_lora_rank=None)
-    assert CausalLMAdapter(model).layout.name == "deepseek_v3" and model.model.layers[0].self_attn.q_proj is not None
-    explanation = relevancy.explain(model, batch("single0"), method="cp_lrp")
-    assert torch.allclose(explanation.relevance_total, torch.ones(1, dtype=torch.float64), atol=1e-6)
+@pytest.mark.parametrize("options", [{"q_lora_rank": None}, {"rope_interleave": False}])
+@pytest.mark.parametrize("method,rules", [("cp_lrp", None), ("lrp", "paper")])
+def test_deepseek_variants(options, method, rules):
+    """`q_lora_rank=None`: the queries come from one `q_proj` and the query norm is absent; `rope_interleave=False`:
+    the halves rotated (Llama's rotation, which the gradient rules run as their fused twin). Both are taken by the
+    layout, and CP-LRP and the seeds' rules conserve the logit on every row."""
+    model = build("deepseek_v3", **options)
+    attention = model.model.layers[0].self_attn
+    assert CausalLMAdapter(model).layout.name == "deepseek_v3"
+    assert (attention.q_proj is not None) == ("q_lora_rank" in options)
+    explanation = relevancy.explain(model, batch("left"), method=method, **({"rules": rules} if rules else {}))
+    assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-6)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

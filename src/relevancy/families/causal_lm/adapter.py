@@ -1,5 +1,6 @@
 """Decoder language models: transformers' `...ForCausalLM` of the layouts in `layouts.py` (Llama, Qwen2/3, Mistral,
-Mixtral, Qwen3-MoE, Gemma 2/3, Phi-3, OLMo 2, GPT-NeoX, GPT-2), each checked on its modules before it is ruled.
+Mixtral, Qwen3-MoE, GLM-4.5 MoE, DeepSeek-V3, Llama 4, gpt-oss, Cohere, Gemma 2/3, Phi-3, OLMo 2, GPT-NeoX, GPT-2),
+each checked on its modules before it is ruled.
 
 Inputs are the tokenizer's output (`input_ids`, `attention_mask`, left or right padding). One stream `text`, read
 at each row's last real token: the explained score is a logit of the token that comes next. Position ids count the
