@@ -422,9 +422,9 @@ def _fits_latent_attention(module: nn.Module, width: int) -> bool:
     if not all(isinstance(size, int) for size in sizes):
         return False
     heads, nope, rope, value, rank = sizes
-    low_rank = getattr(module, "q_a_proj", None)
-    queries = (_linear(low_rank, width) and _linear(getattr(module, "q_b_proj", None), linears.features(low_rank)[1], heads * (nope + rope))
-               if low_rank is not None else _linear(getattr(module, "q_proj", None), width, heads * (nope + rope)))
+    low_rank, width_of_queries = getattr(module, "q_a_proj", None), heads * (nope + rope)
+    queries = (_linear(low_rank, width) and _linear(getattr(module, "q_b_proj", None), linears.features(low_rank)[1], width_of_queries)
+               if low_rank is not None else _linear(getattr(module, "q_proj", None), width, width_of_queries))
     return (queries and _linear(getattr(module, "kv_a_proj_with_mqa", None), width, rank + rope)
             and _linear(getattr(module, "kv_b_proj", None), rank, heads * (nope + value))
             and _linear(getattr(module, "o_proj", None), heads * value, width))
@@ -433,7 +433,7 @@ def _fits_latent_attention(module: nn.Module, width: int) -> bool:
 def _fits_weightless_norm(module: nn.Module, width: int) -> bool:
     """Llama 4's query and key norm (`Llama4TextL2Norm`): `x / rms(x)`, no parameter."""
     eps = _eps(module)
-    return eps is not None and not any(True for _ in module.parameters()) and _computes(module, width, lambda x: _normalised(x, eps))
+    return eps is not None and next(module.parameters(), None) is None and _computes(module, width, lambda x: _normalised(x, eps))
 
 
 def _fits_input_gated_experts(module: nn.Module, width: int) -> bool:
@@ -616,7 +616,7 @@ def _temperature_passing(attention: nn.Module, session: Session) -> Callable[...
     (`attn_temperature_tuning`), in an explicit pass the queries' position-dependent factor (the model's
     `log1p(floor((t + 1) / floor_scale)) * attn_scale + 1`) is a constant passing relevance: applied to `q_proj`'s
     output (such a layer neither rotates nor norms its queries, so the factor per position commutes with the view
-    to heads) and the module's own tuning off for the call."""
+    to heads) and the module's own tuning off for the call (an instance attribute, as the session on attention)."""
     own = attention.forward
     if not (session.rule_set.explicit and attention.attn_temperature_tuning and not attention.use_rope):
         return own
@@ -670,8 +670,8 @@ ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", fits_atte
 #: own, its rotation the file's (passing relevance in an explicit pass), its attention relevancy's
 LATENT_ATTENTION = Part("multi-head latent attention (q_proj or q_a_proj and q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj)",
                         _fits_latent_attention, owns=("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
-LLAMA4_ATTENTION = Part("Llama 4's self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
-                        _temperature_passing, owns=("q_proj", "k_proj", "v_proj", "o_proj"))
+LLAMA4_ATTENTION = Part("Llama 4's self-attention with q_proj, k_proj, v_proj, o_proj", ATTENTION.fits, _temperature_passing,
+                        owns=ATTENTION.owns)
 SINK_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj and a sink per head", _fits_sink_attention,
                       owns=("q_proj", "k_proj", "v_proj", "o_proj", "sinks"))
 FUSED_ATTENTION = Part("self-attention with a fused qkv_proj and o_proj", fits_attention("qkv_proj", "o_proj"), owns=("qkv_proj", "o_proj"))
@@ -761,8 +761,9 @@ DEEPSEEK_V3 = _llama_like("deepseek_v3", ("DeepseekV3ForCausalLM",), ("deepseek_
 #: and a weightless query and key norm, global layers without either and with the queries' temperature tuned by
 #: position, mixture layers (routed experts fed their scored input, a shared expert) among dense ones (`feed_forward`)
 LLAMA4 = _llama_like("llama4", ("Llama4ForCausalLM",), ("llama4_text",),
-                     (("input_layernorm", (RMS_NORM,)), ("self_attn", (LLAMA4_ATTENTION,)), ("self_attn.qk_norm", (WEIGHTLESS_NORM, ABSENT)),
-                      ("post_attention_layernorm", (RMS_NORM,)), ("feed_forward", (INPUT_GATED_MIXTURE, GATED_MLP))), RMS_NORM,
+                     (("input_layernorm", (RMS_NORM,)), ("self_attn", (LLAMA4_ATTENTION,)),
+                      ("self_attn.qk_norm", (WEIGHTLESS_NORM, ABSENT)), ("post_attention_layernorm", (RMS_NORM,)),
+                      ("feed_forward", (INPUT_GATED_MIXTURE, GATED_MLP))), RMS_NORM,
                      Residual("self_attn", "feed_forward", before_attention="input_layernorm", before_mlp="post_attention_layernorm"))
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
