@@ -16,6 +16,7 @@ from bimodal_golden import bimodal_case, build as build_bimodal, padded
 from hf_vit_models import tiny_dinov2_swiglu, tiny_hf
 
 from decoder_families import FAMILIES as DECODER_FAMILIES, build as build_decoder
+from state_space_models import FAMILIES as STATE_SPACE_FAMILIES, build as build_state_space
 from vlm_models import FAMILIES as VLM_FAMILIES, alone, build as build_vlm, inputs as vlm_inputs
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
@@ -176,5 +177,6 @@ FAMILIES: dict[str, FamilyCase] = {
     "causal_lm_llama": _decoder_case("llama"),
     "causal_lm_gpt2": _decoder_case("gpt2"),
     **{f"causal_lm_{family}": _decoder_case(family, build_decoder, _DECODER_TOLERANCE.get(family, 1e-9)) for family in DECODER_FAMILIES},
+    **{f"state_space_{family}": _decoder_case(family, build_state_space) for family in STATE_SPACE_FAMILIES},
     **{f"vision_language_{family}": _vision_language_case(family) for family in VLM_FAMILIES},
 }

@@ -25,7 +25,7 @@ from torch import nn
 from ...core import dispatch, linears
 from ...core.conventions import Conventions, GradCamConventions
 from ...results.explanation import DecoderExplanation, GenerationExplanation
-from ...results.parts import LatentRelevance, SpanRelevance
+from ...results.parts import LATENT_PARTS, LatentRelevance, SpanRelevance
 from ...core.guard import recomputed_as_this_thread, this_thread_only
 from ...lrp.attention import SCALED_QUERIES, attend
 from ...lrp.engine import Session, passthrough, relevance_session, replaced
@@ -43,6 +43,9 @@ from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"
+#: the methods a decoder without attention layers (a state-space decoder: Mamba) offers: those that read no
+#: attention matrix and no explicit relevance pass, in the registry's order
+RECURRENT_METHODS = ("token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
 #: the tokens of the probe on which a model's explaining forwards are checked against its own (`own_forward_problems`)
 PROBE_TOKENS = 6
 #: per model, the structure its explaining forwards were checked on (`layouts.structure`) and what differed, by path
@@ -199,6 +202,9 @@ class CausalLMAdapter(Adapter):
         self.structure, self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
+        if self.layout.attention is None:  # no attention matrix to read, no explicit rule map of a recurrence
+            self.methods = RECURRENT_METHODS
+            self.family = f"state-space decoder ({self.layout.name}: no attention layers)"
 
     @functools.cached_property
     def configs(self) -> list[object]:
@@ -249,7 +255,10 @@ class CausalLMAdapter(Adapter):
         return {"text": Stream("text", "text", 0, last_real(inputs.attention_mask), valid=inputs.valid)}
 
     def attention_sites(self) -> list[AttentionSite]:
-        """Each layer's causal self-attention; its second output is the probabilities under the exact attention."""
+        """Each layer's causal self-attention; its second output is the probabilities under the exact attention (none
+        in a state-space decoder)."""
+        if self.layout.attention is None:
+            return []
         return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
                 for layer in getattr(self.decoder, self.layout.layers)]
 
@@ -321,9 +330,10 @@ class CausalLMAdapter(Adapter):
         ids = (torch.arange(PROBE_TOKENS, device=device) % self.text_config.vocab_size)[None]
         mask = torch.ones_like(ids)
         paths = {"plain": ("as relevancy runs it", contextlib.nullcontext),
-                 "gradient": ("under the gradient rules (attnlrp, cp_lrp)", lambda: self.rules_applied(ATTNLRP)),
-                 "explicit": ("under the explicit rules (transformer_attribution, lrp, partial_lrp)",
-                              lambda: relevance_session(self.model, self.relevance_rule_map(), PAPER, gradient_pass=False))}
+                 "gradient": ("under the gradient rules (attnlrp, cp_lrp)", lambda: self.rules_applied(ATTNLRP))}
+        if self.layout.residual is not None:  # a layout with an explicit rule map
+            paths["explicit"] = ("under the explicit rules (transformer_attribution, lrp, partial_lrp)",
+                                 lambda: relevance_session(self.model, self.relevance_rule_map(), PAPER, gradient_pass=False))
         problems = {}
         with eval_mode(self.model), torch.no_grad():
             own_layers, own = self._layers_recorded(lambda: self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -1])
@@ -374,7 +384,8 @@ class CausalLMAdapter(Adapter):
             session = Session(rules)
             replacements = [(module, "forward", forward(module, session)) for module, forward in self.ruled]
             replacements += [(config, SESSION, session) for config in self.configs]
-            replacements += rotation_replacements(getattr(self.blocks[0], self.layout.attention))
+            if self.layout.attention is not None:
+                replacements += rotation_replacements(getattr(self.blocks[0], self.layout.attention))
         restore = switch_attention(self.configs, _registered_attention(probabilities))
         try:
             with replaced(replacements):
@@ -567,6 +578,11 @@ class CausalLMAdapter(Adapter):
         else:
             hidden_hooks = []
         entering = LayerInput(self.blocks[0]) if hidden_hooks and self.reads_images else None
+        if "heads" in parts and self.layout.attention is None:  # `latent=True`: all the model has
+            if parts != frozenset(LATENT_PARTS):
+                raise ValueError(f"latent relevance of heads reads attention heads; the {self.layout.name} layout has no "
+                                 "attention layers: ask for 'layers' or 'neurons'")
+            parts = parts - {"heads"}
         projections = [getattr(getattr(layer, self.layout.attention), self.layout.attention_output) for layer in self.blocks] if "heads" in parts else []
         handles = []
         try:
@@ -600,6 +616,9 @@ class CausalLMAdapter(Adapter):
         and every gradient are those of the whole MLP (a position that is not read gets none). About a layer's
         MLP less in the forward and in the backward. A mixture of experts runs whole (it routes the batch as one).
         An instance attribute, in the calling thread only, removed after."""
+        if self.layout.residual is None:  # a state-space layer mixes positions: run whole
+            yield
+            return
         mlp = getattr(self.blocks[-1], self.layout.residual.mlp)
         own = mlp.forward
         columns = None

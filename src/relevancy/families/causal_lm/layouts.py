@@ -40,6 +40,7 @@ from ...lrp.engine import (
 from ...lrp.rule_sets import weight_rule
 from ..base import UnsupportedModelError
 from ..hf_attention import gated_activation, gated_forward, gated_product, transformers_leaves
+from . import recurrent
 
 #: the attribute of an attention module (a seeds' relevance session) or of a config (a gradient rule set's session, for
 #: every attention of the config's modules) that holds the call's session, read by relevancy's attention
@@ -161,7 +162,9 @@ class Layout:
     output projection on the attention (its input: the heads' outputs side by side); `parts`: (path on a
     layer, the kinds of module it may be) and `final`: (path on the decoder, kind) - every module the rules touch;
     `residual`: how a layer adds its branches to the residual stream; `logit_scale`: how the model scales its logits
-    (Granite's division by `logits_scaling`, Cohere's product with `logit_scale`; None: not at all)."""
+    (Granite's division by `logits_scaling`, Cohere's product with `logit_scale`; None: not at all). A state-space
+    decoder (Mamba) has no attention (`attention`, `attention_output` None) and no explicit rule map (`residual`
+    None: its layers run as they are under the gradient rules, their residual add's gradient the add rule)."""
 
     name: str
     classes: tuple[str, ...]
@@ -169,12 +172,12 @@ class Layout:
     decoder: str
     embeddings: str
     layers: str
-    attention: str
+    attention: str | None
     attention_norm: str | None
-    attention_output: str
+    attention_output: str | None
     parts: tuple[tuple[str, tuple[Part, ...]], ...]
     final: tuple[str, Part]
-    residual: Residual
+    residual: Residual | None
     logit_scale: LogitScale | None = None
 
     def misfit(self, model: nn.Module) -> str | None:
@@ -679,6 +682,10 @@ NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", f
                       owns=("query_key_value", "dense"))
 GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_attention, owns=("c_attn", "c_proj"))
 GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", fits_plain_mlp("c_fc", "c_proj", "act"), plain_mlp("c_fc", "c_proj", "act"))
+MAMBA_MIXER = Part("Mamba's state-space mixer (in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj)", recurrent.fits_mamba_mixer,
+                   recurrent.mamba_mixer)
+MAMBA2_MIXER = Part("Mamba-2's state-space mixer (in_proj, conv1d, A_log, D, dt_bias, a gated norm, out_proj)",
+                    recurrent.fits_mamba2_mixer, recurrent.mamba2_mixer)
 NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
                 plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
 
@@ -779,8 +786,16 @@ GPT2 = Layout(
     parts=(("ln_1", (LAYER_NORM,)), ("attn", (GPT2_ATTENTION,)), ("ln_2", (LAYER_NORM,)), ("mlp", (GPT2_MLP,))),
     final=("ln_f", LAYER_NORM), residual=Residual("attn", "mlp", before_attention="ln_1", before_mlp="ln_2"),
 )
+#: Mamba: a norm and a state-space mixer per layer (`x + mixer(norm(x))`), no attention
+MAMBA = Layout("mamba", ("MambaForCausalLM",), ("mamba",), decoder="backbone", embeddings="embeddings", layers="layers",
+               attention=None, attention_norm="norm", attention_output=None,
+               parts=(("norm", (RMS_NORM,)), ("mixer", (MAMBA_MIXER,))), final=("norm_f", RMS_NORM), residual=None)
+#: Mamba-2: Mamba's layer with Mamba-2's mixer (a scan per head, a gated RMSNorm)
+MAMBA2 = Layout("mamba2", ("Mamba2ForCausalLM",), ("mamba2",), decoder="backbone", embeddings="embeddings", layers="layers",
+                attention=None, attention_norm="norm", attention_output=None,
+                parts=(("norm", (RMS_NORM,)), ("mixer", (MAMBA2_MIXER,))), final=("norm_f", RMS_NORM), residual=None)
 LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
-           GPT_NEOX, GPT2)  # for an unknown model type: the first that fits
+           GPT_NEOX, GPT2, MAMBA, MAMBA2)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 

@@ -1,0 +1,125 @@
+"""The state-space mixers of transformers' Mamba and Mamba-2 decoders as layout parts: what each must be, and its
+forward under a rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of
+a recurrence and are not offered on these layouts).
+
+The forward is the model's own computation, written with the engine's operations so that each rule applies where
+MambaLRP (Jafari et al., NeurIPS 2024) puts it:
+- the input projection, the causal depth-wise convolution and the output projection: linear, gradient x input;
+- the SiLU after the convolution: the identity rule (`engine.activation`);
+- the selective scan: `dt`, `B`, `C` held constant (`lrp.recurrence.held`), so that the recurrence is a linear map
+  of what it carries; the skip `D u` linear;
+- the output times `silu(z)`, a product of two input-dependent factors: the gate rule (`hf_attention.gated_product`:
+  AttnLRP's uniform rule, half to each, the SiLU under the identity rule; CP-LRP holds the gate constant);
+- Mamba-2's gated RMSNorm: that product, then the group-wise RMS divisor held constant (the identity rule on a
+  normalisation).
+The recurrence runs in float32 at least (transformers casts parts of its own scan to float32: a float64 model's maps
+are float64's here, its own logits float32's at those steps).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...lrp import recurrence
+from ...lrp.engine import MissingRuleError, Session, activation
+from ..hf_attention import gated_product
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Padding positions set to 0, as the mixers set them (`apply_mask_to_padding_states`)."""
+    return x if mask is None else (x * mask[:, :, None]).to(x.dtype)
+
+
+def _refuse_cache(cache: object) -> None:
+    if cache is not None:
+        raise MissingRuleError("relevance propagation runs decoders over the whole sequence: no cache")
+
+
+def _convolved(mixer: nn.Module, session: Session, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The causal depth-wise convolution over the positions of `x` `(batch, T, channels)` and its activation (the
+    identity rule), padding set to 0 after it: `(batch, T, channels)`."""
+    convolved = mixer.conv1d(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+    return _masked(activation(session, mixer.act, convolved), mask)
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def mamba_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+    """Mamba's mixer (`MambaMixer`) under MambaLRP's rules."""
+
+    def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        _refuse_cache(cache)
+        u, z = mixer.in_proj(_masked(hidden_states, attention_mask)).chunk(2, dim=-1)
+        u = _convolved(mixer, session, u, attention_mask)
+        step, b, c = mixer.x_proj(u).split([mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size], dim=-1)
+        dt, b, c = recurrence.held(session, F.softplus(_wide(mixer.dt_proj(step))), b, c)
+        a = -torch.exp(_wide(mixer.A_log))
+        y = recurrence.selective_scan(_wide(u), dt, a, _wide(b), _wide(c)) + _wide(u) * mixer.D
+        return mixer.out_proj(gated_product(session, F.silu, _wide(z), y).to(hidden_states.dtype))
+
+    return forward
+
+
+def mamba2_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+    """Mamba-2's mixer (`Mamba2Mixer`) under MambaLRP's rules carried to Mamba-2: its scan per head with the step,
+    `B` and `C` held constant, its gated RMSNorm under the gate rule and a constant divisor."""
+
+    def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        _refuse_cache(cache)
+        batch, length, _ = hidden_states.shape
+        inner, grouped = mixer.intermediate_size, mixer.n_groups * mixer.ssm_state_size
+        z, xbc, dt = mixer.in_proj(_masked(hidden_states, attention_mask)).split([inner, mixer.conv_dim, mixer.num_heads], dim=-1)
+        x, b, c = _convolved(mixer, session, xbc, attention_mask).split([inner, grouped, grouped], dim=-1)
+        low, high = mixer.time_step_limit
+        dt = torch.clamp(F.softplus(_wide(dt) + mixer.dt_bias), min=low, max=high)
+        per_group = mixer.num_heads // mixer.n_groups
+        b, c = (_wide(t).view(batch, length, mixer.n_groups, -1).repeat_interleave(per_group, dim=2) for t in (b, c))
+        dt, b, c = recurrence.held(session, dt, b, c)
+        heads = _wide(x).view(batch, length, mixer.num_heads, mixer.head_dim)
+        y = recurrence.head_scan(heads, dt, -torch.exp(_wide(mixer.A_log)), b, c) + heads * mixer.D[:, None]
+        return mixer.out_proj(_gated_norm(mixer.norm, session, y.reshape(batch, length, inner), _wide(z)).to(hidden_states.dtype))
+
+    return forward
+
+
+def _gated_norm(norm: nn.Module, session: Session, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Mamba-2's `MambaRMSNormGated`: `y * silu(z)` (the gate rule), then each group of `group_size` channels over
+    its root mean square (held constant under a rule set), times the weight."""
+    gated = gated_product(session, F.silu, z, y)
+    groups = gated.unflatten(-1, (-1, norm.group_size))
+    divisor = torch.sqrt(groups.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * (groups / (divisor.detach() if session is not None else divisor)).flatten(-2).to(y.dtype)
+
+
+def fits_mamba_mixer(module: nn.Module, width: int) -> bool:
+    """Mamba's mixer: `in_proj` to twice the inner width, a depth-wise `conv1d`, `x_proj` to the step's rank and twice
+    the state, `dt_proj`, `A_log (inner, state)`, `D (inner,)`, `out_proj` back to the width."""
+    inner, state, rank = (getattr(module, name, None) for name in ("intermediate_size", "ssm_state_size", "time_step_rank"))
+    parts = [getattr(module, name, None) for name in ("in_proj", "x_proj", "dt_proj", "out_proj")]
+    if not all(isinstance(p, nn.Linear) for p in parts) or not isinstance(getattr(module, "conv1d", None), nn.Conv1d):
+        return False
+    in_proj, x_proj, dt_proj, out_proj = parts
+    return ((in_proj.in_features, in_proj.out_features) == (width, 2 * inner) and x_proj.out_features == rank + 2 * state
+            and (dt_proj.in_features, dt_proj.out_features) == (rank, inner) and out_proj.out_features == width
+            and tuple(module.A_log.shape) == (inner, state) and tuple(module.D.shape) == (inner,)
+            and module.conv1d.groups == inner and callable(getattr(module, "act", None)))
+
+
+def fits_mamba2_mixer(module: nn.Module, width: int) -> bool:
+    """Mamba-2's mixer: `in_proj` to the gate, the convolved `x, B, C` and a step per head, a depth-wise `conv1d`,
+    `A_log`, `D`, `dt_bias` per head, a gated RMSNorm over groups, `out_proj` back to the width."""
+    names = ("intermediate_size", "conv_dim", "num_heads", "head_dim", "n_groups", "ssm_state_size")
+    inner, conv_dim, heads, head_dim, groups, state = (getattr(module, name, None) for name in names)
+    in_proj, out_proj, norm = (getattr(module, name, None) for name in ("in_proj", "out_proj", "norm"))
+    if not (isinstance(in_proj, nn.Linear) and isinstance(out_proj, nn.Linear) and isinstance(getattr(module, "conv1d", None), nn.Conv1d)):
+        return False
+    return ((in_proj.in_features, in_proj.out_features) == (width, inner + conv_dim + heads) and out_proj.out_features == width
+            and conv_dim == inner + 2 * groups * state and heads * head_dim == inner and heads % groups == 0
+            and all(tuple(getattr(module, name).shape) == (heads,) for name in ("A_log", "D", "dt_bias"))
+            and isinstance(getattr(norm, "group_size", None), int) and tuple(norm.weight.shape) == (inner,)
+            and module.conv1d.groups == conv_dim and callable(getattr(module, "act", None)))
