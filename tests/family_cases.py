@@ -177,6 +177,9 @@ FAMILIES: dict[str, FamilyCase] = {
     "causal_lm_llama": _decoder_case("llama"),
     "causal_lm_gpt2": _decoder_case("gpt2"),
     **{f"causal_lm_{family}": _decoder_case(family, build_decoder, _DECODER_TOLERANCE.get(family, 1e-9)) for family in DECODER_FAMILIES},
-    **{f"state_space_{family}": _decoder_case(family, build_state_space) for family in STATE_SPACE_FAMILIES},
+    # Falcon-H1's gated norm and its scan compute in float32 in its own forward (transformers'): a batch's rows differ
+    # from the rows alone by about 6e-7 of the map in autograd's own input x gradient
+    **{f"state_space_{family}": _decoder_case(family, build_state_space, 1e-6 if family == "falcon_h1" else 1e-9)
+       for family in STATE_SPACE_FAMILIES},
     **{f"vision_language_{family}": _vision_language_case(family) for family in VLM_FAMILIES},
 }

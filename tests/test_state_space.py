@@ -20,7 +20,7 @@ from relevancy.families.base import UnsupportedModelError
 from relevancy.families.causal_lm import CausalLMAdapter
 
 GOLDEN = Path(__file__).parent / "golden"
-FAMILIES = ("mamba", "mamba2")
+FAMILIES = ("mamba", "mamba2", "falcon_h1")
 MODELS: dict[str, torch.nn.Module] = {}
 
 
@@ -32,10 +32,12 @@ def model_of(family: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_layouts_rule_the_norms_and_the_mixers(family):
+    """Every norm and mixer (Falcon-H1: and its MLP; its attention runs relevancy's attention through the config)."""
     adapter = CausalLMAdapter(model_of(family))
-    assert adapter.layout.name == family and adapter.attention_sites() == []
-    prefix = "Mamba" if family == "mamba" else "Mamba2"
-    assert {type(module).__name__ for module, _ in adapter.ruled} == {f"{prefix}RMSNorm", f"{prefix}Mixer"}
+    assert adapter.layout.name == family
+    expected = {"mamba": {"MambaRMSNorm", "MambaMixer"}, "mamba2": {"Mamba2RMSNorm", "Mamba2Mixer"},
+                "falcon_h1": {"FalconH1RMSNorm", "FalconH1Mixer", "FalconH1MLP"}}[family]
+    assert {type(module).__name__ for module, _ in adapter.ruled} == expected
 
 
 def test_attnlrp_on_mamba_is_mamba_lrps_own():
@@ -111,8 +113,15 @@ def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
     model = model_of(family)
     ids, mask = batch("single0").values()
     explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
-    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    logits = model(inputs_embeds=embeddings, attention_mask=mask, use_cache=False).logits[0, -1]
+    # the model's own forward from the ids (Falcon-H1 scales the embeddings it looks up, not those it is given),
+    # its embeddings made a leaf where they are looked up
+    found = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, _i, out: found.append(out.detach().requires_grad_(True)) or found[-1])
+    try:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[0, -1]
+    finally:
+        hook.remove()
+    (embeddings,) = found
     (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
     assert_close_to(explanation.scores, (embeddings * gradient).sum(-1).detach(), f"{family} input x gradient", 1e-10)
 
@@ -137,9 +146,9 @@ def test_the_rules_explain_the_models_own_logit(family, method):
 @pytest.mark.parametrize("padding", ["left", "right"])
 def test_a_padded_row_is_the_row_alone(family, method, padding):
     """The mixers set padding to 0 before and after the convolution: a left-padded row's recurrence starts from the
-    same zero state as the row alone. Input x gradient runs Mamba-2's own scan, which transformers computes in float32
-    in chunks of positions: a left-padded row's chunks start elsewhere, hence 1e-6 there."""
-    tolerance = 1e-6 if (family, method) == ("mamba2", "input_x_gradient") else 1e-10
+    same zero state as the row alone. Input x gradient runs Mamba-2's own scan (Falcon-H1's too), which transformers
+    computes in float32 in chunks of positions: a left-padded row's chunks start elsewhere, hence 1e-6 there."""
+    tolerance = 1e-6 if family != "mamba" and method == "input_x_gradient" else 1e-10
     model = model_of(family)
     batched = relevancy.explain(model, batch(padding), method=method).scores
     mask = batch(padding)["attention_mask"].bool()
@@ -149,7 +158,7 @@ def test_a_padded_row_is_the_row_alone(family, method, padding):
         assert_close_to(batched[row][mask[row]], single, f"{family} {method} row {row}", tolerance)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ["mamba", "mamba2"])
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
 def test_the_rules_conserve_the_logit_without_biases(family, method):
     """No bias anywhere (the convolution's off): the embeddings get the whole explained logit on every row; the step's
@@ -159,10 +168,22 @@ def test_the_rules_conserve_the_logit_without_biases(family, method):
     assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-8)
 
 
+@pytest.mark.parametrize("options", [{}, {"mamba_norm_before_gate": True}, {"mamba_rms_norm": False}])
+def test_falcon_h1_conserves_under_cp_lrp_without_biases(options):
+    """Falcon-H1 without the convolution's bias, its norm gating before or after it or absent: CP-LRP (attention's
+    probabilities constant, the values taking all) conserves the logit through both branches and every multiplier."""
+    model = build("falcon_h1", mamba_conv_bias=False, **options)
+    explanation = relevancy.explain(model, batch("left"), method="cp_lrp")
+    assert torch.allclose(explanation.relevance_total, torch.ones(3, dtype=torch.float64), atol=1e-8)
+
+
 @pytest.mark.parametrize("method", ["raw_attention", "rollout", "generic_attention", "transformer_attribution", "lrp", "cdam"])
 def test_the_attention_methods_are_refused_by_name(method):
-    with pytest.raises(UnsupportedModelError, match=rf"method '{method}' does not apply to the state-space decoder \(mamba: no attention"):
+    """Mamba has no attention; Falcon-H1's attention maps would miss what its mixers mix beside it."""
+    with pytest.raises(UnsupportedModelError, match=rf"method '{method}' does not apply to the mamba decoder \(state-space mixers, no attention layers\)"):
         relevancy.explain(model_of("mamba"), batch("single0"), method=method)
+    with pytest.raises(UnsupportedModelError, match=rf"method '{method}' does not apply to the falcon_h1 decoder \(a state-space mixer beside attention"):
+        relevancy.explain(model_of("falcon_h1"), batch("single0"), method=method)
 
 
 def test_latent_heads_are_refused_layers_are_read():

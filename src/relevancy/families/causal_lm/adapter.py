@@ -43,8 +43,9 @@ from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"
-#: the methods a decoder without attention layers (a state-space decoder: Mamba) offers: those that read no
-#: attention matrix and no explicit relevance pass, in the registry's order
+#: the methods a decoder with state-space layers (Mamba; Falcon-H1's beside attention) offers: those that read no
+#: attention matrix (which would miss what those layers mix) and no explicit relevance pass (no map of a
+#: recurrence), in the registry's order
 RECURRENT_METHODS = ("token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
 #: the tokens of the probe on which a model's explaining forwards are checked against its own (`own_forward_problems`)
 PROBE_TOKENS = 6
@@ -202,9 +203,9 @@ class CausalLMAdapter(Adapter):
         self.structure, self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
-        if self.layout.attention is None:  # no attention matrix to read, no explicit rule map of a recurrence
+        if self.layout.state_space is not None:
             self.methods = RECURRENT_METHODS
-            self.family = f"state-space decoder ({self.layout.name}: no attention layers)"
+            self.family = f"{self.layout.name} decoder ({self.layout.state_space})"
 
     @functools.cached_property
     def configs(self) -> list[object]:
@@ -430,7 +431,9 @@ class CausalLMAdapter(Adapter):
     def hidden_states(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The decoder's last hidden states `(B, T, D)` from token embeddings and their mask, without a KV cache,
         positions counted over the real tokens."""
-        return self.decoder(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        scale = self.layout.embedding_scale
+        entering = embeddings if scale is None else embeddings * getattr(self.decoder, scale)
+        return self.decoder(inputs_embeds=entering, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
 
     def _next_token(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """From token embeddings and their mask: `(logits (B, V), hidden (B, D))` after each row's last real token;

@@ -162,9 +162,13 @@ class Layout:
     output projection on the attention (its input: the heads' outputs side by side); `parts`: (path on a
     layer, the kinds of module it may be) and `final`: (path on the decoder, kind) - every module the rules touch;
     `residual`: how a layer adds its branches to the residual stream; `logit_scale`: how the model scales its logits
-    (Granite's division by `logits_scaling`, Cohere's product with `logit_scale`; None: not at all). A state-space
-    decoder (Mamba) has no attention (`attention`, `attention_output` None) and no explicit rule map (`residual`
-    None: its layers run as they are under the gradient rules, their residual add's gradient the add rule)."""
+    (Granite's division by `logits_scaling`, Cohere's product with `logit_scale`; None: not at all);
+    `embedding_scale`: the decoder's attribute that scales the embeddings it looks up itself but not those it is given
+    (Falcon-H1's `embedding_multiplier`), applied by the adapter, which gives the decoder embeddings. `state_space`:
+    what mixes tokens beside or instead of attention (Mamba's mixers, Falcon-H1's), said in the refusal of the methods
+    that read attention alone; such a decoder (Mamba: no attention, `attention` and `attention_output` None) has no
+    explicit rule map (`residual` None: its layers run as they are under the gradient rules, their residual adds'
+    gradient the add rule)."""
 
     name: str
     classes: tuple[str, ...]
@@ -179,6 +183,8 @@ class Layout:
     final: tuple[str, Part]
     residual: Residual | None
     logit_scale: LogitScale | None = None
+    embedding_scale: str | None = None
+    state_space: str | None = None
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
@@ -356,6 +362,17 @@ def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
         return _project(down, up * module.activation_fn(gate))
 
     return fused.bias is None and down.bias is None and _computes(module, width, expected)
+
+
+def _fits_falcon_h1_mlp(module: nn.Module, width: int) -> bool:
+    """Falcon-H1's MLP `down(up(x) * act(gate(x) * m_gate)) * m_down`."""
+    gate, up, down = (getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
+    inner = getattr(gate, "out_features", None)
+    if not (_linear(gate, width) and _linear(up, width, inner) and _linear(down, inner, width)
+            and all(isinstance(getattr(module, name, None), (int, float)) for name in ("gate_multiplier", "down_multiplier"))):
+        return False
+    return _computes(module, width, lambda x: _project(down, module.act_fn(_project(gate, x) * module.gate_multiplier)
+                                                       * _project(up, x)) * module.down_multiplier)
 
 
 def fits_plain_mlp(into: str, out: str, act: str) -> Fits:
@@ -684,6 +701,7 @@ GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_atte
 GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", fits_plain_mlp("c_fc", "c_proj", "act"), plain_mlp("c_fc", "c_proj", "act"))
 MAMBA_MIXER = Part("Mamba's state-space mixer (in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj)", recurrent.fits_mamba_mixer,
                    recurrent.mamba_mixer)
+FALCON_H1_MLP = Part("Falcon-H1's gated MLP with its gate and output multipliers", _fits_falcon_h1_mlp, recurrent.falcon_h1_mlp)
 MAMBA2_MIXER = Part("Mamba-2's state-space mixer (in_proj, conv1d, A_log, D, dt_bias, a gated norm, out_proj)",
                     recurrent.fits_mamba2_mixer, recurrent.mamba2_mixer)
 NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
@@ -789,13 +807,25 @@ GPT2 = Layout(
 #: Mamba: a norm and a state-space mixer per layer (`x + mixer(norm(x))`), no attention
 MAMBA = Layout("mamba", ("MambaForCausalLM",), ("mamba",), decoder="backbone", embeddings="embeddings", layers="layers",
                attention=None, attention_norm="norm", attention_output=None,
-               parts=(("norm", (RMS_NORM,)), ("mixer", (MAMBA_MIXER,))), final=("norm_f", RMS_NORM), residual=None)
+               parts=(("norm", (RMS_NORM,)), ("mixer", (MAMBA_MIXER,))), final=("norm_f", RMS_NORM), residual=None,
+               state_space="state-space mixers, no attention layers")
 #: Mamba-2: Mamba's layer with Mamba-2's mixer (a scan per head, a gated RMSNorm)
 MAMBA2 = Layout("mamba2", ("Mamba2ForCausalLM",), ("mamba2",), decoder="backbone", embeddings="embeddings", layers="layers",
                 attention=None, attention_norm="norm", attention_output=None,
-                parts=(("norm", (RMS_NORM,)), ("mixer", (MAMBA2_MIXER,))), final=("norm_f", RMS_NORM), residual=None)
+                parts=(("norm", (RMS_NORM,)), ("mixer", (MAMBA2_MIXER,))), final=("norm_f", RMS_NORM), residual=None,
+                state_space="state-space mixers, no attention layers")
+#: Falcon-H1: in every layer a Mamba-2 mixer beside attention, both reading one norm, summed (each times a constant),
+#: then a gated MLP; the embeddings, keys, logits and the MLP's gate and output times constants (muP)
+FALCON_H1 = Layout(
+    "falcon_h1", ("FalconH1ForCausalLM",), ("falcon_h1",), decoder="model", embeddings="embed_tokens", layers="layers",
+    attention="self_attn", attention_norm="input_layernorm", attention_output="o_proj",
+    parts=(("input_layernorm", (RMS_NORM,)), ("self_attn", (ATTENTION,)), ("mamba", (MAMBA2_MIXER,)),
+           ("pre_ff_layernorm", (RMS_NORM,)), ("feed_forward", (FALCON_H1_MLP,))),
+    final=("final_layernorm", RMS_NORM), residual=None, logit_scale=LogitScale("lm_head_multiplier"),
+    embedding_scale="embedding_multiplier",
+    state_space="a state-space mixer beside attention in every layer, which attention maps do not see")
 LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
-           GPT_NEOX, GPT2, MAMBA, MAMBA2)  # for an unknown model type: the first that fits
+           GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 

@@ -1,4 +1,4 @@
-"""The state-space mixers of transformers' Mamba and Mamba-2 decoders as layout parts: what each must be, and its
+"""The state-space mixers of transformers' Mamba, Mamba-2 and Falcon-H1 decoders as layout parts: what each must be, and its
 forward under a rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of
 a recurrence and are not offered on these layouts).
 
@@ -11,7 +11,7 @@ MambaLRP (Jafari et al., NeurIPS 2024) puts it:
 - the output times `silu(z)`, a product of two input-dependent factors: the gate rule (`hf_attention.gated_product`:
   AttnLRP's uniform rule, half to each, the SiLU under the identity rule; CP-LRP holds the gate constant);
 - Mamba-2's gated RMSNorm: that product, then the group-wise RMS divisor held constant (the identity rule on a
-  normalisation).
+  normalisation); Falcon-H1's mixer is Mamba-2's with constant multipliers, its norm optional or after the gate.
 The recurrence runs in float32 at least (transformers casts parts of its own scan to float32: a float64 model's maps
 are float64's here, its own logits float32's at those steps).
 """
@@ -66,14 +66,16 @@ def mamba_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tenso
 
 
 def mamba2_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
-    """Mamba-2's mixer (`Mamba2Mixer`) under MambaLRP's rules carried to Mamba-2: its scan per head with the step,
-    `B` and `C` held constant, its gated RMSNorm under the gate rule and a constant divisor."""
+    """Mamba-2's mixer (`Mamba2Mixer`; Falcon-H1's `FalconH1Mixer`, the same with its constant multipliers on the input
+    and on the projections, and its optional norm) under MambaLRP's rules carried to Mamba-2: its scan per head with
+    the step, `B` and `C` held constant, its output gated (`_gated_output`)."""
 
     def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         _refuse_cache(cache)
         batch, length, _ = hidden_states.shape
         inner, grouped = mixer.intermediate_size, mixer.n_groups * mixer.ssm_state_size
-        z, xbc, dt = mixer.in_proj(_masked(hidden_states, attention_mask)).split([inner, mixer.conv_dim, mixer.num_heads], dim=-1)
+        projected = mixer.in_proj(_masked(hidden_states, attention_mask) * getattr(mixer, "ssm_in_multiplier", 1.0))
+        z, xbc, dt = (projected * getattr(mixer, "mup_vector", 1.0)).split([inner, mixer.conv_dim, mixer.num_heads], dim=-1)
         x, b, c = _convolved(mixer, session, xbc, attention_mask).split([inner, grouped, grouped], dim=-1)
         low, high = mixer.time_step_limit
         dt = torch.clamp(F.softplus(_wide(dt) + mixer.dt_bias), min=low, max=high)
@@ -82,18 +84,31 @@ def mamba2_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tens
         dt, b, c = recurrence.held(session, dt, b, c)
         heads = _wide(x).view(batch, length, mixer.num_heads, mixer.head_dim)
         y = recurrence.head_scan(heads, dt, -torch.exp(_wide(mixer.A_log)), b, c) + heads * mixer.D[:, None]
-        return mixer.out_proj(_gated_norm(mixer.norm, session, y.reshape(batch, length, inner), _wide(z)).to(hidden_states.dtype))
+        return mixer.out_proj(_gated_output(mixer.norm, session, y.reshape(batch, length, inner), _wide(z)).to(hidden_states.dtype))
 
     return forward
 
 
-def _gated_norm(norm: nn.Module, session: Session, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Mamba-2's `MambaRMSNormGated`: `y * silu(z)` (the gate rule), then each group of `group_size` channels over
-    its root mean square (held constant under a rule set), times the weight."""
-    gated = gated_product(session, F.silu, z, y)
-    groups = gated.unflatten(-1, (-1, norm.group_size))
+def _gated_output(norm: nn.Module, session: Session, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The scan's output `y` gated by `silu(z)` (the gate rule) and normalised over groups of channels by their root mean
+    square (held constant under a rule set), times the norm's weight: Mamba-2's `MambaRMSNormGated` gates first,
+    Falcon-H1's `FalconH1RMSNormGated` gates first or after (`norm_before_gate`); Falcon-H1 without its norm
+    (`nn.Identity`) only gates."""
+    if isinstance(norm, nn.Identity):
+        return gated_product(session, F.silu, z, y)
+    after = getattr(norm, "norm_before_gate", False)
+    x = y if after else gated_product(session, F.silu, z, y)
+    groups = x.unflatten(-1, (getattr(norm, "n_groups", None) or x.shape[-1] // norm.group_size, -1))
     divisor = torch.sqrt(groups.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * (groups / (divisor.detach() if session is not None else divisor)).flatten(-2).to(y.dtype)
+    normed = norm.weight * (groups / (divisor.detach() if session is not None else divisor)).flatten(-2)
+    return gated_product(session, F.silu, z, normed) if after else normed
+
+
+def falcon_h1_mlp(mlp: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Falcon-H1's MLP `down(up(x) * act(gate(x) * m_gate)) * m_down`: a gated MLP (the gate rule, the activation of
+    the scaled gate under the identity rule), its constant multipliers passing relevance."""
+    return lambda x: mlp.down_proj(gated_product(session, lambda g: mlp.act_fn(g * mlp.gate_multiplier), mlp.gate_proj(x),
+                                                 mlp.up_proj(x))) * mlp.down_multiplier
 
 
 def fits_mamba_mixer(module: nn.Module, width: int) -> bool:
@@ -112,7 +127,7 @@ def fits_mamba_mixer(module: nn.Module, width: int) -> bool:
 
 def fits_mamba2_mixer(module: nn.Module, width: int) -> bool:
     """Mamba-2's mixer: `in_proj` to the gate, the convolved `x, B, C` and a step per head, a depth-wise `conv1d`,
-    `A_log`, `D`, `dt_bias` per head, a gated RMSNorm over groups, `out_proj` back to the width."""
+    `A_log`, `D`, `dt_bias` per head, a gated RMSNorm over groups (Falcon-H1: or none), `out_proj` back to the width."""
     names = ("intermediate_size", "conv_dim", "num_heads", "head_dim", "n_groups", "ssm_state_size")
     inner, conv_dim, heads, head_dim, groups, state = (getattr(module, name, None) for name in names)
     in_proj, out_proj, norm = (getattr(module, name, None) for name in ("in_proj", "out_proj", "norm"))
@@ -121,5 +136,7 @@ def fits_mamba2_mixer(module: nn.Module, width: int) -> bool:
     return ((in_proj.in_features, in_proj.out_features) == (width, inner + conv_dim + heads) and out_proj.out_features == width
             and conv_dim == inner + 2 * groups * state and heads * head_dim == inner and heads % groups == 0
             and all(tuple(getattr(module, name).shape) == (heads,) for name in ("A_log", "D", "dt_bias"))
-            and isinstance(getattr(norm, "group_size", None), int) and tuple(norm.weight.shape) == (inner,)
+            and (isinstance(norm, nn.Identity) or (isinstance(getattr(norm, "group_size", getattr(norm, "n_groups", None)), int)
+                                                   and tuple(norm.weight.shape) == (inner,)))
             and module.conv1d.groups == conv_dim and callable(getattr(module, "act", None)))
+
