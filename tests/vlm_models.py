@@ -62,18 +62,24 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
     return model.to(dtype).eval()
 
 
-def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
-    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
-    `side` (pad id 0), one random image per row."""
-    generator = torch.Generator().manual_seed(seed)
-    images = {**FAMILIES, **EXTRA}[family][1]
-    rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
+def padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask)` of token rows padded on `side` (pad id 0)."""
     width = max(len(row) for row in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for r, row in enumerate(rows):
         span = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
         ids[r, span], mask[r, span] = row, 1
+    return ids, mask
+
+
+def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
+    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
+    `side` (pad id 0), one random image per row."""
+    generator = torch.Generator().manual_seed(seed)
+    images = {**FAMILIES, **EXTRA}[family][1]
+    rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
+    ids, mask = padded(rows, side)
     pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
 

@@ -31,7 +31,7 @@ from ..causal_lm.layouts import recognised, structure
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
+    GEMMA3, IDEFICS3, LLAVA, QWEN_LAYOUTS, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_named, layout_of, occluded, pixel_patches, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 
@@ -71,8 +71,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        """Any transformers vision-language decoder: one relevancy does not map is refused by `__init__`, naming those it maps."""
-        return is_vision_language(model)
+        """Any transformers vision-language decoder but Qwen2-VL's (`qwen.py`): one relevancy does not map is refused by
+        `__init__`, naming those it maps."""
+        return is_vision_language(model) and layout_named(model) not in QWEN_LAYOUTS
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> ImageTextTokens:
