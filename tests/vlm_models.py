@@ -2,6 +2,9 @@
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import transformers
 from decoder_families import checksum  # noqa: F401  (the reference's and the tests' one checksum)
@@ -83,6 +86,23 @@ def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), 
     pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
 
+
+
+@contextmanager
+def embedding_leaf(model: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """For the model's own forwards inside: the token embeddings' output made a leaf of the graph, kept as
+    `leaf["text"]` (a hook on the embedding, removed after)."""
+    leaf: dict[str, torch.Tensor] = {}
+
+    def hook(_module, _args, output):
+        leaf["text"] = output.detach().requires_grad_(True)
+        return leaf["text"]
+
+    handle = model.get_input_embeddings().register_forward_hook(hook)
+    try:
+        yield leaf
+    finally:
+        handle.remove()
 
 
 def alone(batch: dict[str, torch.Tensor], row: int) -> dict[str, torch.Tensor]:
