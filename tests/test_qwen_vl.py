@@ -147,9 +147,19 @@ def test_the_model_and_its_cached_positions_are_unchanged(family):
     assert model.model.rope_deltas is deltas
 
 
+class Processor:
+    """A stand-in processor: callable, with `decode` (the refusal comes before either is used)."""
+
+    def __call__(self, *args, **kwargs) -> dict:
+        raise AssertionError("not reached")
+
+    def decode(self, *args, **kwargs) -> str:
+        raise AssertionError("not reached")
+
+
 def test_what_is_refused_by_name():
     """Images of different grids in one batch, a video's grid, a video's inputs, a method the family does not offer,
-    a tower block that fits no part: each a one-line error that says so."""
+    a generation (not offered yet), a tower block that fits no part: each a one-line error that says so."""
     model = model_of("qwen2_vl")
     one, other = alone(inputs("qwen2_vl"), 0), inputs("qwen2_vl", lengths=(4,), grid=(1, 4, 4))
     mixed = {"input_ids": torch.cat([one["input_ids"][:, :9], other["input_ids"][:, :9]]), "attention_mask": torch.ones(2, 9, dtype=torch.long),
@@ -166,6 +176,8 @@ def test_what_is_refused_by_name():
     for method in ("generic_attention", "transformer_attribution", "token_ablation", "lrp"):
         with pytest.raises(UnsupportedModelError, match=f"'{method}'"):
             relevancy.explain(model, one, method=method)
+    with pytest.raises(UnsupportedModelError, match="not the Qwen2-VL vision-language decoder family"):
+        relevancy.explain_generation(model, Processor(), "a prompt", max_new_tokens=1)
     odd = build("qwen2_vl")
     odd.model.visual.blocks[1].mlp.act = torch.nn.Identity()
     odd.model.visual.blocks[1].norm2 = torch.nn.Identity()

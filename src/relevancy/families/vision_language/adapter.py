@@ -31,7 +31,8 @@ from ..causal_lm.layouts import recognised, structure
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GEMMA3, IDEFICS3, LLAVA, QWEN_LAYOUTS, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_named, layout_of, occluded, pixel_patches, tokens_on_patches,
+    GEMMA3, GENERATING_CLASSES, IDEFICS3, LLAVA, QWEN_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
+    pixel_patches, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 
@@ -49,7 +50,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
                "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
-    examples = "transformers " + VISION_LANGUAGE_CLASSES
+    examples = "transformers " + GENERATING_CLASSES
     explanation_class = VisionLanguageExplanation
 
     def __init__(self, model: nn.Module) -> None:

@@ -189,6 +189,8 @@ QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL)
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, *QWEN_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
+#: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's yet
+GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in QWEN_LAYOUTS for name in layout.classes)
 
 
 def is_vision_language(model: nn.Module) -> bool:
