@@ -3,7 +3,8 @@ two of its four tower blocks, windows ordered apart from the raster): both class
 and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single and padded both ways
 (tests/golden/qwen_vl_lxt_reference.pt, made by benchmarks/qwen_vl_lxt_reference.py), the pixels laid back by the
 image processor's own `patchify`; input x gradient equal to autograd through the model's own forward; the image's
-patch grid and the merge undone; the model and its cached `rope_deltas` unchanged; what is refused, by name.
+patch grid and the merge undone; the image processor's own output, `checkpoint`, `rows_at_once`, contrasts and
+spans; the model and its cached `rope_deltas` unchanged; what is refused, by name.
 (A batch equal to its rows alone, every method run or refused by name, the model unchanged after a failure:
 the family contract, `family_cases.py`.)"""
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen_vl_models import FAMILIES, GRID, IMAGE_TOKEN, MERGE, PATCH, TEMPORAL, alone, build, checksum, inputs
+from qwen_vl_models import FAMILIES, GRID, IMAGE_TOKEN, MERGE, PATCH, TEMPORAL, VISION_END, VISION_START, alone, build, checksum, inputs
 from test_causal_lm import assert_close_to
 from test_model_unchanged import assert_same, snapshot
 from test_vision_language import assert_equals_lxt
@@ -121,6 +122,35 @@ def attention_row(model: torch.nn.Module, batch: dict, last: torch.Tensor) -> to
             config._attn_implementation = "sdpa"
         model.model.rope_deltas = None
     return out.attentions[-1].mean(1)[torch.arange(len(ids)), last]
+
+
+def test_the_image_processors_output_and_the_options():
+    """Qwen2-VL's own image processor (the tiny model's patch and merge sizes) resizes two 21 x 30 pictures to 24 x
+    32, 6 x 8 patches each, float32 flattened patches, which go in as they come; `checkpoint=True` and `rows_at_once`
+    give the same maps; a `Contrast` is the difference of its two tokens' maps (to 1e-6: the tower's rotation
+    computes its gradient in float32); a `Span` and `score="log_prob"` run."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    processor = Qwen2VLImageProcessor(patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL,
+                                      size={"shortest_edge": 64, "longest_edge": 64 * 64})
+    pictures = [torch.randint(0, 256, (21, 30, 3), generator=torch.Generator().manual_seed(row), dtype=torch.uint8).numpy() for row in range(2)]
+    images = processor(images=pictures, return_tensors="pt")
+    assert images["image_grid_thw"].tolist() == [[1, 6, 8]] * 2
+    ids = torch.tensor([[1, VISION_START] + [IMAGE_TOKEN] * 12 + [VISION_END, 5, 6, 7]] * 2)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), **images}
+    model = model_of("qwen2_5_vl")
+    explanation = relevancy.explain(model, batch, method="attnlrp")
+    assert explanation.image_scores.shape == (2, 6, 8) and explanation.pixel_scores.shape == (2, 24, 32)
+    for options in ({"checkpoint": True}, {"rows_at_once": 1}):
+        again = relevancy.explain(model, batch, method="attnlrp", **options)
+        assert_close_to(again.pixel_scores, explanation.pixel_scores, str(options), 1e-12)
+        assert_close_to(again.scores, explanation.scores, str(options), 1e-12)
+    seven, nine = (relevancy.explain(model, batch, method="attnlrp", target=token) for token in (7, 9))
+    contrast = relevancy.explain(model, batch, method="attnlrp", target=relevancy.Contrast(7, 9))
+    assert_close_to(contrast.pixel_scores, seven.pixel_scores - nine.pixel_scores, "contrast")
+    span = relevancy.explain(model, batch, method="attnlrp", target=relevancy.Span([7, 9]))
+    logs = relevancy.explain(model, batch, method="input_x_gradient", score="log_prob")
+    assert all(torch.isfinite(x.pixel_scores).all() for x in (span, logs))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
