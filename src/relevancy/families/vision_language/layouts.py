@@ -6,6 +6,8 @@ its head and its text config, the shape a `...ForCausalLM` has), so a LLaVA with
 Gemma 3 and Idefics3 / SmolVLM get the decoder layouts' checks and rule forwards unchanged. The tower's encoder layers
 are checked with the same parts (a LayerNorm, self-attention, an MLP `fc2(act(fc1(x)))`) and run the same rules:
 norms with a constant divisor, the identity rule on the activation; attention is switched through the configs.
+Qwen2-VL's and Qwen2.5-VL's tower (`QwenVisionLayout`: blocks with a fused-`qkv` attention, the 2 x 2 patch merger
+as the projector) is checked with the same parts; its images are of any size (`patch_pixels`, `blocks_on_patches`).
 """
 from __future__ import annotations
 
@@ -179,9 +181,10 @@ class QwenVisionLayout(VisionLanguageLayout):
         return rule_forwards(found, self.width(model))
 
 
+#: Qwen2-VL's vision MLP (Qwen2.5-VL's is SwiGLU, the decoders' `GATED_MLP`)
+QWEN2_VL_MLP = Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "act"), plain_mlp("fc1", "fc2", "act"))
 QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "visual", "visual", "language_model", None,
-                            block=(("norm1", (LAYER_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (LAYER_NORM,)),
-                                   ("mlp", (Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "act"), plain_mlp("fc1", "fc2", "act")),))))
+                            block=(("norm1", (LAYER_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (LAYER_NORM,)), ("mlp", (QWEN2_VL_MLP,))))
 QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None,
                               block=(("norm1", (RMS_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (RMS_NORM,)), ("mlp", (GATED_MLP,))),
                               merger_norm=RMS_NORM)
