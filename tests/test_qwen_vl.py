@@ -3,7 +3,7 @@ two of its four tower blocks, windows ordered apart from the raster): both class
 and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single and padded both ways
 (tests/golden/qwen_vl_lxt_reference.pt, made by benchmarks/qwen_vl_lxt_reference.py), the pixels laid back by the
 image processor's own `patchify`; input x gradient equal to autograd through the model's own forward; the image's
-patch grid and the merge undone; the image processor's own output, `checkpoint`, `rows_at_once`, contrasts and
+patch grid and the merge undone; token ablation equal to a hand loop; the image processor's own output, `checkpoint`, `rows_at_once`, contrasts and
 spans; the model and its cached `rope_deltas` unchanged; what is refused, by name.
 (A batch equal to its rows alone, every method run or refused by name, the model unchanged after a failure:
 the family contract, `family_cases.py`.)"""
@@ -153,6 +153,44 @@ def test_the_image_processors_output_and_the_options():
     assert all(torch.isfinite(x.pixel_scores).all() for x in (span, logs))
 
 
+def own_logits(model: torch.nn.Module, row: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's own forward on one unpadded row from its own inputs: the next token's logits."""
+    ids = row["input_ids"]
+    try:
+        with torch.no_grad():
+            return model(**row, mm_token_type_ids=(ids == IMAGE_TOKEN).int(), use_cache=False).logits[0, -1]
+    finally:
+        model.model.rope_deltas = None
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_hand(family):
+    """Each patch of the image's own grid set to 0 (the processor's mean) at its place among the flattened patches
+    (the image processor's own `patchify` of an image of 0s with one patch of 1s says where), each text token
+    deleted: a batch padded left, in chunks of 5 sequences, equal to a hand loop of the model's own forwards on each
+    row alone (its 3-D positions its own)."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    model, batch, targets = model_of(family), inputs(family, "left"), [5, 7]
+    explanation = relevancy.explain(model, batch, method="token_ablation", target=targets, chunk_size=5)
+    assert explanation.image_scores.shape == (2, GRID[1], GRID[2]) and explanation.through_tower and explanation.pixel_scores is None
+    for row in range(2):
+        one = alone(batch, row)
+        full = own_logits(model, one)[targets[row]]
+        ids = one["input_ids"]
+        for j in range(ids.shape[1]):
+            kept = {**one, "input_ids": torch.cat([ids[:, :j], ids[:, j + 1:]], 1), "attention_mask": torch.ones(1, ids.shape[1] - 1, dtype=torch.long)}
+            drop = 0.0 if ids[0, j] == IMAGE_TOKEN else full - own_logits(model, kept)[targets[row]]
+            assert abs(explanation.scores[row, batch["attention_mask"][row].bool()][j] - drop) < 1e-10
+        for r in range(GRID[1]):
+            for c in range(GRID[2]):
+                picture = torch.zeros(1, 3, GRID[1] * PATCH, GRID[2] * PATCH, dtype=torch.float64)
+                picture[..., r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH] = 1
+                where = Qwen2VLImageProcessor().patchify(picture, PATCH, MERGE, TEMPORAL)[0][0].bool()
+                drop = full - own_logits(model, {**one, "pixel_values": one["pixel_values"].masked_fill(where, 0)})[targets[row]]
+                assert abs(explanation.image_scores[row, r, c] - drop) < 1e-10, (row, r, c)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_model_and_its_cached_positions_are_unchanged(family):
     """Weights, modes, hooks, forwards, the configs' attention and `rope_deltas` (which the model's own forward
@@ -203,7 +241,7 @@ def test_what_is_refused_by_name():
         relevancy.explain(model, {**one, "pixel_values_videos": one["pixel_values"]}, method="attnlrp")
     with pytest.raises(ValueError, match="placeholder tokens"):
         relevancy.explain(model, {**one, "input_ids": one["input_ids"].masked_fill(one["input_ids"] == IMAGE_TOKEN, 5)}, method="attnlrp")
-    for method in ("generic_attention", "transformer_attribution", "token_ablation", "lrp"):
+    for method in ("generic_attention", "transformer_attribution", "lrp"):
         with pytest.raises(UnsupportedModelError, match=f"'{method}'"):
             relevancy.explain(model, one, method=method)
     with pytest.raises(UnsupportedModelError, match="not the Qwen2-VL vision-language decoder family"):

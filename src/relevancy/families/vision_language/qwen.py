@@ -40,10 +40,10 @@ def is_qwen_vl(model: nn.Module) -> bool:
 
 class QwenVisionLanguageAdapter(VisionLanguageAdapter):
     family = "Qwen2-VL vision-language decoder"
-    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger; raw_attention, rollout,
-    #: attention_gradcam read the decoder's attention only, the image's tokens laid back on the patch grid (the
-    #: tower-token methods and token ablation are refused by name)
-    methods = ("raw_attention", "rollout", "attention_gradcam", "attnlrp", "cp_lrp", "input_x_gradient")
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
+    #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the
+    #: image's tokens laid back on the patch grid (the tower-token methods are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
     generates = False
     examples = "transformers " + ", ".join(name for layout in QWEN_LAYOUTS for name in layout.classes)
 
@@ -119,6 +119,18 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
         return inner(input_ids=ids, pixel_values=pixels.flatten(0, 1), image_grid_thw=grid, attention_mask=mask,
                      position_ids=positions, use_cache=False).last_hidden_state
 
+    def patch_grid(self, inputs: GridImageTextTokens) -> tuple[int, int]:
+        """The images' own patch grid `(h, w)` (one per batch, `check_inputs`)."""
+        _, rows, cols = inputs.image_grid_thw[0].tolist()
+        return rows, cols
+
+    def without_patches(self, pixels: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+        """The rows' flattened patches `(R, h * w, ...)` with the patches `removed` `(R, h, w)` (bool, on the grid)
+        set to 0, the processor's mean: the grid taken to the processor's order (merge groups consecutive)."""
+        count, rows, cols = len(removed), removed.shape[1] // self.merge, removed.shape[2] // self.merge
+        grouped = removed.view(count, rows, self.merge, cols, self.merge).permute(0, 1, 3, 2, 4).reshape(count, -1)
+        return pixels * (~grouped)[..., None].to(pixels.dtype)
+
     def model_rule_map(self) -> dict:
         """The decoder's rule map, the tower's modules as they are (the explicit rules' methods are not offered on
         this family: the map serves the decoder's own-forward check, whose probe is text)."""
@@ -133,9 +145,12 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
     def explanation(self, scores: dict[str, torch.Tensor], inputs: GridImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
         """From the pixels' relevance (`leaves`) the image's per pixel and per patch on the image's own `h x w`
         grid; for the decoder's attention methods the decoder's scores at the image's tokens laid back on it, each
-        merged token's score shared equally by its k x k patches (`through_tower=False`), the text's 0 there."""
+        merged token's score shared equally by its k x k patches (`through_tower=False`), the text's 0 there; token
+        ablation's patch scores as they come (the base's)."""
+        if "image" in scores:  # token ablation's patches, on the grid already
+            return super().explanation(scores, inputs, **fields)
         described = self.describe_inputs(inputs)
-        _, rows, cols = inputs.image_grid_thw[0].tolist()
+        rows, cols = self.patch_grid(inputs)
         if "leaves" not in fields:
             text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
             on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
