@@ -54,21 +54,27 @@ class VisionLanguageAdapter(CausalLMAdapter):
     explanation_class = VisionLanguageExplanation
 
     def __init__(self, model: nn.Module) -> None:
-        Adapter.__init__(self, model)
-        self.vision = layout_of(model)  # the tower and projector, checked; a refusal names the part
-        view = decoder_view(model, self.vision)
-        _, self.layout, decoder_ruled = recognised(view)  # the decoder, by the decoder layouts
-        self.structure = structure(model)  # the whole model's, on which its forwards are checked (`own_forward_problems`)
-        self.decoder = view.model
-        self.blocks = list(getattr(self.decoder, self.layout.layers))
-        self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
-        self.image_token = int(model.config.image_token_id)
+        self.mapped(model)
         self.image_tokens = self.vision.image_token_count(model)  # the placeholders of one image in a row
         self.patch = int(model.config.vision_config.patch_size)
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
         self.tower_prefix = self.vision.tower_prefix(model)  # CLIP's [CLS] (none for SigLIP)
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
         self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
+
+    def mapped(self, model: nn.Module) -> None:
+        """What every vision-language adapter holds: the model's layout (`vision`: tower and projector, checked; a
+        refusal names the part), the decoder's (`layout`, by the decoder layouts on the `DecoderView`), its layers, the
+        rule forwards of both (`decoder_ruled`: the decoder's), the model's structure and its image token."""
+        Adapter.__init__(self, model)
+        self.vision = layout_of(model)
+        view = decoder_view(model, self.vision)
+        _, self.layout, self.decoder_ruled = recognised(view)
+        self.structure = structure(model)  # the whole model's, on which its forwards are checked (`own_forward_problems`)
+        self.decoder = view.model
+        self.blocks = list(getattr(self.decoder, self.layout.layers))
+        self.ruled = [*self.decoder_ruled, *self.vision.ruled(model)]
+        self.image_token = int(model.config.image_token_id)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:

@@ -21,13 +21,12 @@ import torch
 from torch import nn
 
 from ...lrp.engine import by_type, unchanged
-from ..base import Adapter
 from ..causal_lm.adapter import CausalLMAdapter
-from ..causal_lm.layouts import recognised, rule_map as decoder_rule_map, structure
+from ..causal_lm.layouts import rule_map as decoder_rule_map
 from .adapter import VisionLanguageAdapter
 from .batch import GridImageTextTokens
 from .explanation import VisionLanguageExplanation
-from .layouts import QWEN_LAYOUTS, blocks_on_patches, decoder_view, layout_of, patch_pixels, pixel_patches
+from .layouts import QWEN_LAYOUTS, blocks_on_patches, decoder_view, patch_pixels, pixel_patches
 
 #: what a Qwen2-VL processor's output may hold (mm_token_type_ids: made again from the placeholder tokens)
 QWEN_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
@@ -48,16 +47,8 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
     examples = "transformers " + ", ".join(name for layout in QWEN_LAYOUTS for name in layout.classes)
 
     def __init__(self, model: nn.Module) -> None:
-        Adapter.__init__(self, model)
-        self.vision = layout_of(model)  # the tower and merger, checked; a refusal names the part
-        view = decoder_view(model, self.vision)
-        _, self.layout, self.decoder_ruled = recognised(view)  # the Qwen2 decoder, by the decoder layouts
-        self.structure = structure(model)
-        self.decoder = view.model
-        self.blocks = list(getattr(self.decoder, self.layout.layers))
-        self.ruled = [*self.decoder_ruled, *self.vision.ruled(model)]
+        self.mapped(model)  # the tower and merger, the Qwen2 decoder
         vision = model.config.vision_config
-        self.image_token = int(model.config.image_token_id)
         self.patch, self.merge = int(vision.patch_size), int(vision.spatial_merge_size)
         self.channels = int(vision.in_channels)
         self.patch_width = self.channels * int(vision.temporal_patch_size) * self.patch ** 2
