@@ -53,21 +53,25 @@ def test_both_classes_are_taken_by_their_layout(family):
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_lrp_equals_lxt(family, method):
-    """Text and pixel maps within 1e-6 of each map's maximum (3e-7 measured: the models' RMSNorms and the tower's
-    rotation compute in float32 even in a float64 model, where 1e-16 differences of summation order round apart),
+    """Text and pixel maps within 1e-6 of each map's maximum (3e-7 measured: the models' RMSNorms, and lxt's rule
+    for them, compute in float32 even in a float64 model, where relevancy's RMSNorm rule computes in float64),
     single and padded right and left; the targets lxt's (the model's own prediction); relevance_total the share of
     the logit reaching text and pixels."""
     entry = GOLDEN["models"][family]
     assert_equals_lxt(model_of(family), entry, method, family, on_pixels)
     plain = relevancy.explain(model_of(family), entry["inputs"]["single0"], method="input_x_gradient")
     assert not torch.allclose(plain.pixel_scores, on_pixels(entry[method]["single0"]["image"]), rtol=1e-3)
+    ruled = relevancy.explain(model_of(family), entry["inputs"]["single0"], method=method)
+    # the model's own to its RMSNorms' float32 (the rule forward's divisor is computed in the model's dtype, float64)
+    assert_close_to(ruled.logits, plain.logits, "the rule forwards' logits are the model's own", 1e-6)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_input_x_gradient_is_autograd_through_the_models_own_forward(family, side):
-    """The model's own forward from its own inputs (its 3-D positions from `mm_token_type_ids`), the target's logit
-    differentiated at the token embeddings and the flattened patches: relevancy's maps to 1e-10."""
+    """The model's own forward from its own inputs (its 3-D positions from `mm_token_type_ids`): its logits are the
+    explanation's (1e-12), the target's logit differentiated at the token embeddings and the flattened patches gives
+    relevancy's maps to 1e-10."""
     model, batch = model_of(family), inputs(family, side)
     explanation = relevancy.explain(model, batch, method="input_x_gradient", target=[7, 9])
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -79,6 +83,7 @@ def test_input_x_gradient_is_autograd_through_the_models_own_forward(family, sid
     finally:
         model.model.rope_deltas = None  # the model's own forward caches them; relevancy's does not
     last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+    assert_close_to(explanation.logits, logits[torch.arange(2), last].detach(), "the model's own logits", 1e-12)
     logits[torch.arange(2), last, torch.tensor([7, 9])].sum().backward()
     text = (leaf["text"] * leaf["text"].grad).sum(-1)
     image = on_pixels((pixels * pixels.grad).view(2, -1, pixels.shape[-1]))
