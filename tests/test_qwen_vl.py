@@ -23,6 +23,7 @@ from vlm_models import embedding_leaf
 import relevancy
 from relevancy.families import QwenVisionLanguageAdapter, adapter_for
 from relevancy.families.base import UnsupportedModelError
+from relevancy.families.causal_lm.adapter import last_real
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "qwen_vl_lxt_reference.pt", weights_only=False)
 #: each family's model, built once
@@ -82,7 +83,7 @@ def test_input_x_gradient_is_autograd_through_the_models_own_forward(family, sid
                            mm_token_type_ids=(ids == IMAGE_TOKEN).int(), use_cache=False).logits
     finally:
         model.model.rope_deltas = None  # the model's own forward caches them; relevancy's does not
-    last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+    last = last_real(mask)
     assert_close_to(explanation.logits, logits[torch.arange(2), last].detach(), "the model's own logits", 1e-12)
     logits[torch.arange(2), last, torch.tensor([7, 9])].sum().backward()
     text = (leaf["text"] * leaf["text"].grad).sum(-1)
@@ -104,8 +105,6 @@ def test_the_image_grid_is_the_images_own_with_the_merge_undone(family):
     assert torch.allclose(lrp.image_scores, patches)
     attention = relevancy.explain(model, batch, method="raw_attention")
     assert not attention.through_tower and attention.pixel_scores is None
-    from relevancy.families.causal_lm.adapter import last_real
-
     decoder = attention_row(model, batch, last_real(batch["attention_mask"]))
     tokens = decoder[batch["input_ids"] == IMAGE_TOKEN].view(2, GRID[1] // MERGE, GRID[2] // MERGE)
     expected = tokens.repeat_interleave(MERGE, 1).repeat_interleave(MERGE, 2) / MERGE ** 2
@@ -116,15 +115,17 @@ def test_the_image_grid_is_the_images_own_with_the_merge_undone(family):
 def attention_row(model: torch.nn.Module, batch: dict, last: torch.Tensor) -> torch.Tensor:
     """The last decoder layer's eager attention at each row's last real token, mean over heads `(B, T)`, from the
     model's own forward."""
-    for config in (model.config, model.config.get_text_config(), model.config.vision_config):
+    configs = (model.config, model.config.get_text_config(), model.config.vision_config)
+    before = [config._attn_implementation for config in configs]
+    for config in configs:
         config._attn_implementation = "eager"
     try:
         with torch.no_grad():
             ids = batch["input_ids"]
             out = model(**batch, mm_token_type_ids=(ids == IMAGE_TOKEN).int(), output_attentions=True, use_cache=False)
     finally:
-        for config in (model.config, model.config.get_text_config(), model.config.vision_config):
-            config._attn_implementation = "sdpa"
+        for config, implementation in zip(configs, before):
+            config._attn_implementation = implementation
         model.model.rope_deltas = None
     return out.attentions[-1].mean(1)[torch.arange(len(ids)), last]
 
