@@ -30,6 +30,7 @@ import sys
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
-from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, inputs  # noqa: E402
+from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, embedding_leaf, inputs  # noqa: E402
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3")}
@@ -66,28 +67,36 @@ def tower_map(variant: str) -> dict:
             **{cls: partial(patch_method, non_linear_forward, keep_original=True) for cls in gelus}}
 
 
-def batches(family: str) -> dict[str, dict[str, torch.Tensor]]:
-    """The two rows padded right and left, and each alone."""
+def batches(family: str, inputs: Callable = inputs, alone: Callable = alone) -> dict[str, dict[str, torch.Tensor]]:
+    """The two rows padded right and left, and each alone (`inputs`, `alone`: the family's test models')."""
     out = {side: inputs(family, side) for side in ("right", "left")}
     return {**out, **{f"single{row}": alone(out["right"], row) for row in range(2)}}
+
+
+def recorded(family: str, variant: str, data: dict[str, dict], maps: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """The maps `{batch name: (text, image)}` as the reference records them, each padded row checked equal to its
+    row alone to 1e-10 of the map's maximum (the image map's row dimension first)."""
+    for row in range(2):
+        text, image = maps[f"single{row}"]
+        for side in ("right", "left"):
+            padded_text, padded_image = maps[side][0][row], maps[side][1][row]
+            keep = data[side]["attention_mask"][row].bool()
+            scale = max(float(text.abs().max()), float(image.abs().max()))
+            gap = max(float((padded_text[keep] - text[0]).abs().max()), float((padded_image - image[0]).abs().max())) / scale
+            assert gap < 1e-10, f"{family} {variant} row {row} {side}: padded differs from single by {gap:.1e}"
+    entry = {name: {"text": text, "image": image} for name, (text, image) in maps.items()}
+    print(f"{family} {variant}: text maxima {[round(float(m['text'].abs().max()), 4) for m in entry.values()]}, "
+          f"image maxima {[round(float(m['image'].abs().max()), 4) for m in entry.values()]}")
+    return entry
 
 
 def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], target: torch.Tensor | None):
     """`(logits at each row's last real token, text map (B, T), pixel map (B, H, W))`; with `target` None no backward."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     pixels = batch["pixel_values"].clone().requires_grad_(True)
-    leaf = {}
-
-    def hook(_module, _args, output):
-        leaf["text"] = output.detach().requires_grad_(True)
-        return leaf["text"]
-
     extra = {"token_type_ids": (ids == IMAGE_TOKEN).long()} if family == "gemma3" else {}
-    handle = model.get_input_embeddings().register_forward_hook(hook)
-    try:
+    with embedding_leaf(model) as leaf:
         logits = model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=positions(mask), use_cache=False, **extra).logits
-    finally:
-        handle.remove()
     logits = logits[torch.arange(len(ids)), last_real(mask)]
     if target is None:
         return logits.detach(), None, None
@@ -97,17 +106,28 @@ def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], tar
     return logits.detach(), text, image
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden/vlm_lxt_reference.pt")
-    args = parser.parse_args()
-    import transformers
+def out_path(doc: str, name: str) -> Path:
+    """The `--out` argument of a reference script (default `tests/golden/<name>`)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden" / name)
+    return parser.parse_args().out
 
-    golden: dict = {"transformers": transformers.__version__, "models": {}}
-    for family in FAMILIES:
+
+def sdpa_models(families: dict, build: Callable) -> Iterator[tuple[str, torch.nn.Module]]:
+    """Each family's tiny model, every config's attention transformers' `sdpa` (an exact float64 softmax)."""
+    for family in families:
         model = build(family)
         for config in (model.config, model.config.get_text_config(), model.config.vision_config):
             config._attn_implementation = "sdpa"
+        yield family, model
+
+
+def main() -> None:
+    out = out_path(__doc__, "vlm_lxt_reference.pt")
+    import transformers
+
+    golden: dict = {"transformers": transformers.__version__, "models": {}}
+    for family, model in sdpa_models(FAMILIES, build):
         decoder, tower = MAPS[family]
         decoder_module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
         tower_module = importlib.import_module(f"transformers.models.{tower}.modeling_{tower}")
@@ -121,19 +141,9 @@ def main() -> None:
                 stack.enter_context(lxt_applied(decoder_module, getattr(lxt_models(decoder), variant)))
                 stack.enter_context(lxt_applied(tower_module, {tower_module: attention, **patches}))
                 maps = {name: run(model, family, batch, entry["targets"][name])[1:] for name, batch in data.items()}
-            for row in range(2):
-                text, image = maps[f"single{row}"]
-                for side in ("right", "left"):
-                    padded_text, padded_image = maps[side][0][row], maps[side][1][row]
-                    keep = data[side]["attention_mask"][row].bool()
-                    scale = max(float(text.abs().max()), float(image.abs().max()))
-                    gap = max(float((padded_text[keep] - text[0]).abs().max()), float((padded_image - image[0]).abs().max())) / scale
-                    assert gap < 1e-10, f"{family} {variant} row {row} {side}: padded differs from single by {gap:.1e}"
-            entry[key] = {name: {"text": text, "image": image} for name, (text, image) in maps.items()}
-            print(f"{family} {variant}: text maxima {[round(float(m['text'].abs().max()), 4) for m in entry[key].values()]}, "
-                  f"image maxima {[round(float(m['image'].abs().max()), 4) for m in entry[key].values()]}")
+            entry[key] = recorded(family, variant, data, maps)
         golden["models"][family] = entry
-    write_golden(golden, args.out)
+    write_golden(golden, out)
 
 
 if __name__ == "__main__":

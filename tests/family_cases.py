@@ -18,6 +18,7 @@ from hf_vit_models import tiny_dinov2_swiglu, tiny_hf
 from decoder_families import FAMILIES as DECODER_FAMILIES, build as build_decoder
 from state_space_models import FAMILIES as STATE_SPACE_FAMILIES, build as build_state_space
 from vlm_models import FAMILIES as VLM_FAMILIES, alone, build as build_vlm, inputs as vlm_inputs
+from qwen_vl_models import FAMILIES as QWEN_VL_FAMILIES, alone as qwen_alone, build as build_qwen_vl, inputs as qwen_inputs
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
 from models import hf_swin_from, hf_swinv2_from, tiny_swin, tiny_swinv2, tiny_vit
@@ -149,6 +150,13 @@ def _vision_language_case(family: str) -> FamilyCase:
                       lambda: [(alone(vlm_inputs(family), row), None) for row in range(2)], 1e-7 if gemma else 1e-9, 1e-6 if gemma else None)
 
 
+def _qwen_vl_case(family: str) -> FamilyCase:
+    """Two right-padded prompts, each with its image (one patch grid for the batch); each row alone with its own
+    patches and grid."""
+    return FamilyCase(lambda: build_qwen_vl(family), lambda: (qwen_inputs(family), None),
+                      lambda: [(qwen_alone(qwen_inputs(family), row), None) for row in range(2)], 1e-9)
+
+
 class GatedAttention(Attention):
     """timm's attention with its sigmoid output gate."""
 
@@ -182,4 +190,5 @@ FAMILIES: dict[str, FamilyCase] = {
     **{f"state_space_{family}": _decoder_case(family, build_state_space, 1e-6 if family == "falcon_h1" else 1e-9)
        for family in STATE_SPACE_FAMILIES},
     **{f"vision_language_{family}": _vision_language_case(family) for family in VLM_FAMILIES},
+    **{f"vision_language_{family}": _qwen_vl_case(family) for family in QWEN_VL_FAMILIES},
 }

@@ -2,6 +2,9 @@
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import transformers
 from decoder_families import checksum  # noqa: F401  (the reference's and the tests' one checksum)
@@ -62,21 +65,44 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
     return model.to(dtype).eval()
 
 
-def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
-    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
-    `side` (pad id 0), one random image per row."""
-    generator = torch.Generator().manual_seed(seed)
-    images = {**FAMILIES, **EXTRA}[family][1]
-    rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
+def padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask)` of token rows padded on `side` (pad id 0)."""
     width = max(len(row) for row in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     for r, row in enumerate(rows):
         span = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
         ids[r, span], mask[r, span] = row, 1
+    return ids, mask
+
+
+def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
+    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
+    `side` (pad id 0), one random image per row."""
+    generator = torch.Generator().manual_seed(seed)
+    images = {**FAMILIES, **EXTRA}[family][1]
+    rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
+    ids, mask = padded(rows, side)
     pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
     return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
 
+
+
+@contextmanager
+def embedding_leaf(model: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """For the model's own forwards inside: the token embeddings' output made a leaf of the graph, kept as
+    `leaf["text"]` (a hook on the embedding, removed after)."""
+    leaf: dict[str, torch.Tensor] = {}
+
+    def hook(_module, _args, output):
+        leaf["text"] = output.detach().requires_grad_(True)
+        return leaf["text"]
+
+    handle = model.get_input_embeddings().register_forward_hook(hook)
+    try:
+        yield leaf
+    finally:
+        handle.remove()
 
 
 def alone(batch: dict[str, torch.Tensor], row: int) -> dict[str, torch.Tensor]:

@@ -139,14 +139,14 @@ def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
     """`(model, processor)` of a vision-language decoder in a local folder (`save_pretrained` of a transformers
     LLaVA, Gemma 3 or Idefics3 `...ForConditionalGeneration` and its processor). Errors are one line naming what
     was wrong."""
-    from .families.vision_language.layouts import VISION_LANGUAGE_CLASSES
+    from .families.vision_language.layouts import GENERATING_CLASSES
 
-    wanted = f"a vision-language decoder ({VISION_LANGUAGE_CLASSES}; docs/vision_language.md) and its processor"
+    wanted = f"a vision-language decoder ({GENERATING_CLASSES}; docs/vision_language.md) and its processor"
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: --image takes a local folder of {wanted} (save_pretrained); no such folder")
     from .families.vision_language import VisionLanguageAdapter
 
-    return _local_decoder(name, wanted, lambda a: a in VISION_LANGUAGE_CLASSES.split(", "),
+    return _local_decoder(name, wanted, lambda a: a in GENERATING_CLASSES.split(", "),
                           "AutoModelForImageTextToText", "AutoProcessor", VisionLanguageAdapter)
 
 
@@ -197,13 +197,13 @@ def _adapter_base(name: str, wanted: str) -> str | None:
 
 
 def reads_images(name: str) -> bool:
-    """Whether `name` is a local folder of a vision-language decoder (its config.json names one of
-    `VISION_LANGUAGE_CLASSES`): what `load_vision_language_model` loads."""
-    from .families.vision_language.layouts import VISION_LANGUAGE_CLASSES
+    """Whether `name` is a local folder of a vision-language decoder whose generations relevancy explains (its
+    config.json names one of `GENERATING_CLASSES`): what `load_vision_language_model` loads."""
+    from .families.vision_language.layouts import GENERATING_CLASSES
 
     wanted = "a model and its tokenizer or processor"
     return Path(name).expanduser().is_dir() and any(
-        a in VISION_LANGUAGE_CLASSES.split(", ") for a in _saved_architectures(_adapter_base(name, wanted) or name, wanted))
+        a in GENERATING_CLASSES.split(", ") for a in _saved_architectures(_adapter_base(name, wanted) or name, wanted))
 
 
 def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) -> None:

@@ -736,7 +736,7 @@ def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...
 
 #: Gemma's norms around the MLP as well as around attention
 _GEMMA_MLP_NORMS = (("pre_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)), ("post_feedforward_layernorm", (ONE_PLUS_RMS_NORM,)))
-LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"), ("llama", "mistral", "qwen2"),
+LLAMA = _llama_like("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"), ("llama", "mistral", "qwen2", "qwen2_vl_text", "qwen2_5_vl_text"),
                     _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM), RMS_NORM)
 #: Granite: Llama's layer with its branches scaled (`residual_multiplier`), the embeddings scaled inside the decoder
 #: (`embedding_multiplier`, before the layers where relevance is measured), the attention's own scale

@@ -31,7 +31,8 @@ from ..causal_lm.layouts import recognised, structure
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GEMMA3, IDEFICS3, LLAVA, VISION_LANGUAGE_CLASSES, decoder_view, is_vision_language, layout_of, occluded, pixel_patches, tokens_on_patches,
+    GEMMA3, GENERATING_CLASSES, IDEFICS3, LLAVA, QWEN_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
+    pixel_patches, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 
@@ -49,19 +50,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
                "attnlrp", "cp_lrp", "input_x_gradient")
     generates = True
     reads_images = True
-    examples = "transformers " + VISION_LANGUAGE_CLASSES
+    examples = "transformers " + GENERATING_CLASSES
     explanation_class = VisionLanguageExplanation
 
     def __init__(self, model: nn.Module) -> None:
-        Adapter.__init__(self, model)
-        self.vision = layout_of(model)  # the tower and projector, checked; a refusal names the part
-        view = decoder_view(model, self.vision)
-        _, self.layout, decoder_ruled = recognised(view)  # the decoder, by the decoder layouts
-        self.structure = structure(model)  # the whole model's, on which its forwards are checked (`own_forward_problems`)
-        self.decoder = view.model
-        self.blocks = list(getattr(self.decoder, self.layout.layers))
-        self.ruled = [*decoder_ruled, *self.vision.ruled(model)]
-        self.image_token = int(model.config.image_token_id)
+        self.mapped(model)
         self.image_tokens = self.vision.image_token_count(model)  # the placeholders of one image in a row
         self.patch = int(model.config.vision_config.patch_size)
         self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
@@ -69,10 +62,25 @@ class VisionLanguageAdapter(CausalLMAdapter):
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
         self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
 
+    def mapped(self, model: nn.Module) -> None:
+        """What every vision-language adapter holds: the model's layout (`vision`: tower and projector, checked; a
+        refusal names the part), the decoder's (`layout`, by the decoder layouts on the `DecoderView`), its layers, the
+        rule forwards of both (`decoder_ruled`: the decoder's), the model's structure and its image token."""
+        Adapter.__init__(self, model)
+        self.vision = layout_of(model)
+        view = decoder_view(model, self.vision)
+        _, self.layout, self.decoder_ruled = recognised(view)
+        self.structure = structure(model)  # the whole model's, on which its forwards are checked (`own_forward_problems`)
+        self.decoder = view.model
+        self.blocks = list(getattr(self.decoder, self.layout.layers))
+        self.ruled = [*self.decoder_ruled, *self.vision.ruled(model)]
+        self.image_token = int(model.config.image_token_id)
+
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        """Any transformers vision-language decoder: one relevancy does not map is refused by `__init__`, naming those it maps."""
-        return is_vision_language(model)
+        """Any transformers vision-language decoder but Qwen2-VL's (`qwen.py`): one relevancy does not map is refused by
+        `__init__`, naming those it maps."""
+        return is_vision_language(model) and layout_named(model) not in QWEN_LAYOUTS
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> ImageTextTokens:
@@ -178,9 +186,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         space: the patch grid is the tower's whatever the projector makes of it (Gemma 3's pooling, Idefics3's
         pixel shuffle), so one patch is one patch of pixels in every layout."""
         ids, mask = inputs.input_ids, inputs.attention_mask
-        patches = torch.arange(self.side ** 2, device=ids.device).expand(len(ids), -1)
+        grid = self.patch_grid(inputs)
+        patches = torch.arange(grid[0] * grid[1], device=ids.device).expand(len(ids), -1)
         units = {"text": Stream("text", "text", 0, last_real(mask), valid=inputs.valid & (ids != self.image_token)),
-                 "image": Stream("image", "image", 0, None, grid=(self.side, self.side))}
+                 "image": Stream("image", "image", 0, None, grid=grid)}
         return {"text": ids[..., None], "image": patches[..., None]}, units
 
     def forward_tokens(self, inputs: ImageTextTokens, tokens: dict[str, torch.Tensor], rows: torch.Tensor | None = None,
@@ -195,11 +204,20 @@ class VisionLanguageAdapter(CausalLMAdapter):
         if "text" in positions:
             mask = mask.gather(1, positions["text"])
         if "image" in positions:
-            removed = torch.ones(len(rows), self.side ** 2, dtype=torch.bool, device=mask.device).scatter_(1, positions["image"], False)
-            pixels = occluded(pixels, removed.view(-1, self.side, self.side), self.patch)
+            grid = self.patch_grid(inputs)
+            removed = torch.ones(len(rows), grid[0] * grid[1], dtype=torch.bool, device=mask.device).scatter_(1, positions["image"], False)
+            pixels = self.without_patches(pixels, removed.view(-1, *grid))
         hidden = self.hidden_of(inputs, tokens["text"][..., 0], mask, pixels, rows)
         last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
         return self.head(last), last
+
+    def patch_grid(self, inputs: ImageTextTokens) -> tuple[int, int]:
+        """The rows and columns of the images' patch grid: the tower's square one (Qwen2-VL: the images' own)."""
+        return self.side, self.side
+
+    def without_patches(self, pixels: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+        """The rows' `pixels` with the patches `removed` `(R, rows, cols)` (bool) set to the processor's mean, 0."""
+        return occluded(pixels, removed, self.patch)
 
     def forward_shared(self, inputs: ImageTextTokens, graph: bool = False) -> None:
         """None: each row runs its own forward with its own image (`explain_generation` reads the methods of one
@@ -221,15 +239,14 @@ class VisionLanguageAdapter(CausalLMAdapter):
         on the patch grid (`tokens_on_patches`), not carried through the tower (`through_tower=False`), and the text
         scores hold 0 at the image's tokens."""
         described = self.describe_inputs(inputs)
-        side = self.side
         if "image" in scores:
             return VisionLanguageExplanation(scores=scores["text"].masked_fill(described["image_tokens"].to(scores["text"].device), 0), **described, **fields, image_size=inputs.image_size,
-                                             image_scores=scores["image"].view(len(scores["image"]), side, side))
+                                             image_scores=scores["image"].view(len(scores["image"]), *self.patch_grid(inputs)))
         if "leaves" not in fields:
             text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
             on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
             return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
-                                             image_scores=tokens_on_patches(on_tokens, side, self.image_prefix),
+                                             image_scores=tokens_on_patches(on_tokens, self.side, self.image_prefix),
                                              image_size=inputs.image_size)
         pixels = fields.pop("leaves")["image"]
         pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)

@@ -26,3 +26,22 @@ class ImageTextTokens(TextBatch):
     def image_size(self) -> tuple[int, int]:
         """`(H, W)` of the images."""
         return tuple(self.pixel_values.shape[-2:])
+
+
+@dataclass(frozen=True)
+class GridImageTextTokens(ImageTextTokens):
+    """Qwen2-VL's processor output on the model's device: the tokens and each row's image as its flattened patches,
+    `pixel_values` `(B, t * h * w, C * T * P * P)` (the processor's `(patches, ...)` split per row: one image per row,
+    every image of the same grid), `image_grid_thw` `(B, 3)` each row's patch grid, `patch` the patch's side."""
+
+    image_grid_thw: torch.Tensor | None = None
+    patch: int = 14
+
+    def rows(self, part: slice) -> "GridImageTextTokens":
+        return replace(super().rows(part), image_grid_thw=self.image_grid_thw[part])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """`(H, W)` of the images as the processor resized them (the patch grid's rows and columns times the patch)."""
+        _, rows, cols = self.image_grid_thw[0].tolist()
+        return rows * self.patch, cols * self.patch

@@ -6,6 +6,8 @@ its head and its text config, the shape a `...ForCausalLM` has), so a LLaVA with
 Gemma 3 and Idefics3 / SmolVLM get the decoder layouts' checks and rule forwards unchanged. The tower's encoder layers
 are checked with the same parts (a LayerNorm, self-attention, an MLP `fc2(act(fc1(x)))`) and run the same rules:
 norms with a constant divisor, the identity rule on the activation; attention is switched through the configs.
+Qwen2-VL's and Qwen2.5-VL's tower (`QwenVisionLayout`: blocks with a fused-`qkv` attention, the 2 x 2 patch merger
+as the projector) is checked with the same parts; its images are of any size (`patch_pixels`, `blocks_on_patches`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from torch import nn
 
 from ..base import UnsupportedModelError
 from ..causal_lm.layouts import (
-    LAYER_NORM, ONE_PLUS_RMS_NORM, Part, RuleForward, fits_attention, fits_plain_mlp, layer_misfit, plain_mlp, rule_forwards,
+    GATED_MLP, LAYER_NORM, ONE_PLUS_RMS_NORM, RMS_NORM, Part, RuleForward, fits_attention, fits_plain_mlp, layer_misfit, plain_mlp,
+    rule_forwards,
 )
 
 VISION_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, out_proj", fits_attention("q_proj", "k_proj", "v_proj", "out_proj"),
@@ -53,8 +56,9 @@ class VisionLanguageLayout:
     tower: str
     projector: str
     decoder: str
-    #: how many tokens one image takes in the decoder, from the model's config and the tower's prefix tokens
-    image_tokens: Callable[[Any, int], int]
+    #: how many tokens one image takes in the decoder, from the model's config and the tower's prefix tokens (None:
+    #: it depends on the image's size, Qwen2-VL's `image_grid_thw`)
+    image_tokens: Callable[[Any, int], int] | None
     projector_parts: tuple[tuple[str, Part], ...] = ()
 
     def transformer(self, model: nn.Module) -> nn.Module:
@@ -116,9 +120,80 @@ GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vi
                               (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),))
 IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
                                 "text_model", lambda config, prefix: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3)
+
+
+def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
+    """Qwen2-VL's merger MLP `Sequential(Linear, act, Linear)` from k x k neighbouring tower tokens side by side."""
+    if not isinstance(module, nn.Sequential) or len(module) != 3:
+        return False
+    first, act, second = module
+    return (isinstance(first, nn.Linear) and isinstance(second, nn.Linear) and first.in_features % width == 0
+            and second.in_features == first.out_features and not list(act.parameters()))
+
+
+#: Qwen2-VL's vision attention: one fused `qkv` Linear and `proj` (2-D rotary on queries and keys, a constant)
+FUSED_VISION_ATTENTION = Part("self-attention with a fused qkv and proj", fits_attention("qkv", "proj"), owns=("qkv", "proj"))
+MERGER_MLP = Part("the patch merger's MLP Sequential(Linear, act, Linear) over k x k tokens side by side", _fits_merger_mlp,
+                  plain_mlp("0", "2", "1"))
+
+
+@dataclass(frozen=True)
+class QwenVisionLayout(VisionLanguageLayout):
+    """Qwen2-VL's and Qwen2.5-VL's tower (`model.visual`): a Conv3d patch embedding, `blocks` of `block` parts, and
+    the `merger` (its norm `ln_q`, then an MLP on each k x k group of neighbouring tokens side by side), the
+    projector; the decoder at `model.language_model`. The image's token count comes from `image_grid_thw`."""
+
+    block: tuple[tuple[str, tuple[Part, ...]], ...] = ()
+    merger_norm: Part = LAYER_NORM
+
+    def transformer(self, model: nn.Module) -> nn.Module:
+        return getattr(model.model, self.tower)
+
+    def tower_prefix(self, model: nn.Module) -> int:
+        return 0
+
+    def width(self, model: nn.Module) -> int:
+        """The tower's width (Qwen2-VL's `embed_dim`; Qwen2.5-VL's `hidden_size`, `out_hidden_size` the decoder's)."""
+        config = model.config.vision_config
+        return int(getattr(config, "embed_dim", None) or config.hidden_size)
+
+    @property
+    def merger(self) -> tuple[tuple[str, tuple[Part, ...]], ...]:
+        """The merger's parts: its norm, then its MLP."""
+        return (("ln_q", (self.merger_norm,)), ("mlp", (MERGER_MLP,)))
+
+    def misfit(self, model: nn.Module) -> str | None:
+        tower = self.transformer(model)
+        width = self.width(model)
+        blocks = getattr(tower, "blocks", None)
+        if not isinstance(blocks, nn.ModuleList) or not isinstance(getattr(tower, "merger", None), nn.Module):
+            return f"model.{self.tower} has no blocks (a list of layers) and merger"
+        for index, block in enumerate(blocks):
+            problem = layer_misfit(block, self.block, width, f"model.{self.tower}.blocks.{index}", f"{self.name} vision tower")
+            if problem is not None:
+                return problem
+        return layer_misfit(tower.merger, self.merger, width, f"model.{self.tower}.merger", f"{self.name} patch merger")
+
+    def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
+        tower = self.transformer(model)
+        found = [(getattr(block, path), kinds) for block in tower.blocks for path, kinds in self.block]
+        found += [(getattr(tower.merger, path), kinds) for path, kinds in self.merger]
+        return rule_forwards(found, self.width(model))
+
+
+#: Qwen2-VL's vision MLP (Qwen2.5-VL's is SwiGLU, the decoders' `GATED_MLP`)
+QWEN2_VL_MLP = Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "act"), plain_mlp("fc1", "fc2", "act"))
+QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "visual", "visual", "language_model", None,
+                            block=(("norm1", (LAYER_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (LAYER_NORM,)), ("mlp", (QWEN2_VL_MLP,))))
+QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None,
+                              block=(("norm1", (RMS_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (RMS_NORM,)), ("mlp", (GATED_MLP,))),
+                              merger_norm=RMS_NORM)
+QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL)
+LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, *QWEN_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
+#: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's yet
+GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in QWEN_LAYOUTS for name in layout.classes)
 
 
 def is_vision_language(model: nn.Module) -> bool:
@@ -193,9 +268,23 @@ def tokens_on_patches(scores: torch.Tensor, side: int, prefix: int = 0) -> torch
     per_side = math.isqrt(blocks.shape[1])
     if per_side * per_side != blocks.shape[1] or side % per_side:
         raise ValueError(f"{blocks.shape[1]} image tokens are not a square grid of blocks of the tower's {side} x {side} patches")
-    k = side // per_side
-    grid = blocks.unflatten(1, (per_side, per_side)).repeat_interleave(k, 1).repeat_interleave(k, 2) / k ** 2
-    return grid + scores[:, :prefix].sum(1)[:, None, None] / side ** 2
+    return blocks_on_patches(blocks, (per_side, per_side), side // per_side) + scores[:, :prefix].sum(1)[:, None, None] / side ** 2
+
+
+def blocks_on_patches(scores: torch.Tensor, blocks: tuple[int, int], k: int) -> torch.Tensor:
+    """Token scores `(B, rows * cols)`, a row-major grid of `blocks` `(rows, cols)` of k x k patches each, on the patch
+    grid `(B, rows * k, cols * k)`: each token's score shared equally among its patches (the sums kept)."""
+    return scores.unflatten(1, blocks).repeat_interleave(k, 1).repeat_interleave(k, 2) / k ** 2
+
+
+def patch_pixels(relevance: torch.Tensor, grid: tuple[int, int], channels: int, patch: int, merge: int) -> torch.Tensor:
+    """Qwen2-VL's flattened patches' relevance `(B, h * w, C * T * P * P)` (the processor's order: each merge group
+    of k x k neighbouring patches consecutive, groups row-major) back on the image's pixels `(B, h * P, w * P)`,
+    summed over the colour channels and the temporal copies."""
+    rows, cols = grid
+    per_patch = relevance.unflatten(-1, (channels, -1, patch, patch)).sum((2, 3))  # (B, h * w, P, P)
+    laid = per_patch.view(len(relevance), rows // merge, cols // merge, merge, merge, patch, patch)
+    return laid.permute(0, 1, 3, 5, 2, 4, 6).reshape(len(relevance), rows * patch, cols * patch)
 
 
 __all__ = ["LAYOUTS", "VisionLanguageLayout", "DecoderView", "decoder_view", "layout_named", "layout_of", "is_vision_language"]

@@ -1,0 +1,153 @@
+"""Qwen2-VL and Qwen2.5-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`), unmodified:
+a tower of any image size (the processor's flattened patches and `image_grid_thw`), its 2 x 2 patch merger, a Qwen2
+decoder with multimodal RoPE (3-D positions from `get_rope_index`).
+
+The model runs its own forward with the token embeddings and the flattened patches as leaves, the decoder's 3-D
+positions computed by the model's own `get_rope_index` (passed in, so that the model's cached `rope_deltas` stay as
+they were). Under AttnLRP and CP-LRP the tower runs the layout's rule forwards (norms with a constant divisor, the
+identity rule on the MLPs' activations, the merger's norm and MLP alike) and relevancy's attention, switched through
+the vision config as the decoder's is (the tower calls it once per image, or per window in Qwen2.5-VL's windowed
+blocks: the `cu_seqlens` blocks, so no mask is needed); the rotations of the tower's and the decoder's queries and
+keys are constants, whose gradient passes relevance coordinate by coordinate. The pixels' relevance is read in the
+processor's order and laid back on each image's pixels (`patch_pixels`): Qwen2.5-VL's window reordering happens
+inside the tower and is undone by the tower itself before the decoder, and the pixels never see it.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...lrp.engine import by_type, unchanged
+from ..causal_lm.adapter import CausalLMAdapter
+from ..causal_lm.layouts import rule_map as decoder_rule_map
+from .adapter import VisionLanguageAdapter
+from .batch import GridImageTextTokens
+from .explanation import VisionLanguageExplanation
+from .layouts import QWEN_LAYOUTS, blocks_on_patches, decoder_view, patch_pixels, pixel_patches
+
+#: what a Qwen2-VL processor's output may hold (mm_token_type_ids: made again from the placeholder tokens)
+QWEN_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+
+def is_qwen_vl(model: nn.Module) -> bool:
+    """Whether `model` is of a Qwen2-VL class relevancy maps."""
+    return any(type(model).__name__ in layout.classes for layout in QWEN_LAYOUTS)
+
+
+class QwenVisionLanguageAdapter(VisionLanguageAdapter):
+    family = "Qwen2-VL vision-language decoder"
+    #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
+    #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the
+    #: image's tokens laid back on the patch grid (the tower-token methods are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
+    generates = False
+    examples = "transformers " + ", ".join(name for layout in QWEN_LAYOUTS for name in layout.classes)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.mapped(model)  # the tower and merger, the Qwen2 decoder
+        vision = model.config.vision_config
+        self.patch, self.merge = int(vision.patch_size), int(vision.spatial_merge_size)
+        self.channels = int(vision.in_channels)
+        self.patch_width = self.channels * int(vision.temporal_patch_size) * self.patch ** 2
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        return is_qwen_vl(model)
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> GridImageTextTokens:
+        """A `GridImageTextTokens` on the model's device from the processor's output, each row's patches apart; a
+        one-line error for anything but one image per row, every image of one grid (one call per size otherwise),
+        its `t * h * w / k^2` placeholders in every row, before the processor's or the model's own error."""
+        if not isinstance(inputs, Mapping) or not {"pixel_values", "input_ids", "image_grid_thw"} <= set(inputs):
+            got = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
+            raise TypeError("inputs must be the processor's output, a dict with input_ids, attention_mask, pixel_values and "
+                            f"image_grid_thw; got {got}")
+        unknown = sorted(set(inputs) - set(QWEN_PROCESSOR_KEYS))
+        if unknown:
+            raise ValueError(f"the processor's output holds {', '.join(unknown)}, which relevancy does not take; it takes "
+                             f"{', '.join(QWEN_PROCESSOR_KEYS)} (images only: no videos)")
+        text = CausalLMAdapter.check_inputs(self, {key: inputs[key] for key in ("input_ids", "attention_mask") if key in inputs})
+        pixels, grid = inputs["pixel_values"], torch.as_tensor(inputs["image_grid_thw"])
+        if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+            raise TypeError(f"pixel_values must be a float tensor (the processor's output), got {type(pixels).__name__}")
+        if tuple(grid.shape) != (len(text), 3):
+            raise ValueError(f"image_grid_thw must be (B, 3): one image per row, B = {len(text)}; got {tuple(grid.shape)}")
+        if bool((grid != grid[:1]).any()):
+            raise ValueError(f"the rows' images have different patch grids (image_grid_thw {grid.tolist()}): relevancy explains "
+                             "one grid per call; explain each size in a call of its own (or resize the images to one size)")
+        frames, rows, cols = grid[0].tolist()
+        if frames != 1 or rows % self.merge or cols % self.merge:
+            raise ValueError(f"image_grid_thw {grid[0].tolist()} is not one image's grid (t = 1, h and w multiples of the merge "
+                             f"size {self.merge}): relevancy explains images, not videos")
+        count = rows * cols
+        if tuple(pixels.shape) != (len(text) * count, self.patch_width):
+            raise ValueError(f"pixel_values must be the processor's flattened patches (B * h * w, C * T * P * P) = "
+                             f"{(len(text) * count, self.patch_width)} for image_grid_thw {grid[0].tolist()}; got {tuple(pixels.shape)}")
+        placeholders = (text.input_ids == self.image_token).sum(1)
+        if (placeholders != count // self.merge ** 2).any():
+            raise ValueError(f"input_ids must hold one image's {count // self.merge ** 2} placeholder tokens (id {self.image_token}) "
+                             f"in every row; counted per row: {placeholders.tolist()}: make the inputs with the model's processor "
+                             "(processor.apply_chat_template with one image per row)")
+        device, dtype = text.input_ids.device, next(self.model.parameters()).dtype
+        return GridImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "token_type_ids", "tokens", "word_ids")},
+                                   pixel_values=pixels.to(device, dtype).view(len(text), count, -1), image_grid_thw=grid.to(device),
+                                   patch=self.patch)
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def hidden_of(self, inputs: GridImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
+                  source: torch.Tensor) -> torch.Tensor:
+        """The model's own forward over the token rows `ids` (`mask`) with the images `pixels` `(R, h * w, ...)`, row
+        `r` of input row `source[r]`, at the 3-D positions of the model's `get_rope_index`: the decoder's last
+        hidden states `(R, N, D)`."""
+        grid = inputs.image_grid_thw[source]
+        inner = self.model.model
+        positions, _ = inner.get_rope_index(input_ids=ids, mm_token_type_ids=(ids == self.image_token).int(), image_grid_thw=grid,
+                                            attention_mask=mask)
+        return inner(input_ids=ids, pixel_values=pixels.flatten(0, 1), image_grid_thw=grid, attention_mask=mask,
+                     position_ids=positions, use_cache=False).last_hidden_state
+
+    def patch_grid(self, inputs: GridImageTextTokens) -> tuple[int, int]:
+        """The images' own patch grid `(h, w)` (one per batch, `check_inputs`)."""
+        _, rows, cols = inputs.image_grid_thw[0].tolist()
+        return rows, cols
+
+    def without_patches(self, pixels: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+        """The rows' flattened patches `(R, h * w, ...)` with the patches `removed` `(R, h, w)` (bool, on the grid)
+        set to 0, the processor's mean: the grid taken to the processor's order (merge groups consecutive)."""
+        count, rows, cols = len(removed), removed.shape[1] // self.merge, removed.shape[2] // self.merge
+        grouped = removed.view(count, rows, self.merge, cols, self.merge).permute(0, 1, 3, 2, 4).reshape(count, -1)
+        return pixels * (~grouped)[..., None].to(pixels.dtype)
+
+    def model_rule_map(self) -> dict:
+        """The decoder's rule map, the tower's modules as they are (the explicit rules' methods are not offered on
+        this family: the map serves the decoder's own-forward check, whose probe is text)."""
+        return {**by_type([*self.vision.transformer(self.model).modules()], unchanged),  # first: the decoder's entries win a shared type
+                **decoder_rule_map(self.layout, decoder_view(self.model, self.vision), self.decoder_ruled),
+                **by_type([self.model.model], unchanged)}
+
+    def recomputed_layers(self) -> list[nn.Module]:
+        """`checkpoint=True` runs the tower's blocks again in the backward too, not only the decoder's layers."""
+        return [*self.vision.transformer(self.model).blocks, *self.blocks]
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: GridImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
+        """From the pixels' relevance (`leaves`) the image's per pixel and per patch on the image's own `h x w`
+        grid; for the decoder's attention methods the decoder's scores at the image's tokens laid back on it, each
+        merged token's score shared equally by its k x k patches (`through_tower=False`), the text's 0 there; token
+        ablation's patch scores as they come (the base's)."""
+        if "image" in scores:  # token ablation's patches, on the grid already
+            return super().explanation(scores, inputs, **fields)
+        described = self.describe_inputs(inputs)
+        rows, cols = self.patch_grid(inputs)
+        if "leaves" not in fields:
+            text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
+            on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
+            return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
+                                             image_scores=blocks_on_patches(on_tokens, (rows // self.merge, cols // self.merge), self.merge),
+                                             image_size=inputs.image_size)
+        pixels = patch_pixels(fields.pop("leaves")["image"], (rows, cols), self.channels, self.patch, self.merge)
+        return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
+                                         image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
