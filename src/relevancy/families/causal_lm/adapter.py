@@ -43,8 +43,9 @@ from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"
-#: the methods a decoder without attention layers (a state-space decoder: Mamba) offers: those that read no
-#: attention matrix and no explicit relevance pass, in the registry's order
+#: the methods a decoder with layers without attention (a state-space decoder: Mamba; a hybrid's linear-attention
+#: layers: Qwen3-Next) offers: those that read no attention matrix and no explicit relevance pass, in the registry's
+#: order
 RECURRENT_METHODS = ("token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
 #: the tokens of the probe on which a model's explaining forwards are checked against its own (`own_forward_problems`)
 PROBE_TOKENS = 6
@@ -202,9 +203,14 @@ class CausalLMAdapter(Adapter):
         self.structure, self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
-        if self.layout.attention is None:  # no attention matrix to read, no explicit rule map of a recurrence
+        #: the indices of the layers without attention (none has it in a state-space decoder)
+        self.attentionless = [index for index, layer in enumerate(self.blocks)
+                              if self.layout.attention is None or getattr(layer, self.layout.attention, None) is None]
+        if self.attentionless:  # no attention matrix to read there, no explicit rule map of a recurrence
             self.methods = RECURRENT_METHODS
-            self.family = f"state-space decoder ({self.layout.name}: no attention layers)"
+            self.family = (f"state-space decoder ({self.layout.name}: no attention layers)" if self.layout.attention is None else
+                           f"hybrid decoder ({self.layout.name}: its linear-attention layers {', '.join(map(str, self.attentionless))} "
+                           "have no attention matrix)")
 
     @functools.cached_property
     def configs(self) -> list[object]:
@@ -256,8 +262,8 @@ class CausalLMAdapter(Adapter):
 
     def attention_sites(self) -> list[AttentionSite]:
         """Each layer's causal self-attention; its second output is the probabilities under the exact attention (none
-        in a state-space decoder)."""
-        if self.layout.attention is None:
+        in a decoder with layers without attention: a state-space or a hybrid one)."""
+        if self.attentionless:
             return []
         return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
                 for layer in getattr(self.decoder, self.layout.layers)]
@@ -384,8 +390,9 @@ class CausalLMAdapter(Adapter):
             session = Session(rules)
             replacements = [(module, "forward", forward(module, session)) for module, forward in self.ruled]
             replacements += [(config, SESSION, session) for config in self.configs]
-            if self.layout.attention is not None:
-                replacements += rotation_replacements(getattr(self.blocks[0], self.layout.attention))
+            attentions = [getattr(layer, self.layout.attention) for index, layer in enumerate(self.blocks) if index not in self.attentionless]
+            if attentions:
+                replacements += rotation_replacements(attentions[0])
         restore = switch_attention(self.configs, _registered_attention(probabilities))
         try:
             with replaced(replacements):
@@ -578,10 +585,10 @@ class CausalLMAdapter(Adapter):
         else:
             hidden_hooks = []
         entering = LayerInput(self.blocks[0]) if hidden_hooks and self.reads_images else None
-        if "heads" in parts and self.layout.attention is None:  # `latent=True`: all the model has
+        if "heads" in parts and self.attentionless:  # `latent=True`: all the model has
             if parts != frozenset(LATENT_PARTS):
-                raise ValueError(f"latent relevance of heads reads attention heads; the {self.layout.name} layout has no "
-                                 "attention layers: ask for 'layers' or 'neurons'")
+                raise ValueError(f"latent relevance of heads reads attention heads; the {self.family} has no attention "
+                                 "layers there: ask for 'layers' or 'neurons'")
             parts = parts - {"heads"}
         projections = [getattr(getattr(layer, self.layout.attention), self.layout.attention_output) for layer in self.blocks] if "heads" in parts else []
         handles = []
