@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from bimodal_golden import assert_same, snapshot
+from decoder_checks import assert_input_x_gradient_is_autograds, assert_padded_rows_are_alone, assert_unchanged_after_a_call_and_an_error
 from hybrid_models import FAMILIES, VOCAB, build
 from test_causal_lm import assert_close_to, batch
 
@@ -123,13 +123,7 @@ def test_the_delta_rule_equals_the_written_out_rules(family, method):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
-    model = model_of(family)
-    ids, mask = batch("single0").values()
-    explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
-    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    logits = model(inputs_embeds=embeddings, attention_mask=mask, use_cache=False).logits[0, -1]
-    (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
-    assert_close_to(explanation.scores, (embeddings * gradient).sum(-1).detach(), f"{family} input x gradient", 1e-10)
+    assert_input_x_gradient_is_autograds(model_of(family), family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -158,14 +152,7 @@ def test_a_padded_row_is_the_row_alone(family, method, padding):
     same zero as the row alone. Input x gradient runs the model's own delta rule, which transformers computes in
     float32 in chunks of positions, its decays summed from each chunk's start (a left-padded row's elsewhere: 5e-8
     measured, of maps whose largest entry is 2e-3), hence 1e-4 of the map there."""
-    tolerance = 1e-4 if method == "input_x_gradient" else 1e-10
-    model = model_of(family)
-    batched = relevancy.explain(model, batch(padding), method=method).scores
-    mask = batch(padding)["attention_mask"].bool()
-    assert (batched[~mask] == 0).all()
-    for row in range(len(mask)):
-        single = relevancy.explain(model, batch(f"single{row}"), method=method).scores[0]
-        assert_close_to(batched[row][mask[row]], single, f"{family} {method} row {row}", tolerance)
+    assert_padded_rows_are_alone(model_of(family), method, padding, 1e-4 if method == "input_x_gradient" else 1e-10, family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -204,17 +191,7 @@ def test_latent_heads_are_refused_layers_are_read():
 
 @pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp", "token_ablation"])
 def test_the_model_is_unchanged_after_a_call_and_after_an_error(method):
-    model = build("qwen3_next")
-    before = snapshot(model)
-    relevancy.explain(model, batch("left"), method=method)
-    assert_same(before, snapshot(model))
-
-    def failing(logits: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("a failing target")
-
-    with pytest.raises(RuntimeError, match="a failing target"):
-        relevancy.explain(model, batch("left"), method=method, target=failing)
-    assert_same(before, snapshot(model))
+    assert_unchanged_after_a_call_and_an_error(build("qwen3_next"), method)
 
 
 def test_the_chunked_delta_rule_is_the_recurrence():
