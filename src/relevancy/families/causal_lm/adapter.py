@@ -203,14 +203,18 @@ class CausalLMAdapter(Adapter):
         self.structure, self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
-        #: the indices of the layers without attention (none has it in a state-space decoder)
-        self.attentionless = [index for index, layer in enumerate(self.blocks)
-                              if self.layout.attention is None or getattr(layer, self.layout.attention, None) is None]
         if self.attentionless:  # no attention matrix to read there, no explicit rule map of a recurrence
             self.methods = RECURRENT_METHODS
             self.family = (f"state-space decoder ({self.layout.name}: no attention layers)" if self.layout.attention is None else
                            f"hybrid decoder ({self.layout.name}: its linear-attention layers {', '.join(map(str, self.attentionless))} "
                            "have no attention matrix)")
+
+    @functools.cached_property
+    def attentionless(self) -> list[int]:
+        """The indices of the decoder's layers without attention (every layer of a state-space decoder, a hybrid's
+        linear-attention layers)."""
+        return [index for index, layer in enumerate(self.blocks)
+                if self.layout.attention is None or getattr(layer, self.layout.attention, None) is None]
 
     @functools.cached_property
     def configs(self) -> list[object]:
