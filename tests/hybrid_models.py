@@ -21,7 +21,8 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
     # the middle layer's MLP dense (`mlp_only_layers`), the others mixtures with a gated shared expert
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(_SHARED, **_MIXTURE, mlp_only_layers=[1], rope_parameters=_ROPE), 40),
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(_SHARED, rope_parameters=dict(_ROPE, mrope_section=[2, 1, 1])), 41),
-    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(_SHARED, **_MIXTURE, rope_parameters=dict(_ROPE, mrope_section=[2, 1, 1])), 42),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
+                    dict(_SHARED, **_MIXTURE, rope_parameters=dict(_ROPE, mrope_section=[2, 1, 1])), 42),
 }
 
 

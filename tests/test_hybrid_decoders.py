@@ -194,6 +194,22 @@ def test_the_model_is_unchanged_after_a_call_and_after_an_error(method):
     assert_unchanged_after_a_call_and_an_error(build("qwen3_next"), method)
 
 
+@pytest.mark.parametrize("method", ["attnlrp", "input_x_gradient"])
+def test_a_generations_rows_are_explain_on_their_prefixes(method):
+    """`explain_generation` generates with the model's own cache of linear and full attention, then explains each
+    row on the whole sequence: each equals `explain` on its prefix (the model's own float32 delta rule under input x
+    gradient: 2e-9 measured)."""
+    from test_generation import PROMPT, Characters
+
+    model, tokenizer = model_of("qwen3_next"), Characters()
+    result = relevancy.explain_generation(model, tokenizer, PROMPT, max_new_tokens=3, method=method)
+    ids, start = torch.tensor([tokenizer(PROMPT)["input_ids"] + result.generated_ids.tolist()]), len(PROMPT)
+    for row in range(3):
+        alone = relevancy.explain(model, ids[:, :start + row], method=method)
+        assert int(alone.target[0]) == int(result.generated_ids[row])
+        assert_close_to(result.scores[row, :start + row], alone.scores[0], f"{method} row {row}", 1e-6 if method == "input_x_gradient" else 1e-10)
+
+
 def test_the_chunked_delta_rule_is_the_recurrence():
     """The delta rule chunk by chunk (several chunks, a padded last one), with written keys other than the
     transition's, equals the recurrence one position at a time in float64."""

@@ -9,6 +9,10 @@ never flows into `dt`, `B`, `C` (as it never flows into what decides where atten
 rules for attention do not apply here: there is no softmax whose inputs could share). The recurrences below compute
 in the inputs' dtype (Mamba's one position at a time, Mamba-2's chunk by chunk), so that a float64 model's maps are
 float64's.
+
+The gated delta rule of Qwen3-Next's and Qwen3.5's linear attention (`gated_delta_rule`) is a recurrence of the same
+kind whose transition is itself built from the keys: its rule (`delta_rule_factors`) holds the transition constant
+and lets the queries, the written keys and the values share the backward as a softmax attention's do.
 """
 from __future__ import annotations
 

@@ -776,7 +776,8 @@ POST_NORM = Residual("self_attn", "mlp", before_attention=None, before_mlp=None,
 
 
 def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...], parts: tuple, norm: Part,
-                residual: Residual | None = PRE_NORM, attention_norm: str | None = "input_layernorm", logit_scale: LogitScale | None = None) -> Layout:
+                residual: Residual | None = PRE_NORM, attention_norm: str | None = "input_layernorm",
+                logit_scale: LogitScale | None = None) -> Layout:
     """A layout with Llama's names: `model.embed_tokens`, `model.layers`, `self_attn`, the final `model.norm`."""
     return Layout(name, classes, model_types, decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
                   attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), residual=residual,

@@ -1,9 +1,10 @@
-"""The state-space mixers of transformers' Mamba and Mamba-2 decoders as layout parts: what each must be, and its
-forward under a rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of
-a recurrence and are not offered on these layouts).
+"""The recurrent token mixers as layout parts - the state-space mixers of transformers' Mamba and Mamba-2 decoders,
+the gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5 - what each must be, and its forward under a rule
+set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of a recurrence and are
+not offered on these layouts). The gated DeltaNet's rules: `gated_delta_net` and `lrp.recurrence.delta_rule_factors`.
 
-The forward is the model's own computation, written with the engine's operations so that each rule applies where
-MambaLRP (Jafari et al., NeurIPS 2024) puts it:
+A state-space mixer's forward is the model's own computation, written with the engine's operations so that each
+rule applies where MambaLRP (Jafari et al., NeurIPS 2024) puts it:
 - the input projection, the causal depth-wise convolution and the output projection: linear, gradient x input;
 - the SiLU after the convolution: the identity rule (`engine.activation`);
 - the selective scan: `dt`, `B`, `C` held constant (`lrp.recurrence.held`), so that the recurrence is a linear map
@@ -183,7 +184,8 @@ def fits_gated_delta_net(module: nn.Module, width: int) -> bool:
     k_heads, v_heads, k_dim, v_dim, keys, values, conv_dim = sizes
     projections = ({"in_proj_qkvz": 2 * keys + 2 * values, "in_proj_ba": 2 * v_heads} if hasattr(module, "in_proj_qkvz")
                    else {"in_proj_qkv": conv_dim, "in_proj_z": values, "in_proj_b": v_heads, "in_proj_a": v_heads})
-    linears = [(getattr(module, name, None), width, size) for name, size in projections.items()] + [(getattr(module, "out_proj", None), values, width)]
+    linears = [(getattr(module, name, None), width, size) for name, size in projections.items()]
+    linears.append((getattr(module, "out_proj", None), values, width))
     norm = getattr(module, "norm", None)
     return (all(isinstance(layer, nn.Linear) and (layer.in_features, layer.out_features) == (into, out) for layer, into, out in linears)
             and (keys, values, conv_dim) == (k_heads * k_dim, v_heads * v_dim, 2 * keys + values) and v_heads % k_heads == 0
