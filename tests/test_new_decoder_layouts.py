@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from bimodal_golden import assert_same, snapshot
+from decoder_checks import assert_input_x_gradient_is_autograds, assert_padded_rows_are_alone, assert_unchanged_after_a_call_and_an_error
 from decoder_families import build
 from test_causal_lm import assert_close_to
 from test_decoder_families import batch, model_of
@@ -67,14 +67,8 @@ def test_cohere_norm_is_its_forward_with_the_divisor_constant():
 @pytest.mark.parametrize("family", MAPPED)
 def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
     """The plain gradient's map is input x gradient at the token embeddings through transformers' own forward."""
-    model = model_of(family)
-    ids, mask = batch("single0").values()
-    explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
-    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    logits = model(inputs_embeds=embeddings, attention_mask=mask, use_cache=False).logits[0, -1]
-    (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
-    assert_close_to(explanation.scores, (embeddings * gradient).sum(-1).detach(), f"{family} input x gradient", 1e-10)
-    assert torch.allclose(explanation.logits[0], logits.detach(), atol=1e-12)
+    explanation, logits = assert_input_x_gradient_is_autograds(model_of(family), family)
+    assert torch.allclose(explanation.logits[0], logits, atol=1e-12)
 
 
 @pytest.mark.parametrize("family", MAPPED)
@@ -102,14 +96,7 @@ def test_a_padded_row_is_the_row_alone(family, method):
     Llama 4 rotates its queries and keys in float32 (its complex RoPE) and its router's sigmoid too: every method
     there, autograd's own included, differs by about 1e-7."""
     float32 = (family in FLOAT32_ROUTERS and method != "cp_lrp") or family == "llama4"
-    tolerance = 1e-6 if float32 else 1e-10
-    model = model_of(family)
-    batched = relevancy.explain(model, batch("right"), method=method).scores
-    mask = batch("right")["attention_mask"].bool()
-    assert (batched[~mask] == 0).all()
-    for row in range(len(mask)):
-        single = relevancy.explain(model, batch(f"single{row}"), method=method).scores[0]
-        assert_close_to(batched[row][mask[row]], single, f"{family} {method} row {row}", tolerance)
+    assert_padded_rows_are_alone(model_of(family), method, "right", 1e-6 if float32 else 1e-10, family)
 
 
 @pytest.mark.parametrize("family", BIAS_FREE)
@@ -128,18 +115,10 @@ def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
     Llama 4's complex one) as they were, also after an exception raised inside the call (a target function that
     fails under the rules)."""
     model = build(family)
-    before, modeling = snapshot(model), vars(sys.modules[type(model).__module__])
+    modeling = vars(sys.modules[type(model).__module__])
     rotations = {name: modeling[name] for name in ROTATIONS if name in modeling}
     assert rotations
-    relevancy.explain(model, batch("left"), method=method)
-    assert_same(before, snapshot(model))
-
-    def failing(logits: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("a failing target")
-
-    with pytest.raises(RuntimeError, match="a failing target"):
-        relevancy.explain(model, batch("left"), method=method, target=failing)
-    assert_same(before, snapshot(model))
+    assert_unchanged_after_a_call_and_an_error(model, method)
     assert all(modeling[name] is rotation for name, rotation in rotations.items())
 
 

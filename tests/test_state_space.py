@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from bimodal_golden import assert_same, snapshot
+from decoder_checks import assert_input_x_gradient_is_autograds, assert_padded_rows_are_alone, assert_unchanged_after_a_call_and_an_error
 from state_space_models import build
 from test_causal_lm import assert_close_to, batch
 
@@ -110,20 +110,7 @@ def test_mamba2_equals_the_written_out_rules(method):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_input_x_gradient_is_autograds_through_the_models_own_forward(family):
-    model = model_of(family)
-    ids, mask = batch("single0").values()
-    explanation = relevancy.explain(model, batch("single0"), method="input_x_gradient")
-    # the model's own forward from the ids (Falcon-H1 scales the embeddings it looks up, not those it is given),
-    # its embeddings made a leaf where they are looked up
-    found = []
-    hook = model.get_input_embeddings().register_forward_hook(lambda _m, _i, out: found.append(out.detach().requires_grad_(True)) or found[-1])
-    try:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[0, -1]
-    finally:
-        hook.remove()
-    (embeddings,) = found
-    (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
-    assert_close_to(explanation.scores, (embeddings * gradient).sum(-1).detach(), f"{family} input x gradient", 1e-10)
+    assert_input_x_gradient_is_autograds(model_of(family), family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -149,13 +136,7 @@ def test_a_padded_row_is_the_row_alone(family, method, padding):
     same zero state as the row alone. Input x gradient runs Mamba-2's own scan (Falcon-H1's too), which transformers
     computes in float32 in chunks of positions: a left-padded row's chunks start elsewhere, hence 1e-6 there."""
     tolerance = 1e-6 if family != "mamba" and method == "input_x_gradient" else 1e-10
-    model = model_of(family)
-    batched = relevancy.explain(model, batch(padding), method=method).scores
-    mask = batch(padding)["attention_mask"].bool()
-    assert (batched[~mask] == 0).all()
-    for row in range(len(mask)):
-        single = relevancy.explain(model, batch(f"single{row}"), method=method).scores[0]
-        assert_close_to(batched[row][mask[row]], single, f"{family} {method} row {row}", tolerance)
+    assert_padded_rows_are_alone(model_of(family), method, padding, tolerance, family)
 
 
 @pytest.mark.parametrize("family", ["mamba", "mamba2"])
@@ -198,17 +179,7 @@ def test_latent_heads_are_refused_layers_are_read():
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("method", ["input_x_gradient", "attnlrp", "cp_lrp", "token_ablation"])
 def test_the_model_is_unchanged_after_a_call_and_after_an_error(family, method):
-    model = build(family)
-    before = snapshot(model)
-    relevancy.explain(model, batch("left"), method=method)
-    assert_same(before, snapshot(model))
-
-    def failing(logits: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("a failing target")
-
-    with pytest.raises(RuntimeError, match="a failing target"):
-        relevancy.explain(model, batch("left"), method=method, target=failing)
-    assert_same(before, snapshot(model))
+    assert_unchanged_after_a_call_and_an_error(build(family), method)
 
 
 def test_the_chunked_scan_is_the_recurrence():

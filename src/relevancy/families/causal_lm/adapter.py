@@ -43,9 +43,10 @@ from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"
-#: the methods a decoder with state-space layers (Mamba; Falcon-H1's beside attention) offers: those that read no
-#: attention matrix (which would miss what those layers mix) and no explicit relevance pass (no map of a
-#: recurrence), in the registry's order
+#: the methods a decoder with layers that mix tokens without attention offers (a state-space decoder: Mamba;
+#: Falcon-H1's mixers beside attention; a hybrid's linear-attention layers: Qwen3-Next): those that read no attention
+#: matrix (which would miss what those layers mix) and no explicit relevance pass (no map of a recurrence), in the
+#: registry's order
 RECURRENT_METHODS = ("token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
 #: the tokens of the probe on which a model's explaining forwards are checked against its own (`own_forward_problems`)
 PROBE_TOKENS = 6
@@ -203,9 +204,18 @@ class CausalLMAdapter(Adapter):
         self.structure, self.layout, self.ruled = recognised(model)
         self.decoder: nn.Module = getattr(model, self.layout.decoder)
         self.blocks = list(getattr(self.decoder, self.layout.layers))
-        if self.layout.state_space is not None:
+        if self.layout.state_space is not None or self.attentionless:  # no attention matrix to read, no explicit rule map of a recurrence
             self.methods = RECURRENT_METHODS
-            self.family = f"{self.layout.name} decoder ({self.layout.state_space})"
+            self.family = (f"{self.layout.name} decoder ({self.layout.state_space})" if self.layout.state_space is not None else
+                           f"hybrid decoder ({self.layout.name}: its linear-attention layers {', '.join(map(str, self.attentionless))} "
+                           "have no attention matrix)")
+
+    @functools.cached_property
+    def attentionless(self) -> list[int]:
+        """The indices of the decoder's layers without attention (every layer of a state-space decoder, a hybrid's
+        linear-attention layers)."""
+        return [index for index, layer in enumerate(self.blocks)
+                if self.layout.attention is None or getattr(layer, self.layout.attention, None) is None]
 
     @functools.cached_property
     def configs(self) -> list[object]:
@@ -257,8 +267,8 @@ class CausalLMAdapter(Adapter):
 
     def attention_sites(self) -> list[AttentionSite]:
         """Each layer's causal self-attention; its second output is the probabilities under the exact attention (none
-        in a state-space decoder)."""
-        if self.layout.attention is None:
+        in a decoder with layers without attention: a state-space or a hybrid one)."""
+        if self.attentionless:
             return []
         return [AttentionSite("text", "text", OutputPart(getattr(layer, self.layout.attention), attention_probabilities))
                 for layer in getattr(self.decoder, self.layout.layers)]
@@ -385,8 +395,9 @@ class CausalLMAdapter(Adapter):
             session = Session(rules)
             replacements = [(module, "forward", forward(module, session)) for module, forward in self.ruled]
             replacements += [(config, SESSION, session) for config in self.configs]
-            if self.layout.attention is not None:
-                replacements += rotation_replacements(getattr(self.blocks[0], self.layout.attention))
+            attentions = [getattr(layer, self.layout.attention) for index, layer in enumerate(self.blocks) if index not in self.attentionless]
+            if attentions:
+                replacements += rotation_replacements(attentions[0])
         restore = switch_attention(self.configs, _registered_attention(probabilities))
         try:
             with replaced(replacements):
@@ -581,10 +592,10 @@ class CausalLMAdapter(Adapter):
         else:
             hidden_hooks = []
         entering = LayerInput(self.blocks[0]) if hidden_hooks and self.reads_images else None
-        if "heads" in parts and self.layout.attention is None:  # `latent=True`: all the model has
+        if "heads" in parts and self.attentionless:  # `latent=True`: all the model has
             if parts != frozenset(LATENT_PARTS):
-                raise ValueError(f"latent relevance of heads reads attention heads; the {self.layout.name} layout has no "
-                                 "attention layers: ask for 'layers' or 'neurons'")
+                raise ValueError(f"latent relevance of heads reads attention heads; the {self.family} has no attention "
+                                 "layers there: ask for 'layers' or 'neurons'")
             parts = parts - {"heads"}
         projections = [getattr(getattr(layer, self.layout.attention), self.layout.attention_output) for layer in self.blocks] if "heads" in parts else []
         handles = []

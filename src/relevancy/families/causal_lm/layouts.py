@@ -492,6 +492,21 @@ def _fits_shared_mixture(module: nn.Module, width: int) -> bool:
     return _routes(module, width) and shared is not None and _fits_gated_mlp(shared, width)
 
 
+def _fits_sigmoid_gated_mixture(module: nn.Module, width: int) -> bool:
+    """Qwen3-Next's mixture: routed experts, a gated MLP `shared_expert` and its gate `shared_expert_gate` (a Linear
+    from the width to one number per token)."""
+    shared, gate_values = getattr(module, "shared_expert", None), getattr(module, "shared_expert_gate", None)
+    return _routes(module, width) and shared is not None and _linear(gate_values, width, 1) and _fits_gated_mlp(shared, width)
+
+
+def _fits_gated_attention(module: nn.Module, width: int) -> bool:
+    """Qwen3-Next's self-attention: Llama's projections, `q_proj` to twice the queries' width (each head's query,
+    then its output gate)."""
+    head_dim = getattr(module, "head_dim", None)
+    return (fits_attention("q_proj", "k_proj", "v_proj", "o_proj")(module, width) and isinstance(head_dim, int)
+            and linears.features(module.q_proj)[1] == 2 * linears.features(module.o_proj)[0])
+
+
 def fits_attention(*projections: str) -> Fits:
     """Self-attention with Linear projections from the width (the first ones) and back to it (the last)."""
 
@@ -631,6 +646,50 @@ def _input_gated_mixture(module: nn.Module, session: Session) -> Callable[[torch
     return forward
 
 
+def _sigmoid_gated_mixture(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Qwen3-Next's mixture `experts(x; router(x)) + sigmoid(shared_expert_gate(x)) * shared_expert(x)` over the
+    tokens: the router as the model runs it (its weights the gates of `_mixed`'s gating products), the shared
+    expert a gated MLP times its sigmoid gate (one number per token; the gate rule, the sigmoid under the identity
+    rule), the two summed under the add rule (`x` feeding all)."""
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        x = branch(session, hidden_states.reshape(-1, hidden_states.shape[-1]))
+        _, weights, index = module.gate(x)
+        shared = module.shared_expert(x)
+        gated_shared = gated_product(session, torch.sigmoid, module.shared_expert_gate(x).expand_as(shared), shared)
+        return add(session, module.experts(x, index, weights), gated_shared).view(hidden_states.shape)
+
+    return forward
+
+
+def _gated_attention(attention: nn.Module, session: Session) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    """Qwen3-Next's and Qwen3.5's full attention, the model's computation with its output gate under the gate rule:
+    each head's query and gate from `q_proj`, the query and key norms (parts of their own), the modeling file's
+    rotation (looked up per call: the adapter's replacement where it applies), the config's attention (relevancy's,
+    under the session), then `context * sigmoid(gate)` (the gate rule, the sigmoid under the identity rule),
+    `o_proj`."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    modeling = sys.modules[type(attention).__module__]
+
+    def forward(hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], attention_mask: torch.Tensor | None,
+                cache: object = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if cache is not None:
+            raise MissingRuleError("relevance propagation runs decoders over the whole sequence: no cache")
+        shape, width = hidden_states.shape[:-1], attention.head_dim
+        query, gate_values = attention.q_proj(hidden_states).view(*shape, -1, 2 * width).chunk(2, dim=-1)
+        query = attention.q_norm(query).transpose(1, 2)
+        key = attention.k_norm(attention.k_proj(hidden_states).view(*shape, -1, width)).transpose(1, 2)
+        value = attention.v_proj(hidden_states).view(*shape, -1, width).transpose(1, 2)
+        query, key = modeling.apply_rotary_pos_emb(query, key, *position_embeddings)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, modeling.eager_attention_forward)
+        context, weights = interface(attention, query, key, value, attention_mask, dropout=0.0, scaling=attention.scaling, **kwargs)
+        context = context.reshape(*shape, -1)
+        return attention.o_proj(gated_product(session, torch.sigmoid, gate_values.reshape(*shape, -1), context)), weights
+
+    return forward
+
+
 def _temperature_passing(attention: nn.Module, session: Session) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
     """Llama 4's attention, its own forward; on a layer without RoPE that tunes its queries' temperature
     (`attn_temperature_tuning`), in an explicit pass the queries' position-dependent factor (the model's
@@ -699,6 +758,14 @@ NEOX_ATTENTION = Part("self-attention with a fused query_key_value and dense", f
                       owns=("query_key_value", "dense"))
 GPT2_ATTENTION = Part("GPT-2's self-attention (c_attn, c_proj)", _fits_gpt2_attention, owns=("c_attn", "c_proj"))
 GPT2_MLP = Part("GPT-2's MLP c_proj(act(c_fc(x)))", fits_plain_mlp("c_fc", "c_proj", "act"), plain_mlp("c_fc", "c_proj", "act"))
+#: Qwen3-Next's and Qwen3.5's full attention: its output gate under the gate rule (`_gated_attention`)
+GATED_ATTENTION = Part("self-attention with an output gate (q_proj to queries and gates, k_proj, v_proj, o_proj)", _fits_gated_attention,
+                       _gated_attention, owns=ATTENTION.owns)
+SIGMOID_GATED_MIXTURE = Part("a mixture of routed experts and a shared expert under a sigmoid gate (a top-k router `gate`, `experts`, "
+                             "`shared_expert`, `shared_expert_gate`)", _fits_sigmoid_gated_mixture, _sigmoid_gated_mixture,
+                             inner=(("experts", EXPERTS), ("shared_expert", GATED_MLP)))
+GATED_DELTA_NET = Part("a gated DeltaNet (its projections, conv1d, A_log, dt_bias, a gated norm, out_proj)", recurrent.fits_gated_delta_net,
+                       recurrent.gated_delta_net)
 MAMBA_MIXER = Part("Mamba's state-space mixer (in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj)", recurrent.fits_mamba_mixer,
                    recurrent.mamba_mixer)
 FALCON_H1_MLP = Part("Falcon-H1's gated MLP with its gate and output multipliers", _fits_falcon_h1_mlp, recurrent.falcon_h1_mlp)
@@ -727,7 +794,8 @@ POST_NORM = Residual("self_attn", "mlp", before_attention=None, before_mlp=None,
 
 
 def _llama_like(name: str, classes: tuple[str, ...], model_types: tuple[str, ...], parts: tuple, norm: Part,
-                residual: Residual = PRE_NORM, attention_norm: str | None = "input_layernorm", logit_scale: LogitScale | None = None) -> Layout:
+                residual: Residual | None = PRE_NORM, attention_norm: str | None = "input_layernorm",
+                logit_scale: LogitScale | None = None) -> Layout:
     """A layout with Llama's names: `model.embed_tokens`, `model.layers`, `self_attn`, the final `model.norm`."""
     return Layout(name, classes, model_types, decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
                   attention_norm=attention_norm, attention_output="o_proj", parts=parts, final=("norm", norm), residual=residual,
@@ -790,6 +858,17 @@ LLAMA4 = _llama_like("llama4", ("Llama4ForCausalLM",), ("llama4_text",),
                       ("self_attn.qk_norm", (WEIGHTLESS_NORM, ABSENT)), ("post_attention_layernorm", (RMS_NORM,)),
                       ("feed_forward", (INPUT_GATED_MIXTURE, GATED_MLP))), RMS_NORM,
                      Residual("self_attn", "feed_forward", before_attention="input_layernorm", before_mlp="post_attention_layernorm"))
+#: Qwen3-Next and Qwen3.5 (dense and MoE): pre-norm layers of one token mixer each, linear attention (a gated
+#: DeltaNet, `linear_attn`) or full attention with an output gate and query and key norms (`self_attn`), as the
+#: config's `layer_types` alternate them; Gemma's norms `x / rms(x) * (1 + w)`; the MLP dense or a mixture with a
+#: gated shared expert. The layers run as they are under the gradient rules (no explicit rule map: `residual`
+#: None); the linear-attention layers have no attention matrix (the adapter offers the methods that need none)
+QWEN3_NEXT = _llama_like("qwen3_next", ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"),
+                         ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"),
+                         (("input_layernorm", (ONE_PLUS_RMS_NORM,)), ("self_attn", (GATED_ATTENTION, ABSENT)),
+                          ("self_attn.q_norm", (ONE_PLUS_RMS_NORM, ABSENT)), ("self_attn.k_norm", (ONE_PLUS_RMS_NORM, ABSENT)),
+                          ("linear_attn", (GATED_DELTA_NET, ABSENT)), ("post_attention_layernorm", (ONE_PLUS_RMS_NORM,)),
+                          ("mlp", (SIGMOID_GATED_MIXTURE, GATED_MLP))), ONE_PLUS_RMS_NORM, residual=None)
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
@@ -824,7 +903,7 @@ FALCON_H1 = Layout(
     final=("final_layernorm", RMS_NORM), residual=None, logit_scale=LogitScale("lm_head_multiplier"),
     embedding_scale="embedding_multiplier",
     state_space="a state-space mixer beside attention in every layer, which attention maps do not see")
-LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
+LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, QWEN3_NEXT, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
            GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)

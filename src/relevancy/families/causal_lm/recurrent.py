@@ -1,9 +1,10 @@
-"""The state-space mixers of transformers' Mamba, Mamba-2 and Falcon-H1 decoders as layout parts: what each must be, and its
-forward under a rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of
-a recurrence and are not offered on these layouts).
+"""The recurrent token mixers as layout parts - the state-space mixers of transformers' Mamba, Mamba-2 and Falcon-H1
+decoders, the gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5 - what each must be, and its forward under a
+rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of a recurrence and
+are not offered on these layouts). The gated DeltaNet's rules: `gated_delta_net` and `lrp.recurrence.delta_rule_factors`.
 
-The forward is the model's own computation, written with the engine's operations so that each rule applies where
-MambaLRP (Jafari et al., NeurIPS 2024) puts it:
+A state-space mixer's forward is the model's own computation, written with the engine's operations so that each
+rule applies where MambaLRP (Jafari et al., NeurIPS 2024) puts it:
 - the input projection, the causal depth-wise convolution and the output projection: linear, gradient x input;
 - the SiLU after the convolution: the identity rule (`engine.activation`);
 - the selective scan: `dt`, `B`, `C` held constant (`lrp.recurrence.held`), so that the recurrence is a linear map
@@ -23,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformers.activations import ACT2FN
+
 from ...lrp import recurrence
 from ...lrp.engine import MissingRuleError, Session, activation
 from ..hf_attention import gated_product
@@ -38,11 +41,13 @@ def _refuse_cache(cache: object) -> None:
         raise MissingRuleError("relevance propagation runs decoders over the whole sequence: no cache")
 
 
-def _convolved(mixer: nn.Module, session: Session, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """The causal depth-wise convolution over the positions of `x` `(batch, T, channels)` and its activation (the
-    identity rule), padding set to 0 after it: `(batch, T, channels)`."""
+def _convolved(mixer: nn.Module, session: Session, x: torch.Tensor, mask: torch.Tensor | None,
+               act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The causal depth-wise convolution over the positions of `x` `(batch, T, channels)` and its activation `act`
+    (the identity rule), padding set to 0 after it (`mask` None: not, as the gated DeltaNet does not): `(batch, T,
+    channels)`."""
     convolved = mixer.conv1d(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
-    return _masked(activation(session, mixer.act, convolved), mask)
+    return _masked(activation(session, act, convolved), mask)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -55,7 +60,7 @@ def mamba_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tenso
     def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         _refuse_cache(cache)
         u, z = mixer.in_proj(_masked(hidden_states, attention_mask)).chunk(2, dim=-1)
-        u = _convolved(mixer, session, u, attention_mask)
+        u = _convolved(mixer, session, u, attention_mask, mixer.act)
         step, b, c = mixer.x_proj(u).split([mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size], dim=-1)
         dt, b, c = recurrence.held(session, F.softplus(_wide(mixer.dt_proj(step))), b, c)
         a = -torch.exp(_wide(mixer.A_log))
@@ -76,7 +81,7 @@ def mamba2_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tens
         inner, grouped = mixer.intermediate_size, mixer.n_groups * mixer.ssm_state_size
         projected = mixer.in_proj(_masked(hidden_states, attention_mask) * getattr(mixer, "ssm_in_multiplier", 1.0))
         z, xbc, dt = (projected * getattr(mixer, "mup_vector", 1.0)).split([inner, mixer.conv_dim, mixer.num_heads], dim=-1)
-        x, b, c = _convolved(mixer, session, xbc, attention_mask).split([inner, grouped, grouped], dim=-1)
+        x, b, c = _convolved(mixer, session, xbc, attention_mask, mixer.act).split([inner, grouped, grouped], dim=-1)
         low, high = mixer.time_step_limit
         dt = torch.clamp(F.softplus(_wide(dt) + mixer.dt_bias), min=low, max=high)
         per_group = mixer.num_heads // mixer.n_groups
@@ -99,8 +104,7 @@ def _gated_output(norm: nn.Module, session: Session, y: torch.Tensor, z: torch.T
     after = getattr(norm, "norm_before_gate", False)
     x = y if after else gated_product(session, F.silu, z, y)
     groups = x.unflatten(-1, (getattr(norm, "n_groups", None) or x.shape[-1] // norm.group_size, -1))
-    divisor = torch.sqrt(groups.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    normed = norm.weight * (groups / (divisor.detach() if session is not None else divisor)).flatten(-2)
+    normed = norm.weight * _rms_divided(session, groups, norm.variance_epsilon).flatten(-2)
     return gated_product(session, F.silu, z, normed) if after else normed
 
 
@@ -109,6 +113,51 @@ def falcon_h1_mlp(mlp: nn.Module, session: Session) -> Callable[[torch.Tensor], 
     the scaled gate under the identity rule), its constant multipliers passing relevance."""
     return lambda x: mlp.down_proj(gated_product(session, lambda g: mlp.act_fn(g * mlp.gate_multiplier), mlp.gate_proj(x),
                                                  mlp.up_proj(x))) * mlp.down_multiplier
+
+
+def _rms_divided(session: Session | None, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x / sqrt(mean(x^2) + eps)` over the last dimension, the divisor held constant under a rule set (the identity
+    rule on a normalisation)."""
+    divisor = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x / (divisor.detach() if session is not None else divisor)
+
+
+def gated_delta_net(mixer: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+    """Qwen3-Next's and Qwen3.5's linear attention (`...GatedDeltaNet`) under the rules stated in
+    `lrp.recurrence.delta_rule_factors`: the projections, the causal depth-wise convolution and its SiLU (the
+    identity rule), the queries and keys over their L2 norms (held constant), the delta rule, then the gated RMSNorm
+    per head `w * o / rms(o) * silu(z)` (the divisor constant, the product under the gate rule) and `out_proj`."""
+
+    def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        _refuse_cache(cache)
+        mixed, z, b, a = _delta_projections(mixer, _masked(hidden_states, attention_mask))
+        act = ACT2FN[mixer.activation]
+        q, k, v = _wide(_convolved(mixer, session, mixed, None, act)).split([mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+        repeat = mixer.num_v_heads // mixer.num_k_heads
+        q, k = (_l2_normed(session, t.unflatten(-1, (-1, mixer.head_k_dim))).repeat_interleave(repeat, dim=2) for t in (q, k))
+        beta, g = recurrence.held(session, torch.sigmoid(_wide(b)), -torch.exp(_wide(mixer.A_log)) * F.softplus(_wide(a) + mixer.dt_bias))
+        q, transition, written, v = recurrence.delta_rule_factors(session, q / mixer.head_k_dim ** 0.5, k, v.unflatten(-1, (-1, mixer.head_v_dim)))
+        o = recurrence.gated_delta_rule(q, transition, v, g, beta, written)
+        normed = mixer.norm.weight * _rms_divided(session, o, mixer.norm.variance_epsilon)
+        return mixer.out_proj(gated_product(session, F.silu, _wide(z), normed).flatten(2).to(hidden_states.dtype))
+
+    return forward
+
+
+def _l2_normed(session: Session | None, x: torch.Tensor) -> torch.Tensor:
+    """`x / sqrt(sum(x^2) + 1e-6)` over the last dimension (transformers' `l2norm` of queries and keys), the divisor
+    held constant under a rule set (the identity rule on a normalisation)."""
+    (divisor,) = recurrence.held(session, torch.sqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6))
+    return x / divisor
+
+
+def _delta_projections(mixer: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(q, k, v side by side (batch, T, conv_dim), z (batch, T, heads, d_v), b, a (batch, T, heads))` from Qwen3.5's
+    separate projections or Qwen3-Next's fused ones (ordered by the model's own `fix_query_key_value_ordering`)."""
+    if hasattr(mixer, "in_proj_qkvz"):
+        q, k, v, z, b, a = mixer.fix_query_key_value_ordering(mixer.in_proj_qkvz(x), mixer.in_proj_ba(x))
+        return torch.cat([t.flatten(2) for t in (q, k, v)], dim=-1), z, b, a
+    return mixer.in_proj_qkv(x), mixer.in_proj_z(x).unflatten(-1, (-1, mixer.head_v_dim)), mixer.in_proj_b(x), mixer.in_proj_a(x)
 
 
 def fits_mamba_mixer(module: nn.Module, width: int) -> bool:
@@ -140,3 +189,23 @@ def fits_mamba2_mixer(module: nn.Module, width: int) -> bool:
                                                    and tuple(norm.weight.shape) == (inner,)))
             and module.conv1d.groups == conv_dim and callable(getattr(module, "act", None)))
 
+
+def fits_gated_delta_net(module: nn.Module, width: int) -> bool:
+    """Qwen3-Next's or Qwen3.5's gated DeltaNet: from the width, Qwen3-Next's fused `in_proj_qkvz` and `in_proj_ba` or
+    Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`; a depth-wise `conv1d` over queries, keys and
+    values; `A_log` and `dt_bias` per value head; a gated RMSNorm of a value head's width; `out_proj` back to the width."""
+    names = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "key_dim", "value_dim", "conv_dim")
+    sizes = [getattr(module, name, None) for name in names]
+    if not all(isinstance(size, int) for size in sizes) or not isinstance(getattr(module, "conv1d", None), nn.Conv1d):
+        return False
+    k_heads, v_heads, k_dim, v_dim, keys, values, conv_dim = sizes
+    projections = ({"in_proj_qkvz": 2 * keys + 2 * values, "in_proj_ba": 2 * v_heads} if hasattr(module, "in_proj_qkvz")
+                   else {"in_proj_qkv": conv_dim, "in_proj_z": values, "in_proj_b": v_heads, "in_proj_a": v_heads})
+    linears = [(getattr(module, name, None), width, size) for name, size in projections.items()]
+    linears.append((getattr(module, "out_proj", None), values, width))
+    norm = getattr(module, "norm", None)
+    return (all(isinstance(layer, nn.Linear) and (layer.in_features, layer.out_features) == (into, out) for layer, into, out in linears)
+            and (keys, values, conv_dim) == (k_heads * k_dim, v_heads * v_dim, 2 * keys + values) and v_heads % k_heads == 0
+            and all(tuple(getattr(getattr(module, name, None), "shape", ())) == (v_heads,) for name in ("A_log", "dt_bias"))
+            and tuple(getattr(getattr(norm, "weight", None), "shape", ())) == (v_dim,) and isinstance(getattr(norm, "variance_epsilon", None), float)
+            and module.conv1d.groups == conv_dim and module.conv1d.bias is None and getattr(module, "activation", None) in ACT2FN)
