@@ -1,0 +1,109 @@
+"""Train (or evaluate) the retrieval world's small decoders, one per token mixer (`relevancy.worlds.retrieval_models`).
+
+    python -m training.retrieval_models --mixer attention|deltanet|mamba2 [--seed S] [--minutes M | --steps N]
+    python -m training.retrieval_models --mixer MIXER --evaluate-only [--n 1000]
+
+Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
+the test prompts come from another seed by construction). Loss: cross-entropy of the answer's token after the prompt
+(`Answer: <name> lives in` -> `Paris`), read at each row's last real token (rows right-padded). AdamW, the shared
+warm-up and cosine schedule of the shipped models (`training.shapes_vit.fit`), following wall-clock progress with
+`--minutes` or the step count with `--steps`. Validation (greedy answers on 300 test prompts of seed 1) at each
+checkpoint; the model and the world's tokenizer are saved with `save_pretrained` to `--out` (default: the shipped
+folder), the log `train.log` beside them.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from relevancy.worlds import language, retrieval_models
+
+from .shapes_vit import Run, _log, adamw, fit, machine, run_training_command, start_run, training_parser
+
+#: validation prompts: test prompts of this world seed (the benchmark reads seed 0's)
+VAL_SEED = 1
+
+
+def encoded(tokenizer, items: list[language.RetrievalPrompt]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The prompts right-padded (`input_ids`, `attention_mask`) and each answer's token id `(B,)`."""
+    inputs = tokenizer([item.text for item in items], padding=True, return_tensors="pt")
+    answers = torch.tensor(tokenizer.convert_tokens_to_ids([item.answer.strip() for item in items]))
+    return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}, answers
+
+
+def answer_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`(B, V)`: the next-token logits after each row's last real token."""
+    logits = model(**inputs, use_cache=False).logits
+    return logits[torch.arange(len(logits)), inputs["attention_mask"].sum(1) - 1]
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, tokenizer, n: int, seed: int, batch: int = 100) -> dict[str, float]:
+    """Greedy exact answers on the first `n` test prompts of world seed `seed`, overall and per kind of fact."""
+    model.eval()
+    items = language.prompts("test", n, seed=seed)
+    right = []
+    for start in range(0, n, batch):
+        inputs, answers = encoded(tokenizer, items[start:start + batch])
+        right += (answer_logits(model, inputs).argmax(-1) == answers).tolist()
+    found = {"overall": sum(right) / n}
+    for kind in language.KINDS:
+        kept = [r for r, item in zip(right, items) if item.kind == kind]
+        found[kind] = sum(kept) / max(len(kept), 1)
+    return found
+
+
+def _summary(found: dict[str, float], n: int) -> str:
+    return " ".join(f"{key} {value:.4f}" for key, value in found.items()) + f" (n={n})"
+
+
+def train(args: argparse.Namespace) -> None:
+    out, log, _ = start_run(args, "train.log")
+    tokenizer = retrieval_models.world_tokenizer()
+    model = retrieval_models.build(args.mixer, args.seed).train()
+    parameters = sum(p.numel() for p in model.parameters())
+    _log(log, f"start training mixer={args.mixer} seed={args.seed} params={parameters} batch={args.batch_size} lr={args.lr} "
+              f"minutes={args.minutes} steps={args.steps} threads={args.threads} {machine()}")
+    optimizer = adamw(model.named_parameters(), lambda name, p: p.ndim >= 2, args, betas=(0.9, 0.98))
+
+    def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
+        first = step * args.batch_size
+        items = [language.prompt("train", first + j, seed=args.seed) for j in range(args.batch_size)]
+        inputs, answers = encoded(tokenizer, items)
+        logits = answer_logits(model, inputs)
+        return F.cross_entropy(logits, answers), {"loss": F.cross_entropy(logits.detach(), answers).item(),
+                                                  "acc": (logits.argmax(-1) == answers).float().mean().item()}
+
+    def checkpoint(step: int, seconds: float, final: bool) -> None:
+        found = accuracy(model, tokenizer, args.val_n, VAL_SEED)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val {_summary(found, args.val_n)}")
+
+    fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size, "prompts"))
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    started = time.time()
+    model, tokenizer = retrieval_models.load(args.mixer) if args.weights is None else retrieval_models.load_folder(Path(args.weights))
+    found = accuracy(model, tokenizer, args.n, seed=0)
+    _log(Path(args.out) / "train.log" if Path(args.out).exists() else None,
+         f"evaluate {args.mixer}: test {_summary(found, args.n)} ({time.time() - started:.0f} s)")
+    return found
+
+
+def main(argv=None) -> None:
+    ap = training_parser(__doc__, minutes=15.0, pair_fraction=0.0, lr=3e-3, weight_decay=0.01)
+    ap.add_argument("--mixer", required=True, choices=tuple(retrieval_models.ARCHITECTURES))
+    args_known, _ = ap.parse_known_args(argv)
+    ap.set_defaults(out=str(retrieval_models.folder(args_known.mixer)))
+    run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped runs: 1)", ckpt_minutes=5.0,
+                         n_help="test prompts for --evaluate-only (world seed 0: the benchmark's)")
+
+
+if __name__ == "__main__":
+    main()
