@@ -400,7 +400,10 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
             lengths = [len(f) for f in forced]
             ids = torch.cat([ids, torch.tensor([f + [0] * (max(lengths) - len(f)) for f in forced], device=ids.device)], 1)
         mask = torch.cat([mask, (torch.arange(ids.shape[1] - width)[None] < torch.tensor(lengths)[:, None]).to(mask)], 1)
-        if REGISTRY[method].generation == "one_forward":
+        if REGISTRY[method].generates is not None:  # a method of one forward with its own reading of a generation
+            scores, explained, maps = REGISTRY[method].generates(adapter, ids, mask, width, call.inputs)
+            rows = [(scores[b], explained[b], None) for b in range(len(prompts))]
+        elif REGISTRY[method].generation == "one_forward":
             rules = INPUT_RELEVANCE_RULES[method]
             scores, explained, maps = generation_relevance(adapter, ids, mask, width, rules, call.inputs)
             reached = scores.sum(-1) + sum((value.flatten(2).sum(-1) for value in maps.values()), torch.zeros_like(explained))
