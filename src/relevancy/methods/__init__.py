@@ -56,7 +56,7 @@ class Method:
     # a "one_forward" method's own explanation of a generation, `(adapter, ids, mask, prompt_length, inputs) ->
     # (scores (B, G, N), explained logits (B, G), image maps)`; None: input x gradient under its rules
     # (`families.causal_lm.generation.generation_relevance`)
-    generates: Callable[..., tuple] | None = None
+    generation_run: Callable[..., tuple] | None = None
 
     def runner(self, adapter: Adapter) -> Callable[..., tuple]:
         """The strategy for the adapter's streams, chosen once from its attention sites: `across` where some
@@ -140,7 +140,7 @@ REGISTRY: dict[str, Method] = {
         Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False, token_targets=True,
                generation="one_forward", summary="input x gradient at the token or patch embeddings"),
         Method("token_activation_map", token_activation_map, signed=False, reads_class_token=False, needs_attention=False,
-               generation="one_forward", generates=token_activation_generation,
+               generation="one_forward", generation_run=token_activation_generation,
                summary="TAM (Li et al.): the token's logit at the image's tokens, less the earlier tokens' interference, rank-filtered"),
     )
 }
