@@ -42,19 +42,23 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests")]
 
-from vlm_models import IMAGE_TOKEN, build, checksum  # noqa: E402
+from vlm_models import IMAGE_TOKEN, build, checksum, inputs  # noqa: E402
 
 #: the two tokens that end every prompt (their `prompt_id` end, their `answer_id` start): in no prompt or continuation
 END = [91, 92]
 #: the words of the prompt (a repeated word, and words the continuations repeat: their repeated-word exclusion)
 PROMPT = [17, 40, 52, 40, 66, 8]
-#: name -> (family of `vlm_models.build`, placeholders of the image, their vision_shape, the continuation)
+#: name -> (family of `vlm_models.build` and `vlm_models.inputs`, their vision_shape: the image tokens' grid, the
+#: continuation); the image, its further inputs and its placeholders' count are those of `vlm_models.inputs`
 CASES = {
-    "llava_next_token": ("llava", 16, (4, 4), [92, 40, 71, 17, 71, 30, 8]),  # starts with the prompt's last token
-    "llava": ("llava", 16, (4, 4), [33, 40, 71, 17, 71, 30, 8]),
-    "gemma3": ("gemma3", 4, (2, 2), [33, 40, 71, 17, 71, 30]),
-    "idefics3": ("idefics3", 4, (2, 2), [33, 52, 71, 17, 71, 5]),
+    "llava_next_token": ("llava", (4, 4), [92, 40, 71, 17, 71, 30, 8]),  # starts with the prompt's last token
+    "llava": ("llava", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
+    "gemma3": ("gemma3", (2, 2), [33, 40, 71, 17, 71, 30]),
+    "idefics3": ("idefics3", (2, 2), [33, 52, 71, 17, 71, 5]),
 }
+#: what a family's forward reads beside its processor's output, as relevancy's adapter passes it (Gemma 3: each
+#: image's tokens attend to each other)
+FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()}}
 
 
 class KeepsFloat64(torch.Tensor):
@@ -82,25 +86,23 @@ class Words:
         return text.split()
 
 
-def their_maps(tam, family: str, placeholders: int, shape: tuple[int, int], continuation: list[int], seed: int) -> dict:
+def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int], seed: int) -> dict:
     """Their maps of every round on one random image, the inputs and the records of the two wrapped functions; then
     (`exact`) the same with their `least_squares` answered by the least-squares scale itself, `<a, b> / <b, b>`
     (0 for an all-zero `b`), which their Brent search approximates to its tolerance (1.48e-8 of the scale)."""
     model = build(family)
-    generator = torch.Generator().manual_seed(seed)
-    pixels = torch.randn(1, 3, 16, 16, generator=generator, dtype=torch.float64)
-    pixels = pixels[:, None] if family == "idefics3" else pixels
-    prompt = [IMAGE_TOKEN] * placeholders + PROMPT + END
+    processed = inputs(family, lengths=(1,), seed=seed)
+    image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
+    prompt = [IMAGE_TOKEN] * int((processed["input_ids"] == IMAGE_TOKEN).sum()) + PROMPT + END
     tokens = prompt + continuation
     ids = torch.tensor([tokens])
-    further = {"token_type_ids": (ids == IMAGE_TOKEN).long()} if family == "gemma3" else {}
     with torch.no_grad():
-        out = model(input_ids=ids, pixel_values=pixels, output_hidden_states=True, **further)
+        out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda _: {})(ids))
         logits = model.lm_head(out.hidden_states[-1])
     assert torch.allclose(logits, out.logits, atol=0, rtol=1e-12)  # their logits are the model's
     steps = [logits[:, :len(prompt)]] + [logits[:, len(prompt) + g - 1:len(prompt) + g] for g in range(1, len(continuation))]
     steps = [step.as_subclass(KeepsFloat64) for step in steps]
-    record = {"family": family, "checksum": checksum(model), "input_ids": ids, "prompt_length": len(prompt), "pixel_values": pixels}
+    record = {"family": family, "checksum": checksum(model), "input_ids": ids, "prompt_length": len(prompt), "image": image}
     runs = {"": tam.least_squares, "_exact": lambda a, b: float(np.dot(a, b) / np.dot(b, b)) if np.dot(b, b) > 0 else 0.0}
     for suffix, least_squares in runs.items():
         record.update({f"{name}{suffix}": value for name, value in their_rounds(tam, least_squares, tokens, shape, steps).items()})
