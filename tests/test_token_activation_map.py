@@ -21,7 +21,7 @@ from relevancy.families.vision_language import VisionLanguageGenerationExplanati
 GOLDEN = torch.load(Path(__file__).parent / "golden/tam_reference.pt", weights_only=True)["cases"]
 #: the authors' least squares is scipy's Brent search, to 1.48e-8 of the scale (xtol): their maps move by that
 #: much of the subtracted interference, a few times the map at most (1.4e-9 of the map's maximum measured); the
-#: `_exact` records answer the scale itself (1.7e-15 measured)
+#: `_exact` records answer the scale itself (1.5e-15 measured)
 BRENT_TOLERANCE = 1e-7
 EXACT_TOLERANCE = 1e-12
 

@@ -6,6 +6,7 @@ part the earlier text tokens' own maps explain (estimated causal inference) and 
 `tam.TAM` exactly (docs/methods.md); `benchmarks/tam_reference.py` runs their code for the comparison."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +19,18 @@ from .targets import resolve_target
 WEIGHT_EPSILON = 1e-8
 #: the rank Gaussian filter's window side (the authors' `kernel_size=3`)
 WINDOW = 3
+
+
+@dataclass(frozen=True)
+class History:
+    """What one sequence's TAM reads for every token it explains: the positions of the image's grid tokens and of
+    the text tokens (real, not the image's), and per text position the token its map is left out for (`keys`) and
+    that map, the clipped logit of the token it stands for at each grid token (`maps` `(grid, text)`)."""
+
+    grid: torch.Tensor
+    text: torch.Tensor
+    keys: torch.Tensor
+    maps: torch.Tensor
 
 
 def token_activation_map(adapter: Adapter, inputs: Any, target: Any, causal_inference: bool = True,
@@ -37,9 +50,11 @@ def token_activation_map(adapter: Adapter, inputs: Any, target: Any, causal_infe
         if (indices < 0).any():
             raise ValueError("token_activation_map explains a token (a token id per row, or None for the predicted one), "
                              "not a function of the logits")
-        scores = torch.stack([activation_row(adapter, hidden[b], inputs.input_ids[b], mask[b].bool(), int(ends[b]), int(ends[b]),
-                                             int(indices[b]), causal_inference, rank_filter) for b in range(len(mask))])
-    return scores, indices, logits
+        scores = []
+        for b, end in enumerate(ends.tolist()):
+            read = history(adapter, hidden[b], inputs.input_ids[b], mask[b].bool(), end)
+            scores.append(activation_row(adapter, hidden[b], read, end, int(indices[b]), causal_inference, rank_filter))
+    return torch.stack(scores), indices, logits
 
 
 def token_activation_generation(adapter: Adapter, ids: torch.Tensor, mask: torch.Tensor, prompt_length: int, inputs: Any
@@ -55,60 +70,64 @@ def token_activation_generation(adapter: Adapter, ids: torch.Tensor, mask: torch
         explained = adapter.picked_logits(hidden[:, prompt_length - 1:], ids[:, prompt_length:])
         scores = torch.zeros(len(ids), steps, ids.shape[1], dtype=hidden.dtype, device=hidden.device)
         for b in range(len(ids)):
+            read = history(adapter, hidden[b], ids[b, :-1], mask[b, :-1].bool(), prompt_length)
             for g in range(steps):
                 if mask[b, prompt_length + g]:
-                    scores[b, g] = activation_row(adapter, hidden[b], ids[b], mask[b].bool(), prompt_length + g, prompt_length,
-                                                  int(ids[b, prompt_length + g]), True, True)
+                    scores[b, g, :-1] = activation_row(adapter, hidden[b], read, prompt_length + g, int(ids[b, prompt_length + g]), True, True)
     image = ids == adapter.image_token
     on_tokens = scores[image[:, None].expand_as(scores)].view(len(ids), steps, -1)
     patches = adapter.image_token_map(on_tokens.flatten(0, 1)).unflatten(0, (len(ids), steps))
     return scores.masked_fill(image[:, None], 0), explained, {"patches": patches}
 
 
-def activation_row(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: torch.Tensor, explained_at: int,
-                   prompt_length: int, token: int, causal_inference: bool, rank_filter: bool) -> torch.Tensor:
-    """One row's TAM `(N,)` of `token` at position `explained_at` (read from the positions before it; `hidden`
-    `(N', D)` the row's last hidden states, `real` its real tokens; the generated tokens start at `prompt_length`).
-    The image's grid tokens get the map, the context's text tokens (real, not the image's, before the last
-    position read) their scores normalised with it."""
+def history(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: torch.Tensor, prompt_length: int) -> History:
+    """One sequence's `History` (`hidden` `(N, D)` its last hidden states, `ids` and `real` `(N,)` its tokens and real
+    ones; the generated tokens start at `prompt_length`). Which token a text position stands for is the authors'
+    bookkeeping: a prompt token its own id (the first one the model's prediction there, the argmax of its logits), a
+    generated token's position the token generated after it; its key is its own id up to the position before the
+    last prompt token and the next token from there on (their word list moves on to the answer at the last prompt
+    position, which keeps its own id's map). A map is left out where its key is the explained token."""
     image = (ids == adapter.image_token) & real
     grid = image.nonzero()[adapter.image_prefix:, 0]  # LLaVA's kept [CLS] is no cell of the grid
-    context = ((~image & real).nonzero()[:, 0])
-    context = context[context < explained_at - 1]  # the position that reads the token itself is left out
-    activation = adapter.picked_logits(hidden[:explained_at], ids.new_full((explained_at,), token)).clamp_min(0)
-    on_image, on_text = activation[grid], activation[context]
-    if causal_inference and len(context):
-        on_image = without_interference(adapter, hidden, ids, grid, context, prompt_length, token, on_image, on_text)
+    text = (~image & real).nonzero()[:, 0]
+    after = torch.minimum(text + 1, torch.tensor(len(ids) - 1, device=text.device))  # the last position has no next token
+    stands_for = torch.where(text >= prompt_length, ids[after], ids[text])
+    stands_for[:1] = adapter.head(hidden[text[:1]]).argmax(-1)
+    keys = torch.where(text >= prompt_length - 1, ids[after], ids[text])
+    return History(grid, text, keys, adapter.class_logits(hidden[grid], stands_for).clamp_min(0))
+
+
+def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explained_at: int, token: int,
+                   causal_inference: bool, rank_filter: bool) -> torch.Tensor:
+    """One row's TAM `(N,)` of `token` at position `explained_at`, read from the positions before it (`hidden` the
+    row's last hidden states, `read` its `History`): the image's grid tokens get the map, the context's text tokens
+    (those before the last position read, which reads the token itself) their scores normalised with it."""
+    count = int((read.text < explained_at - 1).sum())
+    context = read.text[:count]
+    activation = adapter.picked_logits(hidden[:explained_at], read.text.new_full((explained_at,), token)).clamp_min(0)
+    on_image, on_text = activation[read.grid], activation[context]
+    if causal_inference and count:
+        on_image = without_interference(on_image, on_text, read.maps[:, :count], read.keys[:count] != token)
     both = torch.cat([on_image, on_text])
     span = both.max() - both.min()
     both = (both - both.min()) / span if span > 0 else torch.zeros_like(both)
-    on_image, on_text = both[:len(grid)], both[len(grid):]
+    on_image, on_text = both[:len(read.grid)], both[len(read.grid):]
     if rank_filter:
-        side = int(len(grid) ** 0.5)
+        side = int(len(read.grid) ** 0.5)
         on_image = rank_gaussian_filter(on_image.view(side, side)).flatten()
-    row = torch.zeros(len(ids), dtype=activation.dtype, device=activation.device)
-    row[context], row[grid] = on_text, on_image
+    row = torch.zeros(len(hidden), dtype=activation.dtype, device=activation.device)
+    row[context], row[read.grid] = on_text, on_image
     return row
 
 
-def without_interference(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, grid: torch.Tensor, context: torch.Tensor,
-                         prompt_length: int, token: int, on_image: torch.Tensor, on_text: torch.Tensor) -> torch.Tensor:
-    """Estimated causal inference: the image map less the least-squares multiple of the interference map, the mean of
-    the context tokens' maps weighted by the explained token's scores at them, then ReLU. As in the authors' history
-    of maps: a prompt token stands for the map of its own id (the first one for the model's prediction there), a
-    generated token's position for the map of the token generated after it; the last prompt token's position keeps
-    its own id's map but is left out as the first generated token is (their word list there moves on to the answer),
-    and every position whose token is the explained one's is left out (no repeated word explains itself)."""
-    after = (context >= prompt_length).long()
-    classes = ids[context + after]
-    classes[0] = adapter.head(hidden[context[0]]).argmax()
-    keys = ids[context + (context >= prompt_length - 1).long()]
-    kept = keys != token
+def without_interference(on_image: torch.Tensor, on_text: torch.Tensor, maps: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Estimated causal inference: the image map less the least-squares multiple of the interference map, the
+    context's `kept` maps `(grid, context)` weighted by the explained token's scores at them (divided by their sum),
+    then clipped at 0. Nothing kept (every context token a repeat of the explained one): the map as it is."""
     if not kept.any():
         return on_image
     weights = on_text[kept] / (on_text[kept].sum() + WEIGHT_EPSILON)
-    maps = adapter.picked_logits(hidden[grid][:, None], classes[kept][None]).clamp_min(0)  # (grid, kept)
-    interference = maps @ weights
+    interference = maps[:, kept] @ weights
     energy = interference @ interference
     scale = (on_image @ interference) / energy if energy > 0 else 0.0
     return (on_image - scale * interference).clamp_min(0)
