@@ -1,7 +1,8 @@
 """`token_activation_map` (TAM, Li et al., ICCV 2025) on the tiny random float64 vision-language decoders: equal to
 the authors' own `tam.py` (tests/golden/tam_reference.pt, made by benchmarks/tam_reference.py) for the next token
 (`explain`) and every generated token (`explain_generation`); a left-padded batch equal to its rows alone; its options;
-the model left as it was after a call and after a failure; bad options refused by name."""
+the model left as it was after a call and after a failure; bad options refused by name; the rank filter's edges;
+half precision."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,6 +18,7 @@ from vlm_processor import picture
 import relevancy
 from relevancy.families.base import UnsupportedModelError
 from relevancy.families.vision_language import VisionLanguageGenerationExplanation
+from relevancy.methods.activation import rank_gaussian_filter
 
 GOLDEN = torch.load(Path(__file__).parent / "golden/tam_reference.pt", weights_only=True)["cases"]
 #: the authors' least squares is scipy's Brent search, to 1.48e-8 of the scale (xtol): their maps move by that
@@ -149,3 +151,21 @@ def test_bad_options_and_targets_are_named(models):
         relevancy.explain(model, batch, method="token_activation_map", target=lambda logits: logits[:, 3])
     with pytest.raises(UnsupportedModelError, match="method 'token_activation_map' does not apply to the decoder"):
         relevancy.explain(build_decoder("llama"), {"input_ids": torch.tensor([[1, 5, 7]])}, method="token_activation_map")
+
+
+def test_the_rank_filter_at_its_edges():
+    """A window whose mean is 0 gives 0; a constant window keeps its value (the authors' code gives NaN there); a
+    bright cell among zeros is pulled towards its window's median, 0 (a Gaussian over the ranks of width std / mean
+    = 2.8: 0.058)."""
+    assert torch.equal(rank_gaussian_filter(torch.zeros(3, 4, dtype=torch.float64)), torch.zeros(3, 4, dtype=torch.float64))
+    assert torch.equal(rank_gaussian_filter(torch.full((2, 2), 0.5, dtype=torch.float64)), torch.full((2, 2), 0.5, dtype=torch.float64))
+    spike = torch.zeros(5, 5, dtype=torch.float64)
+    spike[2, 2] = 1
+    filtered = rank_gaussian_filter(spike)
+    assert abs(filtered[2, 2] - 0.0583) < 1e-3 and torch.isfinite(filtered).all() and (filtered >= 0).all()
+
+
+def test_a_half_precision_model_gives_float32_maps():
+    batch = inputs("llava")
+    half = relevancy.explain(build("llava", torch.bfloat16), batch, method="token_activation_map")
+    assert half.image_scores.dtype == torch.float32 and torch.isfinite(half.image_scores).all()

@@ -94,7 +94,7 @@ def history(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: tor
     stands_for = torch.where(text >= prompt_length, ids[after], ids[text])
     stands_for[:1] = adapter.head(hidden[text[:1]]).argmax(-1)
     keys = torch.where(text >= prompt_length - 1, ids[after], ids[text])
-    return History(grid, text, keys, adapter.class_logits(hidden[grid], stands_for).clamp_min(0))
+    return History(grid, text, keys, at_least_float32(adapter.class_logits(hidden[grid], stands_for)).clamp_min(0))
 
 
 def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explained_at: int, token: int,
@@ -104,7 +104,7 @@ def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explai
     (those before the last position read, which reads the token itself) their scores normalised with it."""
     count = int((read.text < explained_at - 1).sum())
     context = read.text[:count]
-    activation = adapter.picked_logits(hidden[:explained_at], read.text.new_full((explained_at,), token)).clamp_min(0)
+    activation = at_least_float32(adapter.picked_logits(hidden[:explained_at], read.text.new_full((explained_at,), token))).clamp_min(0)
     on_image, on_text = activation[read.grid], activation[context]
     if causal_inference and count:
         on_image = without_interference(on_image, on_text, read.maps[:, :count], read.keys[:count] != token)
@@ -118,6 +118,11 @@ def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explai
     row = torch.zeros(len(hidden), dtype=activation.dtype, device=activation.device)
     row[context], row[read.grid] = on_text, on_image
     return row
+
+
+def at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Logits of a half-precision model in float32 for the arithmetic after them (float64 stays float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def without_interference(on_image: torch.Tensor, on_text: torch.Tensor, maps: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
