@@ -113,8 +113,7 @@ def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explai
     both = (both - both.min()) / span if span > 0 else torch.zeros_like(both)
     on_image, on_text = both[:len(read.grid)], both[len(read.grid):]
     if rank_filter:
-        side = int(len(read.grid) ** 0.5)
-        on_image = rank_gaussian_filter(on_image.view(side, side)).flatten()
+        on_image = rank_gaussian_filter(on_image.view(adapter.image_token_grid())).flatten()
     row = torch.zeros(len(hidden), dtype=activation.dtype, device=activation.device)
     row[context], row[read.grid] = on_text, on_image
     return row

@@ -15,6 +15,7 @@ pixels, summed over the channels (and over each patch's pixels for the patch gri
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -235,6 +236,12 @@ class VisionLanguageAdapter(CausalLMAdapter):
         pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
         return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
+
+    def image_token_grid(self) -> tuple[int, int]:
+        """`(rows, cols)` of the image's tokens after the prefix as the projector lays them out (`tokens_on_patches`:
+        a square grid in these layouts), the grid TAM filters on."""
+        side = math.isqrt(self.image_tokens - self.image_prefix)
+        return side, side
 
     def image_token_map(self, on_tokens: torch.Tensor) -> torch.Tensor:
         """Scores of the image's tokens `(B, image tokens)` laid back on the tower's patch grid `(B, side, side)`
