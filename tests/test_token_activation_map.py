@@ -166,6 +166,9 @@ def test_the_rank_filter_at_its_edges():
 
 
 def test_a_half_precision_model_gives_float32_maps():
-    batch = inputs("llava")
-    half = relevancy.explain(build("llava", torch.bfloat16), batch, method="token_activation_map")
+    model = build("llava", torch.bfloat16)
+    half = relevancy.explain(model, inputs("llava"), method="token_activation_map")
     assert half.image_scores.dtype == torch.float32 and torch.isfinite(half.image_scores).all()
+    generated = relevancy.explain_generation(model, Recorded(GOLDEN["llava"]), "the prompt", max_new_tokens=2, image=picture(),
+                                             method="token_activation_map")
+    assert generated.image_scores.dtype == generated.scores.dtype == torch.float32

@@ -68,7 +68,7 @@ def token_activation_generation(adapter: Adapter, ids: torch.Tensor, mask: torch
     with torch.no_grad():
         hidden = adapter.hidden_of(inputs, ids[:, :-1], mask[:, :-1], inputs.pixel_values, rows)
         explained = adapter.picked_logits(hidden[:, prompt_length - 1:], ids[:, prompt_length:])
-        scores = torch.zeros(len(ids), steps, ids.shape[1], dtype=hidden.dtype, device=hidden.device)
+        scores = torch.zeros(len(ids), steps, ids.shape[1], dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         for b in range(len(ids)):
             read = history(adapter, hidden[b], ids[b, :-1], mask[b, :-1].bool(), prompt_length)
             for g in range(steps):
@@ -90,10 +90,10 @@ def history(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: tor
     image = (ids == adapter.image_token) & real
     grid = image.nonzero()[adapter.image_prefix:, 0]  # LLaVA's kept [CLS] is no cell of the grid
     text = (~image & real).nonzero()[:, 0]
-    after = torch.minimum(text + 1, torch.tensor(len(ids) - 1, device=text.device))  # the last position has no next token
-    stands_for = torch.where(text >= prompt_length, ids[after], ids[text])
+    following = ids.roll(-1)[text]  # the next token (the last position's, wrapped round, is never read)
+    stands_for = torch.where(text >= prompt_length, following, ids[text])
     stands_for[:1] = adapter.head(hidden[text[:1]]).argmax(-1)
-    keys = torch.where(text >= prompt_length - 1, ids[after], ids[text])
+    keys = torch.where(text >= prompt_length - 1, following, ids[text])
     return History(grid, text, keys, at_least_float32(adapter.class_logits(hidden[grid], stands_for)).clamp_min(0))
 
 
