@@ -12,10 +12,11 @@ from test_causal_lm import GOLDEN, assert_close_to, build
 
 import relevancy
 from relevancy.families.causal_lm import generation
+from relevancy.families.causal_lm.adapter import CausalLMAdapter
 from relevancy.generation import GENERATION_METHODS, SHARED_FORWARD_METHODS
 from relevancy.methods import REGISTRY
 
-METHODS = GENERATION_METHODS
+METHODS = tuple(m for m in GENERATION_METHODS if m in CausalLMAdapter.methods)  # token_activation_map: vision-language only
 
 
 class Characters:
@@ -147,7 +148,7 @@ def test_json_and_html(model, tmp_path):
 def test_bad_requests_are_named(model):
     tokenizer = Characters()
     with pytest.raises(ValueError, match="unknown method 'smoothgrad'. Valid methods of explain_generation: attnlrp, cp_lrp, "
-                                         "input_x_gradient, raw_attention, rollout, attention_gradcam, generic_attention, cdam, "
+                                         "input_x_gradient, token_activation_map, raw_attention, rollout, attention_gradcam, generic_attention, cdam, "
                                          "transformer_attribution, partial_lrp, lrp, token_ablation"):
         relevancy.explain_generation(model, tokenizer, PROMPT, method="smoothgrad")
     with pytest.raises(ValueError, match="Did you mean 'attnlrp'"):

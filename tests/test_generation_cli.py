@@ -63,7 +63,7 @@ def test_a_forced_continuation(folder, capsys):
 
 
 @pytest.mark.parametrize("words, message", [
-    (["--method", "smoothgrad"], "--method must be one of attnlrp, cp_lrp, input_x_gradient, raw_attention"),
+    (["--method", "smoothgrad"], "--method must be one of attnlrp, cp_lrp, input_x_gradient, token_activation_map, raw_attention"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be between 1 and 256, got 0"),
     (["--max-new-tokens", "257"], "--max-new-tokens must be between 1 and 256, got 257"),
     (["--target", ""], "--target is empty"),

@@ -37,7 +37,7 @@ def client(catalog):
 
 def test_info_says_the_model_reads_images_and_offers_its_methods(client):
     model = client.get("/api/info").json()["language_model"]
-    assert model["reads_images"] is True and [m["name"] for m in model["methods"]] == ["attnlrp", "cp_lrp", "input_x_gradient"]
+    assert model["reads_images"] is True and [m["name"] for m in model["methods"]] == ["attnlrp", "cp_lrp", "input_x_gradient", "token_activation_map"]
 
 
 def test_an_upload_answers_the_librarys_to_json(client, catalog):

@@ -94,8 +94,9 @@ def test_bad_requests_are_named(llava, tmp_path):
         relevancy.explain_generation(build_decoder("llama"), Characters(), "abc", image=picture())
     with pytest.raises(ValueError, match="methods of explain_generation"):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="nope")
-    with pytest.raises(UnsupportedModelError, match="explain_generation on a vision-language decoder takes the methods of one forward "
-                                                    "through the tower: attnlrp, cp_lrp, input_x_gradient; got 'rollout'"):
+    with pytest.raises(UnsupportedModelError, match="explain_generation on a vision-language decoder takes the methods of one forward over "
+                                                    "prompt, image and generation: attnlrp, cp_lrp, input_x_gradient, "
+                                                    "token_activation_map; got 'rollout'"):
         relevancy.explain_generation(llava, made, PROMPT, image=picture(), method="rollout")
     with pytest.raises(ValueError, match="does not exist"):
         relevancy.explain_generation(llava, made, PROMPT, image=tmp_path / "missing.png")

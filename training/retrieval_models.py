@@ -5,7 +5,10 @@
 
 Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
 the test prompts come from another seed by construction). Loss: cross-entropy of the answer's token after the prompt
-(`Answer: <name> lives in` -> `Paris`), read at each row's last real token (rows right-padded). AdamW, the shared
+(`Answer: <name> lives in` -> `Paris`), read at each row's last real token (rows right-padded), plus `--lm-weight`
+times the next-token cross-entropy over every position of the prompt: the answer gives one target per prompt, while
+copying the question's name after `Answer:` and the templates' words give many, and copying is the mechanism the
+answer needs (a first run on the answer alone reached 37 % of the training answers in 9 minutes). AdamW, the shared
 warm-up and cosine schedule of the shipped models (`training.shapes_vit.fit`), following wall-clock progress with
 `--minutes` or the step count with `--steps`. Validation (greedy answers on 300 test prompts of seed 1) at each
 checkpoint; the model and the world's tokenizer are saved with `save_pretrained` to `--out` (default: the shipped
@@ -66,7 +69,7 @@ def train(args: argparse.Namespace) -> None:
     tokenizer = retrieval_models.world_tokenizer()
     model = retrieval_models.build(args.mixer, args.seed).train()
     parameters = sum(p.numel() for p in model.parameters())
-    _log(log, f"start training mixer={args.mixer} seed={args.seed} params={parameters} batch={args.batch_size} lr={args.lr} "
+    _log(log, f"start training mixer={args.mixer} seed={args.seed} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
               f"minutes={args.minutes} steps={args.steps} threads={args.threads} {machine()}")
     optimizer = adamw(model.named_parameters(), lambda name, p: p.ndim >= 2, args, betas=(0.9, 0.98))
 
@@ -74,9 +77,14 @@ def train(args: argparse.Namespace) -> None:
         first = step * args.batch_size
         items = [language.prompt("train", first + j, seed=args.seed) for j in range(args.batch_size)]
         inputs, answers = encoded(tokenizer, items)
-        logits = answer_logits(model, inputs)
-        return F.cross_entropy(logits, answers), {"loss": F.cross_entropy(logits.detach(), answers).item(),
-                                                  "acc": (logits.argmax(-1) == answers).float().mean().item()}
+        every = model(**inputs, use_cache=False).logits
+        mask = inputs["attention_mask"]
+        logits = every[torch.arange(len(every)), mask.sum(1) - 1]
+        read = mask[:, 1:].bool()  # a real token follows
+        answer = F.cross_entropy(logits, answers)
+        modelled = F.cross_entropy(every[:, :-1][read], inputs["input_ids"][:, 1:][read])
+        return answer + args.lm_weight * modelled, {"loss": answer.item(), "lm": modelled.item(),
+                                                    "acc": (logits.argmax(-1) == answers).float().mean().item()}
 
     def checkpoint(step: int, seconds: float, final: bool) -> None:
         found = accuracy(model, tokenizer, args.val_n, VAL_SEED)
@@ -99,6 +107,7 @@ def evaluate(args: argparse.Namespace) -> dict:
 def main(argv=None) -> None:
     ap = training_parser(__doc__, minutes=15.0, pair_fraction=0.0, lr=3e-3, weight_decay=0.01)
     ap.add_argument("--mixer", required=True, choices=tuple(retrieval_models.ARCHITECTURES))
+    ap.add_argument("--lm-weight", type=float, default=0.5, help="weight of the next-token loss over the prompt")
     args_known, _ = ap.parse_known_args(argv)
     ap.set_defaults(out=str(retrieval_models.folder(args_known.mixer)))
     run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped runs: 1)", ckpt_minutes=5.0,

@@ -41,7 +41,8 @@ def generation_methods(*modes: str) -> tuple[str, ...]:
 
 def methods_generating(family: Adapter) -> tuple[str, ...]:
     """The methods that explain the family's generations: those it offers, and on a family that reads an image only
-    those of one forward through it (the others would explain rows of the prompt without its image)."""
+    those of one forward over prompt, image and generation (the others would explain rows of the prompt without its
+    image)."""
     modes = ("one_forward",) if family.reads_images else ("one_forward", "shared_forward", "prefixes")
     return tuple(name for name in generation_methods(*modes) if name in family.methods)
 
@@ -333,7 +334,8 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     `method`: `attnlrp`, `cp_lrp`, `input_x_gradient` (one forward, batched backward passes), `raw_attention`,
     `rollout`, `attention_gradcam`, `generic_attention`, `cdam` (one forward shared by every token's prefix, a
     backward per token where the method takes gradients), or `transformer_attribution`, `lrp`, `partial_lrp`,
-    `token_ablation` (the prefixes as the rows of one batch).
+    `token_ablation` (the prefixes as the rows of one batch), `token_activation_map` (vision-language decoders: one
+    forward, no gradient, the authors' defaults).
     Returns a `GenerationExplanation`: `scores` `(G, T + G)`, row `g` the relevance of each earlier token for the
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
@@ -345,7 +347,9 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
     (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a
     `VisionLanguageGenerationExplanation`, has `image_scores` `(G, rows, cols)` too: row `g` the relevance of each
-    patch for generated token `g`, equal to `explain` on that prefix and token.
+    patch for generated token `g`, equal to `explain` on that prefix and token. `token_activation_map` reads the same
+    one forward, its row `g` cleared of the interference of the prompt's and the earlier generated tokens' maps (row
+    0 equals `explain`; docs/methods.md).
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
     backward round (a token's, for the attention methods) or group of rows; when it answers True the call raises
     `relevancy.core.cancel.Cancelled`.
@@ -362,7 +366,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     picture = None
     if family.reads_images:
         if method not in methods_generating(family):
-            raise UnsupportedModelError(f"explain_generation on a {family.family} takes the methods of one forward through the tower: "
+            raise UnsupportedModelError(f"explain_generation on a {family.family} takes the methods of one forward over prompt, image and generation: "
                                         f"{', '.join(methods_generating(family))}; got '{method}'")
         if image is None:
             raise ValueError(f"a {family.family} generates about an image: pass image= ({IMAGES_TAKEN})")
@@ -400,7 +404,10 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
             lengths = [len(f) for f in forced]
             ids = torch.cat([ids, torch.tensor([f + [0] * (max(lengths) - len(f)) for f in forced], device=ids.device)], 1)
         mask = torch.cat([mask, (torch.arange(ids.shape[1] - width)[None] < torch.tensor(lengths)[:, None]).to(mask)], 1)
-        if REGISTRY[method].generation == "one_forward":
+        if REGISTRY[method].generation_run is not None:  # a method of one forward with its own reading of a generation
+            scores, explained, maps = REGISTRY[method].generation_run(adapter, ids, mask, width, call.inputs)
+            rows = [(scores[b], explained[b], None) for b in range(len(prompts))]
+        elif REGISTRY[method].generation == "one_forward":
             rules = INPUT_RELEVANCE_RULES[method]
             scores, explained, maps = generation_relevance(adapter, ids, mask, width, rules, call.inputs)
             reached = scores.sum(-1) + sum((value.flatten(2).sum(-1) for value in maps.values()), torch.zeros_like(explained))

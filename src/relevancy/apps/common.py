@@ -11,8 +11,9 @@ METHOD_NAMES = ("raw_attention", "rollout", "attention_gradcam", "generic_attent
                 "partial_lrp", "lrp", "cdam", "token_ablation")
 #: the methods that explain a generation (`relevancy.generation.GENERATION_METHODS`), named here so that the help
 #: loads no torch; a test keeps them equal to the registry's
-GENERATION_METHOD_NAMES = ("attnlrp", "cp_lrp", "input_x_gradient", "raw_attention", "rollout", "attention_gradcam",
-                           "generic_attention", "cdam", "transformer_attribution", "partial_lrp", "lrp", "token_ablation")
+GENERATION_METHOD_NAMES = ("attnlrp", "cp_lrp", "input_x_gradient", "token_activation_map", "raw_attention", "rollout",
+                           "attention_gradcam", "generic_attention", "cdam", "transformer_attribution", "partial_lrp", "lrp",
+                           "token_ablation")
 #: the most new tokens one command or server request explains: a bounded run (the library's bound is the model's
 #: context window)
 MAX_NEW_TOKENS = 256

@@ -53,6 +53,10 @@ class Method:
     generation: GenerationMode | None = None
     # takes a decoder's token texts and `Contrast`s as targets (the others take token ids there)
     token_targets: bool = False
+    # a "one_forward" method's own explanation of a generation, `(adapter, ids, mask, prompt_length, inputs) ->
+    # (scores (B, G, N), explained logits (B, G), image maps)`; None: input x gradient under its rules
+    # (`families.causal_lm.generation.generation_relevance`)
+    generation_run: Callable[..., tuple] | None = None
 
     def runner(self, adapter: Adapter) -> Callable[..., tuple]:
         """The strategy for the adapter's streams, chosen once from its attention sites: `across` where some
@@ -99,6 +103,7 @@ class Method:
 
 from . import across  # noqa: E402
 from .ablation import token_ablation  # noqa: E402
+from .activation import token_activation_generation, token_activation_map  # noqa: E402
 from .attention import raw_attention, rollout  # noqa: E402
 from .gradients import attention_gradcam, cdam, generic_attention, gradcam  # noqa: E402
 from .language import attnlrp, cp_lrp, input_x_gradient  # noqa: E402
@@ -134,6 +139,9 @@ REGISTRY: dict[str, Method] = {
                summary="CP-LRP: AttnLRP without relevance through queries, keys, gates"),
         Method("input_x_gradient", input_x_gradient, signed=True, reads_class_token=False, needs_attention=False, token_targets=True,
                generation="one_forward", summary="input x gradient at the token or patch embeddings"),
+        Method("token_activation_map", token_activation_map, signed=False, reads_class_token=False, needs_attention=False,
+               generation="one_forward", generation_run=token_activation_generation,
+               summary="TAM (Li et al.): the token's logit at the image's tokens, less the earlier tokens' interference, rank-filtered"),
     )
 }
 

@@ -462,11 +462,24 @@ class CausalLMAdapter(Adapter):
         head's numbers at those ids from their rows of the output embeddings (weights detached), so that the backward
         reads N rows of the `(V, D)` matrix rather than all of it (SmolLM2's 49,152 rows: about 5 % of a forward
         at 100 tokens on one CPU thread)."""
+        rows, bias = self.head_rows(ids, hidden.device)
+        logits = torch.linalg.vecdot(hidden, rows)
+        return self.finished(logits if bias is None else logits + bias)
+
+    def class_logits(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """`(P, K)` the logit of every token of `ids` `(K,)` after every hidden state of `hidden` `(P, D)`, finished
+        as the model finishes them: one matrix product with those K rows of the output embeddings (no `(P, vocabulary)`
+        logits)."""
+        rows, bias = self.head_rows(ids, hidden.device)
+        logits = hidden @ rows.T
+        return self.finished(logits if bias is None else logits + bias)
+
+    def head_rows(self, ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output embeddings' rows (and bias entries, where it has a bias) of the tokens `ids`, detached, on `device`."""
         head = self.model.get_output_embeddings()
         with dispatch.loaded(head):  # where accelerate offloads the head: its rows read while it is loaded
             rows, bias = head.weight.detach()[ids], None if head.bias is None else head.bias.detach()[ids]
-        logits = torch.linalg.vecdot(hidden, rows.to(hidden.device))
-        return self.finished(logits if bias is None else logits + bias.to(hidden.device))
+        return rows.to(device), None if bias is None else bias.to(device)
 
     def finished(self, logits: torch.Tensor) -> torch.Tensor:
         """The output embeddings' logits as the model finishes them: scaled where the layout says so (Granite's

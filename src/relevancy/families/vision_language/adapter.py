@@ -15,6 +15,7 @@ pixels, summed over the channels (and over each patch's pixels for the patch gri
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,10 +45,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
     family = "vision-language decoder"
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through the tower, generic_attention and
     #: transformer_attribution the tower's patch tokens (`feeds`), token_ablation occludes the tower's patches
-    #: (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's tokens laid
-    #: back on the patch grid (the others are refused by name)
+    #: (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only and
+    #: token_activation_map its logits at every position, the image's tokens laid back on the patch grid (the others
+    #: are refused by name)
     methods = ("raw_attention", "rollout", "attention_gradcam", "generic_attention", "transformer_attribution", "token_ablation",
-               "attnlrp", "cp_lrp", "input_x_gradient")
+               "attnlrp", "cp_lrp", "input_x_gradient", "token_activation_map")
     generates = True
     reads_images = True
     examples = "transformers " + GENERATING_CLASSES
@@ -246,19 +248,30 @@ class VisionLanguageAdapter(CausalLMAdapter):
             text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
             on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
             return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
-                                             image_scores=tokens_on_patches(on_tokens, self.side, self.image_prefix),
-                                             image_size=inputs.image_size)
+                                             image_scores=self.image_token_map(on_tokens), image_size=inputs.image_size)
         pixels = fields.pop("leaves")["image"]
         pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
         return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
 
+    def image_token_grid(self) -> tuple[int, int]:
+        """`(rows, cols)` of the image's tokens after the prefix as the projector lays them out (`tokens_on_patches`:
+        a square grid in these layouts), the grid TAM filters on."""
+        side = math.isqrt(self.image_tokens - self.image_prefix)
+        return side, side
+
+    def image_token_map(self, on_tokens: torch.Tensor) -> torch.Tensor:
+        """Scores of the image's tokens `(B, image tokens)` laid back on the tower's patch grid `(B, side, side)`
+        through the projector's token layout (`tokens_on_patches`): the decoder-only methods' image map."""
+        return tokens_on_patches(on_tokens, self.side, self.image_prefix)
+
     def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
                                picture: torch.Tensor | None) -> VisionLanguageGenerationExplanation:
         """A generation's result with its image part: `images["image"]` `(G, H, W)` the pixels' relevance per
-        generated token, summed per patch; `picture` `(H, W, 3)` the image as the model saw it."""
+        generated token, summed per patch, or `images["patches"]` `(G, side, side)` a map on the patch grid already
+        (`token_activation_map`'s); `picture` `(H, W, 3)` the image as the model saw it."""
         from ...results.viz import picture_url  # matplotlib, loaded when a page is drawn
 
-        return VisionLanguageGenerationExplanation(**fields, image_scores=pixel_patches(images["image"], self.patch),
+        return VisionLanguageGenerationExplanation(**fields, image_scores=images["patches"] if "patches" in images else pixel_patches(images["image"], self.patch),
                                                    image_tokens=(ids == self.image_token).cpu(),
                                                    image_url=None if picture is None else picture_url(picture))

@@ -1,0 +1,167 @@
+"""Make tests/golden/tam_reference.pt: the TAM authors' own maps (github.com/xmed-lab/TAM, `tam.py`'s `TAM()` as
+their eval.py calls it, round by round, `save_fn=''`: the eval-only path) on tiny random float64 vision-language
+decoders, for `tests/test_token_activation_map.py`:
+
+    git -C /work/.mirror/xmed-lab+TAM/repo archive HEAD | tar -x -C /tmp/TAM
+    python3 -m venv /tmp/tamenv && /tmp/tamenv/bin/pip install --no-deps opencv-python-headless scipy pymupdf numpy
+    echo <relevancy's venv>/lib/python3.11/site-packages > /tmp/tamenv/lib/python3.11/site-packages/relevancy.pth
+    /tmp/tamenv/bin/python benchmarks/tam_reference.py --tam /tmp/TAM [--out tests/golden/tam_reference.pt]
+
+Their code is imported as it is; the script only
+- builds the inputs their `special_ids` bookkeeping reads: the image's placeholders first (`img_id`: every
+  placeholder), then the prompt's words, then the two tokens that end the prompt (`prompt_id` ends at the last,
+  `answer_id` starts after the pair), so their prompt span is every text token before the generation;
+- gives a stand-in processor whose token i is the word "t<i>" (their word lists are then the token ids);
+- makes their `logit_list` as `model.generate(output_hidden_states=True)` does, from one forward over the prompt
+  and a fixed continuation (the prompt's positions, then one position per generated token), each through
+  `lm_head` as their demo does;
+- keeps their numbers in float64: their `TAM` casts the scores with `.float()`, which the logits' tensor class
+  answers with float64 here (`KeepsFloat64`);
+- records what their `rank_guassian_filter` takes and gives (the float maps before their x 255 uint8
+  quantisation) and what their `least_squares` (scipy's Brent minimiser) returns, by replacing those two module
+  functions with recording wrappers of themselves.
+Round 0 of their `TAM()` runs once per prompt word (`[0, t]`) and returns the map of the first, the model's
+prediction there (their eval's map of the first generated token); its last, `t = len(prompt)`, is the map of the
+next token after the prompt with its class read at the last prompt position, i.e. the last prompt token's id:
+`explain` with that token as target gives it (their repeated-word check compares the first continuation token
+instead, which no earlier word of these prompts is, as none is the last prompt token; in the first case the
+continuation starts with that token). Rounds 1.. are the maps of the generated tokens 1.. . Everything is recorded
+twice: with their `least_squares`, and (`_exact`) with it answering the least-squares scale `<a, b> / <b, b>` that
+their scipy Brent search finds to its tolerance. A case is one entry of `CASES` (a Qwen2-VL one: the family's name
+in `tests/vlm_models.py`, its image's placeholders and grid, a continuation).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests")]
+
+from vlm_models import IMAGE_TOKEN, build, checksum, inputs  # noqa: E402
+
+#: the two tokens that end every prompt (their `prompt_id` end, their `answer_id` start): in no prompt or continuation
+END = [91, 92]
+#: the words of the prompt (a repeated word, and words the continuations repeat: their repeated-word exclusion)
+PROMPT = [17, 40, 52, 40, 66, 8]
+#: name -> (family of `vlm_models.build` and `vlm_models.inputs`, their vision_shape: the image tokens' grid, the
+#: continuation); the image, its further inputs and its placeholders' count are those of `vlm_models.inputs`
+CASES = {
+    "llava_next_token": ("llava", (4, 4), [92, 40, 71, 17, 71, 30, 8]),  # starts with the prompt's last token
+    "llava": ("llava", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
+    "gemma3": ("gemma3", (2, 2), [33, 40, 71, 17, 71, 30]),
+    "idefics3": ("idefics3", (2, 2), [33, 52, 71, 17, 71, 5]),
+}
+#: what a family's forward reads beside its processor's output, as relevancy's adapter passes it (Gemma 3: each
+#: image's tokens attend to each other)
+FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()}}
+
+
+class KeepsFloat64(torch.Tensor):
+    """A tensor whose `.float()` is `.double()`: their scores stay float64 through `TAM`'s cast."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.float:
+            func = torch.Tensor.double
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class Words:
+    """A processor stand-in for their decoding: token i is the word "t<i>", a text splits at its spaces."""
+
+    def __init__(self) -> None:
+        self.tokenizer = self
+
+    @staticmethod
+    def batch_decode(rows, **_options) -> list[str]:
+        return [" ".join(f"t{int(token)}" for token in row) for row in rows]
+
+    @staticmethod
+    def tokenize(text: str) -> list[str]:
+        return text.split()
+
+
+def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int], seed: int) -> dict:
+    """Their maps of every round on one random image, the inputs and the records of the two wrapped functions; then
+    (`exact`) the same with their `least_squares` answered by the least-squares scale itself, `<a, b> / <b, b>`
+    (0 for an all-zero `b`), which their Brent search approximates to its tolerance (1.48e-8 of the scale)."""
+    model = build(family)
+    processed = inputs(family, lengths=(1,), seed=seed)
+    image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
+    prompt = [IMAGE_TOKEN] * int((processed["input_ids"] == IMAGE_TOKEN).sum()) + PROMPT + END
+    tokens = prompt + continuation
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda _: {})(ids))
+        logits = model.lm_head(out.hidden_states[-1])
+    assert torch.allclose(logits, out.logits, atol=0, rtol=1e-12)  # their logits are the model's
+    steps = [logits[:, :len(prompt)]] + [logits[:, len(prompt) + g - 1:len(prompt) + g] for g in range(1, len(continuation))]
+    steps = [step.as_subclass(KeepsFloat64) for step in steps]
+    record = {"family": family, "checksum": checksum(model), "input_ids": ids, "prompt_length": len(prompt), "image": image}
+    runs = {"": tam.least_squares, "_exact": lambda a, b: float(np.dot(a, b) / np.dot(b, b)) if np.dot(b, b) > 0 else 0.0}
+    for suffix, least_squares in runs.items():
+        record.update({f"{name}{suffix}": value for name, value in their_rounds(tam, least_squares, tokens, shape, steps).items()})
+    return record
+
+
+def their_rounds(tam, least_squares, tokens: list[int], shape: tuple[int, int], steps: list[torch.Tensor]) -> dict:
+    """Their `TAM()` round by round, as their eval.py runs it, `least_squares` in place of theirs: the float maps
+    their `rank_guassian_filter` gave (the next token's, the generated tokens' from the second on) and took (the
+    generated tokens'), their uint8 maps, and the scales `least_squares` gave beside `<a, b> / <b, b>`."""
+    filtered, scales = [], []
+    filter_, their_least_squares = tam.rank_guassian_filter, tam.least_squares
+
+    def recording_filter(img, kernel_size=3):
+        out = filter_(img, kernel_size)
+        filtered.append((torch.from_numpy(np.array(img, dtype=np.float64)), torch.from_numpy(np.array(out, dtype=np.float64))))
+        return out
+
+    def recording_least_squares(map1, map2):
+        scale = least_squares(map1, map2)
+        energy = np.dot(map2, map2)
+        scales.append((float(scale), float(np.dot(map1, map2) / energy) if energy > 0 else 0.0))
+        return scale
+
+    tam.rank_guassian_filter, tam.least_squares = recording_filter, recording_least_squares
+    try:
+        special = {"img_id": [IMAGE_TOKEN], "prompt_id": [[IMAGE_TOKEN], END[1]], "answer_id": [END, -1]}
+        picture = np.zeros((16, 16, 3), dtype=np.uint8)  # read by their visualisation only
+        history: list = []
+        quantised = [torch.from_numpy(np.array(tam.TAM(tokens, shape, steps, special, picture, Words(), "", g, history, False)))
+                     for g in range(len(steps))]
+    finally:
+        tam.rank_guassian_filter, tam.least_squares = filter_, their_least_squares
+    words = len(PROMPT) + len(END)  # their round 0: a map per word of their prompt (PROMPT, END[0]) and the next token's
+    assert len(filtered) == words + len(steps) - 1, (len(filtered), words, len(steps))
+    return {"next_token": torch.stack([out for _, out in filtered[:words]])[-1],
+            "generated": torch.stack([out for _, out in filtered[words:]]),  # generated tokens 1..
+            "generated_unfiltered": torch.stack([img for img, _ in filtered[words:]]),
+            "uint8": torch.stack(quantised), "scales": torch.tensor(scales, dtype=torch.float64)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tam", type=Path, default=Path("/tmp/TAM"), help="the authors' repository (its tam.py)")
+    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden/tam_reference.pt")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.tam))
+    import scipy
+    import tam
+
+    from importlib.metadata import version
+
+    golden = {"versions": {"torch": str(torch.__version__), "numpy": np.__version__, "scipy": scipy.__version__,
+                           "opencv": version("opencv-python-headless")},
+              "cases": {name: their_maps(tam, *case, seed=k) for k, (name, case) in enumerate(CASES.items())}}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(golden, args.out)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} kB)")
+
+
+if __name__ == "__main__":
+    main()

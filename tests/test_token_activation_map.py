@@ -1,0 +1,174 @@
+"""`token_activation_map` (TAM, Li et al., ICCV 2025) on the tiny random float64 vision-language decoders: equal to
+the authors' own `tam.py` (tests/golden/tam_reference.pt, made by benchmarks/tam_reference.py) for the next token
+(`explain`) and every generated token (`explain_generation`); a left-padded batch equal to its rows alone; its options;
+the model left as it was after a call and after a failure; bad options refused by name; the rank filter's edges;
+half precision."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from bimodal_golden import assert_same, snapshot
+from test_causal_lm import assert_close_to, build as build_decoder
+from test_vision_language_generation import GivenInputs
+from vlm_models import build, checksum, inputs
+from vlm_processor import picture
+
+import relevancy
+from relevancy.families.base import UnsupportedModelError
+from relevancy.families.vision_language import VisionLanguageGenerationExplanation
+from relevancy.methods.activation import rank_gaussian_filter
+
+GOLDEN = torch.load(Path(__file__).parent / "golden/tam_reference.pt", weights_only=True)["cases"]
+#: the authors' least squares is scipy's Brent search, to 1.48e-8 of the scale (xtol): their maps move by that
+#: much of the subtracted interference, a few times the map at most (1.4e-9 of the map's maximum measured); the
+#: `_exact` records answer the scale itself (1.5e-15 measured)
+BRENT_TOLERANCE = 1e-7
+EXACT_TOLERANCE = 1e-12
+
+
+class Recorded(GivenInputs):
+    """The processor stand-in answering one golden case's prompt and image."""
+
+    def __init__(self, case: dict) -> None:
+        super().__init__(case["family"])
+        self.case = case
+
+    def __call__(self, images: object, text: str, return_tensors: str) -> dict[str, torch.Tensor]:
+        return prompt_of(self.case)
+
+
+def prompt_of(case: dict) -> dict[str, torch.Tensor]:
+    length = case["prompt_length"]
+    return {"input_ids": case["input_ids"][:, :length], "attention_mask": torch.ones(1, length, dtype=torch.long), **case["image"]}
+
+
+def on_token_grid(image_scores: torch.Tensor, side: int) -> torch.Tensor:
+    """`(..., side, side)`: patch-grid maps summed over each image token's block of patches (its value again)."""
+    k = image_scores.shape[-1] // side
+    return image_scores.unflatten(-1, (side, k)).unflatten(-3, (side, k)).sum((-1, -3))
+
+
+@pytest.fixture(scope="module")
+def models():
+    built = {name: build(case["family"]) for name, case in GOLDEN.items()}
+    for name, model in built.items():
+        assert checksum(model) == GOLDEN[name]["checksum"], f"{name}: the tiny model is not the golden file's"
+    return built
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_the_next_token_equals_the_authors_code(models, name):
+    """Their map of the next token reads its class at the last prompt position (that token's id): `explain` with
+    it as target (benchmarks/tam_reference.py)."""
+    case = GOLDEN[name]
+    side = case["next_token"].shape[-1]
+    last = int(case["input_ids"][0, case["prompt_length"] - 1])
+    ours = on_token_grid(relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=last).image_scores[0], side)
+    assert_close_to(ours, case["next_token_exact"], f"{name} next token", EXACT_TOLERANCE)
+    assert_close_to(ours, case["next_token"], f"{name} next token (Brent)", BRENT_TOLERANCE)
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_every_generated_token_equals_the_authors_code(models, name):
+    """Rows 1.. equal their rounds 1.. (the earlier generated tokens in the causal inference), their uint8 maps too;
+    row 0 equals `explain` of the first continuation token (their round 0 returns another map, the model's
+    prediction at the first prompt word)."""
+    case = GOLDEN[name]
+    length, side = case["prompt_length"], case["generated"].shape[-1]
+    continuation = case["input_ids"][0, length:].tolist()
+    result = relevancy.explain_generation(models[name], Recorded(case), "the prompt", continuation=continuation,
+                                          image=picture(), method="token_activation_map")
+    assert isinstance(result, VisionLanguageGenerationExplanation) and result.generated_ids.tolist() == continuation
+    ours = on_token_grid(result.image_scores, side)
+    assert_close_to(ours[1:], case["generated_exact"], f"{name} generated", EXACT_TOLERANCE)
+    assert_close_to(ours[1:], case["generated"], f"{name} generated (Brent)", BRENT_TOLERANCE)
+    assert torch.equal(torch.from_numpy((ours[1:].numpy() * 255).astype("uint8")), case["uint8_exact"][1:])
+    first = relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=continuation[0])
+    assert_close_to(result.image_scores[0], first.image_scores[0], f"{name} first token", EXACT_TOLERANCE)
+    assert_close_to(result.scores[0, :length], first.scores[0], f"{name} first token's text", EXACT_TOLERANCE)
+    assert (result.scores[:, result.image_tokens] == 0).all()
+    assert ((result.scores[:, :length] >= 0) & (result.scores[:, :length] <= 1)).all()
+
+
+def test_a_left_padded_batch_equals_its_rows_alone(models):
+    model, batch = models["llava"], inputs("llava", side="left", lengths=(6, 2, 4))
+    together = relevancy.explain(model, batch, method="token_activation_map")
+    for row in range(3):
+        real = batch["attention_mask"][row].bool()
+        alone = relevancy.explain(model, {"input_ids": batch["input_ids"][row:row + 1, real], "attention_mask": torch.ones(1, int(real.sum()), dtype=torch.long),
+                                          "pixel_values": batch["pixel_values"][row:row + 1]}, method="token_activation_map")
+        assert_close_to(together.image_scores[row], alone.image_scores[0], f"row {row}", EXACT_TOLERANCE)
+        assert_close_to(together.scores[row, real], alone.scores[0], f"row {row} text", EXACT_TOLERANCE)
+        assert together.target[row] == alone.target[0]
+
+
+def test_the_options_each_change_their_step(models):
+    """Without the filter the map is the normalised one (0 and 1 among image and text scores); without the causal
+    inference the image map is the explained logit's, clipped at 0, normalised."""
+    model, batch = models["llava"], inputs("llava", lengths=(5,))
+    plain = relevancy.explain(model, batch, method="token_activation_map", causal_inference=False, rank_filter=False)
+    logits = relevancy.explain(model, batch, method="raw_attention").logits
+    assert plain.through_tower is False and not plain.signed
+    both = torch.cat([plain.image_scores.flatten(), plain.scores[0, [0, 17, 18, 19, 20]]])  # [1], 16 image tokens, 5 words
+    assert both.min() == 0 and both.max() == 1
+    filtered = relevancy.explain(model, batch, method="token_activation_map", causal_inference=False)
+    assert not torch.allclose(filtered.image_scores, plain.image_scores)
+    assert torch.equal(filtered.target, logits.argmax(-1))
+    default = relevancy.explain(model, batch, method="token_activation_map")
+    assert not torch.allclose(default.image_scores, filtered.image_scores)
+
+
+def test_the_model_is_left_as_it_was(models):
+    model = models["llava"]
+    before = snapshot(model)
+    relevancy.explain(model, inputs("llava"), method="token_activation_map")
+    relevancy.explain_generation(model, Recorded(GOLDEN["llava"]), "the prompt", max_new_tokens=2, image=picture(),
+                                 method="token_activation_map")
+    assert_same(before, snapshot(model))
+    norm = next(m for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
+
+    def fail(*_args) -> None:
+        raise RuntimeError("failing on purpose")
+
+    handle = norm.register_forward_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="failing on purpose"):
+            relevancy.explain(model, inputs("llava"), method="token_activation_map")
+    finally:
+        handle.remove()
+    assert_same(before, snapshot(model))
+
+
+def test_bad_options_and_targets_are_named(models):
+    model, batch = models["llava"], inputs("llava")
+    with pytest.raises(ValueError, match="no option 'rank_filtr'.*Did you mean 'rank_filter'"):
+        relevancy.explain(model, batch, method="token_activation_map", rank_filtr=False)
+    with pytest.raises(ValueError, match="option causal_inference of method 'token_activation_map' must be bool, got int"):
+        relevancy.explain(model, batch, method="token_activation_map", causal_inference=1)
+    with pytest.raises(ValueError, match="token_activation_map explains a token"):
+        relevancy.explain(model, batch, method="token_activation_map", target=lambda logits: logits[:, 3])
+    with pytest.raises(UnsupportedModelError, match="method 'token_activation_map' does not apply to the decoder"):
+        relevancy.explain(build_decoder("llama"), {"input_ids": torch.tensor([[1, 5, 7]])}, method="token_activation_map")
+
+
+def test_the_rank_filter_at_its_edges():
+    """A window whose mean is 0 gives 0; a constant window keeps its value (the authors' code gives NaN there); a
+    bright cell among zeros is pulled towards its window's median, 0 (a Gaussian over the ranks of width std / mean
+    = 2.8: 0.058)."""
+    assert torch.equal(rank_gaussian_filter(torch.zeros(3, 4, dtype=torch.float64)), torch.zeros(3, 4, dtype=torch.float64))
+    assert torch.equal(rank_gaussian_filter(torch.full((2, 2), 0.5, dtype=torch.float64)), torch.full((2, 2), 0.5, dtype=torch.float64))
+    spike = torch.zeros(5, 5, dtype=torch.float64)
+    spike[2, 2] = 1
+    filtered = rank_gaussian_filter(spike)
+    assert abs(filtered[2, 2] - 0.0583) < 1e-3 and torch.isfinite(filtered).all() and (filtered >= 0).all()
+
+
+def test_a_half_precision_model_gives_float32_maps():
+    model = build("llava", torch.bfloat16)
+    half = relevancy.explain(model, inputs("llava"), method="token_activation_map")
+    assert half.image_scores.dtype == torch.float32 and torch.isfinite(half.image_scores).all()
+    generated = relevancy.explain_generation(model, Recorded(GOLDEN["llava"]), "the prompt", max_new_tokens=2, image=picture(),
+                                             method="token_activation_map")
+    assert generated.image_scores.dtype == generated.scores.dtype == torch.float32
