@@ -1,6 +1,6 @@
 """Train (or evaluate) the retrieval world's small decoders, one per token mixer (`relevancy.worlds.retrieval_models`).
 
-    python -m training.retrieval_models --mixer attention|deltanet|mamba2 [--seed S] [--minutes M | --steps N]
+    python -m training.retrieval_models --mixer attention|deltanet|mamba2 [--seed S] [--minutes M | --steps N] [--init DIR]
     python -m training.retrieval_models --mixer MIXER --evaluate-only [--n 1000]
 
 Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
@@ -67,9 +67,10 @@ def _summary(found: dict[str, float], n: int) -> str:
 def train(args: argparse.Namespace) -> None:
     out, log, _ = start_run(args, "train.log")
     tokenizer = retrieval_models.world_tokenizer()
-    model = retrieval_models.build(args.mixer, args.seed).train()
+    model = (retrieval_models.build(args.mixer, args.seed) if args.init is None
+             else retrieval_models.load_folder(Path(args.init))[0]).train()
     parameters = sum(p.numel() for p in model.parameters())
-    _log(log, f"start training mixer={args.mixer} seed={args.seed} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
+    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
               f"minutes={args.minutes} steps={args.steps} threads={args.threads} {machine()}")
     optimizer = adamw(model.named_parameters(), lambda name, p: p.ndim >= 2, args, betas=(0.9, 0.98))
 
@@ -108,6 +109,7 @@ def main(argv=None) -> None:
     ap = training_parser(__doc__, minutes=15.0, pair_fraction=0.0, lr=3e-3, weight_decay=0.01)
     ap.add_argument("--mixer", required=True, choices=tuple(retrieval_models.ARCHITECTURES))
     ap.add_argument("--lm-weight", type=float, default=0.5, help="weight of the next-token loss over the prompt")
+    ap.add_argument("--init", default=None, help="start from the model saved in this folder (a second stage)")
     args_known, _ = ap.parse_known_args(argv)
     ap.set_defaults(out=str(retrieval_models.folder(args_known.mixer)))
     run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped runs: 1)", ckpt_minutes=5.0,
