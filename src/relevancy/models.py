@@ -407,25 +407,10 @@ SHIPPED_LANGUAGE_MODEL = "smollm2"
 LANGUAGE_MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {"smollm2": smollm2, "gemma3": gemma3}
 
 
-def _retrieval_model(mixer: str) -> Callable[[], tuple[nn.Module, object]]:
-    def load() -> tuple[nn.Module, object]:
-        from .worlds import retrieval_models
-
-        return retrieval_models.load(mixer)
-
-    return load
-
-
-#: the retrieval world's small decoders, shipped in the package: attention only, gated DeltaNet beside attention,
-#: Mamba-2 beside attention (`relevancy.worlds.retrieval_models`)
-LANGUAGE_MODELS.update({f"retrieval-{mixer}": _retrieval_model(mixer) for mixer in ("attention", "deltanet", "mamba2")})
-
-
 @lru_cache(maxsize=2)
 def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, object]:
     """`(model, tokenizer)` of a decoder language model, loaded once per process: "smollm2" (SmolLM2-135M-Instruct
-    from the `llm` extra, offline), "gemma3" (Gemma-3-270M, offline), "retrieval-attention", "retrieval-deltanet",
-    "retrieval-mamba2" (the retrieval world's shipped small decoders) or a local folder of a transformers `...ForCausalLM` / `GPT2LMHeadModel` and its
+    from the `llm` extra, offline), "gemma3" (Gemma-3-270M, offline) or a local folder of a transformers `...ForCausalLM` / `GPT2LMHeadModel` and its
     tokenizer (`save_pretrained`). Errors are one line naming what was wrong."""
     if name in LANGUAGE_MODELS:
         return LANGUAGE_MODELS[name]()

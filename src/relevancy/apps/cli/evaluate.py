@@ -235,7 +235,7 @@ def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
     for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
         if value is not None:
             raise UsageError(f"{option} is not used with --benchmark llm-retrieval (it generates its prompts; "
-                               "--model is 'smollm2', 'gemma3', a shipped retrieval model or a folder of a causal language model and its tokenizer)")
+                               "--model is 'smollm2', 'gemma3' or a folder of a causal language model and its tokenizer)")
     if args.paper_settings:
         raise UsageError("--paper-settings is not used with --benchmark llm-retrieval")
     if n > MAX_LLM_PROMPTS:
@@ -246,8 +246,7 @@ def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
 
     if args.model not in LANGUAGE_MODELS and not Path(args.model).is_dir():
         raise UsageError("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md), 'gemma3' "
-                           "(Gemma-3-270M, docs/gemma3.md), 'retrieval-attention', 'retrieval-deltanet', 'retrieval-mamba2' "
-                           "(the retrieval world's small decoders, docs/language_models.md) or a local "
+                           "(Gemma-3-270M, docs/gemma3.md) or a local "
                            f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
 
 
