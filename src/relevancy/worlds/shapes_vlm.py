@@ -32,8 +32,8 @@ from .vision_language import TASKS, VOCABULARY, VlmBatch, make_vlm
 
 __all__ = ["VLM_CONFIG", "VLM_WEIGHTS_PATH", "QWEN_VL_CONFIG", "QWEN_VL_WEIGHTS_PATH", "VLM_TEST_SEED", "VLM_VAL_SEED",
            "SPECIAL_TOKENS", "IMAGE_TOKEN", "build_tokenizer", "build_processor", "build_qwen_processor", "build_shapes_llava",
-           "load_shapes_llava", "build_shapes_qwen_vl", "load_shapes_qwen_vl", "qwen_vl_from_llava", "image_token_count",
-           "model_inputs", "encode", "generate", "evaluate_vlm"]
+           "load_shapes_llava", "build_shapes_qwen_vl", "load_shapes_qwen_vl", "load_shapes_vlm", "qwen_vl_from_llava",
+           "merges_patches", "image_token_count", "model_inputs", "encode", "generate", "evaluate_vlm"]
 
 VLM_WEIGHTS_PATH = WEIGHTS_DIR / "shapes_llava.safetensors"
 #: make_vlm seed of the test items (scene seeds this, +1, +2)
@@ -216,18 +216,25 @@ def build_qwen_processor(tokenizer=None):
     """``Qwen2_5_VLProcessor``: the tokenizer and a ``Qwen2VLImageProcessor`` that keeps the scenes' 64 x 64 pixels
     (no resize), rescales to [0, 1], normalises with the world's mean and std and flattens 8 x 8 patches in the
     merger's order; ``"<image>"`` in a text becomes :data:`QWEN_IMAGE_TOKENS` placeholders."""
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     vision = QWEN_VL_CONFIG["vision_config"]
-    images = Qwen2VLImageProcessor(do_resize=False, image_mean=list(MEAN), image_std=list(STD), patch_size=vision["patch_size"],
-                                   merge_size=vision["spatial_merge_size"], temporal_patch_size=vision["temporal_patch_size"])
-    return Qwen2_5_VLProcessor(image_processor=images, tokenizer=tokenizer or build_tokenizer(), video_processor=None)
+    sizes = dict(do_resize=False, image_mean=list(MEAN), image_std=list(STD), patch_size=vision["patch_size"],
+                 merge_size=vision["spatial_merge_size"], temporal_patch_size=vision["temporal_patch_size"])
+    return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer or build_tokenizer(),
+                               video_processor=Qwen2VLVideoProcessor(**sizes))  # the class asks for one; no videos here
+
+
+def merges_patches(config) -> bool:
+    """Whether a model of ``config`` is a Qwen2-VL (its tower merges patches, it takes flattened patches); otherwise a
+    LLaVA (or a stand-in), which takes the images."""
+    return getattr(config.vision_config, "spatial_merge_size", None) is not None
 
 
 def image_token_count(config) -> int:
     """The image tokens a prompt holds for a model of ``config``: the LLaVA's ``image_seq_length``, a Qwen2-VL's
     merged patches."""
-    if hasattr(config, "image_seq_length"):
+    if not merges_patches(config):
         return int(config.image_seq_length)
     vision = config.vision_config
     return (IMAGE_SIZE // vision.patch_size // vision.spatial_merge_size) ** 2
@@ -237,15 +244,24 @@ def model_inputs(config, enc: dict[str, torch.Tensor], images: torch.Tensor) -> 
     """``enc`` (:func:`encode`'s ids) with ``images`` (normalised (n, 3, 64, 64)) as a model of ``config`` takes them:
     the LLaVA's ``pixel_values`` as they are; a Qwen2-VL's flattened patches (the image processor's own ``patchify``),
     one ``image_grid_thw`` row each and ``mm_token_type_ids`` (1 on the image tokens), as its processor writes them."""
-    if hasattr(config, "image_seq_length"):
+    if not merges_patches(config):
         return dict(enc, pixel_values=images)
     from transformers import Qwen2VLImageProcessor
 
     vision = config.vision_config
-    patches, h, w = Qwen2VLImageProcessor.patchify(None, images, vision.patch_size, vision.spatial_merge_size,
-                                                   vision.temporal_patch_size)
+    patches, h, w = Qwen2VLImageProcessor().patchify(images, vision.patch_size, vision.spatial_merge_size,
+                                                     vision.temporal_patch_size)
     return dict(enc, pixel_values=patches.flatten(0, 1), image_grid_thw=torch.tensor([[1, h, w]] * len(images)),
                 mm_token_type_ids=(enc["input_ids"] == config.image_token_id).int())
+
+
+def load_shapes_vlm(path: str | Path, device: str | torch.device = "cpu"):
+    """``(model, processor)`` of a shapes vision-language model's weights file, the LLaVA or the Qwen2.5-VL as the
+    config in its .json says (a Qwen2.5-VL's names ``image_token_id``, a LLaVA's ``image_token_index``)."""
+    path = Path(path)
+    meta_path = path.with_suffix(".json")
+    config = json.loads(meta_path.read_text())["config"] if meta_path.is_file() else {}
+    return (load_shapes_qwen_vl if "image_token_id" in config else load_shapes_llava)(path, device)
 
 
 def encode(tokenizer, prompts: list[str], answers: list[str] | None = None, turns: int = 1,
