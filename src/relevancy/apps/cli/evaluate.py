@@ -600,11 +600,11 @@ def evaluate_vlm_shapes(args: argparse.Namespace, methods: tuple[str, ...], n: i
         raise UsageError(f"cannot load a shapes LLaVA or Qwen2.5-VL from {path} and its .json: {type(error).__name__}: "
                          f"{error}") from error
     shards.weigh(model)  # its processor is the library's own (a fixed vocabulary, checked against the file's)
-    family, name = ("Qwen2.5-VL", SHAPES_QWEN_VL.name) if merges_patches(model.config) else ("LLaVA", "shapes-llava")
+    family = "Qwen2.5-VL" if merges_patches(model.config) else "LLaVA"
     methods = _offered(args, methods, supported_methods(model, DEFAULT_METHODS), family, "vlm-shapes")
     results = run_benchmark(model, processor, methods=methods, n=n, seed=VLM_TEST_SEED + 32 * args.seed,
                             batch_size=args.batch_size, progress=not args.quiet, shards=shards)
-    return _write_generated(args, results, f"{name} (shipped)", vlm_report, shards)
+    return _write_generated(args, results, "shapes-llava (shipped)", vlm_report, shards)
 
 
 def listed_methods(module: str, benchmark: str) -> Callable[[str], tuple[str, ...]]:
