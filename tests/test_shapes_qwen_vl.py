@@ -42,12 +42,12 @@ def test_the_start_is_the_llavas_decoder_exactly_and_its_tower_mlps():
 
 
 def test_shipped_model_answers_unseen_scenes(shipped):
-    """What the model card measures on 1,000 unseen scenes, on a sample."""
+    """What the model card measures on 1,000 unseen scenes (94.8 % exact), on a sample."""
     model, processor = shipped
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration" and image_token_count(model.config) == TOKENS
     assert sum(p.numel() for p in model.parameters()) < 2_000_000
     acc = evaluate_vlm(model, processor.tokenizer, n=100, seed=VLM_TEST_SEED)
-    assert acc["overall"] > 0.8 and acc["per_task"]["color"] > 0.9, acc
+    assert acc["overall"] > 0.85 and acc["per_task"]["color"] > 0.95, acc
 
 
 def test_the_processor_writes_what_training_encodes_and_generates_alike(shipped):
