@@ -14,6 +14,11 @@ built offline with the ``tokenizers`` package); :func:`build_processor` is the `
 ``CLIPImageProcessor`` that takes the scenes' pixels as they are (mean = std = 0.5).  A prompt is
 ``<s> <image> x 65`` and the prompt's words; the answer follows, ended by ``</s>``.
 
+Beside it, a small Qwen2.5-VL (:func:`load_shapes_qwen_vl`, :data:`QWEN_VL_CONFIG`: an unmodified
+``Qwen2_5_VLForConditionalGeneration``, windowed tower, 2 x 2 merger, 16 image tokens, the same vocabulary and
+prompts; :func:`build_qwen_processor`), started from the LLaVA (:func:`qwen_vl_from_llava`); :func:`model_inputs`
+writes a batch of scenes as either model takes them, :func:`load_shapes_vlm` loads either by its .json.
+
 Evaluation (:func:`evaluate_vlm`) generates greedily for ``make_vlm(n, VLM_TEST_SEED)`` and counts exact answers;
 training seeds are all below ``EVAL_SEED_BASE``.
 """
