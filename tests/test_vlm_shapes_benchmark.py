@@ -163,7 +163,7 @@ def test_the_command_explains_the_shipped_model_and_writes_results_and_report(tm
         (["-n", "2001"], "--n must be at most 2000"),
         (["--seed", "300"], "--seed must be at most 299"),
         (["--methods", "rolout"], "method 'rolout' is not evaluated by vlm-shapes; valid methods: attnlrp,"),
-        (["--model", "nothing.safetensors"], "--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or"),
+        (["--model", "nothing.safetensors"], "--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA), 'shapes-qwen-vl'"),
     ],
 )
 def test_bad_requests_are_clear_errors_and_write_nothing(tmp_path, capsys, argv, message):

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -40,20 +42,37 @@ from relevancy.worlds.shapes_vit import EVAL_SEED_BASE
 from .shapes_vit import (Run, _log, adamw, fit, logged_evaluation, machine, run_training_command, save_with_json, start_run,
                     step_loader, training_parser)
 from relevancy.worlds.shapes_vlm import (SPECIAL_TOKENS, VLM_CONFIG, VLM_TEST_SEED, VLM_VAL_SEED, VLM_WEIGHTS_PATH, build_shapes_llava,
-                        build_tokenizer, encode, evaluate_vlm, load_shapes_llava)
+                        build_tokenizer, encode, evaluate_vlm, image_token_count, load_shapes_llava, model_inputs)
 from relevancy.worlds.vision_language import TASK_WEIGHTS, TASKS, VOCABULARY, make_vlm
 
-LOG_NAME = "shapes_llava_train.log"
+
+@dataclass(frozen=True)
+class Recipe:
+    """What one shapes vision-language model's training has of its own: its config (keyword arguments), weights file,
+    log, the model it starts from (`start()`), its vision tower (what ``--train-tower`` trains), its loader
+    (``(model, processor)`` from a weights path) and the words the log and the weights' facts name its tower by."""
+
+    config: dict
+    weights: Path
+    log_name: str
+    start: Callable[[], torch.nn.Module]
+    tower: Callable[[torch.nn.Module], torch.nn.Module]
+    load: Callable
+    tower_origin: str
+
+
+LLAVA = Recipe(VLM_CONFIG, VLM_WEIGHTS_PATH, "shapes_llava_train.log", partial(build_shapes_llava, vision_from_clip=True),
+               lambda model: model.model.vision_tower, load_shapes_llava, "shapes_clip")
 #: the classes whose upright shape is its own mirror image (the arrow, crescent, L-shape and the star, which
 #: points sideways, are not: mirrored they would be shapes the world never draws)
 MIRROR_SYMMETRIC = ("circle", "square", "triangle", "plus", "ring", "T-shape", "H-shape", "heart")
 _SWAP = {"left": "right", "right": "left"}
 
 
-def save_vlm(model, path: Path, meta: dict) -> None:
-    """Write ``path`` (safetensors weights, float32) and ``path.with_suffix('.json')`` (``LlavaConfig`` keyword
+def save_vlm(model, path: Path, meta: dict, config: dict = VLM_CONFIG) -> None:
+    """Write ``path`` (safetensors weights, float32) and ``path.with_suffix('.json')`` (the config's keyword
     arguments, vocabulary and ``meta``), atomically."""
-    save_with_json(model, path, dict(config=VLM_CONFIG, vocab=list(SPECIAL_TOKENS + VOCABULARY), **meta))
+    save_with_json(model, path, dict(config=config, vocab=list(SPECIAL_TOKENS + VOCABULARY), **meta))
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -71,8 +90,8 @@ def _grown(state: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
     fresh = model.state_dict()
     grown = dict(state)
     key = "model.multi_modal_projector.linear_1.weight"
-    have, want = state[key], fresh[key].shape
-    if have.shape != want:
+    have, want = state.get(key), fresh[key].shape if key in fresh else None
+    if have is not None and have.shape != want:
         if have.shape[0] != want[0] or want[1] % have.shape[1]:
             raise ValueError(f"--init projector {tuple(have.shape)} cannot widen to {tuple(want)}")
         grown[key] = torch.cat([have.new_zeros(want[0], want[1] - have.shape[1]), have], 1)
@@ -111,14 +130,16 @@ def _fmt(acc: dict) -> str:
             f"seed {acc['seed']})")
 
 
-def _items(args, step: int) -> dict[str, torch.Tensor]:
-    """Step ``step``'s conversations: ``--batch-size`` scenes, ``--turns`` tasks each."""
+def _items(args, config, step: int) -> dict[str, torch.Tensor]:
+    """Step ``step``'s conversations: ``--batch-size`` scenes, ``--turns`` tasks each, as a model of ``config`` (a
+    transformers config) takes them."""
     batch = make_vlm(args.batch_size, step_seed(args.seed, step), turns=args.turns,
                      task_weights=task_weights(args.task_weights))
     prompts, answers, images = batch.prompts, batch.answers, batch.images[::args.turns]
     if args.mirror:
         prompts, answers, images = _with_mirror_twins(batch, args.turns)
-    return dict(encode(build_tokenizer(), prompts, answers, turns=args.turns), pixel_values=images)
+    enc = encode(build_tokenizer(), prompts, answers, turns=args.turns, image_tokens=image_token_count(config))
+    return model_inputs(config, enc, images)
 
 
 def _with_mirror_twins(batch, turns: int) -> tuple[list[str], list[str], torch.Tensor]:
@@ -137,21 +158,22 @@ def _with_mirror_twins(batch, turns: int) -> tuple[list[str], list[str], torch.T
     return prompts, answers, torch.cat(images)
 
 
-def train(args) -> None:
+def train(args, recipe: Recipe = LLAVA) -> None:
+    """Train ``recipe``'s model as ``args`` say (see the module's docstring)."""
     task_weights(args.task_weights)  # a bad --task-weights fails before anything is built
-    out, log, device = start_run(args, LOG_NAME)
+    out, log, device = start_run(args, recipe.log_name)
     tokenizer = build_tokenizer()
-    model = build_shapes_llava(vision_from_clip=True)
+    model = recipe.start()
     if args.init:  # the weights of an earlier stage, into today's config
         from safetensors.torch import load_file
 
         model.load_state_dict(_grown(load_file(args.init), model))
     model = model.to(device)
     model.train()
-    model.model.vision_tower.requires_grad_(args.train_tower)
+    recipe.tower(model).requires_grad_(args.train_tower)
     optimizer = adamw([(n, p) for n, p in model.named_parameters() if p.requires_grad],
                       lambda n, p: p.ndim >= 2 and "embed" not in n, args, betas=(0.9, 0.98), eps=1e-6)
-    _log(log, f"start training seed={args.seed} config={json.dumps(VLM_CONFIG)} "
+    _log(log, f"start training seed={args.seed} config={json.dumps(recipe.config)} "
               f"params={sum(p.numel() for p in model.parameters())} (trained "
               f"{sum(p.numel() for p in model.parameters() if p.requires_grad)}) batch={args.batch_size}x{args.turns} turns "
               f"lr={args.lr} wd={args.weight_decay} warmup={args.warmup} "
@@ -160,36 +182,37 @@ def train(args) -> None:
               f"task_weights={args.task_weights} mirror={args.mirror} {machine()}")
     meta = dict(seed=args.seed, batch_size=args.batch_size, turns=args.turns, lr=args.lr, init=args.init,
                 task_weights=dict(zip(TASKS, task_weights(args.task_weights))), mirror=args.mirror,
-                vision_tower="shapes_clip, " + ("trained" if args.train_tower else "frozen"))
+                vision_tower=recipe.tower_origin + ", " + ("trained" if args.train_tower else "frozen"))
     val_batch = make_vlm(args.val_n, VLM_VAL_SEED)
-    loader = step_loader(args, partial(_items, args))
+    loader = step_loader(args, partial(_items, args, model.config))
 
     def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
-        items = next(loader) if loader is not None else _items(args, step)
+        items = next(loader) if loader is not None else _items(args, model.config, step)
         res = model(**{k: v.to(device) for k, v in items.items()})
         return res.loss, {"loss": res.loss.item()}
 
     def checkpoint(step: int, seconds: float, final: bool) -> None:
         val = evaluate_vlm(model, tokenizer, seed=VLM_VAL_SEED, batch=val_batch)
-        save_vlm(model, out / VLM_WEIGHTS_PATH.name,
-                 dict(meta, steps=step, train_seconds=round(seconds), val=val, final=final))
+        save_vlm(model, out / recipe.weights.name,
+                 dict(meta, steps=step, train_seconds=round(seconds), val=val, final=final), recipe.config)
         _log(log, f"{'done' if final else 'checkpoint'} step {step} ({seconds / 60:.1f} min): val {_fmt(val)}")
 
     fit(args, log, Run(model, optimizer, loss, checkpoint, args.batch_size * args.turns, "answers"))
 
 
-def evaluate(args) -> dict:
+def evaluate(args, recipe: Recipe = LLAVA) -> dict:
     """Measure the exact-answer accuracy of the weights on ``args.n`` unseen scenes (one task each) and log it."""
     torch.set_num_threads(args.threads)
-    weights = Path(args.weights) if args.weights else Path(args.out) / VLM_WEIGHTS_PATH.name
-    model, processor = load_shapes_llava(weights, device=args.device)
+    weights = Path(args.weights) if args.weights else Path(args.out) / recipe.weights.name
+    model, processor = recipe.load(weights, device=args.device)
     t = time.time()
     acc = evaluate_vlm(model, processor.tokenizer, n=args.n, seed=VLM_TEST_SEED)
-    return logged_evaluation(args, weights, LOG_NAME, t, acc, _fmt(acc))
+    return logged_evaluation(args, weights, recipe.log_name, t, acc, _fmt(acc))
 
 
-def main(argv=None) -> None:
-    ap = training_parser(__doc__, minutes=22.0, pair_fraction=0.0, lr=1e-3, weight_decay=0.01)
+def main(argv=None, recipe: Recipe = LLAVA, doc: str = __doc__, lr: float = 1e-3) -> None:
+    """The command of ``recipe``'s trainer (the shapes LLaVA's unless told), ``doc`` its help."""
+    ap = training_parser(doc, minutes=22.0, pair_fraction=0.0, lr=lr, weight_decay=0.01)
     ap.set_defaults(batch_size=32, warmup=0.05)
     ap.add_argument("--turns", type=int, default=3, help="tasks about each scene, one conversation per scene")
     ap.add_argument("--train-tower", action="store_true", help="train the vision tower too (default: frozen)")
@@ -202,7 +225,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mirror", action="store_true",
                     help="add the mirror image of each scene that says left or right, left and right swapped "
                          "(mirror-symmetric shapes only): pairs that differ only in the horizontal relation")
-    run_training_command(ap, argv, train, evaluate, ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
+    run_training_command(ap, argv, partial(train, recipe=recipe), partial(evaluate, recipe=recipe), ckpt_minutes=6.0, n_help="test scenes for --evaluate-only",
                          threads_help="torch threads (on a CPU shared with other jobs use 1)")
 
 

@@ -402,6 +402,15 @@ def shapes_llava() -> tuple[nn.Module, object]:
     return load_shapes_llava()
 
 
+def shapes_qwen_vl() -> tuple[nn.Module, object]:
+    """`(model, processor)`: the shipped shapes Qwen2.5-VL (an unmodified transformers
+    `Qwen2_5_VLForConditionalGeneration` trained on the same scenes and questions as the shapes LLaVA,
+    docs/vision_language.md) in eval mode, and its `Qwen2_5_VLProcessor`; offline."""
+    from .worlds.shapes_vlm import load_shapes_qwen_vl
+
+    return load_shapes_qwen_vl()
+
+
 SHIPPED_LANGUAGE_MODEL = "smollm2"
 #: the real language models relevancy loads offline from installed packages, by name
 LANGUAGE_MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {"smollm2": smollm2, "gemma3": gemma3}

@@ -50,3 +50,6 @@ SHIPPED = {
     "vision-language": Shipped("shapes", "shapes LLaVA", "relevancy.worlds.shapes_vlm:VLM_WEIGHTS_PATH",
                                "training.shapes_vlm", settings=True),
 }
+#: the shipped shapes Qwen2.5-VL, the vlm-shapes benchmark's second model (`--model shapes-qwen-vl`) beside the LLaVA
+SHAPES_QWEN_VL = Shipped("shapes-qwen-vl", "shapes Qwen2.5-VL", "relevancy.worlds.shapes_vlm:QWEN_VL_WEIGHTS_PATH",
+                         "training.shapes_qwen_vl", settings=True)

@@ -42,7 +42,8 @@ from torch import nn
 
 from ..families.vision_language.layouts import occluded
 from ..worlds.captions import COLORS
-from ..worlds.shapes_vlm import VLM_TEST_SEED, encode, generate
+from ..worlds.scenes import IMAGE_SIZE
+from ..worlds.shapes_vlm import IMAGE_TOKENS, VLM_TEST_SEED, encode, generate, image_token_count, merges_patches, model_inputs
 from ..worlds.vision_language import VlmBatch, make_vlm
 from .metrics.discrimination import class_discrimination
 from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
@@ -50,7 +51,7 @@ from .llm_retrieval import _cell, _mean
 from .shards import Shards
 from .support import supported_methods
 
-__all__ = ["DEFAULT_METHODS", "REFERENCES", "UNITS", "Word", "Explainer", "object_words", "word_inputs",
+__all__ = ["DEFAULT_METHODS", "REFERENCES", "UNITS", "Word", "Explainer", "object_words", "word_inputs", "for_model",
            "delete_patches", "word_log_probabilities", "deletion_curves", "patch_ablation", "object_cover",
            "grounding", "evaluate_vlm_shapes", "vlm_report"]
 
@@ -93,20 +94,31 @@ def object_words(batch: VlmBatch, said: Sequence[str]) -> list[Word]:
             for p, (w, j) in enumerate(zip(answer.split(), batch.named[i])) if j >= 0]
 
 
-def word_inputs(tokenizer: Any, batch: VlmBatch, words: Sequence[Word]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """``(inputs, targets)``: per word, the ids of ``<s>``, the image tokens, the prompt and the answer's words before
-    it (left-padded, as the processor pads for generation), its item's pixel values, and the word's token id."""
+def word_inputs(tokenizer: Any, batch: VlmBatch, words: Sequence[Word], image_tokens: int = IMAGE_TOKENS
+                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``(inputs, targets)``: per word, the ids of ``<s>``, the ``image_tokens`` image tokens, the prompt and the
+    answer's words before it (left-padded, as the processor pads for generation), its item's image (normalised
+    ``(C, H, W)`` pixel values: what the benchmark deletes patches of; `for_model` makes them the model's inputs), and
+    the word's token id."""
     prefixes = [" ".join([batch.prompts[w.item], *batch.answers[w.item].split()[:w.position]]) for w in words]
-    inputs = encode(tokenizer, prefixes)
+    inputs = encode(tokenizer, prefixes, image_tokens=image_tokens)
     inputs["pixel_values"] = batch.images[[w.item for w in words]]
     targets = torch.tensor(tokenizer.convert_tokens_to_ids([w.word for w in words]))
     return inputs, targets
 
 
+def for_model(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The benchmark's ``inputs`` (ids, mask, images) as ``model`` takes them (`relevancy.worlds.shapes_vlm.model_inputs`:
+    the LLaVA's as they are, a Qwen2-VL's images as flattened patches with their grid and token types)."""
+    ids = {k: v for k, v in inputs.items() if k != "pixel_values"}
+    return model_inputs(model.config, ids, inputs["pixel_values"])
+
+
 def _grid(model: nn.Module) -> tuple[int, int, int]:
-    """``(rows, cols, patch)`` of the model's vision tower at its configured image size."""
+    """``(rows, cols, patch)`` of the model's vision tower at its configured image size (the scenes' size for a tower
+    without one: a Qwen2-VL's takes any)."""
     vision = model.config.vision_config
-    side = vision.image_size // vision.patch_size
+    side = getattr(vision, "image_size", IMAGE_SIZE) // vision.patch_size
     return side, side, vision.patch_size
 
 
@@ -120,16 +132,18 @@ def delete_patches(pixel_values: torch.Tensor, removed: torch.Tensor, patch: int
 def word_log_probabilities(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets: torch.Tensor,
                            pixel_values: torch.Tensor | None = None, batch_size: int = 64) -> torch.Tensor:
     """``(B,)`` float64: the log-probability of ``targets`` after each row of ``inputs`` (left-padded: read at the
-    last position; position ids count real tokens only), with ``pixel_values`` instead of the inputs' own if given,
-    in forwards of ``batch_size`` rows."""
+    last position; position ids count real tokens only: a Qwen2-VL's 3-D ones its own, from the token types), with
+    ``pixel_values`` instead of the inputs' own if given, in forwards of ``batch_size`` rows."""
     pixels = inputs["pixel_values"] if pixel_values is None else pixel_values
     device = next(model.parameters()).device
     out = torch.empty(len(targets), dtype=torch.float64)
     for s in range(0, len(targets), batch_size):
         mask = inputs["attention_mask"][s:s + batch_size]
-        logits = model(input_ids=inputs["input_ids"][s:s + batch_size].to(device), attention_mask=mask.to(device),
-                       position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device),
-                       pixel_values=pixels[s:s + batch_size].to(device), use_cache=False).logits[:, -1]
+        rows = for_model(model, {"input_ids": inputs["input_ids"][s:s + batch_size], "attention_mask": mask,
+                                 "pixel_values": pixels[s:s + batch_size]})
+        if not merges_patches(model.config):
+            rows["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = model(**{k: v.to(device) for k, v in rows.items()}, use_cache=False).logits[:, -1]
         out[s:s + len(mask)] = logits.double().log_softmax(-1).cpu()[torch.arange(len(mask)), targets[s:s + batch_size]]
     return out
 
@@ -172,7 +186,7 @@ def patch_ablation(model: nn.Module, inputs: Mapping[str, torch.Tensor], targets
     ``token_ablation`` of the image's patches, ``score="log_prob"``."""
     from ..api import explain
 
-    return explain(model, dict(inputs), method="token_ablation", target=targets.tolist(), score="log_prob", ablate="image",
+    return explain(model, for_model(model, inputs), method="token_ablation", target=targets.tolist(), score="log_prob", ablate="image",
                    chunk_size=batch_size).image_scores.detach().double().cpu()
 
 
@@ -227,10 +241,10 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explai
 
     def explain_with(name: str, inputs: dict[str, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
         if name in methods:
-            return explain(model, dict(inputs), method=name, target=targets.tolist()).image_scores.detach().cpu()
+            return explain(model, for_model(model, inputs), method=name, target=targets.tolist()).image_scores.detach().cpu()
         if name == PATCH_ABLATION:
             return patch_ablation(model, inputs, targets, deletion_batch_size)
-        return explainers[name](model, dict(inputs), targets).detach().cpu()
+        return explainers[name](model, for_model(model, inputs), targets).detach().cpu()
 
     def chunk(start: int) -> dict[str, Any]:
         """One chunk's record: the answers, then per object word its values, and the chunk's timings."""
@@ -242,7 +256,7 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explai
                                   "tasks": [part.task_names()[w.item] for w in words], "seconds": {}, "per_word": {}}
         if not words:
             return record
-        inputs, targets = word_inputs(tokenizer, part, words)
+        inputs, targets = word_inputs(tokenizer, part, words, image_token_count(model.config))
         if not warmed:  # untimed: each method's and the forward's first call in this process pays one-off costs
             first = {k: v[:1] for k, v in inputs.items()}
             word_log_probabilities(model, first, targets[:1])

@@ -14,6 +14,11 @@ built offline with the ``tokenizers`` package); :func:`build_processor` is the `
 ``CLIPImageProcessor`` that takes the scenes' pixels as they are (mean = std = 0.5).  A prompt is
 ``<s> <image> x 65`` and the prompt's words; the answer follows, ended by ``</s>``.
 
+Beside it, a small Qwen2.5-VL (:func:`load_shapes_qwen_vl`, :data:`QWEN_VL_CONFIG`: an unmodified
+``Qwen2_5_VLForConditionalGeneration``, windowed tower, 2 x 2 merger, 16 image tokens, the same vocabulary and
+prompts; :func:`build_qwen_processor`), started from the LLaVA (:func:`qwen_vl_from_llava`); :func:`model_inputs`
+writes a batch of scenes as either model takes them, :func:`load_shapes_vlm` loads either by its .json.
+
 Evaluation (:func:`evaluate_vlm`) generates greedily for ``make_vlm(n, VLM_TEST_SEED)`` and counts exact answers;
 training seeds are all below ``EVAL_SEED_BASE``.
 """
@@ -30,9 +35,10 @@ from .shapes_vit import EVAL_SEED_BASE, WEIGHTS_DIR
 from .scenes import IMAGE_SIZE, MEAN, PATCH_SIZE, STD
 from .vision_language import TASKS, VOCABULARY, VlmBatch, make_vlm
 
-__all__ = ["VLM_CONFIG", "VLM_WEIGHTS_PATH", "VLM_TEST_SEED", "VLM_VAL_SEED", "SPECIAL_TOKENS", "IMAGE_TOKEN",
-           "build_tokenizer", "build_processor", "build_shapes_llava", "load_shapes_llava", "encode", "generate",
-           "evaluate_vlm"]
+__all__ = ["VLM_CONFIG", "VLM_WEIGHTS_PATH", "QWEN_VL_CONFIG", "QWEN_VL_WEIGHTS_PATH", "VLM_TEST_SEED", "VLM_VAL_SEED",
+           "SPECIAL_TOKENS", "IMAGE_TOKEN", "build_tokenizer", "build_processor", "build_qwen_processor", "build_shapes_llava",
+           "load_shapes_llava", "build_shapes_qwen_vl", "load_shapes_qwen_vl", "load_shapes_vlm", "qwen_vl_from_llava",
+           "merges_patches", "image_token_count", "model_inputs", "encode", "generate", "evaluate_vlm"]
 
 VLM_WEIGHTS_PATH = WEIGHTS_DIR / "shapes_llava.safetensors"
 #: make_vlm seed of the test items (scene seeds this, +1, +2)
@@ -66,6 +72,25 @@ VLM_CONFIG = dict(
     vision_feature_layer=[-6, -1],
     vision_feature_select_strategy="full",
     projector_hidden_act="gelu",
+    pad_token_id=0,
+)
+
+
+QWEN_VL_WEIGHTS_PATH = WEIGHTS_DIR / "shapes_qwen_vl.safetensors"
+#: keyword arguments of :class:`transformers.Qwen2_5_VLConfig`: 8 x 8 patches of 8 pixels, merged 2 x 2 into 16
+#: image tokens; windows of 32 pixels (2 x 2 merged tokens, four windows a scene) in all tower blocks but 2 and 5,
+#: which attend over the whole image; the decoder the shapes LLaVA's shape (M-RoPE sections 4 + 4 + 4 of its 12
+#: rotary frequencies), the same vocabulary, ``<image>`` the image placeholder
+QWEN_VL_CONFIG = dict(
+    vision_config=dict(depth=6, hidden_size=96, intermediate_size=384, num_heads=4, out_hidden_size=96, hidden_act="quick_gelu",
+                       in_channels=3, patch_size=PATCH_SIZE, spatial_merge_size=2, temporal_patch_size=2, window_size=32,
+                       fullatt_block_indexes=[2, 5]),
+    text_config=dict(vocab_size=len(SPECIAL_TOKENS) + len(VOCABULARY), hidden_size=96, intermediate_size=256,
+                     num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                     rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 4, 4]}),
+    image_token_id=SPECIAL_TOKENS.index(IMAGE_TOKEN),
+    tie_word_embeddings=False,
     pad_token_id=0,
 )
 
@@ -123,29 +148,135 @@ def load_shapes_llava(path: str | Path | None = None, device: str | torch.device
 
     Reads ``shapes_llava.safetensors`` and, beside it, ``shapes_llava.json`` (config, vocabulary); no network access.
     """
+    return _load(Path(path) if path is not None else VLM_WEIGHTS_PATH, build_shapes_llava, "shapes_vlm", device), build_processor()
+
+
+def _load(path: Path, build, trainer: str, device: str | torch.device) -> torch.nn.Module:
+    """The model ``build(config)`` makes from the config in ``path.with_suffix('.json')``, the weights of ``path``
+    loaded, in eval mode on ``device``; ``trainer`` names the training module that writes them."""
     from safetensors.torch import load_file
 
-    path = Path(path) if path is not None else VLM_WEIGHTS_PATH
     meta_path = path.with_suffix(".json")
     if not path.exists() or not meta_path.exists():
-        raise FileNotFoundError(f"no weights/config at {path} / {meta_path}; run `python -m training.shapes_vlm`")
+        raise FileNotFoundError(f"no weights/config at {path} / {meta_path}; run `python -m training.{trainer}`")
     meta = json.loads(meta_path.read_text())
     if tuple(meta["vocab"]) != SPECIAL_TOKENS + VOCABULARY:
         raise ValueError(f"{meta_path}: vocabulary differs from relevancy.worlds.vision_language's")
-    model = build_shapes_llava(meta["config"])
-    state = {k: v.float() for k, v in load_file(str(path)).items()}
-    model.load_state_dict(state)
+    model = build(meta["config"])
+    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
     model.eval()
     model.image_mean, model.image_std = MEAN, STD  # what explanations undo to show the scenes
-    return model.to(device), build_processor()
+    return model.to(device)
 
 
-def encode(tokenizer, prompts: list[str], answers: list[str] | None = None, turns: int = 1) -> dict[str, torch.Tensor]:
-    """Token ids as the processor writes them for ``"<image> " + prompt`` (``<s>``, 65 image tokens, the prompt's
-    words), left-padded, for generation; with ``answers``, for training: each answer and ``</s>`` after its prompt,
-    ``turns`` consecutive items (about one scene) one conversation per row (the image once, then prompt, answer,
-    ``</s>``, prompt, ...), right padding, ``labels`` -100 but on the answers' tokens and their ``</s>``."""
-    image = " ".join([IMAGE_TOKEN] * IMAGE_TOKENS)
+def build_shapes_qwen_vl(config: dict | None = None, from_llava: bool = False):
+    """Untrained ``Qwen2_5_VLForConditionalGeneration`` with :data:`QWEN_VL_CONFIG` (or ``config``); ``from_llava``
+    starts it from the shipped shapes LLaVA (:func:`qwen_vl_from_llava`)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**json.loads(json.dumps(config or QWEN_VL_CONFIG))))
+    if from_llava:
+        llava, _ = load_shapes_llava()
+        model.load_state_dict(qwen_vl_from_llava(llava.state_dict(), model))
+    return model
+
+
+def qwen_vl_from_llava(llava: dict[str, torch.Tensor], model) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with the shapes LLaVA's (``llava``) carried over where it fits.  The decoder exactly: a
+    Llama decoder is a Qwen2 decoder without the biases of queries, keys and values (zero here), and M-RoPE is the
+    Llama's RoPE on text, whose three positions are equal.  The tower approximately: the CLIP's patch convolution
+    halved over the two temporal copies, each block's attention (queries, keys and values fused) and its MLP (the
+    gated MLP ``down(act(gate x) * up x)`` with ``up x = 1``: weight zero, bias one), the LayerNorms' scales as the
+    RMSNorms' (their shifts, the CLIP's [CLS], position embeddings and pre-norm have no place; merger: new)."""
+    state = model.state_dict()
+    for name in state:
+        if name.startswith("model.language_model.") or name.startswith("lm_head."):
+            state[name] = llava[name].clone() if name in llava else torch.zeros_like(state[name])
+    clip = "model.vision_tower."
+    conv = llava[clip + "embeddings.patch_embedding.weight"]
+    state["model.visual.patch_embed.proj.weight"] = conv.unsqueeze(2).expand_as(state["model.visual.patch_embed.proj.weight"]) / conv.new_tensor(
+        state["model.visual.patch_embed.proj.weight"].shape[2])
+    for i in range(len(model.model.visual.blocks)):
+        src, dst = f"{clip}encoder.layers.{i}.", f"model.visual.blocks.{i}."
+        for part in ("weight", "bias"):
+            state[dst + f"attn.qkv.{part}"] = torch.cat([llava[src + f"self_attn.{x}_proj.{part}"] for x in "qkv"])
+            state[dst + f"attn.proj.{part}"] = llava[src + f"self_attn.out_proj.{part}"].clone()
+            state[dst + f"mlp.gate_proj.{part}"] = llava[src + f"mlp.fc1.{part}"].clone()
+            state[dst + f"mlp.down_proj.{part}"] = llava[src + f"mlp.fc2.{part}"].clone()
+        state[dst + "mlp.up_proj.weight"] = torch.zeros_like(state[dst + "mlp.up_proj.weight"])
+        state[dst + "mlp.up_proj.bias"] = torch.ones_like(state[dst + "mlp.up_proj.bias"])
+        state[dst + "norm1.weight"] = llava[src + "layer_norm1.weight"].clone()
+        state[dst + "norm2.weight"] = llava[src + "layer_norm2.weight"].clone()
+    return state
+
+
+def load_shapes_qwen_vl(path: str | Path | None = None, device: str | torch.device = "cpu"):
+    """The shipped shapes Qwen2.5-VL in eval mode and its processor, ``(model, processor)``: reads
+    ``shapes_qwen_vl.safetensors`` and ``shapes_qwen_vl.json`` beside it; no network access."""
+    model = _load(Path(path) if path is not None else QWEN_VL_WEIGHTS_PATH, build_shapes_qwen_vl, "shapes_qwen_vl", device)
+    return model, build_qwen_processor()
+
+
+def build_qwen_processor(tokenizer=None):
+    """``Qwen2_5_VLProcessor``: the tokenizer and a ``Qwen2VLImageProcessor`` that keeps the scenes' 64 x 64 pixels
+    (no resize), rescales to [0, 1], normalises with the world's mean and std and flattens 8 x 8 patches in the
+    merger's order; ``"<image>"`` in a text becomes :data:`QWEN_IMAGE_TOKENS` placeholders."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    vision = QWEN_VL_CONFIG["vision_config"]
+    sizes = dict(do_resize=False, image_mean=list(MEAN), image_std=list(STD), patch_size=vision["patch_size"],
+                 merge_size=vision["spatial_merge_size"], temporal_patch_size=vision["temporal_patch_size"])
+    return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer or build_tokenizer(),
+                               video_processor=Qwen2VLVideoProcessor(**sizes))  # the class asks for one; no videos here
+
+
+def merges_patches(config) -> bool:
+    """Whether a model of ``config`` is a Qwen2-VL (its tower merges patches, it takes flattened patches); otherwise a
+    LLaVA (or a stand-in), which takes the images."""
+    return getattr(config.vision_config, "spatial_merge_size", None) is not None
+
+
+def image_token_count(config) -> int:
+    """The image tokens a prompt holds for a model of ``config``: the LLaVA's ``image_seq_length``, a Qwen2-VL's
+    merged patches."""
+    if not merges_patches(config):
+        return int(config.image_seq_length)
+    vision = config.vision_config
+    return (IMAGE_SIZE // vision.patch_size // vision.spatial_merge_size) ** 2
+
+
+def model_inputs(config, enc: dict[str, torch.Tensor], images: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``enc`` (:func:`encode`'s ids) with ``images`` (normalised (n, 3, 64, 64)) as a model of ``config`` takes them:
+    the LLaVA's ``pixel_values`` as they are; a Qwen2-VL's flattened patches (the image processor's own ``patchify``),
+    one ``image_grid_thw`` row each and ``mm_token_type_ids`` (1 on the image tokens), as its processor writes them."""
+    if not merges_patches(config):
+        return dict(enc, pixel_values=images)
+    from transformers import Qwen2VLImageProcessor
+
+    vision = config.vision_config
+    patches, h, w = Qwen2VLImageProcessor().patchify(images, vision.patch_size, vision.spatial_merge_size,
+                                                     vision.temporal_patch_size)
+    return dict(enc, pixel_values=patches.flatten(0, 1), image_grid_thw=torch.tensor([[1, h, w]] * len(images)),
+                mm_token_type_ids=(enc["input_ids"] == config.image_token_id).int())
+
+
+def load_shapes_vlm(path: str | Path, device: str | torch.device = "cpu"):
+    """``(model, processor)`` of a shapes vision-language model's weights file, the LLaVA or the Qwen2.5-VL as the
+    config in its .json says (a Qwen2.5-VL's names ``image_token_id``, a LLaVA's ``image_token_index``)."""
+    path = Path(path)
+    meta_path = path.with_suffix(".json")
+    config = json.loads(meta_path.read_text())["config"] if meta_path.is_file() else {}
+    return (load_shapes_qwen_vl if "image_token_id" in config else load_shapes_llava)(path, device)
+
+
+def encode(tokenizer, prompts: list[str], answers: list[str] | None = None, turns: int = 1,
+           image_tokens: int = IMAGE_TOKENS) -> dict[str, torch.Tensor]:
+    """Token ids as the processor writes them for ``"<image> " + prompt`` (``<s>``, ``image_tokens`` image tokens: the
+    LLaVA's 65, the Qwen2.5-VL's 16; the prompt's words), left-padded, for generation; with ``answers``, for training:
+    each answer and ``</s>`` after its prompt, ``turns`` consecutive items (about one scene) one conversation per row
+    (the image once, then prompt, answer, ``</s>``, prompt, ...), right padding, ``labels`` -100 but on the answers'
+    tokens and their ``</s>``."""
+    image = " ".join([IMAGE_TOKEN] * image_tokens)
     if answers is None:
         rows = [tokenizer(f"{image} {p}")["input_ids"] for p in prompts]
         _check_words(tokenizer, prompts, rows)
@@ -193,9 +324,9 @@ def generate(model, tokenizer, images: torch.Tensor, prompts: list[str], batch_s
     device = next(model.parameters()).device
     out = []
     for s in range(0, len(prompts), batch_size):
-        enc = encode(tokenizer, prompts[s:s + batch_size])
-        ids = model.generate(**{k: v.to(device) for k, v in enc.items()}, pixel_values=images[s:s + batch_size].to(device),
-                             max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+        enc = model_inputs(model.config, encode(tokenizer, prompts[s:s + batch_size], image_tokens=image_token_count(model.config)),
+                           images[s:s + batch_size])
+        ids = model.generate(**{k: v.to(device) for k, v in enc.items()}, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id)
         out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     return [" ".join(a.split()) for a in out]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..catalogue import SHIPPED
+from ..catalogue import SHAPES_QWEN_VL, SHIPPED
 from ..common import UsageError
 
 import torch
@@ -257,14 +257,17 @@ def _check_vlm_shapes(args: argparse.Namespace, n: int) -> None:
 
 
 def vlm_model_path(model: str) -> Path:
-    """The weights file of ``--model`` for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or a .safetensors file with
-    its .json beside it; a UsageError otherwise."""
+    """The weights file of ``--model`` for vlm-shapes: 'shapes' (the shipped shapes LLaVA), 'shapes-qwen-vl' (the
+    shipped shapes Qwen2.5-VL) or a .safetensors file with its .json beside it; a UsageError otherwise."""
     if SHIPPED["vision-language"].means(model):
         return SHIPPED["vision-language"].weights_path()
+    if model == SHAPES_QWEN_VL.name:
+        return SHAPES_QWEN_VL.weights_path()
     path = Path(model)
     if path.suffix != ".safetensors" or not path.is_file() or not path.with_suffix(".json").is_file():
-        raise UsageError("--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA) or a shapes-LLaVA .safetensors file "
-                         f"with its .json (as training.shapes_vlm writes them) beside it, got {model!r}")
+        raise UsageError(f"--model for vlm-shapes: 'shapes' (the shipped shapes LLaVA), '{SHAPES_QWEN_VL.name}' (the shipped "
+                         "shapes Qwen2.5-VL) or a shapes-LLaVA or shapes-Qwen2.5-VL .safetensors file with its .json (as "
+                         f"training.shapes_vlm and training.shapes_qwen_vl write them) beside it, got {model!r}")
     return path
 
 
@@ -584,21 +587,23 @@ def evaluate_llm_retrieval(args: argparse.Namespace, methods: tuple[str, ...], n
 
 
 def evaluate_vlm_shapes(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
-    """The shapes LLaVA's words naming objects in its answers about unseen scenes, explained by every method its
-    family offers and scored against the objects' masks and by patch deletion (`relevancy.evaluation.vlm_shapes`);
-    writes results.json and report.md."""
-    from ...worlds.shapes_vlm import VLM_TEST_SEED, load_shapes_llava
+    """The shapes LLaVA's (or Qwen2.5-VL's) words naming objects in its answers about unseen scenes, explained by every
+    method its family offers and scored against the objects' masks and by patch deletion
+    (`relevancy.evaluation.vlm_shapes`); writes results.json and report.md."""
+    from ...worlds.shapes_vlm import VLM_TEST_SEED, load_shapes_vlm, merges_patches
     from ...evaluation.support import supported_methods
     from ...evaluation.vlm_shapes import DEFAULT_METHODS, vlm_report
     from ...evaluation.vlm_shapes import evaluate_vlm_shapes as run_benchmark
 
     path = vlm_model_path(args.model)
     try:
-        model, processor = load_shapes_llava(path)
+        model, processor = load_shapes_vlm(path)
     except (KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as error:
-        raise UsageError(f"cannot load a shapes LLaVA from {path} and its .json: {type(error).__name__}: {error}") from error
+        raise UsageError(f"cannot load a shapes LLaVA or Qwen2.5-VL from {path} and its .json: {type(error).__name__}: "
+                         f"{error}") from error
     shards.weigh(model)  # its processor is the library's own (a fixed vocabulary, checked against the file's)
-    methods = _offered(args, methods, supported_methods(model, DEFAULT_METHODS), "LLaVA", "vlm-shapes")
+    family = "Qwen2.5-VL" if merges_patches(model.config) else "LLaVA"
+    methods = _offered(args, methods, supported_methods(model, DEFAULT_METHODS), family, "vlm-shapes")
     results = run_benchmark(model, processor, methods=methods, n=n, seed=VLM_TEST_SEED + 32 * args.seed,
                             batch_size=args.batch_size, progress=not args.quiet, shards=shards)
     return _write_generated(args, results, "shapes-llava (shipped)", vlm_report, shards)

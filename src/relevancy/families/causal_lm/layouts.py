@@ -274,16 +274,15 @@ def _linear(module: object, inputs: int | None = None, outputs: int | None = Non
 
 
 def _project(linear: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`x W^T` of a linear layer in `x`'s dtype from its effective weight (dequantized, adapters added), or through its
-    own forward in the dtype it computes in where no weight can be read (DoRA, a quantization relevancy does not
-    know: the gradient methods run through its forward; the explicit rules refuse it)."""
+    """`x W^T + b` of a linear layer in `x`'s dtype from its effective weight and bias (dequantized, adapters added;
+    the bias where it has one: Qwen2.5-VL's tower MLPs), or through its own forward in the dtype it computes in where
+    no weight can be read (DoRA, a quantization relevancy does not know: the gradient methods run through its forward;
+    the explicit rules refuse it)."""
     try:
-        weight = linears.effective(linear)[0]
+        weight, bias = linears.effective(linear)
     except linears.UnreadableLinearError:
-        bias = getattr(linear, "bias", None)
-        own = linear(x.to(linears.compute_dtype(linear))).to(x.dtype)
-        return own if bias is None else own - bias.to(x.dtype)
-    return F.linear(x, weight.to(x.dtype))
+        return linear(x.to(linears.compute_dtype(linear))).to(x.dtype)
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
 
 
 def _probe(module: nn.Module, width: int | tuple[int, ...]) -> torch.Tensor:
