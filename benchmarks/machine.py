@@ -1,10 +1,25 @@
-"""What the benchmark scripts print about the machine they ran on: the CPU's name, the date, the versions."""
+"""What the benchmark scripts print about the machine they ran on (the CPU's name, the date, the versions) and the
+one median timer they share."""
 from __future__ import annotations
 
 import datetime
 import json
 import platform
+import statistics
+import time
 from pathlib import Path
+from typing import Callable
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    """The median seconds of `repeats` calls of `fn`, after one untimed warm-up call."""
+    fn()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
 
 
 def cpu_name() -> str:

@@ -11,9 +11,7 @@ state 16 / 128), `FalconH1ForCausalLM` with Falcon-H1-0.5B's layer and `Qwen3Nex
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src")]
 
 import relevancy  # noqa: E402
-from machine import cpu_name  # noqa: E402
+from machine import cpu_name, timed  # noqa: E402
 
 SHAPES = {
     "mamba": ("MambaConfig", "MambaForCausalLM", dict(hidden_size=768, state_size=16, expand=2, conv_kernel=4)),
@@ -51,16 +49,6 @@ def build(family: str, layers: int) -> torch.nn.Module:
     return getattr(transformers, model_name)(config).eval()
 
 
-def median_seconds(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def plain_gradient(model: torch.nn.Module, ids: torch.Tensor) -> None:
     """Autograd's gradient of the last position's top logit at the token embeddings, through the model's own forward."""
     embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
@@ -86,12 +74,12 @@ def main() -> None:
         ids = torch.randint(3, 50000, (1, args.tokens), generator=torch.Generator().manual_seed(1))
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         with torch.no_grad():
-            forward = median_seconds(lambda: model(input_ids=ids, use_cache=False), args.repeats)
-        plain = median_seconds(lambda: plain_gradient(model, ids), args.repeats)
-        timed = {method: median_seconds(lambda: relevancy.explain(model, inputs, method=method), args.repeats)
+            forward = timed(lambda: model(input_ids=ids, use_cache=False), args.repeats)
+        plain = timed(lambda: plain_gradient(model, ids), args.repeats)
+        seconds = {method: timed(lambda: relevancy.explain(model, inputs, method=method), args.repeats)
                  for method in ("attnlrp", "cp_lrp")}
-        print(f"| {family} | {forward:.2f} | {plain:.2f} | {timed['attnlrp']:.2f} | {timed['attnlrp'] / plain:.2f} | "
-              f"{timed['cp_lrp'] / plain:.2f} |", flush=True)
+        print(f"| {family} | {forward:.2f} | {plain:.2f} | {seconds['attnlrp']:.2f} | {seconds['attnlrp'] / plain:.2f} | "
+              f"{seconds['cp_lrp'] / plain:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 import warnings
 
 import torch
@@ -17,6 +15,7 @@ import torch
 import relevancy
 from relevancy.zoo.text import encode, load_model
 from relevancy.families.base import SEED_METHODS
+from machine import timed
 
 
 def texts(count: int, length: int, tokenizer) -> list[str]:
@@ -30,16 +29,6 @@ def texts(count: int, length: int, tokenizer) -> list[str]:
     if len(long_enough) < count:
         raise RuntimeError(f"only {len(long_enough)} texts reach {length} tokens")
     return long_enough[:count]
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs)
 
 
 def main(argv: list[str] | None = None) -> None:
