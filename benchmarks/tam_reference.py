@@ -27,8 +27,9 @@ next token after the prompt with its class read at the last prompt position, i.e
 instead, which no earlier word of these prompts is, as none is the last prompt token; in the first case the
 continuation starts with that token). Rounds 1.. are the maps of the generated tokens 1.. . Everything is recorded
 twice: with their `least_squares`, and (`_exact`) with it answering the least-squares scale `<a, b> / <b, b>` that
-their scipy Brent search finds to its tolerance. A case is one entry of `CASES` (a Qwen2-VL one: the family's name
-in `tests/vlm_models.py`, its image's placeholders and grid, a continuation).
+their scipy Brent search finds to its tolerance. A case is one entry of `CASES` (the family's name in
+`tests/vlm_models.py` or `tests/qwen_vl_models.py`, its image tokens' grid, a continuation); the Qwen2-VL's prompt
+holds its image between its vision start and end tokens, which their Qwen2-VL demo's special ids locate it by.
 """
 from __future__ import annotations
 
@@ -42,23 +43,43 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests")]
 
-from vlm_models import IMAGE_TOKEN, build, checksum, inputs  # noqa: E402
+import qwen_vl_models  # noqa: E402
+import vlm_models  # noqa: E402
+from vlm_models import IMAGE_TOKEN, checksum  # noqa: E402
 
-#: the two tokens that end every prompt (their `prompt_id` end, their `answer_id` start): in no prompt or continuation
+#: the two tokens that end every prompt (their `prompt_id` end, their `answer_id` start): in no prompt or
+#: continuation (the Qwen2-VL's own pair: 92 is its vision start)
 END = [91, 92]
+QWEN_END = [90, 91]
 #: the words of the prompt (a repeated word, and words the continuations repeat: their repeated-word exclusion)
 PROMPT = [17, 40, 52, 40, 66, 8]
-#: name -> (family of `vlm_models.build` and `vlm_models.inputs`, their vision_shape: the image tokens' grid, the
-#: continuation); the image, its further inputs and its placeholders' count are those of `vlm_models.inputs`
+#: name -> (family of `vlm_models` or `qwen_vl_models`, their vision_shape: the image tokens' grid, the
+#: continuation); the image, its further inputs and its placeholders' count are those of the family's `inputs`
 CASES = {
     "llava_next_token": ("llava", (4, 4), [92, 40, 71, 17, 71, 30, 8]),  # starts with the prompt's last token
     "llava": ("llava", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
     "gemma3": ("gemma3", (2, 2), [33, 40, 71, 17, 71, 30]),
     "idefics3": ("idefics3", (2, 2), [33, 52, 71, 17, 71, 5]),
+    # the image's 4 x 6 patches merged 2 x 2: their demo's vision_shape (h // 2, w // 2)
+    "qwen2_vl": ("qwen2_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),
 }
 #: what a family's forward reads beside its processor's output, as relevancy's adapter passes it (Gemma 3: each
-#: image's tokens attend to each other)
-FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()}}
+#: image's tokens attend to each other; Qwen2-VL: which tokens are the image's, as its processor marks them)
+FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()},
+                  "qwen2_vl": lambda ids: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()}}
+
+
+def layout(family: str) -> tuple[object, list[int], list[int], dict]:
+    """`(the family's models module, the prompt's tokens before PROMPT, the two end tokens, their special_ids)`:
+    LLaVA and the others the image's placeholders alone (`img_id` every placeholder); Qwen2-VL its placeholders
+    between its vision start and end tokens, located by those two as their Qwen2-VL demo does."""
+    if family in qwen_vl_models.FAMILIES:
+        start, end = qwen_vl_models.VISION_START, qwen_vl_models.VISION_END
+        count = qwen_vl_models.image_tokens()
+        return (qwen_vl_models, [start] + [IMAGE_TOKEN] * count + [end], QWEN_END,
+                {"img_id": [start, end], "prompt_id": [end, QWEN_END[1]], "answer_id": [QWEN_END, -1]})
+    count = int((vlm_models.inputs(family, lengths=(1,))["input_ids"] == IMAGE_TOKEN).sum())
+    return vlm_models, [IMAGE_TOKEN] * count, END, {"img_id": [IMAGE_TOKEN], "prompt_id": [[IMAGE_TOKEN], END[1]], "answer_id": [END, -1]}
 
 
 class KeepsFloat64(torch.Tensor):
@@ -90,10 +111,11 @@ def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int]
     """Their maps of every round on one random image, the inputs and the records of the two wrapped functions; then
     (`exact`) the same with their `least_squares` answered by the least-squares scale itself, `<a, b> / <b, b>`
     (0 for an all-zero `b`), which their Brent search approximates to its tolerance (1.48e-8 of the scale)."""
-    model = build(family)
-    processed = inputs(family, lengths=(1,), seed=seed)
+    models, head, end, special = layout(family)
+    model = models.build(family)
+    processed = models.inputs(family, lengths=(1,), seed=seed)
     image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
-    prompt = [IMAGE_TOKEN] * int((processed["input_ids"] == IMAGE_TOKEN).sum()) + PROMPT + END
+    prompt = head + PROMPT + end
     tokens = prompt + continuation
     ids = torch.tensor([tokens])
     with torch.no_grad():
@@ -105,11 +127,11 @@ def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int]
     record = {"family": family, "checksum": checksum(model), "input_ids": ids, "prompt_length": len(prompt), "image": image}
     runs = {"": tam.least_squares, "_exact": lambda a, b: float(np.dot(a, b) / np.dot(b, b)) if np.dot(b, b) > 0 else 0.0}
     for suffix, least_squares in runs.items():
-        record.update({f"{name}{suffix}": value for name, value in their_rounds(tam, least_squares, tokens, shape, steps).items()})
+        record.update({f"{name}{suffix}": value for name, value in their_rounds(tam, least_squares, tokens, shape, steps, special).items()})
     return record
 
 
-def their_rounds(tam, least_squares, tokens: list[int], shape: tuple[int, int], steps: list[torch.Tensor]) -> dict:
+def their_rounds(tam, least_squares, tokens: list[int], shape: tuple[int, int], steps: list[torch.Tensor], special: dict) -> dict:
     """Their `TAM()` round by round, as their eval.py runs it, `least_squares` in place of theirs: the float maps
     their `rank_guassian_filter` gave (the next token's, the generated tokens' from the second on) and took (the
     generated tokens'), their uint8 maps, and the scales `least_squares` gave beside `<a, b> / <b, b>`."""
@@ -129,7 +151,6 @@ def their_rounds(tam, least_squares, tokens: list[int], shape: tuple[int, int], 
 
     tam.rank_guassian_filter, tam.least_squares = recording_filter, recording_least_squares
     try:
-        special = {"img_id": [IMAGE_TOKEN], "prompt_id": [[IMAGE_TOKEN], END[1]], "answer_id": [END, -1]}
         picture = np.zeros((16, 16, 3), dtype=np.uint8)  # read by their visualisation only
         history: list = []
         quantised = [torch.from_numpy(np.array(tam.TAM(tokens, shape, steps, special, picture, Words(), "", g, history, False)))

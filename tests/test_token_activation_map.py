@@ -15,6 +15,8 @@ from test_vision_language_generation import GivenInputs
 from vlm_models import build, checksum, inputs
 from vlm_processor import picture
 
+import qwen_vl_models
+
 import relevancy
 from relevancy.families.base import UnsupportedModelError
 from relevancy.families.vision_language import VisionLanguageGenerationExplanation
@@ -44,15 +46,23 @@ def prompt_of(case: dict) -> dict[str, torch.Tensor]:
     return {"input_ids": case["input_ids"][:, :length], "attention_mask": torch.ones(1, length, dtype=torch.long), **case["image"]}
 
 
-def on_token_grid(image_scores: torch.Tensor, side: int) -> torch.Tensor:
-    """`(..., side, side)`: patch-grid maps summed over each image token's block of patches (its value again)."""
-    k = image_scores.shape[-1] // side
-    return image_scores.unflatten(-1, (side, k)).unflatten(-3, (side, k)).sum((-1, -3))
+def on_token_grid(image_scores: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """`(..., rows, cols)`: patch-grid maps summed over each image token's block of patches (its value again)."""
+    k = image_scores.shape[-1] // grid[1]
+    return image_scores.unflatten(-1, (grid[1], k)).unflatten(-3, (grid[0], k)).sum((-1, -3))
+
+
+def build_case(family: str) -> torch.nn.Module:
+    return qwen_vl_models.build(family) if family in qwen_vl_models.FAMILIES else build(family)
+
+
+#: the cases `explain_generation` reads (the Qwen2-VL adapter does not generate)
+GENERATING = [name for name, case in GOLDEN.items() if case["family"] not in qwen_vl_models.FAMILIES]
 
 
 @pytest.fixture(scope="module")
 def models():
-    built = {name: build(case["family"]) for name, case in GOLDEN.items()}
+    built = {name: build_case(case["family"]) for name, case in GOLDEN.items()}
     for name, model in built.items():
         assert checksum(model) == GOLDEN[name]["checksum"], f"{name}: the tiny model is not the golden file's"
     return built
@@ -63,25 +73,25 @@ def test_the_next_token_equals_the_authors_code(models, name):
     """Their map of the next token reads its class at the last prompt position (that token's id): `explain` with
     it as target (benchmarks/tam_reference.py)."""
     case = GOLDEN[name]
-    side = case["next_token"].shape[-1]
     last = int(case["input_ids"][0, case["prompt_length"] - 1])
-    ours = on_token_grid(relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=last).image_scores[0], side)
+    ours = on_token_grid(relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=last).image_scores[0],
+                         case["next_token"].shape[-2:])
     assert_close_to(ours, case["next_token_exact"], f"{name} next token", EXACT_TOLERANCE)
     assert_close_to(ours, case["next_token"], f"{name} next token (Brent)", BRENT_TOLERANCE)
 
 
-@pytest.mark.parametrize("name", GOLDEN)
+@pytest.mark.parametrize("name", GENERATING)
 def test_every_generated_token_equals_the_authors_code(models, name):
     """Rows 1.. equal their rounds 1.. (the earlier generated tokens in the causal inference), their uint8 maps too;
     row 0 equals `explain` of the first continuation token (their round 0 returns another map, the model's
     prediction at the first prompt word)."""
     case = GOLDEN[name]
-    length, side = case["prompt_length"], case["generated"].shape[-1]
+    length, grid = case["prompt_length"], case["generated"].shape[-2:]
     continuation = case["input_ids"][0, length:].tolist()
     result = relevancy.explain_generation(models[name], Recorded(case), "the prompt", continuation=continuation,
                                           image=picture(), method="token_activation_map")
     assert isinstance(result, VisionLanguageGenerationExplanation) and result.generated_ids.tolist() == continuation
-    ours = on_token_grid(result.image_scores, side)
+    ours = on_token_grid(result.image_scores, grid)
     assert_close_to(ours[1:], case["generated_exact"], f"{name} generated", EXACT_TOLERANCE)
     assert_close_to(ours[1:], case["generated"], f"{name} generated (Brent)", BRENT_TOLERANCE)
     assert torch.equal(torch.from_numpy((ours[1:].numpy() * 255).astype("uint8")), case["uint8_exact"][1:])

@@ -1,6 +1,7 @@
 """Train (or evaluate) the retrieval world's small decoders, one per token mixer (`relevancy.worlds.retrieval_models`).
 
     python -m training.retrieval_models --mixer attention|deltanet|mamba2 [--seed S] [--minutes M | --steps N] [--init DIR]
+        [--people 2-4] [--restate K]
     python -m training.retrieval_models --mixer MIXER --evaluate-only [--n 1000]
 
 Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
@@ -8,7 +9,12 @@ the test prompts come from another seed by construction). Loss: cross-entropy of
 (`Answer: <name> lives in` -> `Paris`), read at each row's last real token (rows right-padded), plus `--lm-weight`
 times the next-token cross-entropy over every position of the prompt: the answer gives one target per prompt, while
 copying the question's name after `Answer:` and the templates' words give many, and copying is the mechanism the
-answer needs (a first run on the answer alone reached 37 % of the training answers in 9 minutes). AdamW, the shared
+answer needs (a first run on the answer alone reached 37 % of the training answers in 9 minutes). Runs on the
+benchmark's prompts alone (two people) stall at half the answers: a value of the asked kind, either person's, is right
+half the time, and the binding of the person to the value comes late. Two options give binding more weight: `--people`
+draws each training prompt's number of people from a range (with four, the unbound guess is right a quarter of the
+time), and `--restate K` follows the answer with K more facts of the context written as answers
+(`Answer: Ben's code word is Echo.`), each value one more target of the answer loss. AdamW, the shared
 warm-up and cosine schedule of the shipped models (`training.shapes_vit.fit`), following wall-clock progress with
 `--minutes` or the step count with `--steps`. Validation (greedy answers on 300 test prompts of seed 1) at each
 checkpoint; the model and the world's tokenizer are saved with `save_pretrained` to `--out` (default: the shipped
@@ -17,6 +23,7 @@ folder), the log `train.log` beside them.
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from pathlib import Path
 
@@ -29,6 +36,35 @@ from .shapes_vit import Run, _log, adamw, fit, machine, run_training_command, st
 
 #: validation prompts: test prompts of this world seed (the benchmark reads seed 0's)
 VAL_SEED = 1
+
+
+def people_range(text: str) -> tuple[int, int]:
+    """`"2-4"` -> `(2, 4)`; `"2"` -> `(2, 2)`."""
+    low, _, high = text.partition("-")
+    bounds = int(low), int(high or low)
+    if not 1 <= bounds[0] <= bounds[1] <= language.MAX_PEOPLE:
+        raise argparse.ArgumentTypeError(f"--people takes N or LOW-HIGH within 1..{language.MAX_PEOPLE}, got {text!r}")
+    return bounds
+
+
+def training_item(index: int, seed: int, people: tuple[int, int]) -> language.RetrievalPrompt:
+    """Training prompt `index`, its number of people drawn from `people` by the index."""
+    return language.prompt("train", index, seed=seed, n_people=people[0] + index % (people[1] - people[0] + 1))
+
+
+def restated(item: language.RetrievalPrompt, k: int) -> tuple[str, list[tuple[int, str]]]:
+    """The prompt with its answer, followed by `k` other facts of its context written as answers, and each value's
+    `(character start, value)` in that text, the prompt's own answer first: the targets of the answer loss. The
+    causal model reads the prompt as the benchmark does whatever follows it."""
+    text = item.text + item.answer + "."
+    targets = [(len(item.text) + 1, item.answer.strip())]
+    others = [fact for i, fact in enumerate(item.facts) if i != item.evidence_fact]
+    for fact in random.Random(item.text).sample(others, min(k, len(others))):
+        prefix, value = fact[:-1].rsplit(" ", 1)
+        text += f"\nAnswer: {prefix} "
+        targets.append((len(text), value))
+        text += f"{value}."
+    return text, targets
 
 
 def encoded(tokenizer, items: list[language.RetrievalPrompt]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -70,22 +106,31 @@ def train(args: argparse.Namespace) -> None:
     model = (retrieval_models.build(args.mixer, args.seed) if args.init is None
              else retrieval_models.load_folder(Path(args.init))[0]).train()
     parameters = sum(p.numel() for p in model.parameters())
-    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
+    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} people={args.people} restate={args.restate} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
               f"minutes={args.minutes} steps={args.steps} threads={args.threads} {machine()}")
     optimizer = adamw(model.named_parameters(), lambda name, p: p.ndim >= 2, args, betas=(0.9, 0.98))
 
     def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         first = step * args.batch_size
-        items = [language.prompt("train", first + j, seed=args.seed) for j in range(args.batch_size)]
-        inputs, answers = encoded(tokenizer, items)
+        items = [training_item(first + j, args.seed, args.people) for j in range(args.batch_size)]
+        texts, targets = zip(*(restated(item, args.restate) for item in items))
+        inputs = tokenizer(list(texts), padding=True, return_tensors="pt", return_offsets_mapping=True)
+        starts = inputs.pop("offset_mapping")[..., 0]
         every = model(**inputs, use_cache=False).logits
+        # each target read at the token before its value (the prompt's own answer first in each row)
+        rows, positions, values = zip(*((row, int((starts[row] == start).nonzero()[0]) - 1, value)
+                                        for row, found in enumerate(targets) for start, value in found))
+        logits, wanted = every[rows, positions], torch.tensor(tokenizer.convert_tokens_to_ids(list(values)))
+        own = torch.tensor([k == 0 for found in targets for k in range(len(found))])
         mask = inputs["attention_mask"]
-        logits = every[torch.arange(len(every)), mask.sum(1) - 1]
         read = mask[:, 1:].bool()  # a real token follows
-        answer = F.cross_entropy(logits, answers)
+        answer = F.cross_entropy(logits[own], wanted[own])
         modelled = F.cross_entropy(every[:, :-1][read], inputs["input_ids"][:, 1:][read])
-        return answer + args.lm_weight * modelled, {"loss": answer.item(), "lm": modelled.item(),
-                                                    "acc": (logits.argmax(-1) == answers).float().mean().item()}
+        total = answer + args.lm_weight * modelled
+        logged = {"loss": answer.item(), "lm": modelled.item(), "acc": (logits[own].argmax(-1) == wanted[own]).float().mean().item()}
+        if args.restate:
+            total = total + F.cross_entropy(logits[~own], wanted[~own])
+        return total, logged
 
     def checkpoint(step: int, seconds: float, final: bool) -> None:
         found = accuracy(model, tokenizer, args.val_n, VAL_SEED)
@@ -110,6 +155,8 @@ def main(argv=None) -> None:
     ap.add_argument("--mixer", required=True, choices=tuple(retrieval_models.ARCHITECTURES))
     ap.add_argument("--lm-weight", type=float, default=0.5, help="weight of the next-token loss over the prompt")
     ap.add_argument("--init", default=None, help="start from the model saved in this folder (a second stage)")
+    ap.add_argument("--people", type=people_range, default=(2, 2), help="people per training prompt: N or LOW-HIGH")
+    ap.add_argument("--restate", type=int, default=0, help="facts restated as answers after each training answer")
     args_known, _ = ap.parse_known_args(argv)
     ap.set_defaults(out=str(retrieval_models.folder(args_known.mixer)))
     run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped runs: 1)", ckpt_minutes=5.0,

@@ -37,6 +37,8 @@ from .layouts import (
 )
 from .rules import IMAGE, rule_map
 
+#: the config's ids of the tokens around an image's placeholders
+DELIMITERS = ("vision_start_token_id", "vision_end_token_id", "boi_token_index", "eoi_token_index")
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
 
@@ -77,6 +79,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.blocks = list(getattr(self.decoder, self.layout.layers))
         self.ruled = [*self.decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
+        #: the tokens that open and close an image's placeholders (Qwen2-VL's vision start and end, Gemma 3's begin
+        #: and end of image): part of the image's span, not words of the text (TAM leaves them out of its text)
+        self.image_delimiters = tuple(int(getattr(model.config, name)) for name in DELIMITERS if getattr(model.config, name, None) is not None)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -248,19 +253,19 @@ class VisionLanguageAdapter(CausalLMAdapter):
             text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
             on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
             return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
-                                             image_scores=self.image_token_map(on_tokens), image_size=inputs.image_size)
+                                             image_scores=self.image_token_map(on_tokens, inputs), image_size=inputs.image_size)
         pixels = fields.pop("leaves")["image"]
         pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
         return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
 
-    def image_token_grid(self) -> tuple[int, int]:
+    def image_token_grid(self, inputs: ImageTextTokens) -> tuple[int, int]:
         """`(rows, cols)` of the image's tokens after the prefix as the projector lays them out (`tokens_on_patches`:
         a square grid in these layouts), the grid TAM filters on."""
         side = math.isqrt(self.image_tokens - self.image_prefix)
         return side, side
 
-    def image_token_map(self, on_tokens: torch.Tensor) -> torch.Tensor:
+    def image_token_map(self, on_tokens: torch.Tensor, inputs: ImageTextTokens) -> torch.Tensor:
         """Scores of the image's tokens `(B, image tokens)` laid back on the tower's patch grid `(B, side, side)`
         through the projector's token layout (`tokens_on_patches`): the decoder-only methods' image map."""
         return tokens_on_patches(on_tokens, self.side, self.image_prefix)

@@ -40,9 +40,11 @@ def is_qwen_vl(model: nn.Module) -> bool:
 class QwenVisionLanguageAdapter(VisionLanguageAdapter):
     family = "Qwen2-VL vision-language decoder"
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
-    #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only, the
-    #: image's tokens laid back on the patch grid (the tower-token methods are refused by name)
-    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
+    #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only and
+    #: token_activation_map its logits at every position, the image's tokens laid back on the patch grid (the
+    #: tower-token methods are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
+               "token_activation_map")
     generates = False
     examples = "transformers " + ", ".join(name for layout in QWEN_LAYOUTS for name in layout.classes)
 
@@ -52,6 +54,7 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
         self.patch, self.merge = int(vision.patch_size), int(vision.spatial_merge_size)
         self.channels = int(vision.in_channels)
         self.patch_width = self.channels * int(vision.temporal_patch_size) * self.patch ** 2
+        self.image_prefix = 0  # every image token is a cell of the merged grid
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -133,21 +136,23 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
         """`checkpoint=True` runs the tower's blocks again in the backward too, not only the decoder's layers."""
         return [*self.vision.transformer(self.model).blocks, *self.blocks]
 
+    def image_token_grid(self, inputs: GridImageTextTokens) -> tuple[int, int]:
+        """`(rows, cols)` of the image's tokens: the patch grid merged k x k (the merger's order is row-major on it)."""
+        rows, cols = self.patch_grid(inputs)
+        return rows // self.merge, cols // self.merge
+
+    def image_token_map(self, on_tokens: torch.Tensor, inputs: GridImageTextTokens) -> torch.Tensor:
+        """Scores of the image's tokens `(B, image tokens)` laid back on the image's patch grid `(B, h, w)`, each
+        merged token's score shared equally by its k x k patches (sums kept)."""
+        return blocks_on_patches(on_tokens, self.image_token_grid(inputs), self.merge)
+
     def explanation(self, scores: dict[str, torch.Tensor], inputs: GridImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
         """From the pixels' relevance (`leaves`) the image's per pixel and per patch on the image's own `h x w`
-        grid; for the decoder's attention methods the decoder's scores at the image's tokens laid back on it, each
-        merged token's score shared equally by its k x k patches (`through_tower=False`), the text's 0 there; token
-        ablation's patch scores as they come (the base's)."""
-        if "image" in scores:  # token ablation's patches, on the grid already
+        grid; the other methods' maps as the base lays them out (`image_token_map`, token ablation's patches)."""
+        if "leaves" not in fields:
             return super().explanation(scores, inputs, **fields)
         described = self.describe_inputs(inputs)
         rows, cols = self.patch_grid(inputs)
-        if "leaves" not in fields:
-            text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
-            on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
-            return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
-                                             image_scores=blocks_on_patches(on_tokens, (rows // self.merge, cols // self.merge), self.merge),
-                                             image_size=inputs.image_size)
         pixels = patch_pixels(fields.pop("leaves")["image"], (rows, cols), self.channels, self.patch, self.merge)
         return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
