@@ -107,7 +107,8 @@ def shipped():
 
 
 def test_the_benchmark_scores_maps_given_from_outside(shipped):
-    """An oracle map (the named object's own cover) beats the word-blind objects row, which beats random scores;
+    """An oracle map (the named object's own cover, nothing for a function word) beats the word-blind objects row,
+    which beats random scores, in share and object IoU, and leaves every function word's map below threshold;
     patch ablation, the reference, is scored and timed; every number is in its range."""
     model, processor = shipped
     batch = make_vlm(6, seed=VLM_TEST_SEED)
@@ -115,20 +116,24 @@ def test_the_benchmark_scores_maps_given_from_outside(shipped):
 
     def oracle(model, inputs, targets):
         rows = words_of["rows"]
-        return VS.object_cover(torch.stack([batch.masks[w.item, w.obj] for w in rows]), 8, 8)
+        return VS.object_cover(torch.stack([batch.masks[w.item, w.obj] if w.obj >= 0 else torch.zeros_like(batch.masks[0, 0])
+                                            for w in rows]), 8, 8)
 
     said = VS.generate(model, processor.tokenizer, batch.images, batch.prompts)
-    words_of["rows"] = VS.object_words(batch, said)
+    words_of["rows"] = VS.object_words(batch, said) + VS.function_words(batch, said)
     results = VS.evaluate_vlm_shapes(model, processor, methods=(), n=6, batch_size=6, explainers={"oracle": oracle},
                                      batch=batch)
     m = results["methods"]
     assert list(m) == ["oracle", "patch_ablation", "random", "objects"]
-    assert results["words"] == len(words_of["rows"]) > 0 and 0 < results["answered"] <= 6
+    assert results["words"] == len(VS.object_words(batch, said)) > 0 and 0 < results["answered"] <= 6
+    assert results["function_words"] == len(VS.function_words(batch, said)) > 0
     assert m["oracle"]["share"] > 0.3 and m["oracle"]["pointing"] >= 0.8
     assert m["oracle"]["share"] > m["objects"]["share"] > m["random"]["share"]
+    assert m["oracle"]["object_iou"] > m["objects"]["object_iou"] > m["random"]["object_iou"]
+    assert m["oracle"]["function_iou"] == 1 > m["objects"]["function_iou"]
     assert m["patch_ablation"]["time_ratio"] > 5 and "time_ratio" not in m["random"]  # 64 patches per word, batched
     for entry in m.values():
-        assert all(0 <= entry[k] <= 1 for k in ("share", "other_share", "pointing"))
+        assert all(0 <= entry[k] <= 1 for k in ("share", "other_share", "pointing", "object_iou", "function_iou", "f1_iou"))
         assert math.isclose(entry["gap"], entry["lerf"] - entry["morf"], abs_tol=1e-9)
     report = VS.vlm_report(results)
     assert "| oracle " not in report and "| `oracle` |" in report and "patch ablation (reference)" in report

@@ -14,6 +14,12 @@ scored against the exact masks of the objects those words name.
      map upsampled bilinearly to the pixels, `relevancy.evaluation.metrics.discrimination.class_discrimination`); 0 for a map
      with no positive value. ``other_share``: the same inside the scene's other objects' masks.
    * ``pointing``: whether the map's top pixel (so its top patch) lies in the object's mask.
+   * ``object_iou``, ``function_iou``, ``f1_iou``: TAM's plausibility metrics (`relevancy.evaluation.metrics.plausibility`):
+     the IoU of the Otsu-thresholded map with the object's mask; for the answers' words that name nothing (the
+     articles and conjunctions of descriptions, `FUNCTION_WORDS`, explained as the object words are), the fraction
+     of the map below the answer's object words' mean threshold; their harmonic mean. The maps of one answer are read
+     on one scale, that of its object words' maps (the authors' TAM maps are each normalised by TAM itself). The
+     authors keep the larger IoU of two words naming the same object; here every word counts.
    * ``morf`` and ``lerf``: patch deletion. The patches are ranked by the map, most relevant first (MoRF) or least
      relevant first (LeRF, ties in patch order); at each step of `STEPS` the first ``int(step * P)`` of the ``P``
      patches are set to the images' mean (0 after normalisation) and the model reads the image again. The curve is
@@ -46,27 +52,31 @@ from ..worlds.scenes import IMAGE_SIZE
 from ..worlds.shapes_vlm import IMAGE_TOKENS, VLM_TEST_SEED, encode, generate, image_token_count, merges_patches, model_inputs
 from ..worlds.vision_language import VlmBatch, make_vlm
 from .metrics.discrimination import class_discrimination
+from .metrics.plausibility import f1_iou, function_iou, grey_levels, object_iou
 from .deletion import DIRECTIONS, STEPS, area, curves_of, plan_deletions, ranked
 from .llm_retrieval import _cell, _mean
 from .shards import Shards
 from .support import supported_methods
 
-__all__ = ["DEFAULT_METHODS", "REFERENCES", "UNITS", "Word", "Explainer", "object_words", "word_inputs", "for_model",
-           "delete_patches", "word_log_probabilities", "deletion_curves", "patch_ablation", "object_cover",
-           "grounding", "evaluate_vlm_shapes", "vlm_report"]
+__all__ = ["DEFAULT_METHODS", "REFERENCES", "UNITS", "FUNCTION_WORDS", "Word", "Explainer", "object_words", "function_words",
+           "word_inputs", "for_model", "delete_patches", "word_log_probabilities", "deletion_curves", "patch_ablation",
+           "object_cover", "grounding", "plausibility", "evaluate_vlm_shapes", "vlm_report"]
 
 #: relevancy's methods for vision-language decoders, in the order the report lists them (each run where the family offers it)
-DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "transformer_attribution", "generic_attention",
+DEFAULT_METHODS = ("attnlrp", "cp_lrp", "input_x_gradient", "token_activation_map", "transformer_attribution", "generic_attention",
                    "attention_gradcam", "rollout", "raw_attention", "token_ablation")
+#: the answers' words that name nothing and that TAM's metric calls function words (determiners, conjunctions; the
+#: relation words are prepositions, which the authors leave out)
+FUNCTION_WORDS = ("a", "and")
 PATCH_ABLATION, RANDOM, OBJECTS = "patch_ablation", "random", "objects"
 #: the rows every run adds, computed here
 REFERENCES = (PATCH_ABLATION, RANDOM, OBJECTS)
 #: the random row's generator of the chunk starting at item ``i`` is seeded ``seed * MAX_ITEMS + i``
 MAX_ITEMS = 1_000_000
-UNITS = ("share, other_share, pointing, accuracy: fractions in [0, 1]; morf, lerf, gap: area under the word's "
+UNITS = ("share, other_share, pointing, object_iou, function_iou, f1_iou, accuracy: fractions in [0, 1]; morf, lerf, gap: area under the word's "
          "log-probability (nats, minus the unperturbed one) over the removed fraction of the patches (0..1); "
          "clean_log_probability: nats; time_ratio: a method's time over a plain forward of the same rows")
-_METRICS = ("share", "other_share", "pointing", "morf", "lerf", "gap")
+_METRICS = ("share", "other_share", "pointing", "object_iou", "morf", "lerf", "gap")
 KINDS = ("color", "shape")
 KIND_TITLES = {"color": "Colour words", "shape": "Shape words"}
 
@@ -92,6 +102,12 @@ def object_words(batch: VlmBatch, said: Sequence[str]) -> list[Word]:
     """The words naming an object in the answers ``said`` that are exactly the true ones, in item and word order."""
     return [Word(i, p, w, j) for i, answer in enumerate(said) if answer == batch.answers[i]
             for p, (w, j) in enumerate(zip(answer.split(), batch.named[i])) if j >= 0]
+
+
+def function_words(batch: VlmBatch, said: Sequence[str]) -> list[Word]:
+    """The `FUNCTION_WORDS` of the answers ``said`` that are exactly the true ones (``obj`` -1), in item and word order."""
+    return [Word(i, p, w, -1) for i, answer in enumerate(said) if answer == batch.answers[i]
+            for p, w in enumerate(answer.split()) if w in FUNCTION_WORDS]
 
 
 def word_inputs(tokenizer: Any, batch: VlmBatch, words: Sequence[Word], image_tokens: int = IMAGE_TOKENS
@@ -202,6 +218,24 @@ def grounding(maps: torch.Tensor, target: torch.Tensor, other: torch.Tensor) -> 
     return {"share": d["target_share"], "other_share": d["other_share"], "pointing": d["pointing"].double()}
 
 
+def plausibility(maps: torch.Tensor, words: Sequence[Word], objects: int, target: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(object IoU per object word, function IoU per function word)`` float64 of ``(W, rows, cols)`` maps, the
+    first ``objects`` of ``words`` object words (``target`` their objects' masks ``(objects, H, W)``), the others
+    function words: each answer's maps on the scale of its object words' largest value (`grey_levels`)."""
+    maps = maps.detach().double().cpu()
+    items = torch.tensor([w.item for w in words])
+    peaks = maps[:objects].clamp_min(0).flatten(1).amax(1)
+    scale = torch.stack([peaks[items[:objects] == i].max() if bool((items[:objects] == i).any()) else torch.zeros((), dtype=torch.float64)
+                         for i in items.tolist()]) if len(words) else torch.zeros(0, dtype=torch.float64)
+    grey = grey_levels(maps, scale)
+    iou, thresholds = object_iou(grey[:objects], target)
+    foreground = {i: thresholds[items[:objects] == i].mean() for i in set(items[:objects].tolist())}
+    kept = [k for k in range(objects, len(words)) if words[k].item in foreground]
+    function = function_iou(grey[kept], torch.stack([foreground[words[k].item] for k in kept])) if kept else torch.zeros(0, dtype=torch.float64)
+    return iou, function
+
+
 def evaluate_vlm_shapes(model: nn.Module, processor: Any, methods: Sequence[str] | None = None, n: int = 100,
                         seed: int = VLM_TEST_SEED, batch_size: int = 16, explainers: Mapping[str, Explainer] | None = None,
                         progress: bool = False, deletion_batch_size: int = 128, shards: Shards | None = None,
@@ -251,10 +285,12 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explai
         items = range(start, min(len(batch), start + batch_size))
         part = _subset(batch, items)
         said = generate(model, tokenizer, part.images, part.prompts)
-        words = object_words(part, said)
-        record: dict[str, Any] = {"right": [a == b for a, b in zip(said, part.answers)], "kinds": [w.kind for w in words],
-                                  "tasks": [part.task_names()[w.item] for w in words], "seconds": {}, "per_word": {}}
-        if not words:
+        objects = object_words(part, said)
+        words = objects + function_words(part, said)
+        record: dict[str, Any] = {"right": [a == b for a, b in zip(said, part.answers)], "kinds": [w.kind for w in objects],
+                                  "tasks": [part.task_names()[w.item] for w in objects], "seconds": {}, "per_word": {},
+                                  "function_iou": {}}
+        if not objects:
             return record
         inputs, targets = word_inputs(tokenizer, part, words, image_token_count(model.config))
         if not warmed:  # untimed: each method's and the forward's first call in this process pays one-off costs
@@ -268,8 +304,8 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explai
         word_log_probabilities(model, inputs, targets, batch_size=len(targets))
         record["forward_seconds"] = time.perf_counter() - began
         masks = part.masks[[w.item for w in words]]
-        target = masks[torch.arange(len(words)), [w.obj for w in words]]
-        other = masks.any(1) & ~target
+        target = masks[torch.arange(len(objects)), [w.obj for w in objects]]
+        other = masks[:len(objects)].any(1) & ~target
         generator = torch.Generator().manual_seed(seed * MAX_ITEMS + start)
         maps: dict[str, torch.Tensor] = {}
         for name in names:
@@ -281,12 +317,17 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explai
             else:
                 maps[name] = explain_with(name, inputs, targets)
                 record["seconds"][name] = time.perf_counter() - began
-        clean, curves = deletion_curves(model, inputs, targets, maps, deletion_batch_size)
+        n = len(objects)
+        object_inputs = {k: v[:n] for k, v in inputs.items()}
+        clean, curves = deletion_curves(model, object_inputs, targets[:n], {name: m[:n] for name, m in maps.items()}, deletion_batch_size)
         record["clean"] = clean.tolist()
         for name, scores in maps.items():
             morf, lerf = (area(curves[name][d]) for d in DIRECTIONS)
-            values = {k: v.tolist() for k, v in grounding(scores, target, other).items()}
-            record["per_word"][name] = {**values, "morf": morf.tolist(), "lerf": lerf.tolist(), "gap": (lerf - morf).tolist()}
+            values = {k: v.tolist() for k, v in grounding(scores[:n], target, other).items()}
+            iou, function = plausibility(scores, words, n, target)
+            record["per_word"][name] = {**values, "object_iou": iou.tolist(), "morf": morf.tolist(), "lerf": lerf.tolist(),
+                                        "gap": (lerf - morf).tolist()}
+            record["function_iou"][name] = function.tolist()
         return record
 
     starts = list(range(0, len(batch), batch_size))
@@ -300,14 +341,20 @@ def _evaluate(model: nn.Module, tokenizer: Any, methods: tuple[str, ...], explai
         "benchmark": "vlm-shapes", "n": len(batch), "seed": seed, "units": UNITS, "steps": list(STEPS),
         "grid": [rows, cols], "accuracy": _mean(right), "answered": int(sum(right)), "words": len(kinds),
         "words_per_kind": {k: kinds.count(k) for k in KINDS},
+        "function_words": sum(len(r["function_iou"].get(names[0], [])) for r in timed),
         "words_per_task": {t: tasks.count(t) for t in dict.fromkeys(tasks)},
         "clean_log_probability": _mean([v for r in timed for v in r["clean"]]), "methods": {},
     }
     for name in names:
         per_word = {k: [v for r in timed for v in r["per_word"][name][k]] for k in _METRICS}
         entry: dict[str, Any] = {k: _mean(v) for k, v in per_word.items()}
+        entry["function_iou"] = _mean([v for r in timed for v in r["function_iou"][name]])
+        entry["f1_iou"] = f1_iou(entry["object_iou"], entry["function_iou"])
         entry["per_kind"] = {kind: {k: _mean([v for v, w in zip(per_word[k], kinds) if w == kind]) for k in _METRICS}
                              for kind in KINDS}
+        for values in entry["per_kind"].values():  # the function words are of no kind: their mean is the answer's
+            values["function_iou"] = entry["function_iou"]
+            values["f1_iou"] = f1_iou(values["object_iou"], entry["function_iou"])
         if name in (RANDOM, OBJECTS):
             results["methods"][name] = entry
             continue
@@ -327,6 +374,9 @@ def _subset(batch: VlmBatch, items: range) -> VlmBatch:
                     seed=batch.seed)
 
 
+#: the report's columns, in order, and those shown as percentages
+_COLUMNS = ("share", "other_share", "pointing", "object_iou", "function_iou", "f1_iou", "morf", "lerf", "gap")
+_PERCENT = ("share", "other_share", "pointing", "object_iou", "function_iou", "f1_iou")
 _LABELS = {PATCH_ABLATION: "patch ablation (reference)", RANDOM: "random scores", OBJECTS: "all objects (word-blind)"}
 
 
@@ -335,16 +385,16 @@ def _rows(methods: Mapping[str, Any], kind: str | None = None) -> list[str]:
     for name, entry in methods.items():
         values = entry if kind is None else entry["per_kind"][kind]
         ratio = _cell(entry["time_ratio"], 1) if "time_ratio" in entry else "0"
-        cells = " | ".join(_cell(100 * values[k], 1) if k in ("share", "other_share", "pointing") else _cell(values[k], 2)
-                           for k in _METRICS)
+        cells = " | ".join(_cell(100 * values[k], 1) if k in _PERCENT else _cell(values[k], 2) for k in _COLUMNS)
         out.append(f"| {_LABELS.get(name, f'`{name}`')} | {cells} | {ratio} |")
     return out
 
 
 def vlm_report(results: Mapping[str, Any]) -> str:
     """The results as Markdown: all object words, then per kind of word."""
-    header = ["| method | share % ↑ | other objects % ↓ | pointing % ↑ | MoRF ↓ | LeRF ↑ | LeRF − MoRF ↑ | forwards |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    header = ["| method | share % ↑ | other objects % ↓ | pointing % ↑ | obj IoU % ↑ | func IoU % ↑ | F1-IoU % ↑ | MoRF ↓ | LeRF ↑ "
+              "| LeRF − MoRF ↑ | forwards |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     kinds = results["words_per_kind"]
     return "\n".join([
         f"# vlm-shapes ({results['n']} unseen scenes of seed {results['seed']}), model {results.get('model', '')}",
@@ -354,7 +404,9 @@ def vlm_report(results: Mapping[str, Any]) -> str:
         f"({kinds['color']} colour words, {kinds['shape']} shape words) are explained, each as the next token after "
         "the image, the prompt and the words before it. Share: positive relevance inside the named object's mask over "
         "the image's (other objects: inside the scene's other objects' masks); pointing: the top patch lies in the "
-        "object. MoRF / LeRF: patches set to the mean most / least relevant first, area under the word's "
+        "object. Obj IoU: the Otsu-thresholded map against the object's mask; func IoU: the share of the map of the "
+        f"answers' {results['function_words']} articles and conjunctions below their object words' mean threshold; "
+        "F1-IoU: the harmonic mean of the two (TAM's metrics; per kind of word, func IoU is all answers'). MoRF / LeRF: patches set to the mean most / least relevant first, area under the word's "
         "log-probability (minus the unperturbed "
         f"{_cell(results['clean_log_probability'], 2)} nats on average) over the removed fraction 0..1. Forwards: a "
         "method's time over a plain forward of the same rows.",
