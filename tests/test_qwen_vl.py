@@ -4,12 +4,14 @@ and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, 
 (tests/golden/qwen_vl_lxt_reference.pt, made by benchmarks/qwen_vl_lxt_reference.py), the pixels laid back by the
 image processor's own `patchify`; input x gradient equal to autograd through the model's own forward; the image's
 patch grid and the merge undone; token ablation equal to a hand loop; the image processor's own output, `checkpoint`, `rows_at_once`, contrasts and
-spans; the model and its cached `rope_deltas` unchanged; what is refused, by name.
+spans; the model and its cached `rope_deltas` unchanged; what is refused, by name (`explain_generation`:
+test_qwen_vl_generation.py).
 (A batch equal to its rows alone, every method run or refused by name, the model unchanged after a failure:
 the family contract, `family_cases.py`.)"""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -207,6 +209,14 @@ def test_the_model_and_its_cached_positions_are_unchanged(family):
     assert_same(before, snapshot(model))
     assert model.model.rope_deltas is deltas
 
+    failing_in_the_tower(model, lambda: relevancy.explain(model, inputs(family), method="cp_lrp"))
+    assert_same(before, snapshot(model))
+    assert model.model.rope_deltas is deltas
+
+
+def failing_in_the_tower(model: torch.nn.Module, call: Callable[[], object]) -> None:
+    """`call()` while the tower's second block raises: its error comes through, the block restored after."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("inside the tower")
 
@@ -214,26 +224,15 @@ def test_the_model_and_its_cached_positions_are_unchanged(family):
     block.forward = broken
     try:
         with pytest.raises(RuntimeError, match="inside the tower"):
-            relevancy.explain(model, inputs(family), method="cp_lrp")
+            call()
     finally:
         del block.forward
-    assert_same(before, snapshot(model))
-    assert model.model.rope_deltas is deltas
-
-
-class Processor:
-    """A stand-in processor: callable, with `decode` (the refusal comes before either is used)."""
-
-    def __call__(self, *args, **kwargs) -> dict:
-        raise AssertionError("not reached")
-
-    def decode(self, *args, **kwargs) -> str:
-        raise AssertionError("not reached")
 
 
 def test_what_is_refused_by_name():
     """Images of different grids in one batch, a video's grid, a video's inputs, a method the family does not offer,
-    a generation (not offered yet), a tower block that fits no part: each a one-line error that says so."""
+    a tower block that fits no part: each a one-line error that says so (a generation's refusals:
+    test_qwen_vl_generation.py)."""
     model = model_of("qwen2_vl")
     one, other = alone(inputs("qwen2_vl"), 0), inputs("qwen2_vl", lengths=(4,), grid=(1, 4, 4))
     mixed = {"input_ids": torch.cat([one["input_ids"][:, :9], other["input_ids"][:, :9]]), "attention_mask": torch.ones(2, 9, dtype=torch.long),
@@ -250,8 +249,6 @@ def test_what_is_refused_by_name():
     for method in ("generic_attention", "transformer_attribution", "lrp"):
         with pytest.raises(UnsupportedModelError, match=f"'{method}'"):
             relevancy.explain(model, one, method=method)
-    with pytest.raises(UnsupportedModelError, match="not the Qwen2-VL vision-language decoder family"):
-        relevancy.explain_generation(model, Processor(), "a prompt", max_new_tokens=1)
     odd = build("qwen2_vl")
     odd.model.visual.blocks[1].mlp.act = torch.nn.Identity()
     odd.model.visual.blocks[1].norm2 = torch.nn.Identity()

@@ -56,10 +56,6 @@ def build_case(family: str) -> torch.nn.Module:
     return qwen_vl_models.build(family) if family in qwen_vl_models.FAMILIES else build(family)
 
 
-#: the cases `explain_generation` reads (the Qwen2-VL adapter does not generate)
-GENERATING = [name for name, case in GOLDEN.items() if case["family"] not in qwen_vl_models.FAMILIES]
-
-
 @pytest.fixture(scope="module")
 def models():
     built = {name: build_case(case["family"]) for name, case in GOLDEN.items()}
@@ -80,7 +76,7 @@ def test_the_next_token_equals_the_authors_code(models, name):
     assert_close_to(ours, case["next_token"], f"{name} next token (Brent)", BRENT_TOLERANCE)
 
 
-@pytest.mark.parametrize("name", GENERATING)
+@pytest.mark.parametrize("name", GOLDEN)
 def test_every_generated_token_equals_the_authors_code(models, name):
     """Rows 1.. equal their rounds 1.. (the earlier generated tokens in the causal inference), their uint8 maps too;
     row 0 equals `explain` of the first continuation token (their round 0 returns another map, the model's

@@ -121,7 +121,7 @@ def decode(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, max_new_toke
     """`(B, P + G)`: the left-padded prompts `ids` and up to `max_new_tokens` decoded tokens (transformers'
     `generate`, its KV cache inside that call only): greedy, or sampled with `sampling` (a `seed` draws from a
     generator of its own, the caller's random state left as it was). `further`: what else the model reads (a
-    vision-language decoder's `pixel_values`)."""
+    vision-language decoder's pixels, `adapter.decoding_inputs`)."""
     from transformers import GenerationConfig, StoppingCriteriaList
 
     sampling = dict(sampling)
@@ -290,11 +290,12 @@ def _chat_text(processor: Any, messages: Sequence[Mapping]) -> str:
 
 
 def _seen_picture(processor: Any, pixels: torch.Tensor) -> torch.Tensor:
-    """`(H, W, 3)` in [0, 1]: the image as the model saw it, the processor's normalisation undone."""
+    """`(H, W, 3)` in [0, 1]: the image `pixels` `(3, H, W)` as the model saw it (`seen_pixels`), the processor's
+    normalisation undone."""
     settings = processor.image_processor
     mean = torch.tensor(getattr(settings, "image_mean", None) or [0.0] * 3, dtype=torch.float32)
     std = torch.tensor(getattr(settings, "image_std", None) or [1.0] * 3, dtype=torch.float32)
-    image = pixels.detach().float().cpu().reshape(-1, *pixels.shape[-3:])[0]
+    image = pixels.detach().float().cpu()
     return (image * std[:, None, None] + mean[:, None, None]).clamp(0, 1).permute(1, 2, 0)
 
 
@@ -340,11 +341,11 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
-    A vision-language decoder (LLaVA, Gemma 3, Idefics3) generates about `image` (one image: a PIL image, an image
-    file's path, or an array (H, W, C) or tensor (C, H, W); a list, a 0-size or non-finite image is refused), the
-    processor given in place of the tokenizer and one text prompt (holding the image token once; the image's
-    placeholder token put first where the prompt does not hold it) or chat messages (through the processor's
-    chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
+    A vision-language decoder (LLaVA, Gemma 3, Idefics3, Qwen2-VL, Qwen2.5-VL) generates about `image` (one image: a
+    PIL image, an image file's path, or an array (H, W, C) or tensor (C, H, W); a list, a 0-size or non-finite image
+    is refused), the processor given in place of the tokenizer and one text prompt (holding the image token once;
+    the image's placeholder token put first where the prompt does not hold it) or chat messages (through the
+    processor's chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
     (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a
     `VisionLanguageGenerationExplanation`, has `image_scores` `(G, rows, cols)` too: row `g` the relevance of each
     patch for generated token `g`, equal to `explain` on that prefix and token. `token_activation_map` reads the same
@@ -363,7 +364,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         raise UnsupportedModelError(f"explain_generation explains decoder language models, not the {family.family} family ({family.examples})")
     REGISTRY[method].check_offered(family)
     images: dict[str, torch.Tensor] = {}
-    picture = None
+    processor = None
     if family.reads_images:
         if method not in methods_generating(family):
             raise UnsupportedModelError(f"explain_generation on a {family.family} takes the methods of one forward over prompt, image and generation: "
@@ -374,7 +375,6 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         processed = _image_prompt(processor, prompt, image)
         images = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
         tokenizer, prompt = processor.tokenizer, processed["input_ids"][0]
-        picture = _seen_picture(processor, images["pixel_values"])
     elif image is not None:
         raise ValueError(f"image= is read by vision-language decoders; the {family.family} family reads text only: leave image out")
     prompts, single = _prompts(tokenizer, prompt)
@@ -395,10 +395,10 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with prepared(model, {"input_ids": ids, "attention_mask": mask, **images}, attention_probabilities=False) as call:
         adapter, ids, mask = call.adapter, call.inputs.input_ids, call.inputs.attention_mask
-        further = {key: getattr(call.inputs, key) for key in images if getattr(call.inputs, key, None) is not None}
+        picture = None if processor is None else _seen_picture(processor, adapter.seen_pixels(call.inputs))
         if forced is None:
             stops = stop_tokens(model, tokenizer)
-            ids = decode(model, ids, mask, max_new_tokens, stops, sampling, further)
+            ids = decode(model, ids, mask, max_new_tokens, stops, sampling, adapter.decoding_inputs(call.inputs))
             lengths = [_until_stop(row, stops) for row in ids[:, width:].tolist()]
         else:
             lengths = [len(f) for f in forced]

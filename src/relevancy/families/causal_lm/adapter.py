@@ -581,6 +581,11 @@ class CausalLMAdapter(Adapter):
         embeddings = getattr(self.decoder, self.layout.embeddings)(ids).detach().requires_grad_(True)
         return {"text": embeddings}, self.hidden_states(embeddings, mask)
 
+    def decoding_inputs(self, inputs: TextBatch) -> dict[str, torch.Tensor]:
+        """What the model's `generate` reads besides the token ids and their mask (`explain_generation`'s decoding):
+        nothing for a decoder of text."""
+        return {}
+
     def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
                                picture: torch.Tensor | None) -> GenerationExplanation:
         """`explain_generation`'s result for one sequence `ids` `(T + G,)` from `fields` (what every generation

@@ -43,8 +43,8 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
     sooner): `scores[b, g]` is input x gradient (under `rules`; None: the plain gradient) of the logit of token
     `prompt_length + g` read at the position before it, over the real positions before it (0 elsewhere; rows past a
     sequence's end are meaningless). `inputs`: what else the forward reads per row (a vision-language decoder's
-    image, `adapter.leaves_forward`); `further` holds each such leaf's input x gradient `(B, G, H, W)`, summed over
-    the dimensions before the last two (the colour channels). One forward (the last token is only explained, never
+    image, `adapter.leaves_forward`); `further` holds each such leaf's input x gradient laid on the pixels `(B, G, H,
+    W)` (`adapter.pixel_relevance`: the colour channels summed, Qwen2-VL's flattened patches laid back). One forward (the last token is only explained, never
     read) and `ceil(G / max(1, ROWS_PER_BACKWARD // B))` backward passes, each batched over its steps
     (`is_grads_batched`)."""
     rows, length = ids.shape
@@ -66,7 +66,8 @@ def generation_relevance(adapter: CausalLMAdapter, ids: torch.Tensor, mask: torc
                                             retain_graph=start + count < steps, is_grads_batched=True)
             text, *others = zip(leaves.values(), gradients)
             passes.append([input_times_gradient(*text),  # (count, B, N - 1)
-                           *(widened(x * g).flatten(2, -3).sum(2) for x, g in others)])  # (count, B, H, W)
+                           *(adapter.pixel_relevance(widened(x * g).flatten(0, 1), inputs).unflatten(0, (count, rows))
+                             for x, g in others)])  # (count, B, H, W)
     scores = torch.nn.functional.pad(torch.cat([p[0] for p in passes]).transpose(0, 1), (0, 1))  # the last token is read by no row
     valid = causal_rows(prompt_length, length, scores.device)[None] & mask.bool()[:, None, :]
     further = {name: torch.cat([p[k] for p in passes]).transpose(0, 1) for k, name in enumerate(list(leaves)[1:], 1)}

@@ -254,10 +254,27 @@ class VisionLanguageAdapter(CausalLMAdapter):
             on_tokens = text[image].view(len(text), -1)  # every row holds its image's tokens once (`check_inputs`)
             return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=False,
                                              image_scores=self.image_token_map(on_tokens, inputs), image_size=inputs.image_size)
-        pixels = fields.pop("leaves")["image"]
-        pixels = pixels.flatten(1, -3).sum(1)  # the colour channels (and Idefics3's one image per row)
+        pixels = self.pixel_relevance(fields.pop("leaves")["image"], inputs)
         return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
                                          image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
+
+    def pixel_relevance(self, relevance: torch.Tensor, inputs: ImageTextTokens) -> torch.Tensor:
+        """The pixels' relevance `(R, H, W)` from the image leaf's input x gradient (`pixel_values`' shape, R rows):
+        summed over the colour channels (and Idefics3's one image per row)."""
+        return relevance.flatten(1, -3).sum(1)
+
+    def seen_pixels(self, inputs: ImageTextTokens) -> torch.Tensor:
+        """The first row's image `(C, H, W)` as the model reads it (the processor's normalised pixels): what
+        `explain_generation` draws its maps over."""
+        return inputs.pixel_values.reshape(-1, *inputs.pixel_values.shape[-3:])[0]
+
+    def decoding_inputs(self, inputs: ImageTextTokens) -> dict[str, torch.Tensor]:
+        """What the model's `generate` reads besides the token ids and their mask: the pixels (and Idefics3's pixel
+        mask, where the processor gave one)."""
+        further = {"pixel_values": inputs.pixel_values}
+        if inputs.pixel_attention_mask is not None:
+            further["pixel_attention_mask"] = inputs.pixel_attention_mask
+        return further
 
     def image_token_grid(self, inputs: ImageTextTokens) -> tuple[int, int]:
         """`(rows, cols)` of the image's tokens after the prefix as the projector lays them out (`tokens_on_patches`:
@@ -273,7 +290,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
     def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
                                picture: torch.Tensor | None) -> VisionLanguageGenerationExplanation:
         """A generation's result with its image part: `images["image"]` `(G, H, W)` the pixels' relevance per
-        generated token, summed per patch, or `images["patches"]` `(G, side, side)` a map on the patch grid already
+        generated token, summed per patch, or `images["patches"]` `(G, rows, cols)` a map on the patch grid already
         (`token_activation_map`'s); `picture` `(H, W, 3)` the image as the model saw it."""
         from ...results.viz import picture_url  # matplotlib, loaded when a page is drawn
 

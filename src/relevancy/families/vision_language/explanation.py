@@ -63,8 +63,8 @@ class VisionLanguageGenerationExplanation(GenerationExplanation):
     """What a vision-language decoder looked at to write each token of a generation
     (`relevancy.explain_generation(model, processor, prompt, image=...)`): `scores` `(G, T + G)` over the text
     tokens as for decoders (0 at the image's placeholder tokens, whose relevance is the image's), `image_scores`
-    `(G, rows, cols)`: row `g` the relevance of each patch of the tower's grid for generated token `g` (each
-    patch's pixels summed); `image_tokens` `(T + G,)` marks the placeholders; `image_url`: the image as the model saw
+    `(G, rows, cols)`: row `g` the relevance of each patch of the tower's grid (Qwen2-VL: the image's own) for
+    generated token `g` (each patch's pixels summed); `image_tokens` `(T + G,)` marks the placeholders; `image_url`: the image as the model saw
     it (the processor's pixels, back in [0, 1]) as a PNG data URL, under the maps of the page and of `.png`.
     `relevance_total` (LRP methods): the share of each logit reaching text and pixels together."""
 

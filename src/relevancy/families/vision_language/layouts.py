@@ -278,13 +278,17 @@ def blocks_on_patches(scores: torch.Tensor, blocks: tuple[int, int], k: int) -> 
 
 
 def patch_pixels(relevance: torch.Tensor, grid: tuple[int, int], channels: int, patch: int, merge: int) -> torch.Tensor:
-    """Qwen2-VL's flattened patches' relevance `(B, h * w, C * T * P * P)` (the processor's order: each merge group
-    of k x k neighbouring patches consecutive, groups row-major) back on the image's pixels `(B, h * P, w * P)`,
-    summed over the colour channels and the temporal copies."""
-    rows, cols = grid
-    per_patch = relevance.unflatten(-1, (channels, -1, patch, patch)).sum((2, 3))  # (B, h * w, P, P)
-    laid = per_patch.view(len(relevance), rows // merge, cols // merge, merge, merge, patch, patch)
-    return laid.permute(0, 1, 3, 5, 2, 4, 6).reshape(len(relevance), rows * patch, cols * patch)
+    """Qwen2-VL's flattened patches' relevance `(B, h * w, C * T * P * P)` back on the image's pixels
+    `(B, h * P, w * P)`, summed over the colour channels and the temporal copies."""
+    return patches_on_pixels(relevance.unflatten(-1, (channels, -1, patch, patch)).sum((2, 3)), grid, merge)
+
+
+def patches_on_pixels(patches: torch.Tensor, grid: tuple[int, int], merge: int) -> torch.Tensor:
+    """Per-patch values `(B, h * w, P, P)` in Qwen2-VL's processor order (each merge group of k x k neighbouring
+    patches consecutive, groups row-major) laid on the image's pixels `(B, h * P, w * P)`."""
+    (rows, cols), patch = grid, patches.shape[-1]
+    laid = patches.reshape(len(patches), rows // merge, cols // merge, merge, merge, patch, patch)
+    return laid.permute(0, 1, 3, 5, 2, 4, 6).reshape(len(patches), rows * patch, cols * patch)
 
 
 __all__ = ["LAYOUTS", "VisionLanguageLayout", "DecoderView", "decoder_view", "layout_named", "layout_of", "is_vision_language"]

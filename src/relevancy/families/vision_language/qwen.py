@@ -11,11 +11,16 @@ blocks: the `cu_seqlens` blocks, so no mask is needed); the rotations of the tow
 keys are constants, whose gradient passes relevance coordinate by coordinate. The pixels' relevance is read in the
 processor's order and laid back on each image's pixels (`patch_pixels`): Qwen2.5-VL's window reordering happens
 inside the tower and is undone by the tower itself before the decoder, and the pixels never see it.
+
+`explain_generation` decodes with transformers' `generate` on the processor's flattened patches, `image_grid_thw` and
+`mm_token_type_ids` (`decoding_inputs`), which caches `rope_deltas` on the model: `explaining` puts them back after
+every call. Its maps come from the same one forward as the other families' (the image's own patch grid), its picture
+from the flattened patches (`seen_pixels`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -25,8 +30,7 @@ from ..causal_lm.adapter import CausalLMAdapter
 from ..causal_lm.layouts import rule_map as decoder_rule_map
 from .adapter import VisionLanguageAdapter
 from .batch import GridImageTextTokens
-from .explanation import VisionLanguageExplanation
-from .layouts import QWEN_LAYOUTS, blocks_on_patches, decoder_view, patch_pixels, pixel_patches
+from .layouts import QWEN_LAYOUTS, blocks_on_patches, decoder_view, patch_pixels, patches_on_pixels
 
 #: what a Qwen2-VL processor's output may hold (mm_token_type_ids: made again from the placeholder tokens)
 QWEN_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
@@ -42,10 +46,10 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
     #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only and
     #: token_activation_map its logits at every position, the image's tokens laid back on the patch grid (the
-    #: tower-token methods are refused by name)
+    #: tower-token methods are refused by name); generations with those of one forward (`methods_generating`)
     methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
                "token_activation_map")
-    generates = False
+    generates = True
     examples = "transformers " + ", ".join(name for layout in QWEN_LAYOUTS for name in layout.classes)
 
     def __init__(self, model: nn.Module) -> None:
@@ -146,13 +150,30 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
         merged token's score shared equally by its k x k patches (sums kept)."""
         return blocks_on_patches(on_tokens, self.image_token_grid(inputs), self.merge)
 
-    def explanation(self, scores: dict[str, torch.Tensor], inputs: GridImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
-        """From the pixels' relevance (`leaves`) the image's per pixel and per patch on the image's own `h x w`
-        grid; the other methods' maps as the base lays them out (`image_token_map`, token ablation's patches)."""
-        if "leaves" not in fields:
-            return super().explanation(scores, inputs, **fields)
-        described = self.describe_inputs(inputs)
-        rows, cols = self.patch_grid(inputs)
-        pixels = patch_pixels(fields.pop("leaves")["image"], (rows, cols), self.channels, self.patch, self.merge)
-        return VisionLanguageExplanation(scores=scores["text"], **described, **fields, image_size=inputs.image_size,
-                                         image_scores=pixel_patches(pixels, self.patch), pixel_scores=pixels)
+    def pixel_relevance(self, relevance: torch.Tensor, inputs: GridImageTextTokens) -> torch.Tensor:
+        """The flattened patches' relevance `(R, h * w, C * T * P * P)` laid back on each image's pixels `(R, h * P,
+        w * P)` (`patch_pixels`: the colour channels and temporal copies summed, the merge groups undone)."""
+        return patch_pixels(relevance, self.patch_grid(inputs), self.channels, self.patch, self.merge)
+
+    def seen_pixels(self, inputs: GridImageTextTokens) -> torch.Tensor:
+        """The first row's image `(C, H, W)` in the processor's normalised pixels, its flattened patches (the first
+        temporal copy: the processor repeats an image) laid back on the grid."""
+        patches = inputs.pixel_values[0].unflatten(-1, (self.channels, -1, self.patch, self.patch))[:, :, 0]  # (h * w, C, P, P)
+        return patches_on_pixels(patches.transpose(0, 1), self.patch_grid(inputs), self.merge)
+
+    def decoding_inputs(self, inputs: GridImageTextTokens) -> dict[str, torch.Tensor]:
+        """What the model's `generate` reads: the processor's flattened patches `(B * h * w, ...)`, `image_grid_thw`
+        and `mm_token_type_ids` (1 at the image's placeholders, from which it computes its 3-D positions)."""
+        return {"pixel_values": inputs.pixel_values.flatten(0, 1), "image_grid_thw": inputs.image_grid_thw,
+                "mm_token_type_ids": (inputs.input_ids == self.image_token).int()}
+
+    @contextmanager
+    def explaining(self, attention_probabilities: bool) -> Iterator[None]:
+        """The decoder's switches for the call, and the model's cached `rope_deltas` (which transformers' `generate`
+        sets, `explain_generation`'s decoding) as they were after it, also after an exception."""
+        cached = self.model.model.rope_deltas
+        try:
+            with super().explaining(attention_probabilities):
+                yield
+        finally:
+            self.model.model.rope_deltas = cached
