@@ -1,6 +1,6 @@
 """Checks the decoder layouts' tests share (transformer, state-space and hybrid decoders alike): input x gradient
 through the model's own forward, a padded batch's rows against each row alone, the model unchanged after a call
-and after an exception."""
+and after an exception, a hybrid's attention methods refused naming its layers without attention."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +9,11 @@ from bimodal_golden import assert_same, snapshot
 from test_causal_lm import assert_close_to, batch
 
 import relevancy
+from relevancy.families.base import UnsupportedModelError
+
+#: the methods that read attention matrices or run the seeds' explicit pass: refused on a decoder with layers without
+#: attention
+ATTENTION_METHODS = ("raw_attention", "rollout", "generic_attention", "attention_gradcam", "transformer_attribution", "lrp", "cdam")
 
 
 def assert_input_x_gradient_is_autograds(model: torch.nn.Module, what: str) -> tuple[relevancy.Explanation, torch.Tensor]:
@@ -54,3 +59,11 @@ def assert_unchanged_after_a_call_and_an_error(model: torch.nn.Module, method: s
     with pytest.raises(RuntimeError, match="a failing target"):
         relevancy.explain(model, batch("left"), method=method, target=failing)
     assert_same(before, snapshot(model))
+
+
+def assert_refused_naming_the_layers(model: torch.nn.Module, method: str, hybrid: str) -> None:
+    """`method` refused on `model`, the refusal naming the `hybrid` decoder's layers without attention (a regular
+    expression: `qwen3_next: its linear-attention layers 0, 2`)."""
+    with pytest.raises(UnsupportedModelError, match=rf"method '{method}' does not apply to the hybrid decoder \({hybrid} have no "
+                                                    r"attention matrix\)"):
+        relevancy.explain(model, batch("single0"), method=method)

@@ -70,6 +70,9 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
                     moe_layers=[0], no_rope_layers=[1, 0], attention_chunk_size=4, use_qk_norm=True,
                     attn_temperature_tuning=True, floor_scale=2, attn_scale=0.5, pad_token_id=0, eos_token_id=2,
                     bos_token_id=1, experts_implementation="eager"), 22),
+    # HunYuan-Dense V1: Llama's layer, its query and key norms per head after the rotation
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM",
+                         dict(head_dim=8, pad_token_id=0, eos_token_id=2, bos_token_id=1), 23),
 }
 
 

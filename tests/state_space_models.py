@@ -35,10 +35,15 @@ FAMILIES: dict[str, tuple[str, str, dict, int]] = {
 
 
 def build(family: str, dtype: torch.dtype = torch.float64, **overrides: object) -> torch.nn.Module:
-    """The family's tiny model: transformers' own initialisation from the family's seed, then the norms' weights, the
-    skips `D` and the convolutions' biases drawn at random too (transformers starts them at 1, 1 and 0), in `dtype`,
-    eval mode."""
-    config_name, model_name, options, seed = FAMILIES[family]
+    """The family's tiny model (`from_spec`)."""
+    return from_spec(FAMILIES[family], dtype, **overrides)
+
+
+def from_spec(spec: tuple[str, str, dict, int], dtype: torch.dtype = torch.float64, **overrides: object) -> torch.nn.Module:
+    """The tiny model of `spec` (config class, model class, config options, seed): transformers' own initialisation
+    from the seed, then the norms' weights, the skips `D` and the convolutions' biases drawn at random too
+    (transformers starts them at 1, 1 and 0), in `dtype`, eval mode."""
+    config_name, model_name, options, seed = spec
     config = getattr(transformers, config_name)(**{**options, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config)

@@ -207,7 +207,7 @@ class CausalLMAdapter(Adapter):
         if self.layout.state_space is not None or self.attentionless:  # no attention matrix to read, no explicit rule map of a recurrence
             self.methods = RECURRENT_METHODS
             self.family = (f"{self.layout.name} decoder ({self.layout.state_space})" if self.layout.state_space is not None else
-                           f"hybrid decoder ({self.layout.name}: its linear-attention layers {', '.join(map(str, self.attentionless))} "
+                           f"hybrid decoder ({self.layout.name}: its {self.layout.mixer} layers {', '.join(map(str, self.attentionless))} "
                            "have no attention matrix)")
 
     @functools.cached_property

@@ -168,7 +168,9 @@ class Layout:
     what mixes tokens beside or instead of attention (Mamba's mixers, Falcon-H1's), said in the refusal of the methods
     that read attention alone; such a decoder (Mamba: no attention, `attention` and `attention_output` None) has no
     explicit rule map (`residual` None: its layers run as they are under the gradient rules, their residual adds'
-    gradient the add rule)."""
+    gradient the add rule). `mixer`: what a hybrid's layers without attention mix tokens with, named in the refusal
+    of the methods that read attention.
+    """
 
     name: str
     classes: tuple[str, ...]
@@ -185,6 +187,7 @@ class Layout:
     logit_scale: LogitScale | None = None
     embedding_scale: str | None = None
     state_space: str | None = None
+    mixer: str = "linear-attention"
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
@@ -341,13 +344,22 @@ def _fits_layer_norm(module: nn.Module, width: int) -> bool:
     return isinstance(module, nn.LayerNorm) and module.normalized_shape == (width,)
 
 
-def _fits_gated_mlp(module: nn.Module, width: int) -> bool:
-    gate, up, down = (getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
-    act = gated_activation(module)
-    if not (_linear(gate, width) and _linear(up, width, getattr(gate, "out_features", None))
-            and _linear(down, getattr(gate, "out_features", None), width) and act is not None):
-        return False
-    return _computes(module, width, lambda x: _project(down, act(_project(gate, x)) * _project(up, x)))
+def fits_gated_mlp(names: tuple[str, str, str], act: Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor] | None]) -> Fits:
+    """A gated MLP `down(act(gate(x)) * up(x))` of consistent shapes, its linears by `names` (gate, up, down) and its
+    activation read off the module by `act` (None: it has none)."""
+
+    def fits(module: nn.Module, width: int) -> bool:
+        gate, up, down = (getattr(module, name, None) for name in names)
+        activation_of = act(module)
+        if not (_linear(gate, width) and _linear(up, width, getattr(gate, "out_features", None))
+                and _linear(down, getattr(gate, "out_features", None), width) and activation_of is not None):
+            return False
+        return _computes(module, width, lambda x: _project(down, activation_of(_project(gate, x)) * _project(up, x)))
+
+    return fits
+
+
+_fits_gated_mlp = fits_gated_mlp(("gate_proj", "up_proj", "down_proj"), gated_activation)
 
 
 def _fits_fused_gated_mlp(module: nn.Module, width: int) -> bool:
@@ -533,6 +545,11 @@ def _fused_gated_mlp(module: nn.Module, session: Session) -> Callable[[torch.Ten
         return module.down_proj(gated_product(session, module.activation_fn, gate_values, up))
 
     return forward
+
+
+def _lfm2_mlp(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """LFM2's MLP `w2(silu(w1(x)) * w3(x))`: a gated MLP (the gate rule, the SiLU under the identity rule)."""
+    return lambda x: module.w2(gated_product(session, F.silu, module.w1(x), module.w3(x)))
 
 
 def plain_mlp(into: str, out: str, act: str) -> RuleForward:
@@ -770,6 +787,12 @@ MAMBA_MIXER = Part("Mamba's state-space mixer (in_proj, conv1d, x_proj, dt_proj,
 FALCON_H1_MLP = Part("Falcon-H1's gated MLP with its gate and output multipliers", _fits_falcon_h1_mlp, recurrent.falcon_h1_mlp)
 MAMBA2_MIXER = Part("Mamba-2's state-space mixer (in_proj, conv1d, A_log, D, dt_bias, a gated norm, out_proj)",
                     recurrent.fits_mamba2_mixer, recurrent.mamba2_mixer)
+#: LFM2's gated short convolution, beside attention in a hybrid's other layers (`recurrent.short_convolution`)
+SHORT_CONVOLUTION = Part("LFM2's gated short convolution (in_proj to B, C, x; a depth-wise conv; out_proj)", recurrent.fits_short_convolution,
+                         recurrent.short_convolution)
+LFM2_MLP = Part("LFM2's gated MLP w2(silu(w1(x)) * w3(x))", fits_gated_mlp(("w1", "w3", "w2"), lambda module: F.silu), _lfm2_mlp)
+LFM2_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, out_proj", fits_attention("q_proj", "k_proj", "v_proj", "out_proj"),
+                      owns=("q_proj", "k_proj", "v_proj", "out_proj"))
 NEOX_MLP = Part("an MLP dense_4h_to_h(act(dense_h_to_4h(x)))", fits_plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"),
                 plain_mlp("dense_h_to_4h", "dense_4h_to_h", "act"))
 
@@ -868,6 +891,21 @@ QWEN3_NEXT = _llama_like("qwen3_next", ("Qwen3NextForCausalLM", "Qwen3_5ForCausa
                           ("self_attn.q_norm", (ONE_PLUS_RMS_NORM, ABSENT)), ("self_attn.k_norm", (ONE_PLUS_RMS_NORM, ABSENT)),
                           ("linear_attn", (GATED_DELTA_NET, ABSENT)), ("post_attention_layernorm", (ONE_PLUS_RMS_NORM,)),
                           ("mlp", (SIGMOID_GATED_MIXTURE, GATED_MLP))), ONE_PLUS_RMS_NORM, residual=None)
+#: HunYuan-Dense V1: Llama's layer, its query and key norms per head after the rotation (`query_layernorm`,
+#: `key_layernorm`; parts of their own, rotated relevance passing into them)
+HUNYUAN_DENSE = _llama_like("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan_v1_dense",),
+                            _pre_norm(ATTENTION, (GATED_MLP,), RMS_NORM, "query_layernorm", "key_layernorm"), RMS_NORM)
+#: LFM2: pre-norm layers of one token mixer each, grouped-query attention with query and key norms (`self_attn`) or
+#: a gated short convolution (`conv`) as the config's `layer_types` alternate them, then a gated MLP; the final norm
+#: `embedding_norm`. The layers run as they are under the gradient rules (no explicit rule map: `residual` None);
+#: the convolution layers have no attention matrix (the adapter offers the methods that need none)
+LFM2 = Layout(
+    "lfm2", ("Lfm2ForCausalLM",), ("lfm2",), decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
+    attention_norm="operator_norm", attention_output="out_proj",
+    parts=(("operator_norm", (RMS_NORM,)), ("self_attn", (LFM2_ATTENTION, ABSENT)), ("self_attn.q_layernorm", (RMS_NORM, ABSENT)),
+           ("self_attn.k_layernorm", (RMS_NORM, ABSENT)), ("conv", (SHORT_CONVOLUTION, ABSENT)), ("ffn_norm", (RMS_NORM,)),
+           ("feed_forward", (LFM2_MLP,))),
+    final=("embedding_norm", RMS_NORM), residual=None, mixer="short-convolution")
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
@@ -903,7 +941,7 @@ FALCON_H1 = Layout(
     embedding_scale="embedding_multiplier",
     state_space="a state-space mixer beside attention in every layer, which attention maps do not see")
 LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, QWEN3_NEXT, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
-           GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
+           HUNYUAN_DENSE, LFM2, GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 

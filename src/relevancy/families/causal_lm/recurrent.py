@@ -1,5 +1,5 @@
 """The recurrent token mixers as layout parts - the state-space mixers of transformers' Mamba, Mamba-2 and Falcon-H1
-decoders, the gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5 - what each must be, and its forward under a
+decoders, the gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5, LFM2's gated short convolution - what each must be, and its forward under a
 rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of a recurrence and
 are not offered on these layouts). The gated DeltaNet's rules: `gated_delta_net` and `lrp.recurrence.delta_rule_factors`.
 
@@ -12,7 +12,9 @@ rule applies where MambaLRP (Jafari et al., NeurIPS 2024) puts it:
 - the output times `silu(z)`, a product of two input-dependent factors: the gate rule (`hf_attention.gated_product`:
   AttnLRP's uniform rule, half to each, the SiLU under the identity rule; CP-LRP holds the gate constant);
 - Mamba-2's gated RMSNorm: that product, then the group-wise RMS divisor held constant (the identity rule on a
-  normalisation); Falcon-H1's mixer is Mamba-2's with constant multipliers, its norm optional or after the gate.
+  normalisation); Falcon-H1's mixer is Mamba-2's with constant multipliers, its norm optional or after the gate;
+- LFM2's short convolution `C * conv(B * x)`: its gates `B`, `C` held constant as the scan's are, the convolution
+  linear (`short_convolution`).
 The recurrence runs in float32 at least (transformers casts parts of its own scan to float32: a float64 model's maps
 are float64's here, its own logits float32's at those steps).
 """
@@ -41,13 +43,14 @@ def _refuse_cache(cache: object) -> None:
         raise MissingRuleError("relevance propagation runs decoders over the whole sequence: no cache")
 
 
-def _convolved(mixer: nn.Module, session: Session, x: torch.Tensor, mask: torch.Tensor | None,
-               act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """The causal depth-wise convolution over the positions of `x` `(batch, T, channels)` and its activation `act`
-    (the identity rule), padding set to 0 after it (`mask` None: not, as the gated DeltaNet does not): `(batch, T,
-    channels)`."""
-    convolved = mixer.conv1d(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
-    return _masked(activation(session, act, convolved), mask)
+def _convolved(conv: nn.Conv1d, session: Session, x: torch.Tensor, mask: torch.Tensor | None,
+               act: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """The causal depth-wise convolution `conv` (padded by its kernel's width less one on both sides, its last
+    positions cut) over the positions of `x` `(batch, T, channels)`, a linear map (gradient x input), and its
+    activation `act` (the identity rule; None: none, as LFM2's short convolution), padding set to 0 after it (`mask`
+    None: not, as the gated DeltaNet does not): `(batch, T, channels)`."""
+    convolved = conv(x.transpose(1, 2))[..., :x.shape[1]].transpose(1, 2)
+    return _masked(convolved if act is None else activation(session, act, convolved), mask)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +63,7 @@ def mamba_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tenso
     def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         _refuse_cache(cache)
         u, z = mixer.in_proj(_masked(hidden_states, attention_mask)).chunk(2, dim=-1)
-        u = _convolved(mixer, session, u, attention_mask, mixer.act)
+        u = _convolved(mixer.conv1d, session, u, attention_mask, mixer.act)
         step, b, c = mixer.x_proj(u).split([mixer.time_step_rank, mixer.ssm_state_size, mixer.ssm_state_size], dim=-1)
         dt, b, c = recurrence.held(session, F.softplus(_wide(mixer.dt_proj(step))), b, c)
         a = -torch.exp(_wide(mixer.A_log))
@@ -81,7 +84,7 @@ def mamba2_mixer(mixer: nn.Module, session: Session) -> Callable[..., torch.Tens
         inner, grouped = mixer.intermediate_size, mixer.n_groups * mixer.ssm_state_size
         projected = mixer.in_proj(_masked(hidden_states, attention_mask) * getattr(mixer, "ssm_in_multiplier", 1.0))
         z, xbc, dt = (projected * getattr(mixer, "mup_vector", 1.0)).split([inner, mixer.conv_dim, mixer.num_heads], dim=-1)
-        x, b, c = _convolved(mixer, session, xbc, attention_mask, mixer.act).split([inner, grouped, grouped], dim=-1)
+        x, b, c = _convolved(mixer.conv1d, session, xbc, attention_mask, mixer.act).split([inner, grouped, grouped], dim=-1)
         low, high = mixer.time_step_limit
         dt = torch.clamp(F.softplus(_wide(dt) + mixer.dt_bias), min=low, max=high)
         per_group = mixer.num_heads // mixer.n_groups
@@ -108,6 +111,21 @@ def _gated_output(norm: nn.Module, session: Session, y: torch.Tensor, z: torch.T
     return gated_product(session, F.silu, z, normed) if after else normed
 
 
+def short_convolution(block: nn.Module, session: Session) -> Callable[..., torch.Tensor]:
+    """LFM2's short-convolution block (`Lfm2ShortConv`) `out_proj(C * conv(B * x))`, `B, C, x = in_proj(h)`, under
+    MambaLRP's rule carried to it: the input-dependent gates `B` and `C` held constant (`recurrence.held`, as the
+    scan's `B` and `C`), so that the block is a linear map of what it carries, `x`; the projections and the causal
+    depth-wise convolution linear (gradient x input: the epsilon rule of a linear map)."""
+
+    def forward(hidden_states: torch.Tensor, cache: object = None, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        _refuse_cache(cache)
+        b, c, x = block.in_proj(_masked(hidden_states, attention_mask)).chunk(3, dim=-1)
+        b, c = recurrence.held(session, b, c)
+        return block.out_proj(c * _convolved(block.conv, session, b * x, None, None))
+
+    return forward
+
+
 def falcon_h1_mlp(mlp: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
     """Falcon-H1's MLP `down(up(x) * act(gate(x) * m_gate)) * m_down`: a gated MLP (the gate rule, the activation of
     the scaled gate under the identity rule), its constant multipliers passing relevance."""
@@ -132,7 +150,7 @@ def gated_delta_net(mixer: nn.Module, session: Session) -> Callable[..., torch.T
         _refuse_cache(cache)
         mixed, z, b, a = _delta_projections(mixer, _masked(hidden_states, attention_mask))
         act = ACT2FN[mixer.activation]
-        q, k, v = _wide(_convolved(mixer, session, mixed, None, act)).split([mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
+        q, k, v = _wide(_convolved(mixer.conv1d, session, mixed, None, act)).split([mixer.key_dim, mixer.key_dim, mixer.value_dim], dim=-1)
         repeat = mixer.num_v_heads // mixer.num_k_heads
         q, k = (_l2_normed(session, t.unflatten(-1, (-1, mixer.head_k_dim))).repeat_interleave(repeat, dim=2) for t in (q, k))
         beta, g = recurrence.held(session, torch.sigmoid(_wide(b)), -torch.exp(_wide(mixer.A_log)) * F.softplus(_wide(a) + mixer.dt_bias))
@@ -188,6 +206,15 @@ def fits_mamba2_mixer(module: nn.Module, width: int) -> bool:
             and (isinstance(norm, nn.Identity) or (isinstance(getattr(norm, "group_size", getattr(norm, "n_groups", None)), int)
                                                    and tuple(norm.weight.shape) == (inner,)))
             and module.conv1d.groups == conv_dim and callable(getattr(module, "act", None)))
+
+
+def fits_short_convolution(module: nn.Module, width: int) -> bool:
+    """LFM2's short-convolution block: `in_proj` from the width to `B`, `C`, `x` of the width each, a depth-wise
+    causal `conv` over the width (padded by its kernel's width less one), `out_proj` back to the width."""
+    in_proj, conv, out_proj = (getattr(module, name, None) for name in ("in_proj", "conv", "out_proj"))
+    return (isinstance(in_proj, nn.Linear) and isinstance(out_proj, nn.Linear) and isinstance(conv, nn.Conv1d)
+            and (in_proj.in_features, in_proj.out_features) == (width, 3 * width) and (out_proj.in_features, out_proj.out_features) == (width, width)
+            and conv.in_channels == conv.out_channels == conv.groups == width and conv.padding == (conv.kernel_size[0] - 1,))
 
 
 def fits_gated_delta_net(module: nn.Module, width: int) -> bool:
