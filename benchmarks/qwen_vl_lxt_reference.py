@@ -1,5 +1,5 @@
-"""Make tests/golden/qwen_vl_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole Qwen2-VL and Qwen2.5-VL
-models (tiny random, `tests/qwen_vl_models.py`), text and pixel maps, in float64.
+"""Make tests/golden/qwen_vl_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole Qwen2-VL, Qwen2.5-VL and
+Qwen3-VL models (tiny random, `tests/qwen_vl_models.py`), text and pixel maps, in float64.
 
     /tmp/lxt/bin/python benchmarks/qwen_vl_lxt_reference.py [--out tests/golden/qwen_vl_lxt_reference.pt]
 
@@ -13,6 +13,11 @@ map; its rules are composed over the model's own modules as its Qwen2 map and `v
   and GELU (the merger's MLP) by `non_linear_forward` (the identity rule); Qwen2.5-VL's tower: its RMSNorm (the same
   class as the decoder's) by `rms_norm_forward`, its SwiGLU MLP (`Qwen2_5_VLMLP`) by `gated_mlp_forward` /
   `cp_gated_mlp_forward`, the merger's GELU by `non_linear_forward`;
+- Qwen3-VL: the decoder by lxt's Qwen3 map on Qwen3-VL's own classes (`Qwen3VLTextMLP` by `gated_mlp_forward` /
+  `cp_gated_mlp_forward`, `Qwen3VLTextRMSNorm`, the query and key norms among them, by `rms_norm_forward`); the
+  tower's `torch.nn.LayerNorm` (blocks, merger, the DeepStack mergers' norm over 2 x 2 tokens side by side) by
+  `layer_norm_forward` and its tanh GELU (`GELUTanh`, the blocks' MLP) and the mergers' GELU by `non_linear_forward`;
+  the DeepStack features added to the decoder's hidden states as the model adds them (a sum: no rule);
 - the rotations (the tower's 2-D one, the decoder's multimodal one) are left as the model computes them: a
   constant linear map whose gradient passes relevance coordinate by coordinate.
 The model (float64, eval, attention through transformers' `sdpa`) runs its own forward from `input_ids`,
@@ -41,7 +46,6 @@ from qwen_vl_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, inputs
 from vlm_lxt_reference import batches, out_path, recorded, sdpa_models  # noqa: E402
 from vlm_models import embedding_leaf  # noqa: E402
 
-MODULES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl"}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 
@@ -56,12 +60,16 @@ def patch_map(family: str, variant: str) -> tuple[object, dict]:
     attn = variant == "attnLRP"
     mlp = partial(patch_method, gated_mlp_forward if attn else cp_gated_mlp_forward)
     identity = partial(patch_method, non_linear_forward, keep_original=True)
-    patches = {module: patch_attention if attn else patch_cp_attention, module.Qwen2MLP: mlp, torch.nn.GELU: identity}
+    norms = {torch.nn.LayerNorm: partial(patch_method, layer_norm_forward)}
+    patches = {module: patch_attention if attn else patch_cp_attention, torch.nn.GELU: identity}
     if family == "qwen2_vl":
-        patches.update({module.Qwen2VLRMSNorm: partial(patch_method, rms_norm_forward),
-                        torch.nn.LayerNorm: partial(patch_method, layer_norm_forward), activations.QuickGELUActivation: identity})
+        patches.update({module.Qwen2MLP: mlp, module.Qwen2VLRMSNorm: partial(patch_method, rms_norm_forward), **norms,
+                        activations.QuickGELUActivation: identity})
+    elif family == "qwen2_5_vl":
+        patches.update({module.Qwen2MLP: mlp, module.Qwen2_5_VLRMSNorm: partial(patch_method, rms_norm_forward), module.Qwen2_5_VLMLP: mlp})
     else:
-        patches.update({module.Qwen2_5_VLRMSNorm: partial(patch_method, rms_norm_forward), module.Qwen2_5_VLMLP: mlp})
+        patches.update({module.Qwen3VLTextMLP: mlp, module.Qwen3VLTextRMSNorm: partial(patch_method, rms_norm_forward), **norms,
+                        activations.GELUTanh: identity})
     return module, patches
 
 

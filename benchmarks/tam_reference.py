@@ -62,11 +62,12 @@ CASES = {
     "idefics3": ("idefics3", (2, 2), [33, 52, 71, 17, 71, 5]),
     # the image's 4 x 6 patches merged 2 x 2: their demo's vision_shape (h // 2, w // 2)
     "qwen2_vl": ("qwen2_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),
+    "qwen3_vl": ("qwen3_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),  # DeepStack: as for Qwen2-VL, their code reads logits only
 }
 #: what a family's forward reads beside its processor's output, as relevancy's adapter passes it (Gemma 3: each
 #: image's tokens attend to each other; Qwen2-VL: which tokens are the image's, as its processor marks them)
 FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()},
-                  "qwen2_vl": lambda ids: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()}}
+                  **{family: lambda ids: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()} for family in ("qwen2_vl", "qwen3_vl")}}
 
 
 def layout(family: str) -> tuple[object, list[int], list[int], dict]:

@@ -20,7 +20,7 @@ from state_space_models import FAMILIES as STATE_SPACE_FAMILIES, build as build_
 from hybrid_models import FAMILIES as HYBRID_FAMILIES, build as build_hybrid
 from conv_hybrid_models import FAMILIES as CONV_HYBRID_FAMILIES, build as build_conv_hybrid
 from vlm_models import FAMILIES as VLM_FAMILIES, alone, build as build_vlm, inputs as vlm_inputs
-from qwen_vl_models import FAMILIES as QWEN_VL_FAMILIES, alone as qwen_alone, build as build_qwen_vl, inputs as qwen_inputs
+from qwen_vl_models import SEEDS as QWEN_VL_FAMILIES, alone as qwen_alone, build as build_qwen_vl, inputs as qwen_inputs
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
 from models import hf_swin_from, hf_swinv2_from, tiny_swin, tiny_swinv2, tiny_vit

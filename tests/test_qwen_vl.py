@@ -1,5 +1,7 @@
-"""Qwen2-VL and Qwen2.5-VL (tiny random float64 models of `qwen_vl_models.py`; Qwen2.5-VL with windowed attention in
-two of its four tower blocks, windows ordered apart from the raster): both classes taken by their layout; AttnLRP
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (tiny random float64 models of `qwen_vl_models.py`; Qwen2.5-VL with windowed
+attention in two of its four tower blocks, windows ordered apart from the raster; Qwen3-VL with DeepStack on two tower
+blocks; Qwen3-VL-MoE, not in lxt's reference, where the maps are checked against autograd and hand loops): each class
+taken by its layout; AttnLRP
 and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single and padded both ways
 (tests/golden/qwen_vl_lxt_reference.pt, made by benchmarks/qwen_vl_lxt_reference.py), the pixels laid back by the
 image processor's own `patchify`; input x gradient equal to autograd through the model's own forward; the image's
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen_vl_models import FAMILIES, GRID, IMAGE_TOKEN, MERGE, PATCH, TEMPORAL, VISION_END, VISION_START, alone, build, checksum, inputs
+from qwen_vl_models import FAMILIES, GRID, IMAGE_TOKEN, MERGE, PATCH, SEEDS, TEMPORAL, VISION_END, VISION_START, alone, build, checksum, inputs
 from test_causal_lm import assert_close_to
 from test_model_unchanged import assert_same, snapshot
 from test_vision_language import assert_equals_lxt
@@ -28,6 +30,8 @@ from relevancy.families.base import UnsupportedModelError
 from relevancy.families.causal_lm.adapter import last_real
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "qwen_vl_lxt_reference.pt", weights_only=False)
+#: the families of lxt's reference and Qwen3-VL-MoE
+MAPPED = list(SEEDS)
 #: each family's model, built once
 model_of = functools.lru_cache(maxsize=None)(build)
 
@@ -44,13 +48,17 @@ def on_pixels(relevance: torch.Tensor, grid: tuple[int, int, int] = GRID) -> tor
     return flat.view(len(relevance), 3, height, width).sum(1)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_both_classes_are_taken_by_their_layout(family):
+@pytest.mark.parametrize("family", MAPPED)
+def test_each_class_is_taken_by_its_layout(family):
+    """Each class by its tower's layout and its decoder's (Qwen3-VL's with query and key norms, Qwen3-VL-MoE's a
+    Qwen3-MoE), the reference's models the same weights as lxt's."""
     model = model_of(family)
     adapter = adapter_for(model)
-    assert type(adapter) is QwenVisionLanguageAdapter and adapter.vision.name == family and adapter.layout.name == "llama"
-    assert checksum(model) == GOLDEN["models"][family]["checksum"], (
-        f"{family}: transformers {GOLDEN['transformers']} made other weights from the same seed; rerun benchmarks/qwen_vl_lxt_reference.py")
+    decoder = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}.get(family, "llama")
+    assert type(adapter) is QwenVisionLanguageAdapter and adapter.vision.name == family.removesuffix("_moe") and adapter.layout.name == decoder
+    if family in FAMILIES:
+        assert checksum(model) == GOLDEN["models"][family]["checksum"], (
+            f"{family}: transformers {GOLDEN['transformers']} made other weights from the same seed; rerun benchmarks/qwen_vl_lxt_reference.py")
 
 
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
@@ -70,7 +78,7 @@ def test_lrp_equals_lxt(family, method):
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", MAPPED)
 def test_input_x_gradient_is_autograd_through_the_models_own_forward(family, side):
     """The model's own forward from its own inputs (its 3-D positions from `mm_token_type_ids`): its logits are the
     explanation's (1e-12), the target's logit differentiated at the token embeddings and the flattened patches gives
@@ -171,7 +179,7 @@ def own_logits(model: torch.nn.Module, row: dict[str, torch.Tensor]) -> torch.Te
         model.model.rope_deltas = None
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", MAPPED)
 def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_hand(family):
     """Each patch of the image's own grid set to 0 (the processor's mean) at its place among the flattened patches
     (the image processor's own `patchify` of an image of 0s with one patch of 1s says where), each text token
@@ -199,7 +207,7 @@ def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_h
                 assert abs(explanation.image_scores[row, r, c] - drop) < 1e-10, (row, r, c)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", MAPPED)
 def test_the_model_and_its_cached_positions_are_unchanged(family):
     """Weights, modes, hooks, forwards, the configs' attention and `rope_deltas` (which the model's own forward
     caches) as they were after a call, and after a call that fails inside the forward."""
@@ -254,3 +262,7 @@ def test_what_is_refused_by_name():
     odd.model.visual.blocks[1].norm2 = torch.nn.Identity()
     with pytest.raises(UnsupportedModelError, match=r"model\.visual\.blocks\.1\.norm2"):
         relevancy.explain(odd, one, method="attnlrp")
+    stacked = build("qwen3_vl")  # a DeepStack merger's norm over one token, not the 2 x 2 side by side
+    stacked.model.visual.deepstack_merger_list[1].norm = torch.nn.LayerNorm(16, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match=r"model\.visual\.deepstack_merger_list\.1\.norm \(LayerNorm\)"):
+        relevancy.explain(stacked, one, method="attnlrp")

@@ -253,7 +253,8 @@ def rule_forwards(found: list[tuple[nn.Module, tuple[Part, ...]]], width: int) -
 
 
 def _get(module: nn.Module, path: str) -> nn.Module | None:
-    for name in path.split("."):
+    """The module at the dotted `path` on `module` ("" for itself: a part that is the whole module), or None."""
+    for name in path.split(".") if path else ():
         module = getattr(module, name, None)
     return module if isinstance(module, nn.Module) else None
 

@@ -6,8 +6,9 @@ its head and its text config, the shape a `...ForCausalLM` has), so a LLaVA with
 Gemma 3 and Idefics3 / SmolVLM get the decoder layouts' checks and rule forwards unchanged. The tower's encoder layers
 are checked with the same parts (a LayerNorm, self-attention, an MLP `fc2(act(fc1(x)))`) and run the same rules:
 norms with a constant divisor, the identity rule on the activation; attention is switched through the configs.
-Qwen2-VL's and Qwen2.5-VL's tower (`QwenVisionLayout`: blocks with a fused-`qkv` attention, the 2 x 2 patch merger
-as the projector) is checked with the same parts; its images are of any size (`patch_pixels`, `blocks_on_patches`).
+Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's tower (`QwenVisionLayout`: blocks with a fused-`qkv` attention, the 2 x 2
+patch merger as the projector; Qwen3-VL's DeepStack mergers beside it) is checked with the same parts; its images are
+of any size (`patch_pixels`, `blocks_on_patches`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from ..base import UnsupportedModelError
+from ...lrp.engine import Session
 from ..causal_lm.layouts import (
     GATED_MLP, LAYER_NORM, ONE_PLUS_RMS_NORM, RMS_NORM, Part, RuleForward, fits_attention, fits_plain_mlp, layer_misfit, plain_mlp,
     rule_forwards,
@@ -131,20 +133,50 @@ def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
             and second.in_features == first.out_features and not list(act.parameters()))
 
 
+def _fits_stacked_merger(module: nn.Module, width: int) -> bool:
+    """Qwen3-VL's patch merger `linear_fc2(act_fn(linear_fc1(...)))` over k x k tokens side by side (`hidden_size`),
+    its `norm` (a part of its own) over one token of the `width` or, DeepStack's, over the k x k side by side."""
+    first, act, second, hidden = (getattr(module, name, None) for name in ("linear_fc1", "act_fn", "linear_fc2", "hidden_size"))
+    return (isinstance(hidden, int) and hidden % width == 0 and isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+            and first.in_features == first.out_features == second.in_features == hidden and isinstance(act, nn.Module)
+            and not list(act.parameters()))
+
+
+def _stacked_merger(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Qwen3-VL's merger as the model computes it: its norm (its own rule forward) before or after the k x k tokens
+    are put side by side (`use_postshuffle_norm`), the MLP under `plain_mlp`'s rule (the identity rule at the GELU)."""
+    mlp = plain_mlp("linear_fc1", "linear_fc2", "act_fn")(module, session)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        normed = module.norm(x.view(-1, module.hidden_size) if module.use_postshuffle_norm else x)
+        return mlp(normed.view(-1, module.hidden_size))
+
+    return forward
+
+
 #: Qwen2-VL's vision attention: one fused `qkv` Linear and `proj` (2-D rotary on queries and keys, a constant)
 FUSED_VISION_ATTENTION = Part("self-attention with a fused qkv and proj", fits_attention("qkv", "proj"), owns=("qkv", "proj"))
 MERGER_MLP = Part("the patch merger's MLP Sequential(Linear, act, Linear) over k x k tokens side by side", _fits_merger_mlp,
                   plain_mlp("0", "2", "1"))
+STACKED_MERGER = Part("Qwen3-VL's patch merger linear_fc2(act_fn(linear_fc1(x))) over k x k tokens side by side", _fits_stacked_merger,
+                      _stacked_merger, owns=("linear_fc1", "linear_fc2"))
+#: a patch merger's parts (path on the merger, "" for itself): Qwen2-VL's norm `ln_q`, then its MLP
+MERGER = (("ln_q", (LAYER_NORM,)), ("mlp", (MERGER_MLP,)))
 
 
 @dataclass(frozen=True)
 class QwenVisionLayout(VisionLanguageLayout):
-    """Qwen2-VL's and Qwen2.5-VL's tower (`model.visual`): a Conv3d patch embedding, `blocks` of `block` parts, and
-    the `merger` (its norm `ln_q`, then an MLP on each k x k group of neighbouring tokens side by side), the
-    projector; the decoder at `model.language_model`. The image's token count comes from `image_grid_thw`."""
+    """Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's tower (`model.visual`): a Conv3d patch embedding, `blocks` of `block`
+    parts, and the `merger` of `merger` parts (a norm, then an MLP on each k x k group of neighbouring tokens side by
+    side), the projector; `deepstack`: the tower's list of further mergers of the same parts (Qwen3-VL's
+    `deepstack_merger_list`: some blocks' outputs merged, their norm over the k x k tokens side by side, and added to
+    the decoder's hidden states at the image's tokens in its first layers, a sum in the residual stream, which the
+    model computes and no rule needs); the decoder at `model.language_model`. The image's token count comes from
+    `image_grid_thw`."""
 
     block: tuple[tuple[str, tuple[Part, ...]], ...] = ()
-    merger_norm: Part = LAYER_NORM
+    merger: tuple[tuple[str, tuple[Part, ...]], ...] = MERGER
+    deepstack: str | None = None
 
     def transformer(self, model: nn.Module) -> nn.Module:
         return getattr(model.model, self.tower)
@@ -157,28 +189,34 @@ class QwenVisionLayout(VisionLanguageLayout):
         config = model.config.vision_config
         return int(getattr(config, "embed_dim", None) or config.hidden_size)
 
-    @property
-    def merger(self) -> tuple[tuple[str, tuple[Part, ...]], ...]:
-        """The merger's parts: its norm, then its MLP."""
-        return (("ln_q", (self.merger_norm,)), ("mlp", (MERGER_MLP,)))
+    def mergers(self, model: nn.Module) -> list[tuple[str, nn.Module, int]]:
+        """Every merger of the tower `(path, merger, the width its parts are checked at)`: the merger at the tower's
+        width, DeepStack's at the k x k tokens' side by side (their norm's)."""
+        tower, width = self.transformer(model), self.width(model)
+        stacked = list(getattr(tower, self.deepstack)) if self.deepstack else []
+        wide = width * int(model.config.vision_config.spatial_merge_size) ** 2
+        return [("merger", tower.merger, width), *((f"{self.deepstack}.{index}", merger, wide) for index, merger in enumerate(stacked))]
 
     def misfit(self, model: nn.Module) -> str | None:
         tower = self.transformer(model)
         width = self.width(model)
         blocks = getattr(tower, "blocks", None)
-        if not isinstance(blocks, nn.ModuleList) or not isinstance(getattr(tower, "merger", None), nn.Module):
-            return f"model.{self.tower} has no blocks (a list of layers) and merger"
+        stacked = getattr(tower, self.deepstack, None) if self.deepstack else nn.ModuleList()
+        if not isinstance(blocks, nn.ModuleList) or not isinstance(getattr(tower, "merger", None), nn.Module) or not isinstance(stacked, nn.ModuleList):
+            return f"model.{self.tower} has no blocks (a list of layers) and merger{' and ' + self.deepstack if self.deepstack else ''}"
         for index, block in enumerate(blocks):
             problem = layer_misfit(block, self.block, width, f"model.{self.tower}.blocks.{index}", f"{self.name} vision tower")
             if problem is not None:
                 return problem
-        return layer_misfit(tower.merger, self.merger, width, f"model.{self.tower}.merger", f"{self.name} patch merger")
+        return next((problem for path, merger, at in self.mergers(model)
+                     if (problem := layer_misfit(merger, self.merger, at, f"model.{self.tower}.{path}", f"{self.name} patch merger")) is not None), None)
 
     def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
-        tower = self.transformer(model)
-        found = [(getattr(block, path), kinds) for block in tower.blocks for path, kinds in self.block]
-        found += [(getattr(tower.merger, path), kinds) for path, kinds in self.merger]
-        return rule_forwards(found, self.width(model))
+        tower, width = self.transformer(model), self.width(model)
+        ruled = rule_forwards([(getattr(block, path), kinds) for block in tower.blocks for path, kinds in self.block], width)
+        for _, merger, at in self.mergers(model):
+            ruled += rule_forwards([(getattr(merger, path) if path else merger, kinds) for path, kinds in self.merger], at)
+        return ruled
 
 
 #: Qwen2-VL's vision MLP (Qwen2.5-VL's is SwiGLU, the decoders' `GATED_MLP`)
@@ -187,8 +225,16 @@ QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "v
                             block=(("norm1", (LAYER_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (LAYER_NORM,)), ("mlp", (QWEN2_VL_MLP,))))
 QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None,
                               block=(("norm1", (RMS_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (RMS_NORM,)), ("mlp", (GATED_MLP,))),
-                              merger_norm=RMS_NORM)
-QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL)
+                              merger=(("ln_q", (RMS_NORM,)), ("mlp", (MERGER_MLP,))))
+#: Qwen3-VL's vision MLP `linear_fc2(act_fn(linear_fc1(x)))` (a tanh GELU)
+QWEN3_VL_MLP = Part("an MLP linear_fc2(act_fn(linear_fc1(x)))", fits_plain_mlp("linear_fc1", "linear_fc2", "act_fn"),
+                    plain_mlp("linear_fc1", "linear_fc2", "act_fn"))
+#: Qwen3-VL (a Qwen3 decoder) and Qwen3-VL-MoE (a Qwen3-MoE one): Qwen2-VL's blocks with their own MLP, the mergers
+#: `STACKED_MERGER`, DeepStack's among them
+QWEN3_VL = QwenVisionLayout("qwen3_vl", ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"), "visual", "visual",
+                            "language_model", None, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
+                            merger=(("norm", (LAYER_NORM,)), ("", (STACKED_MERGER,))), deepstack="deepstack_merger_list")
+QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, *QWEN_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)

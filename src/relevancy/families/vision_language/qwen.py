@@ -1,6 +1,8 @@
-"""Qwen2-VL and Qwen2.5-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`), unmodified:
-a tower of any image size (the processor's flattened patches and `image_grid_thw`), its 2 x 2 patch merger, a Qwen2
-decoder with multimodal RoPE (3-D positions from `get_rope_index`).
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (`Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
+`Qwen3VLForConditionalGeneration`, `Qwen3VLMoeForConditionalGeneration`), unmodified: a tower of any image size (the
+processor's flattened patches and `image_grid_thw`), its 2 x 2 patch merger (Qwen3-VL's DeepStack mergers beside it,
+their features added to the decoder's first layers at the image's tokens), a Qwen2 or Qwen3 decoder with multimodal
+RoPE (3-D positions from `get_rope_index`); what differs between them is their layout's (`layouts.QWEN_LAYOUTS`).
 
 The model runs its own forward with the token embeddings and the flattened patches as leaves, the decoder's 3-D
 positions computed by the model's own `get_rope_index` (passed in, so that the model's cached `rope_deltas` stay as
@@ -37,12 +39,12 @@ QWEN_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_gri
 
 
 def is_qwen_vl(model: nn.Module) -> bool:
-    """Whether `model` is of a Qwen2-VL class relevancy maps."""
+    """Whether `model` is of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL class relevancy maps."""
     return any(type(model).__name__ in layout.classes for layout in QWEN_LAYOUTS)
 
 
 class QwenVisionLanguageAdapter(VisionLanguageAdapter):
-    family = "Qwen2-VL vision-language decoder"
+    family = "Qwen-VL vision-language decoder"
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
     #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only and
     #: token_activation_map its logits at every position, the image's tokens laid back on the patch grid (the
