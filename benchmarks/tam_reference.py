@@ -60,13 +60,17 @@ CASES = {
     "llava": ("llava", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
     "gemma3": ("gemma3", (2, 2), [33, 40, 71, 17, 71, 30]),
     "idefics3": ("idefics3", (2, 2), [33, 52, 71, 17, 71, 5]),
+    "paligemma": ("paligemma", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
     # the image's 4 x 6 patches merged 2 x 2: their demo's vision_shape (h // 2, w // 2)
     "qwen2_vl": ("qwen2_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),
 }
-#: what a family's forward reads beside its processor's output, as relevancy's adapter passes it (Gemma 3: each
-#: image's tokens attend to each other; Qwen2-VL: which tokens are the image's, as its processor marks them)
-FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()},
-                  "qwen2_vl": lambda ids: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()}}
+#: what a family's forward reads beside its processor's output, from the tokens and the prompt's length, as
+#: relevancy's adapter passes it (Gemma 3: each image's tokens attend to each other; Qwen2-VL: which tokens are the
+#: image's, as its processor marks them; PaliGemma: the prompt a prefix, 0, the continuation after it, 1, as its
+#: generate types it)
+FORWARD_EXTRAS = {"gemma3": lambda ids, _: {"token_type_ids": (ids == IMAGE_TOKEN).long()},
+                  "qwen2_vl": lambda ids, _: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()},
+                  "paligemma": lambda ids, prompt: {"token_type_ids": (torch.arange(ids.shape[1]) >= prompt).long()[None]}}
 
 
 def layout(family: str) -> tuple[object, list[int], list[int], dict]:
@@ -114,12 +118,12 @@ def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int]
     models, head, end, special = layout(family)
     model = models.build(family)
     processed = models.inputs(family, lengths=(1,), seed=seed)
-    image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
+    image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask", "token_type_ids")}
     prompt = head + PROMPT + end
     tokens = prompt + continuation
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda _: {})(ids))
+        out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda *_: {})(ids, len(prompt)))
         logits = model.lm_head(out.hidden_states[-1])
     assert torch.allclose(logits, out.logits, atol=0, rtol=1e-12)  # their logits are the model's
     steps = [logits[:, :len(prompt)]] + [logits[:, len(prompt) + g - 1:len(prompt) + g] for g in range(1, len(continuation))]
