@@ -40,8 +40,8 @@ from .rules import IMAGE, rule_map
 #: the config's ids of the tokens around an image's placeholders
 DELIMITERS = ("vision_start_token_id", "vision_end_token_id", "boi_token_index", "eoi_token_index")
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens; PaliGemma's
-#: prefix, read as given)
-PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
+#: prefix, read as given; labels: PaliGemma's training targets, which it always writes and no method reads)
+PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
 
 
 class VisionLanguageAdapter(CausalLMAdapter):
@@ -84,6 +84,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
         #: the tokens that open and close an image's placeholders (Qwen2-VL's vision start and end, Gemma 3's begin
         #: and end of image): part of the image's span, not words of the text (TAM leaves them out of its text)
         self.image_delimiters = tuple(int(getattr(model.config, name)) for name in DELIMITERS if getattr(model.config, name, None) is not None)
+
+    @staticmethod
+    def image_separator(model: nn.Module) -> str:
+        """What a generation's text prompt gets between the image's token, put first, and the text (the layout's)."""
+        return layout_of(model).image_separator
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:

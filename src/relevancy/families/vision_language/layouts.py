@@ -71,6 +71,9 @@ class VisionLanguageLayout:
     token_types: str | None = None
     #: the position id of a row's first real token (PaliGemma counts from 1)
     first_position: int = 0
+    #: what `explain_generation` puts between the image's token and a text prompt that does not hold it (PaliGemma's
+    #: processor puts its BOS there itself: nothing)
+    image_separator: str = "\n"
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
@@ -132,7 +135,7 @@ GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vi
 #: PaliGemma 1 and 2: SigLIP's patch tokens through one Linear, a Gemma or Gemma 2 decoder over a bidirectional prefix
 PALIGEMMA = VisionLanguageLayout("paligemma", ("PaliGemmaForConditionalGeneration",), "vision_tower", "multi_modal_projector",
                                  "language_model", lambda config, prefix: patch_count(config), (("linear", TOWER_LINEAR),),
-                                 token_types="prefix", first_position=1)
+                                 token_types="prefix", first_position=1, image_separator="")
 IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
                                 "text_model", lambda config, prefix: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
 
