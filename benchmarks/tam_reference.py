@@ -55,6 +55,7 @@ QWEN_END = [90, 91]
 PROMPT = [17, 40, 52, 40, 66, 8]
 #: name -> (family of `vlm_models` or `qwen_vl_models`, their vision_shape: the image tokens' grid, the
 #: continuation); the image, its further inputs and its placeholders' count are those of the family's `inputs`
+#: (new cases go last: a case's image is drawn from its place in this order)
 CASES = {
     "llava_next_token": ("llava", (4, 4), [92, 40, 71, 17, 71, 30, 8]),  # starts with the prompt's last token
     "llava": ("llava", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
@@ -63,11 +64,15 @@ CASES = {
     # the image's 4 x 6 patches merged 2 x 2: their demo's vision_shape (h // 2, w // 2)
     "qwen2_vl": ("qwen2_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),
     "qwen3_vl": ("qwen3_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),  # DeepStack: as for Qwen2-VL, their code reads logits only
+    "paligemma": ("paligemma", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
 }
-#: what a family's forward reads beside its processor's output, as relevancy's adapter passes it (Gemma 3: each
-#: image's tokens attend to each other; Qwen2-VL: which tokens are the image's, as its processor marks them)
-FORWARD_EXTRAS = {"gemma3": lambda ids: {"token_type_ids": (ids == IMAGE_TOKEN).long()},
-                  **{family: lambda ids: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()} for family in ("qwen2_vl", "qwen3_vl")}}
+#: what a family's forward reads beside its processor's output, from the tokens and the prompt's length, as
+#: relevancy's adapter passes it (Gemma 3: each image's tokens attend to each other; Qwen2-VL: which tokens are the
+#: image's, as its processor marks them; PaliGemma: the prompt a prefix, 0, the continuation after it, 1, as its
+#: generate types it)
+FORWARD_EXTRAS = {"gemma3": lambda ids, _: {"token_type_ids": (ids == IMAGE_TOKEN).long()},
+                  **{family: lambda ids, _: {"mm_token_type_ids": (ids == IMAGE_TOKEN).int()} for family in ("qwen2_vl", "qwen3_vl")},
+                  "paligemma": lambda ids, prompt: {"token_type_ids": (torch.arange(ids.shape[1]) >= prompt).long()[None]}}
 
 
 def layout(family: str) -> tuple[object, list[int], list[int], dict]:
@@ -115,12 +120,12 @@ def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int]
     models, head, end, special = layout(family)
     model = models.build(family)
     processed = models.inputs(family, lengths=(1,), seed=seed)
-    image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
+    image = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask", "token_type_ids")}
     prompt = head + PROMPT + end
     tokens = prompt + continuation
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda _: {})(ids))
+        out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda *_: {})(ids, len(prompt)))
         logits = model.lm_head(out.hidden_states[-1])
     assert torch.allclose(logits, out.logits, atol=0, rtol=1e-12)  # their logits are the model's
     steps = [logits[:, :len(prompt)]] + [logits[:, len(prompt) + g - 1:len(prompt) + g] for g in range(1, len(continuation))]

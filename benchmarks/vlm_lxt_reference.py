@@ -1,12 +1,15 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
-random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3), text and pixel maps, in float64.
+random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2), text and pixel maps, in float64.
 
     /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt]
 
 Run it in a venv with lxt (never a dependency of relevancy; see `llm_lxt_reference.py`: lxt 2.1, transformers 5.24).
 lxt maps decoders only; "lxt's rules composed over the whole model" is here:
 - the decoder: lxt's own map of its family (`lxt.efficient.models.llama` / `qwen2` / `gemma3`, `attnLRP` or `cp_LRP`;
-  Gemma 3's also patches `Gemma3RMSNorm`, the projector's `mm_soft_emb_norm` among them);
+  Gemma 3's also patches `Gemma3RMSNorm`, the projector's `mm_soft_emb_norm` among them); lxt 2.1 has no map of
+  Gemma or Gemma 2 (PaliGemma's decoders), so its Gemma 3 map is carried over to their classes, the same patches
+  (gated MLP, the norm's divisor constant, dropout, attention) on `GemmaMLP` / `Gemma2MLP`, `GemmaRMSNorm` /
+  `Gemma2RMSNorm` and their modeling module (`carried_gemma3_map`; the tiny Gemma 2 has no attention soft-cap);
 - the vision tower (transformers' CLIP, SigLIP, Idefics3 modules) and the projector: lxt's patches as its ViT map
   (`lxt.efficient.models.vit_torch`) and its decoder maps use them: every attention function of the tower's modeling
   module wrapped by `patch_attention` (AttnLRP: queries and keys 1/4, values 1/2) or `patch_cp_attention` (CP-LRP:
@@ -16,7 +19,8 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
   views the tower's output, so the patched LayerNorm returns `.contiguous()` (the same values);
 - the model (float64, eval, attention through transformers' `sdpa`: an exact float64 softmax) runs its own forward
   from `input_ids` and `pixel_values`, the token embeddings made a leaf by a hook on the embedding's output, with
-  position ids counting real tokens (Gemma 3: `token_type_ids` 1 at the image's tokens); each row's target is the
+  position ids counting real tokens (PaliGemma's from 1), the token types its forward takes (`vlm_models.own_types`:
+  Gemma 3's 1 at the image's tokens, PaliGemma's prefix as the inputs hold it); each row's target is the
   plain model's most probable next token after its last real token; the maps are input x gradient summed over
   the width at the embeddings `(B, T)` and over the colour channels at the pixels `(B, H, W)`.
 Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
@@ -38,11 +42,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
-from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, embedding_leaf, inputs  # noqa: E402
+from vlm_models import FAMILIES, PREFIX_FAMILIES, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
-MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3")}
+MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
+        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
+
+
+def carried_gemma3_map(decoder: str, variant: str) -> dict:
+    """lxt's Gemma 3 patch map (`variant`) on the classes of transformers' `decoder` module ("gemma" or "gemma2"), each
+    Gemma 3 class's patch on its namesake, the attention patch on the module."""
+    gemma3 = getattr(lxt_models("gemma3"), variant)
+    module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
+    prefix = "Gemma" if decoder == "gemma" else "Gemma2"
+    return {module if not isinstance(target, type) else getattr(module, target.__name__.replace("Gemma3", prefix))
+            if target.__name__.startswith("Gemma3") else target: patch for target, patch in gemma3.items()}
+
+
+def decoder_map(decoder: str, variant: str) -> dict:
+    """lxt's patch map of the decoder's family, or its Gemma 3 map carried over (Gemma, Gemma 2: no map in lxt 2.1)."""
+    return carried_gemma3_map(decoder, variant) if decoder in ("gemma", "gemma2") else getattr(lxt_models(decoder), variant)
 
 
 def tower_map(variant: str) -> dict:
@@ -94,9 +114,10 @@ def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], tar
     """`(logits at each row's last real token, text map (B, T), pixel map (B, H, W))`; with `target` None no backward."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     pixels = batch["pixel_values"].clone().requires_grad_(True)
-    extra = {"token_type_ids": (ids == IMAGE_TOKEN).long()} if family == "gemma3" else {}
+    first = int(family in PREFIX_FAMILIES)  # PaliGemma counts positions from 1
     with embedding_leaf(model) as leaf:
-        logits = model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=positions(mask), use_cache=False, **extra).logits
+        logits = model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=positions(mask) + first, use_cache=False,
+                       **own_types(family, ids, batch)).logits
     logits = logits[torch.arange(len(ids)), last_real(mask)]
     if target is None:
         return logits.detach(), None, None
@@ -138,7 +159,7 @@ def main() -> None:
             patches = tower_map(variant)
             attention = patches.pop("attention")
             with ExitStack() as stack:
-                stack.enter_context(lxt_applied(decoder_module, getattr(lxt_models(decoder), variant)))
+                stack.enter_context(lxt_applied(decoder_module, decoder_map(decoder, variant)))
                 stack.enter_context(lxt_applied(tower_module, {tower_module: attention, **patches}))
                 maps = {name: run(model, family, batch, entry["targets"][name])[1:] for name, batch in data.items()}
             entry[key] = recorded(family, variant, data, maps)

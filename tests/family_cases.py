@@ -144,11 +144,11 @@ def _run_once(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.
 
 
 def _vision_language_case(family: str) -> FamilyCase:
-    """Two right-padded prompts, each with its image. Gemma 3's RMSNorm computes in float32 even in a float64 model
+    """Two right-padded prompts, each with its image. Gemma's RMSNorms (Gemma 3's, PaliGemma's Gemma and Gemma 2) compute in float32 even in a float64 model
     (also the projector's, on the image's features), which turns a batch's 1e-16 differences of summation order into
     1e-8 ones: its batch is held to 1e-7 (padded rows equal lxt's single ones to 1e-6 in test_vision_language.py), and
     to 1e-6 under the paper's LRP rules (transformer attribution's tower map: 2.4e-7 of its maximum measured)."""
-    gemma = family == "gemma3"
+    gemma = family in ("gemma3", "paligemma", "paligemma2")
     return FamilyCase(lambda: _run_once(build_vlm(family), vlm_inputs(family)), lambda: (vlm_inputs(family), None),
                       lambda: [(alone(vlm_inputs(family), row), None) for row in range(2)], 1e-7 if gemma else 1e-9, 1e-6 if gemma else None)
 

@@ -195,6 +195,31 @@ def test_gemma2_soft_caps_attention_and_logits():
     assert_close_to(explanation.scores[0], (gradient * embeddings).sum(-1)[0].detach(), "gemma2 input x gradient", 1e-6)  # transformers: float32 softmax
 
 
+def test_gemma_is_mapped_with_its_own_logits_and_gradient():
+    """Gemma (PaliGemma 1's decoder; no lxt map, its lxt-equality is PaliGemma's in test_vision_language.py): the
+    `gemma` layout; the plain gradient equals autograd's on transformers' own forward (sdpa, exact in float64) to
+    1e-10, a row padded left and right equals it alone under AttnLRP, and the explicit rules' methods run."""
+    import transformers
+
+    torch.manual_seed(7)
+    model = transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, initializer_range=0.2, pad_token_id=0)).double().eval()
+    ids = torch.tensor([[5, 17, 40, 52, 66, 8]])
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+    explanation = relevancy.explain(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="input_x_gradient")
+    assert CausalLMAdapter(model).layout.name == "gemma"
+    (gradient,) = torch.autograd.grad(logits[explanation.target[0]], embeddings)
+    assert_close_to(explanation.scores[0], (gradient * embeddings).sum(-1)[0].detach(), "gemma input x gradient", 1e-10)
+    single = relevancy.explain(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="attnlrp")
+    for padded, mask in ((torch.cat([ids, torch.zeros(1, 2, dtype=torch.long)], 1), torch.tensor([[1] * 6 + [0] * 2])),
+                         (torch.cat([torch.zeros(1, 2, dtype=torch.long), ids], 1), torch.tensor([[0] * 2 + [1] * 6]))):
+        found = relevancy.explain(model, {"input_ids": padded, "attention_mask": mask}, method="attnlrp")
+        assert_close_to(found.scores[0, mask[0].bool()], single.scores[0], "gemma attnlrp padded", 1e-10)
+    assert relevancy.explain(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, method="transformer_attribution").scores.shape == (1, 6)
+
+
 @pytest.mark.parametrize("method", ["cdam", "token_ablation"])
 def test_a_padded_row_beyond_the_sliding_window_is_explained(method):
     """The third row pads 4 positions past its 3 tokens, so a padding query's window of 4 holds padding only:

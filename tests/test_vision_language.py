@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_causal_lm import assert_close_to
 from test_model_unchanged import assert_same, snapshot
-from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, inputs
+from vlm_models import FAMILIES, IMAGE_TOKEN, alone, build, checksum, inputs, own_types
 
 import relevancy
 from relevancy.families.base import UnsupportedModelError
@@ -142,13 +142,12 @@ def test_raw_attention_maps_the_image_tokens_back_by_hand(family):
     explanation = relevancy.explain(model_of(family), batch, method="raw_attention")
     own = copy.deepcopy(model_of(family))
     own.set_attn_implementation("eager")
-    types = {"token_type_ids": (batch["input_ids"] == IMAGE_TOKEN).long()} if family == "gemma3" else {}  # the image's tokens attend to each other
     with torch.no_grad():
-        row = own(**batch, **types, output_attentions=True).attentions[-1].mean(1)[0, -1]
+        row = own(**{**batch, **own_types(family, batch["input_ids"], batch)}, output_attentions=True).attentions[-1].mean(1)[0, -1]
     image = batch["input_ids"][0] == IMAGE_TOKEN
     assert torch.allclose(explanation.scores[0], row.masked_fill(image, 0))
     tokens = row[image]
-    if family == "llava":
+    if family in ("llava", "paligemma", "paligemma2"):
         by_hand = tokens.view(4, 4)
     elif family == "llava_full":
         by_hand = tokens[1:].view(4, 4) + tokens[0] / 16
@@ -176,13 +175,53 @@ def test_refusals_name_the_problem():
         relevancy.explain(model, {**batch, "image_sizes": torch.tensor([[16, 16]] * 2)}, method="attnlrp")
     import transformers
 
-    other = transformers.PaliGemmaForConditionalGeneration(transformers.PaliGemmaConfig(
-        text_config=transformers.GemmaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                                             num_key_value_heads=1, head_dim=16),
-        vision_config=transformers.SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                      image_size=16, patch_size=4)))
-    with pytest.raises(UnsupportedModelError, match="cannot map PaliGemmaForConditionalGeneration: vision-language decoders relevancy maps: LlavaForConditionalGeneration"):
+    other = transformers.VipLlavaForConditionalGeneration(transformers.VipLlavaConfig(
+        text_config=transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                             num_key_value_heads=1),
+        vision_config=transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                    image_size=16, patch_size=4)))
+    with pytest.raises(UnsupportedModelError, match="cannot map VipLlavaForConditionalGeneration: vision-language decoders relevancy maps: "
+                                                    "LlavaForConditionalGeneration.*PaliGemmaForConditionalGeneration"):
         relevancy.explain(other, batch, method="attnlrp")
+
+
+@pytest.mark.parametrize("family", ["paligemma", "paligemma2"])
+def test_paligemmas_prefix_attends_both_ways(family):
+    """PaliGemma's token types are honoured: the processor's (0 on image and prompt) give other maps than all 1 (a
+    causal decoder), none given is read as all 0 (the whole prompt a prefix, as its processor writes it), and types
+    of another shape or value are refused by name."""
+    model, batch = model_of(family), inputs(family, lengths=(5,))
+    prefix = relevancy.explain(model, batch, method="input_x_gradient")
+    causal = relevancy.explain(model, {**batch, "token_type_ids": torch.ones_like(batch["input_ids"])}, method="input_x_gradient")
+    untyped = relevancy.explain(model, {name: value for name, value in batch.items() if name != "token_type_ids"}, method="input_x_gradient")
+    assert not torch.allclose(prefix.image_scores, causal.image_scores, rtol=1e-3)
+    assert torch.equal(untyped.scores, prefix.scores) and torch.equal(untyped.image_scores, prefix.image_scores)
+    for bad in (batch["token_type_ids"][:, 1:], batch["token_type_ids"] + 2):
+        with pytest.raises(ValueError, match=r"token_type_ids must be 0 \(the prefix: image and prompt\) or 1"):
+            relevancy.explain(model, {**batch, "token_type_ids": bad}, method="input_x_gradient")
+
+
+@pytest.mark.parametrize("family", ["paligemma", "paligemma2"])
+def test_paligemmas_input_x_gradient_is_autograd_of_its_own_forward(family):
+    """input_x_gradient on a batch padded right and left equals autograd through the model's own forward (a copy, its
+    attention transformers' sdpa, exact in float64; the processor's token types, positions from 1 over the real
+    tokens) at the token embeddings and at the pixels, to 1e-10 of each map's largest value."""
+    from vlm_models import embedding_leaf
+
+    own = copy.deepcopy(model_of(family))
+    for config in (own.config, own.config.text_config, own.config.vision_config):
+        config._attn_implementation = "sdpa"
+    for side in ("right", "left"):
+        batch = inputs(family, side)
+        explanation = relevancy.explain(model_of(family), batch, method="input_x_gradient")
+        mask = batch["attention_mask"]
+        pixels = batch["pixel_values"].clone().requires_grad_(True)
+        with embedding_leaf(own) as leaf:
+            logits = own(**{**batch, "pixel_values": pixels}, position_ids=(mask.cumsum(-1) - 1).clamp(min=0) + 1).logits
+        last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+        logits[torch.arange(2), last].gather(1, explanation.target[:, None]).sum().backward()
+        assert_close_to(explanation.scores, (leaf["text"] * leaf["text"].grad).sum(-1), f"{family} {side} text", 1e-10)
+        assert_close_to(explanation.pixel_scores, (pixels * pixels.grad).sum(1), f"{family} {side} pixels", 1e-10)
 
 
 @pytest.mark.parametrize("family", ["llava", "gemma3"])

@@ -8,35 +8,38 @@ import pytest
 import torch
 from test_model_unchanged import assert_same, snapshot
 from test_vision_language_tower import model_of
-from vlm_models import FAMILIES, IMAGE_TOKEN, PATCH, SIDE, alone, inputs
+from vlm_models import FAMILIES, IMAGE_TOKEN, PATCH, SIDE, alone, inputs, own_types
 
 import relevancy
 
+#: transformers runs Gemma 2's attention eager, its softmax in float32: the hand loop's forwards hold 3e-7 of that
+TOLERANCE = {"paligemma2": 1e-6}
 
-def own_logits(model: torch.nn.Module, family: str, ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
-    """The model's own forward on one unpadded row: the next token's logits."""
-    types = {"token_type_ids": (ids == IMAGE_TOKEN).long()} if family == "gemma3" else {}
+
+def own_logits(model: torch.nn.Module, family: str, row: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's own forward on one unpadded row (its token types where it has them): the next token's logits."""
+    ids = row["input_ids"]
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels, **types).logits[0, -1]
+        return model(**{**row, "attention_mask": torch.ones_like(ids), **own_types(family, ids, row)}).logits[0, -1]
 
 
 def by_hand(model: torch.nn.Module, family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`(text drops (T,), patch drops (4, 4))` of one unpadded row: each text token deleted from the sequence, each
     patch's pixels set to 0, one forward each."""
     ids, pixels = row["input_ids"], row["pixel_values"]
-    full = own_logits(model, family, ids, pixels)[target]
+    full = own_logits(model, family, row)[target]
     text = torch.zeros(ids.shape[1], dtype=torch.float64)
     for j in range(ids.shape[1]):
         if ids[0, j] != IMAGE_TOKEN:
-            kept = torch.cat([ids[:, :j], ids[:, j + 1:]], 1)
-            text[j] = full - own_logits(model, family, kept, pixels)[target]
+            kept = {name: torch.cat([value[:, :j], value[:, j + 1:]], 1) for name, value in row.items() if name != "pixel_values"}
+            text[j] = full - own_logits(model, family, {**kept, "pixel_values": pixels})[target]
     side = SIDE // PATCH
     image = torch.zeros(side, side, dtype=torch.float64)
     for r in range(side):
         for c in range(side):
             occluded = pixels.clone()
             occluded[..., r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH] = 0
-            image[r, c] = full - own_logits(model, family, ids, occluded)[target]
+            image[r, c] = full - own_logits(model, family, {**row, "pixel_values": occluded})[target]
     return text, image
 
 
@@ -56,8 +59,9 @@ def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_h
         for row in range(2):
             text, image = by_hand(model, family, alone(batch, row), targets[row])
             keep = batch["attention_mask"][row].bool()
-            assert torch.allclose(explanation.image_scores[row], image, atol=1e-10), f"{side} row {row}"
-            assert torch.allclose(explanation.scores[row, keep], text, atol=1e-10), f"{side} row {row}"
+            tolerance = TOLERANCE.get(family, 1e-10)
+            assert torch.allclose(explanation.image_scores[row], image, atol=tolerance), f"{side} row {row}"
+            assert torch.allclose(explanation.scores[row, keep], text, atol=tolerance), f"{side} row {row}"
             assert bool((explanation.scores[row, ~keep] == 0).all())
     assert_same(before, snapshot(model))
 

@@ -1,14 +1,14 @@
 """`transformer_attribution` (CVPR'21) carried into the vision tower, on the tiny random float64 models of
 `vlm_models.py`: LLaVA with a Llama decoder and one tower layer read, [CLS] cropped; with a Qwen2 decoder and two tower
-layers side by side, [CLS] kept; with a SigLIP tower (no [CLS], a pooling head); Idefics3 (pixel shuffle, a Linear) and
-Gemma 3 (average pooling, RMSNorm, a bare matrix), checked in two halves against code that does not run through the
+layers side by side, [CLS] kept; with a SigLIP tower (no [CLS], a pooling head); Idefics3 (pixel shuffle, a Linear),
+Gemma 3 (average pooling, RMSNorm, a bare matrix) and PaliGemma 1 and 2 (one Linear), checked in two halves against code that does not run through the
 family's rule map:
 
 - the text part equals the decoder family's `transformer_attribution` on the decoder alone: a `...ForCausalLM` with
   the decoder's weights whose vocabulary holds the row's image features (the projector's output in the model's own
-  forward) as the embeddings of token ids of their own, standing at the image's placeholders (Gemma 3, whose image's
-  tokens attend to each other as no `...ForCausalLM`'s do: the decoder's readout row built as full matrices from the
-  relevance and gradient at its attentions in one pass under the family's own map);
+  forward) as the embeddings of token ids of their own, standing at the image's placeholders (Gemma 3 and PaliGemma,
+  whose image's tokens, PaliGemma's prefix, attend to each other as no `...ForCausalLM`'s do: the decoder's readout
+  row built as full matrices from the relevance and gradient at its attentions in one pass under the family's own map);
 - the image part equals the paper's rule `v prod (I + E_h (G_l * R_l)^+)` built as full matrices, `v` the decoder
   alone's readout row at the image's tokens laid on the tower's tokens by hand, `R_l` and `G_l` the relevance and
   gradient at the tower's attentions under CLIP's rules (`families/clip/rules.py`'s layer and attention entries) on
@@ -21,7 +21,7 @@ Each row of a batch padded right and left is checked against its row alone; the 
 the tower's input is 1 (the paper's rules conserve) and equals the decoder alone's text relevance plus the tower's
 input relevance under CLIP's rules. What this does not check: the decoder alone is run by the decoder family's own
 rule map (the one the vision-language map reuses), so an error in a rule both share would not be caught here (the
-decoders' tests check that map), and Gemma 3's decoder relevance is the family's own."""
+decoders' tests check that map), and Gemma 3's and PaliGemma's decoder relevance is the family's own."""
 from __future__ import annotations
 
 import copy
@@ -41,7 +41,12 @@ from relevancy.families.hf_attention import transformers_leaves
 from relevancy.lrp import GRADIENT, PAPER, RELEVANCE, relevance_session
 from relevancy.lrp.engine import unchanged
 
-FAMILIES = ("llava", "llava_full", "llava_siglip", "idefics3", "gemma3")
+FAMILIES = ("llava", "llava_full", "llava_siglip", "idefics3", "gemma3", "paligemma", "paligemma2")
+#: the families whose decoder attends both ways over part of the sequence (Gemma 3's image, PaliGemma's prefix): no
+#: `...ForCausalLM` does, so their decoder half is read in one pass under the family's own map (`in_one_pass`)
+BOTH_WAYS = ("gemma3", "paligemma", "paligemma2")
+#: the families whose projector reads the tower's last layer (after its final LayerNorm), all its patch tokens
+LAST_LAYER = ("idefics3", "gemma3", "paligemma", "paligemma2")
 
 
 def decoder_alone(model: nn.Module, row: dict[str, torch.Tensor]) -> tuple[nn.Module, dict[str, torch.Tensor]]:
@@ -113,6 +118,10 @@ def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.T
         normed = projector.mm_soft_emb_norm(x)
         out = normed @ weight
         into = alpha1_beta0(normed.detach(), weight.T, relevance)
+    elif hasattr(projector, "linear"):  # PaliGemma: one Linear
+        x = features
+        out = projector.linear(x)
+        into = alpha1_beta0(x.detach(), projector.linear.weight, relevance)
     elif hasattr(model.model, "connector"):  # Idefics3: pixel shuffle, one Linear
         connector = model.model.connector
         x = connector.pixel_shuffle(features[None], connector.scale_factor)[0]
@@ -129,7 +138,8 @@ def projector_relevance(model: nn.Module, read: torch.Tensor, relevance: torch.T
 
 
 def in_one_pass(model: nn.Module, row: dict[str, torch.Tensor], target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gemma 3, whose image's tokens attend to each other (no `...ForCausalLM` does): `(the decoder's readout row (T,),
+    """Gemma 3 and PaliGemma, whose image's tokens (PaliGemma: image and prompt) attend to each other (no
+    `...ForCausalLM` does): `(the decoder's readout row (T,),
     relevance, gradient (T, D) at its input tokens)`, the row built as full matrices (`rule`) from the relevance and
     gradient at the decoder's attentions in one pass under the family's own rule map."""
     adapter = adapter_for(model)
@@ -155,7 +165,7 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
     model = model_of(family)
     config = model.config
     image = row["input_ids"][0] == IMAGE_TOKEN
-    if family == "gemma3":
+    if family in BOTH_WAYS:
         text, relevance, gradient = in_one_pass(model, row, target)
     else:
         decoder, ids = decoder_alone(model, row)
@@ -166,7 +176,7 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
     count = len(transformer.encoder.layers)
     pixels = row["pixel_values"].flatten(0, -4)  # Idefics3's one image per row
     with relevance_session(tower, clip_rule_map(transformer, tower), PAPER) as session:
-        if family in ("idefics3", "gemma3"):  # the last layer's patches, after the final LayerNorm
+        if family in LAST_LAYER:  # the last layer's patches, after the final LayerNorm
             depths, crop = [count], 0
             read = [tower(pixels).last_hidden_state[0]]
         else:  # LLaVA: the layers `vision_feature_layer` names, [CLS] cropped by "default"
@@ -184,7 +194,7 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
         gradients = session.backward(GRADIENT, outputs, attentions, seeds[GRADIENT])
     tower_input = relevances.pop().sum()
     entering = text[image]
-    if family in ("idefics3", "gemma3"):  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares
+    if family in ("idefics3", "gemma3"):  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares (PaliGemma: one per patch)
         entering = entering.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1).flatten() / 4
     elif crop:
         entering = torch.cat([torch.zeros(1, dtype=torch.float64), entering])

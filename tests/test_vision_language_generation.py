@@ -128,10 +128,12 @@ class GivenInputs:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-@pytest.mark.parametrize("family", ["llava_full", "gemma3", "idefics3"])
+@pytest.mark.parametrize("family", ["llava_full", "gemma3", "idefics3", "paligemma", "paligemma2"])
 def test_every_familys_generation_equals_explain(family):
     """LLaVA with [CLS] kept and two tower layers (Qwen2 decoder), Gemma 3 (pooled projector, each image's tokens
-    attending to each other), Idefics3 (pixel shuffle, one image of shape (1, 3, H, W) per row)."""
+    attending to each other), Idefics3 (pixel shuffle, one image of shape (1, 3, H, W) per row), PaliGemma 1 and 2
+    (image and prompt a prefix attending both ways: row g equals explain on the prefix with the g generated tokens
+    typed 1, after the prefix, as the model's generate types them)."""
     model = build(family)
     result = relevancy.explain_generation(model, GivenInputs(family), PROMPT, image=picture(), max_new_tokens=3, method="cp_lrp")
     batch = inputs(family, lengths=(4,))
@@ -139,8 +141,9 @@ def test_every_familys_generation_equals_explain(family):
     ids = torch.cat([batch["input_ids"], result.generated_ids[None]], 1)
     assert result.image_scores.shape == (3, 4, 4) and result.image_url.startswith("data:image/png;base64,")
     for g in range(3):
+        types = {"token_type_ids": torch.cat([batch["token_type_ids"], torch.ones(1, g, dtype=torch.long)], 1)} if "token_type_ids" in batch else {}
         alone = relevancy.explain(model, {"input_ids": ids[:, :start + g], "attention_mask": torch.ones(1, start + g, dtype=torch.long),
-                                          "pixel_values": batch["pixel_values"]}, method="cp_lrp", target=int(result.generated_ids[g]))
+                                          "pixel_values": batch["pixel_values"], **types}, method="cp_lrp", target=int(result.generated_ids[g]))
         assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{family} text {g}", 1e-10)
         assert_close_to(result.image_scores[g], alone.image_scores[0], f"{family} image {g}", 1e-10)
         assert torch.allclose(result.relevance_total[g], alone.relevance_total[0])

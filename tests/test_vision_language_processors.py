@@ -1,5 +1,5 @@
 """Real processors, built offline (`vlm_real_processors.py`): Gemma 3's around the tokenizer of Gemma-3-270M's GGUF,
-SmolVLM's (`Idefics3Processor`) around SmolLM2's, each with its chat template, on tiny random float64 models whose
+SmolVLM's (`Idefics3Processor`) around SmolLM2's, each with its chat template, and PaliGemma's around Gemma 3's tokenizer, on tiny random float64 models whose
 vocabulary and image tokens are the tokenizer's. A chat-templated prompt with an image goes through the processor
 into `relevancy.explain` and `relevancy.explain_generation` as it comes out: the adapter's assumptions about the
 image's tokens (one run of placeholders per row, Gemma 3's token types marking them alone) hold on the real output.
@@ -11,7 +11,8 @@ import pytest
 import torch
 from test_causal_lm import assert_close_to
 from vlm_processor import picture
-from vlm_real_processors import IMAGE_TOKENS, gemma3_processor, model_for, smolvlm_processor
+from vlm_models import build
+from vlm_real_processors import IMAGE_TOKENS, gemma3_processor, model_for, paligemma_processor, smolvlm_processor
 
 import relevancy
 from relevancy.families.vision_language import VisionLanguageGenerationExplanation
@@ -93,3 +94,35 @@ def test_the_servers_memory_estimate_counts_the_images_tokens_in_the_decoder(rea
     prompt = len(processor.tokenizer(QUESTION)["input_ids"])
     estimate = estimate_generation(GenerationRequest(prompt=QUESTION, max_new_tokens=3), entry)
     assert estimate == attention_bytes(prompt + IMAGE_TOKENS + 3, model)
+
+
+@pytest.fixture(scope="module")
+def paligemma(request):
+    """`(processor, model)`: PaliGemma's processor around Gemma 3's tokenizer (`vlm_real_processors.py`) and the tiny
+    PaliGemma 1 of its vocabulary and image token."""
+    processor = paligemma_processor(request.config.cache.mkdir("relevancy-gguf-tokenizers"))
+    return processor, build("paligemma", vocab=len(processor.tokenizer), image_token=processor.image_token_id)
+
+
+def test_paligemmas_processor_output_and_prompt_are_explained_as_they_come(paligemma):
+    """PaliGemma's processor writes the image's 16 tokens, BOS, the prompt and "\\n", `token_type_ids` all 0 (the
+    prefix) and `labels`: `explain` takes it as it comes, its types the prefix it reads when none are given;
+    `explain_generation` on the bare text prompt makes the same prompt (the image's tokens first, no separator: the
+    processor puts BOS there), its first row equal to `explain` of the first generated token on it."""
+    processor, model = paligemma
+    inputs = dict(processor(images=picture(), text=f"{processor.image_token}{QUESTION}", return_tensors="pt"))
+    ids = inputs["input_ids"][0].tolist()
+    bos, newline = processor.tokenizer.bos_token_id, processor.tokenizer.convert_tokens_to_ids("\n")
+    assert ids[:17] == [processor.image_token_id] * 16 + [bos] and ids[-1] == newline
+    assert set(inputs) == {"input_ids", "attention_mask", "pixel_values", "token_type_ids", "labels"}
+    assert inputs["token_type_ids"].eq(0).all()
+    result = relevancy.explain(model, inputs, method="attnlrp")
+    assert result.scores.shape == inputs["input_ids"].shape and result.image_scores.shape == (1, 4, 4)
+    bare = relevancy.explain(model, {key: inputs[key] for key in ("input_ids", "attention_mask", "pixel_values")}, method="attnlrp")
+    assert torch.equal(result.scores, bare.scores) and torch.equal(result.image_scores, bare.image_scores)
+    generated = relevancy.explain_generation(model, processor, QUESTION, image=picture(), max_new_tokens=3, method="input_x_gradient")
+    start = len(ids)
+    assert generated.prompt_length == start and generated.tokens[16] == processor.tokenizer.bos_token
+    first = relevancy.explain(model, inputs, method="input_x_gradient", target=int(generated.generated_ids[0]))
+    assert_close_to(generated.image_scores[0], first.image_scores[0], "paligemma generated token 0", 1e-10)
+    assert_close_to(generated.scores[0, :start], first.scores[0], "paligemma generated token 0, text", 1e-10)

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from test_model_unchanged import assert_same, assert_unchanged_by_a_failure, snapshot
-from vlm_models import EXTRA, FAMILIES, IMAGE_TOKEN, SIDE, alone, build, inputs
+from vlm_models import EXTRA, FAMILIES, IMAGE_TOKEN, SIDE, alone, build, inputs, own_types
 
 import relevancy
 from relevancy.families import adapter_for
@@ -24,7 +24,7 @@ def model_of(family: str) -> torch.nn.Module:
         MODELS[family] = build(family)
         batch = inputs(family, lengths=(2,))
         with torch.no_grad():
-            MODELS[family](**batch, **({"token_type_ids": (batch["input_ids"] == IMAGE_TOKEN).long()} if family == "gemma3" else {}))
+            MODELS[family](**{**batch, **own_types(family, batch["input_ids"], batch)})
     return MODELS[family]
 
 
@@ -47,8 +47,7 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
     hooks = [layer.self_attn.register_forward_hook(lambda _m, _i, out, key=key: found[key].append(out[1]))
              for key, layers in (("tower", tower), ("decoder", adapter.blocks)) for layer in layers]
     ids = row["input_ids"]
-    types = {"token_type_ids": (ids == IMAGE_TOKEN).long()} if family == "gemma3" else {}
-    logit = model(**row, **types).logits[0, -1, target]
+    logit = model(**{**row, **own_types(family, ids, row)}).logits[0, -1, target]
     for hook in hooks:
         hook.remove()
     attentions = found["tower"] + found["decoder"]
@@ -62,7 +61,7 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
         entering, depths = torch.cat([torch.zeros(1, dtype=torch.float64), tokens]), [1]
     elif family == "llava_full":  # both layers side by side, [CLS] kept: v R_2 + v R_1
         entering, depths = tokens, [2, 1]
-    elif family == "llava_siglip":  # the last layer's patch tokens, all kept: a SigLIP tower has no [CLS]
+    elif family in ("llava_siglip", "paligemma", "paligemma2"):  # the last layer's patch tokens, all kept: a SigLIP tower has no [CLS]
         entering, depths = tokens, [layers]
     else:  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares (no [CLS])
         entering, depths = tokens.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1).flatten() / 4, [layers]

@@ -1,4 +1,4 @@
-"""Tiny random float64 vision-language decoders (LLaVA, Gemma 3, Idefics3) and their inputs, built from fixed seeds
+"""Tiny random float64 vision-language decoders (LLaVA, Gemma 3, Idefics3, PaliGemma 1 and 2) and their inputs, built from fixed seeds
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ _TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_
 _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=SIDE, patch_size=PATCH,
                initializer_range=0.2)
 #: family -> (seed, image tokens per image)
-FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4)}
+FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4), "paligemma": (25, 16), "paligemma2": (26, 16)}
+#: the families whose processor writes token types: PaliGemma's prefix (0: image and prompt, 1: a suffix after it)
+PREFIX_FAMILIES = ("paligemma", "paligemma2")
 #: built like FAMILIES' models, checked by tests of their own only: a LLaVA with a SigLIP tower (no [CLS], a pooling head)
 EXTRA = {"llava_siglip": (24, 16)}
 
@@ -43,6 +45,12 @@ def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, ima
                                          vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=False),
                                          mm_tokens_per_image=4, image_token_index=image_token, boi_token_index=image_edges[0],
                                          eoi_token_index=image_edges[1])
+    if family in PREFIX_FAMILIES:  # SigLIP's patch tokens, one Linear; Gemma, or Gemma 2 with a sliding window and capped logits
+        decoder = (transformers.GemmaConfig(**text, head_dim=8) if family == "paligemma" else
+                   transformers.Gemma2Config(**text, head_dim=8, sliding_window=4, query_pre_attn_scalar=8, attn_logit_softcapping=None,
+                                             final_logit_softcapping=3.0))
+        return transformers.PaliGemmaConfig(vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=False), text_config=decoder,
+                                            image_token_index=image_token, projection_dim=text["hidden_size"])
     return transformers.Idefics3Config(text_config=transformers.LlamaConfig(**text), vision_config=transformers.Idefics3VisionConfig(**_VISION),
                                        scale_factor=2, image_token_id=image_token)
 
@@ -58,7 +66,7 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if ("norm" in name or "layernorm" in name) and parameter.ndim == 1 and name.endswith("weight"):
-                gemma = family == "gemma3" and ("language_model" in name or "mm_soft_emb_norm" in name)
+                gemma = family.startswith(("gemma3", "paligemma")) and ("language_model" in name or "mm_soft_emb_norm" in name)
                 parameter.copy_(torch.randn_like(parameter) * 0.3 + (0.0 if gemma else 1.0))
             elif name.endswith("mm_input_projection_weight"):  # Gemma 3 starts it at 0: no image would reach the decoder
                 parameter.copy_(torch.randn_like(parameter) * 0.2)
@@ -77,14 +85,29 @@ def padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Ten
 
 
 def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
-    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders`, padded on
-    `side` (pad id 0), one random image per row."""
+    """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders` (PaliGemma:
+    the placeholders first, then 1, as its processor writes them, and token types: 0 on the prefix, 1 on the first
+    row's last 2 tokens, a suffix), padded on `side` (pad id 0), one random image per row."""
     generator = torch.Generator().manual_seed(seed)
     images = {**FAMILIES, **EXTRA}[family][1]
-    rows = [torch.cat([torch.tensor([1] + [IMAGE_TOKEN] * images), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
+    start = [IMAGE_TOKEN] * images + [1] if family in PREFIX_FAMILIES else [1] + [IMAGE_TOKEN] * images
+    rows = [torch.cat([torch.tensor(start), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
     ids, mask = padded(rows, side)
     pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
-    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
+    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
+    if family in PREFIX_FAMILIES:
+        suffix = [torch.tensor([0] * (len(row) - 2) + [1, 1]) if r == 0 and len(lengths) > 1 else torch.zeros(len(row), dtype=torch.long)
+                  for r, row in enumerate(rows)]
+        batch["token_type_ids"] = padded(suffix, side)[0]
+    return batch
+
+
+def own_types(family: str, ids: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The token types the model's own forward takes with the rows `ids` of `batch`: Gemma 3's 1 at the image's
+    tokens (they attend to each other), PaliGemma's the batch's own (its prefix); none for the others."""
+    if family == "gemma3":
+        return {"token_type_ids": (ids == IMAGE_TOKEN).long()}
+    return {"token_type_ids": batch["token_type_ids"]} if "token_type_ids" in batch else {}
 
 
 
@@ -108,5 +131,5 @@ def embedding_leaf(model: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
 def alone(batch: dict[str, torch.Tensor], row: int) -> dict[str, torch.Tensor]:
     """Row `row` of a batch on its own, without its padding."""
     keep = batch["attention_mask"][row].bool()
-    return {"input_ids": batch["input_ids"][row:row + 1, keep], "attention_mask": batch["attention_mask"][row:row + 1, keep],
-            "pixel_values": batch["pixel_values"][row:row + 1]}
+    return {"pixel_values": batch["pixel_values"][row:row + 1],
+            **{name: batch[name][row:row + 1, keep] for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch}}

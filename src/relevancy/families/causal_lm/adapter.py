@@ -182,6 +182,8 @@ class CausalLMAdapter(Adapter):
     conventions = Conventions(attention_gradcam=GradCamConventions(region="matrix"))
     #: True while `own_forward_problems` runs its probe (its forwards are not refused)
     _checking = False
+    #: the position id of a row's first real token (PaliGemma's decoder counts from 1)
+    first_position = 0
 
     def named_target(self, target: Any) -> Any:
         """Strings are tokens here, resolved with the tokenizer (see `targets`)."""
@@ -308,6 +310,11 @@ class CausalLMAdapter(Adapter):
             with self.rules_applied(None, probabilities=attention_probabilities):
                 yield
 
+    def causal_probe(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What else the model's own forward takes for the probe's text `ids` to run its decoder causally, as the
+        decoder runs alone (`hidden_states`): nothing for a decoder (a vision-language model's own, PaliGemma's token types)."""
+        return {}
+
     def refuse_unless_own(self, path: str) -> None:
         """Refuse, naming where they differ, where the forward a method explains (`path`: "plain", "gradient",
         "explicit") is not the model's own (`own_forward_problems`)."""
@@ -347,7 +354,8 @@ class CausalLMAdapter(Adapter):
                                  lambda: relevance_session(self.model, self.relevance_rule_map(), PAPER, gradient_pass=False))
         problems = {}
         with eval_mode(self.model), torch.no_grad():
-            own_layers, own = self._layers_recorded(lambda: self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, -1])
+            own_layers, own = self._layers_recorded(lambda: self.model(input_ids=ids, attention_mask=mask, use_cache=False,
+                                                                       **self.causal_probe(ids)).logits[:, -1])
             for path, (said, context) in paths.items():
                 try:
                     with self.rules_applied(None, probabilities=True), context():
@@ -444,7 +452,8 @@ class CausalLMAdapter(Adapter):
         positions counted over the real tokens."""
         scale = self.layout.embedding_scale
         entering = embeddings if scale is None else embeddings * getattr(self.decoder, scale)
-        return self.decoder(inputs_embeds=entering, attention_mask=mask, position_ids=position_ids(mask), use_cache=False).last_hidden_state
+        return self.decoder(inputs_embeds=entering, attention_mask=mask, position_ids=position_ids(mask) + self.first_position,
+                            use_cache=False).last_hidden_state
 
     def _next_token(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """From token embeddings and their mask: `(logits (B, V), hidden (B, D))` after each row's last real token;

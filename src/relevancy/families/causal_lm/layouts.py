@@ -844,6 +844,8 @@ PHI3 = _llama_like("phi3", ("Phi3ForCausalLM",), ("phi3",), _pre_norm(FUSED_ATTE
 GEMMA3 = _llama_like("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",),
                      _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM, "q_norm", "k_norm") + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM,
                      SANDWICH)
+#: Gemma (PaliGemma 1's decoder): Llama's layer with Gemma's norms (`1 + w`), the embeddings scaled in the embedding
+GEMMA = _llama_like("gemma", ("GemmaForCausalLM",), ("gemma",), _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM), ONE_PLUS_RMS_NORM)
 GEMMA2 = _llama_like("gemma2", ("Gemma2ForCausalLM",), ("gemma2",),
                      _pre_norm(ATTENTION, (GATED_MLP,), ONE_PLUS_RMS_NORM) + _GEMMA_MLP_NORMS, ONE_PLUS_RMS_NORM, SANDWICH)
 OLMO2 = _llama_like("olmo2", ("Olmo2ForCausalLM",), ("olmo2",),
@@ -941,7 +943,7 @@ FALCON_H1 = Layout(
     final=("final_layernorm", RMS_NORM), residual=None, logit_scale=LogitScale("lm_head_multiplier"),
     embedding_scale="embedding_multiplier",
     state_space="a state-space mixer beside attention in every layer, which attention maps do not see")
-LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, QWEN3_NEXT, GEMMA3, GEMMA2, PHI3, OLMO2, COHERE, GPT_OSS,
+LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, QWEN3_NEXT, GEMMA3, GEMMA2, GEMMA, PHI3, OLMO2, COHERE, GPT_OSS,
            HUNYUAN_DENSE, LFM2, GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)

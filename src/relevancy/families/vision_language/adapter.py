@@ -32,15 +32,16 @@ from ..causal_lm.layouts import recognised, structure
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GEMMA3, GENERATING_CLASSES, IDEFICS3, LLAVA, QWEN_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
+    GENERATING_CLASSES, IDEFICS3, LLAVA, QWEN_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
     pixel_patches, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 
 #: the config's ids of the tokens around an image's placeholders
 DELIMITERS = ("vision_start_token_id", "vision_end_token_id", "boi_token_index", "eoi_token_index")
-#: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens)
-PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids")
+#: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens; PaliGemma's
+#: prefix, read as given; labels: PaliGemma's training targets, which it always writes and no method reads)
+PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
 
 
 class VisionLanguageAdapter(CausalLMAdapter):
@@ -79,9 +80,15 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.blocks = list(getattr(self.decoder, self.layout.layers))
         self.ruled = [*self.decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
+        self.first_position = self.vision.first_position
         #: the tokens that open and close an image's placeholders (Qwen2-VL's vision start and end, Gemma 3's begin
         #: and end of image): part of the image's span, not words of the text (TAM leaves them out of its text)
         self.image_delimiters = tuple(int(getattr(model.config, name)) for name in DELIMITERS if getattr(model.config, name, None) is not None)
+
+    @staticmethod
+    def image_separator(model: nn.Module) -> str:
+        """What a generation's text prompt gets between the image's token, put first, and the text (the layout's)."""
+        return layout_of(model).image_separator
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -119,9 +126,37 @@ class VisionLanguageAdapter(CausalLMAdapter):
         dtype = next(self.model.parameters()).dtype
         device = text.input_ids.device  # the embeddings' execution device (not an offloaded weight's meta device)
         mask = inputs.get("pixel_attention_mask")
-        return ImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "token_type_ids", "tokens", "word_ids")},
+        return ImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "tokens", "word_ids")},
+                               token_type_ids=self.prefix_types(inputs.get("token_type_ids"), text.input_ids),
                                pixel_values=pixels.to(device, dtype),
                                pixel_attention_mask=None if mask is None else torch.as_tensor(mask).to(device))
+
+    def prefix_types(self, given: object, ids: torch.Tensor) -> torch.Tensor | None:
+        """The processor's token types where the layout reads them (PaliGemma's prefix: 0 on the image and prompt, 1
+        after), all 0 where none are given (the whole prompt a prefix, as the processor writes it without a suffix);
+        None for the other layouts (Gemma 3's are made again from the placeholders)."""
+        if self.vision.token_types != "prefix":
+            return None
+        if given is None:
+            return torch.zeros_like(ids)
+        types = torch.as_tensor(given).to(ids.device).long()
+        if types.numel() != ids.numel() or not bool(((types == 0) | (types == 1)).all()):
+            raise ValueError(f"token_type_ids must be 0 (the prefix: image and prompt) or 1 (after it) at each of input_ids' "
+                             f"{tuple(ids.shape)} positions, as the processor writes them; got {tuple(types.shape)}")
+        return types.view_as(ids)
+
+    def causal_probe(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """PaliGemma's token types all 1 (no prefix): without them its decoder (`use_bidirectional_attention`) attends
+        both ways where transformers leaves the mask out (a row without padding) and causally where not."""
+        return {"token_type_ids": torch.ones_like(ids)} if self.vision.token_types == "prefix" else {}
+
+    def hidden_states(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden states from token embeddings (the forward-check's text-only probe): PaliGemma's
+        through the model's own forward with the probe's token types (causal, `causal_probe`), the others' alone."""
+        if self.vision.token_types != "prefix":
+            return super().hidden_states(embeddings, mask)
+        return self.model.model(inputs_embeds=embeddings, attention_mask=mask, position_ids=position_ids(mask) + self.first_position,
+                                use_cache=False, **self.causal_probe(mask)).last_hidden_state
 
     def describe_inputs(self, inputs: ImageTextTokens) -> dict:
         return {**super().describe_inputs(inputs), "image_tokens": (inputs.input_ids == self.image_token).cpu()}
@@ -146,16 +181,21 @@ class VisionLanguageAdapter(CausalLMAdapter):
         return {"text": leaves["text"], "image": pixels}, hidden
 
     def hidden_of(self, inputs: ImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
-                  source: torch.Tensor) -> torch.Tensor:
+                  source: torch.Tensor, types: torch.Tensor | None = None) -> torch.Tensor:
         """The model's own forward (tower, projector, decoder) over the token rows `ids` (`mask`) with the images
-        `pixels`, row `r` of input row `source[r]`: the decoder's last hidden states `(R, N, D)`."""
+        `pixels`, row `r` of input row `source[r]`: the decoder's last hidden states `(R, N, D)`. `types`: the
+        prefix's token types of `ids` (PaliGemma; None: the input rows', 1 at the positions after them, a
+        generation's tokens)."""
         further: dict[str, torch.Tensor] = {}
         if inputs.pixel_attention_mask is not None:
             further["pixel_attention_mask"] = inputs.pixel_attention_mask[source]
-        if self.vision is GEMMA3:  # each image's tokens attend to each other
+        if self.vision.token_types == "images":  # each image's tokens attend to each other
             further["token_type_ids"] = (ids == self.image_token).long()
-        return self.model.model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=position_ids(mask),
-                                use_cache=False, **further).last_hidden_state
+        elif self.vision.token_types == "prefix":  # image and prompt attend to each other, what follows causally
+            given = inputs.token_type_ids[source] if types is None else types
+            further["token_type_ids"] = torch.nn.functional.pad(given, (0, ids.shape[1] - given.shape[1]), value=1)
+        return self.model.model(input_ids=ids, pixel_values=pixels, attention_mask=mask,
+                                position_ids=position_ids(mask) + self.first_position, use_cache=False, **further).last_hidden_state
 
     def forward(self, inputs: ImageTextTokens, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own forward (tower, projector, decoder; what the attention methods record): `(next-token
@@ -208,13 +248,15 @@ class VisionLanguageAdapter(CausalLMAdapter):
         mask, pixels = inputs.attention_mask, inputs.pixel_values
         rows = torch.arange(len(mask), device=mask.device) if rows is None else rows
         mask, pixels, positions = mask[rows], pixels[rows], positions or {}
+        types = None if inputs.token_type_ids is None else inputs.token_type_ids[rows]
         if "text" in positions:
             mask = mask.gather(1, positions["text"])
+            types = None if types is None else types.gather(1, positions["text"])
         if "image" in positions:
             grid = self.patch_grid(inputs)
             removed = torch.ones(len(rows), grid[0] * grid[1], dtype=torch.bool, device=mask.device).scatter_(1, positions["image"], False)
             pixels = self.without_patches(pixels, removed.view(-1, *grid))
-        hidden = self.hidden_of(inputs, tokens["text"][..., 0], mask, pixels, rows)
+        hidden = self.hidden_of(inputs, tokens["text"][..., 0], mask, pixels, rows, types)
         last = hidden[torch.arange(len(hidden), device=hidden.device), last_real(mask)]
         return self.head(last), last
 

@@ -8,7 +8,9 @@ are checked with the same parts (a LayerNorm, self-attention, an MLP `fc2(act(fc
 norms with a constant divisor, the identity rule on the activation; attention is switched through the configs.
 Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's tower (`QwenVisionLayout`: blocks with a fused-`qkv` attention, the 2 x 2
 patch merger as the projector; Qwen3-VL's DeepStack mergers beside it) is checked with the same parts; its images are
-of any size (`patch_pixels`, `blocks_on_patches`).
+of any size (`patch_pixels`, `blocks_on_patches`). PaliGemma 1 and 2
+(SigLIP, one Linear, a Gemma or Gemma 2 decoder) differ by their token types (a bidirectional prefix) and position ids
+counted from 1 (`token_types`, `first_position`).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def _fits_projector(module: nn.Module, width: int) -> bool:
 
 
 LLAVA_PROJECTOR = Part("LLaVA's projector linear_2(act(linear_1(x)))", _fits_projector, plain_mlp("linear_1", "linear_2", "act"))
+#: PaliGemma's projector: one Linear from the tower's width (the decoder map's Linear rule)
+TOWER_LINEAR = Part("a Linear from the tower's width", lambda module, width: isinstance(module, nn.Linear) and module.in_features == width)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,16 @@ class VisionLanguageLayout:
     #: it depends on the image's size, Qwen2-VL's `image_grid_thw`)
     image_tokens: Callable[[Any, int], int] | None
     projector_parts: tuple[tuple[str, Part], ...] = ()
+    #: the `token_type_ids` the model's own forward reads: "images" 1 at the image's placeholders, made again from
+    #: them (Gemma 3: each image's tokens attend to each other); "prefix" the processor's, 0 on the prefix (image and
+    #: prompt, attending to each other both ways) and 1 after it (causal; PaliGemma), all 0 where none are given;
+    #: None: none
+    token_types: str | None = None
+    #: the position id of a row's first real token (PaliGemma counts from 1)
+    first_position: int = 0
+    #: what `explain_generation` puts between the image's token and a text prompt that does not hold it (PaliGemma's
+    #: processor puts its BOS there itself: nothing)
+    image_separator: str = "\n"
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
@@ -119,7 +133,11 @@ LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "visio
                              (("", LLAVA_PROJECTOR),))
 GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                               lambda config, prefix: config.mm_tokens_per_image,  # the patches average-pooled
-                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),))
+                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),), token_types="images")
+#: PaliGemma 1 and 2: SigLIP's patch tokens through one Linear, a Gemma or Gemma 2 decoder over a bidirectional prefix
+PALIGEMMA = VisionLanguageLayout("paligemma", ("PaliGemmaForConditionalGeneration",), "vision_tower", "multi_modal_projector",
+                                 "language_model", lambda config, prefix: patch_count(config), (("linear", TOWER_LINEAR),),
+                                 token_types="prefix", first_position=1, image_separator="")
 IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
                                 "text_model", lambda config, prefix: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
 
@@ -235,7 +253,7 @@ QWEN3_VL = QwenVisionLayout("qwen3_vl", ("Qwen3VLForConditionalGeneration", "Qwe
                             "language_model", None, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
                             merger=(("norm", (LAYER_NORM,)), ("", (STACKED_MERGER,))), deepstack="deepstack_merger_list")
 QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, *QWEN_LAYOUTS)
+LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, *QWEN_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 #: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's yet

@@ -108,10 +108,11 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
 
     # -- running ----------------------------------------------------------------------------------------------
     def hidden_of(self, inputs: GridImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
-                  source: torch.Tensor) -> torch.Tensor:
+                  source: torch.Tensor, types: torch.Tensor | None = None) -> torch.Tensor:
         """The model's own forward over the token rows `ids` (`mask`) with the images `pixels` `(R, h * w, ...)`, row
         `r` of input row `source[r]`, at the 3-D positions of the model's `get_rope_index`: the decoder's last
-        hidden states `(R, N, D)`."""
+        hidden states `(R, N, D)`. `types` (PaliGemma's prefix in the base adapter) is never given here: Qwen2-VL's
+        layouts read no processor token types (`mm_token_type_ids` is made again from the placeholders)."""
         grid = inputs.image_grid_thw[source]
         inner = self.model.model
         positions, _ = inner.get_rope_index(input_ids=ids, mm_token_type_ids=(ids == self.image_token).int(), image_grid_thw=grid,
