@@ -1,7 +1,10 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
-random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2), text and pixel maps, in float64.
+random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, LLaVA-NeXT), text and pixel maps,
+in float64.
 
-    /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt]
+    /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt] [--only FAMILY ...]
+
+`--only`: record those families' entries alone, the file's other entries kept as they were recorded.
 
 Run it in a venv with lxt (never a dependency of relevancy; see `llm_lxt_reference.py`: lxt 2.1, transformers 5.24).
 lxt maps decoders only; "lxt's rules composed over the whole model" is here:
@@ -22,7 +25,10 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
   position ids counting real tokens (PaliGemma's from 1), the token types its forward takes (`vlm_models.own_types`:
   Gemma 3's 1 at the image's tokens, PaliGemma's prefix as the inputs hold it); each row's target is the
   plain model's most probable next token after its last real token; the maps are input x gradient summed over
-  the width at the embeddings `(B, T)` and over the colour channels at the pixels `(B, H, W)`.
+  the width at the embeddings `(B, T)` and over the colour channels at the pixels `(B, H, W)`;
+- LLaVA-NeXT (`vlm_models.TILED`): LLaVA's maps (lxt's Llama map, the CLIP tower's patches) on the model's own
+  forward from its tiles and `image_sizes` (the tiles' features unpadded and laid out by the model, its newline
+  embedding a parameter), the pixel map per tile `(B, tiles, H, W)`.
 Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
 checksums (not their weights), the inputs, the targets and the maps; padded rows equal single ones to 1e-10 (checked).
 """
@@ -42,11 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
-from vlm_models import FAMILIES, PREFIX_FAMILIES, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
+from vlm_models import FAMILIES, PREFIX_FAMILIES, TILED, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
-        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip")}
+        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "llava_next": ("llama", "clip")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 
@@ -111,27 +117,35 @@ def recorded(family: str, variant: str, data: dict[str, dict], maps: dict[str, t
 
 
 def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], target: torch.Tensor | None):
-    """`(logits at each row's last real token, text map (B, T), pixel map (B, H, W))`; with `target` None no backward."""
+    """`(logits at each row's last real token, text map (B, T), pixel map (B, H, W); LLaVA-NeXT's (B, tiles, H, W))`;
+    with `target` None no backward."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     pixels = batch["pixel_values"].clone().requires_grad_(True)
     first = int(family in PREFIX_FAMILIES)  # PaliGemma counts positions from 1
+    sizes = {"image_sizes": batch["image_sizes"]} if family in TILED else {}
     with embedding_leaf(model) as leaf:
         logits = model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=positions(mask) + first, use_cache=False,
-                       **own_types(family, ids, batch)).logits
+                       **own_types(family, ids, batch), **sizes).logits
     logits = logits[torch.arange(len(ids)), last_real(mask)]
     if target is None:
         return logits.detach(), None, None
     logits.gather(1, target[:, None]).sum().backward()
     text = (leaf["text"] * leaf["text"].grad).sum(-1).detach()
-    image = (pixels * pixels.grad).detach().flatten(1, -3).sum(1)
-    return logits.detach(), text, image
+    image = (pixels * pixels.grad).detach()
+    return logits.detach(), text, image.sum(-3) if family in TILED else image.flatten(1, -3).sum(1)
+
+
+def arguments(doc: str, name: str) -> argparse.Namespace:
+    """A reference script's arguments: `--out` (default `tests/golden/<name>`), `--only` (families)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden" / name)
+    parser.add_argument("--only", nargs="+", help="record these families alone, the file's other entries kept")
+    return parser.parse_args()
 
 
 def out_path(doc: str, name: str) -> Path:
     """The `--out` argument of a reference script (default `tests/golden/<name>`)."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "tests/golden" / name)
-    return parser.parse_args().out
+    return arguments(doc, name).out
 
 
 def sdpa_models(families: dict, build: Callable) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -144,11 +158,15 @@ def sdpa_models(families: dict, build: Callable) -> Iterator[tuple[str, torch.nn
 
 
 def main() -> None:
-    out = out_path(__doc__, "vlm_lxt_reference.pt")
+    args = arguments(__doc__, "vlm_lxt_reference.pt")
     import transformers
 
+    families = {**FAMILIES, **TILED}
     golden: dict = {"transformers": transformers.__version__, "models": {}}
-    for family, model in sdpa_models(FAMILIES, build):
+    if args.only:
+        golden = torch.load(args.out, weights_only=False)
+        families = {family: families[family] for family in args.only}
+    for family, model in sdpa_models(families, build):
         decoder, tower = MAPS[family]
         decoder_module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
         tower_module = importlib.import_module(f"transformers.models.{tower}.modeling_{tower}")
@@ -164,7 +182,7 @@ def main() -> None:
                 maps = {name: run(model, family, batch, entry["targets"][name])[1:] for name, batch in data.items()}
             entry[key] = recorded(family, variant, data, maps)
         golden["models"][family] = entry
-    write_golden(golden, out)
+    write_golden(golden, args.out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Tiny random float64 vision-language decoders (LLaVA, Gemma 3, Idefics3, PaliGemma 1 and 2) and their inputs, built from fixed seeds
+"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, Gemma 3, Idefics3, PaliGemma 1 and 2) and their inputs, built from fixed seeds
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefi
 PREFIX_FAMILIES = ("paligemma", "paligemma2")
 #: built like FAMILIES' models, checked by tests of their own only: a LLaVA with a SigLIP tower (no [CLS], a pooling head)
 EXTRA = {"llava_siglip": (24, 16)}
+#: LLaVA-NeXT's "anyres" images, their own tests (`test_llava_next.py`): the image's 16 x 16 tiles of its best
+#: resolution among `PINPOINTS` after the base image (the image downscaled to one tile); a 24 x 32 image (H, W) takes
+#: 32 x 32, 2 x 2 tiles, whose 8 x 8 patch grid is unpadded to the image's aspect, 6 x 8 (a row of patches cut above
+#: and below), each of its rows followed by the newline embedding: 16 + 6 x 9 = 70 image tokens
+TILED = {"llava_next": (40, 70)}
+PINPOINTS = [[32, 32], [16, 32], [32, 16]]
+IMAGE_SIZE, TILES = (24, 32), 5
 
 
 def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, image_edges: tuple[int, int] = (93, 94)
@@ -35,6 +42,11 @@ def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, ima
         return transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.Qwen2Config(**text),
                                         image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=[-2, -1],
                                         vision_feature_select_strategy="full")
+    if family == "llava_next":  # LLaVA 1.6's setting: the second-to-last layer's patch tokens of each tile, [CLS] cropped
+        text["max_position_embeddings"] = 128  # 70 image tokens
+        return transformers.LlavaNextConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.LlamaConfig(**text),
+                                            image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-2,
+                                            vision_feature_select_strategy="default", image_grid_pinpoints=PINPOINTS)
     if family == "llava_siglip":  # the last layer's patch tokens, all kept (there is no [CLS])
         return transformers.LlavaConfig(vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=True),
                                         text_config=transformers.LlamaConfig(**text), image_token_id=image_token, projector_hidden_act="gelu",
@@ -61,7 +73,7 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
     `dtype`, eval mode; `vocab`, `image_token` and Gemma 3's `image_edges` (its begin and end of image tokens) to fit
     a real tokenizer."""
     config = _config(family, vocab, image_token, image_edges)
-    torch.manual_seed({**FAMILIES, **EXTRA}[family][0])
+    torch.manual_seed({**FAMILIES, **EXTRA, **TILED}[family][0])
     model = getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -87,12 +99,16 @@ def padded(rows: list[torch.Tensor], side: str) -> tuple[torch.Tensor, torch.Ten
 def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), seed: int = 3) -> dict[str, torch.Tensor]:
     """A processor's output for rows of `lengths` text tokens after `[1] + the image's placeholders` (PaliGemma:
     the placeholders first, then 1, as its processor writes them, and token types: 0 on the prefix, 1 on the first
-    row's last 2 tokens, a suffix), padded on `side` (pad id 0), one random image per row."""
+    row's last 2 tokens, a suffix), padded on `side` (pad id 0), one random image per row (LLaVA-NeXT: its `TILES`
+    tiles `(B, tiles, 3, H, W)` and `image_sizes`)."""
     generator = torch.Generator().manual_seed(seed)
-    images = {**FAMILIES, **EXTRA}[family][1]
+    images = {**FAMILIES, **EXTRA, **TILED}[family][1]
     start = [IMAGE_TOKEN] * images + [1] if family in PREFIX_FAMILIES else [1] + [IMAGE_TOKEN] * images
     rows = [torch.cat([torch.tensor(start), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
     ids, mask = padded(rows, side)
+    if family in TILED:
+        return {"input_ids": ids, "attention_mask": mask, "image_sizes": torch.tensor([IMAGE_SIZE] * len(rows)),
+                "pixel_values": torch.randn(len(rows), TILES, 3, SIDE, SIDE, generator=generator, dtype=torch.float64)}
     pixels = torch.randn(len(rows), 3, SIDE, SIDE, generator=generator, dtype=torch.float64)
     batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels[:, None] if family == "idefics3" else pixels}
     if family in PREFIX_FAMILIES:
@@ -132,4 +148,5 @@ def alone(batch: dict[str, torch.Tensor], row: int) -> dict[str, torch.Tensor]:
     """Row `row` of a batch on its own, without its padding."""
     keep = batch["attention_mask"][row].bool()
     return {"pixel_values": batch["pixel_values"][row:row + 1],
-            **{name: batch[name][row:row + 1, keep] for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch}}
+            **{name: batch[name][row:row + 1, keep] for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch},
+            **({"image_sizes": batch["image_sizes"][row:row + 1]} if "image_sizes" in batch else {})}

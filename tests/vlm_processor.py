@@ -1,6 +1,6 @@
-"""An offline processor for the tiny random LLaVA of `vlm_models.py`: a word-level tokenizer over a small vocabulary
-(its image placeholder `<image>` at `IMAGE_TOKEN`), CLIP's image processor at the tower's size, and pictures of
-coloured squares; `saved_llava` writes model and processor to a folder as `save_pretrained` does."""
+"""An offline processor for the tiny random LLaVA of `vlm_models.py` (and LLaVA-NeXT's, `next_processor`): a
+word-level tokenizer over a small vocabulary (its image placeholder `<image>` at `IMAGE_TOKEN`), CLIP's image
+processor at the tower's size, and pictures of coloured squares; `saved_llava` writes model and processor to a folder as `save_pretrained` does."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import transformers
 from PIL import Image
-from vlm_models import IMAGE_TOKEN, PATCH, SIDE, VOCAB, build
+from vlm_models import IMAGE_TOKEN, PATCH, PINPOINTS, SIDE, VOCAB, build
 
 SPECIAL = ["<pad>", "<s>", "</s>"]
 WORDS = ["a", "an", "the", "red", "green", "blue", "star", "circle", "square", "above", "below", "left", "right", "of",
@@ -37,6 +37,15 @@ def processor() -> transformers.LlavaProcessor:
     return transformers.LlavaProcessor(image_processor=images, tokenizer=tokenizer(), patch_size=PATCH,
                                        vision_feature_select_strategy="default", image_token="<image>",
                                        num_additional_image_tokens=1)
+
+
+def next_processor() -> transformers.LlavaNextProcessor:
+    """The tiny LLaVA-NeXT's processor: tiles of 16 x 16 pixels at the model's `PINPOINTS`, 4 x 4 patches, [CLS]
+    cropped."""
+    images = transformers.LlavaNextImageProcessor(size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE},
+                                                  image_grid_pinpoints=PINPOINTS)
+    return transformers.LlavaNextProcessor(image_processor=images, tokenizer=tokenizer(), patch_size=PATCH,
+                                           vision_feature_select_strategy="default", image_token="<image>", num_additional_image_tokens=1)
 
 
 def picture(seed: int = 0) -> Image.Image:

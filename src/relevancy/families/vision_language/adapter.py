@@ -29,10 +29,11 @@ from ..hf_attention import attention_probabilities
 from ..base import Adapter
 from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
 from ..causal_lm.layouts import recognised, structure
+from ..text_batch import TextBatch
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GENERATING_CLASSES, IDEFICS3, LLAVA, QWEN_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
+    GENERATING_CLASSES, IDEFICS3, LLAVA, OWN_ADAPTER_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
     pixel_patches, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
@@ -92,9 +93,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        """Any transformers vision-language decoder but Qwen2-VL's (`qwen.py`): one relevancy does not map is refused by
-        `__init__`, naming those it maps."""
-        return is_vision_language(model) and layout_named(model) not in QWEN_LAYOUTS
+        """Any transformers vision-language decoder but those with an adapter of their own (Qwen2-VL's, `qwen.py`;
+        LLaVA-NeXT's, `tiled.py`): one relevancy does not map is refused by `__init__`, naming those it maps."""
+        return is_vision_language(model) and layout_named(model) not in OWN_ADAPTER_LAYOUTS
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> ImageTextTokens:
@@ -130,6 +131,29 @@ class VisionLanguageAdapter(CausalLMAdapter):
                                token_type_ids=self.prefix_types(inputs.get("token_type_ids"), text.input_ids),
                                pixel_values=pixels.to(device, dtype),
                                pixel_attention_mask=None if mask is None else torch.as_tensor(mask).to(device))
+
+    def sized_output(self, inputs: object, size_key: str, width: int, taken: tuple[str, ...], note: str, sizes: str
+                     ) -> tuple[TextBatch, torch.Tensor, torch.Tensor]:
+        """`(text, pixel values, sizes)` of a processor's output whose images come with their sizes `size_key` `(B,
+        width)` (Qwen2-VL's `image_grid_thw`, LLaVA-NeXT's `image_sizes`): a one-line error for a missing key, a key
+        not `taken` (`note` after the list), pixels that are no float tensor, and rows whose images differ in size
+        (named `sizes`: relevancy explains one per call)."""
+        if not isinstance(inputs, Mapping) or not {"pixel_values", "input_ids", size_key} <= set(inputs):
+            got = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
+            raise TypeError(f"inputs must be the processor's output, a dict with input_ids, attention_mask, pixel_values and {size_key}; got {got}")
+        unknown = sorted(set(inputs) - set(taken))
+        if unknown:
+            raise ValueError(f"the processor's output holds {', '.join(unknown)}, which relevancy does not take; it takes {', '.join(taken)}{note}")
+        text = CausalLMAdapter.check_inputs(self, {key: inputs[key] for key in ("input_ids", "attention_mask") if key in inputs})
+        pixels, given = inputs["pixel_values"], torch.as_tensor(inputs[size_key])
+        if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+            raise TypeError(f"pixel_values must be a float tensor (the processor's output), got {type(pixels).__name__}")
+        if tuple(given.shape) != (len(text), width):
+            raise ValueError(f"{size_key} must be (B, {width}): one image per row, B = {len(text)}; got {tuple(given.shape)}")
+        if bool((given != given[:1]).any()):
+            raise ValueError(f"the rows' images have different {sizes} ({size_key} {given.tolist()}): relevancy explains one per call; "
+                             "explain each size in a call of its own (or resize the images to one size)")
+        return text, pixels, given
 
     def prefix_types(self, given: object, ids: torch.Tensor) -> torch.Tensor | None:
         """The processor's token types where the layout reads them (PaliGemma's prefix: 0 on the image and prompt, 1

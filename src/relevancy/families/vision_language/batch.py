@@ -45,3 +45,20 @@ class GridImageTextTokens(ImageTextTokens):
         """`(H, W)` of the images as the processor resized them (the patch grid's rows and columns times the patch)."""
         _, rows, cols = self.image_grid_thw[0].tolist()
         return rows * self.patch, cols * self.patch
+
+
+@dataclass(frozen=True)
+class TiledImageTextTokens(ImageTextTokens):
+    """LLaVA-NeXT's processor output on the model's device: the tokens and each row's image as its tiles, `pixel_values`
+    `(B, tiles, C, H, W)` (the base image, the image downscaled to one tile, first), `image_sizes` `(B, 2)` each row's
+    image's `(height, width)` before tiling (one size per batch)."""
+
+    image_sizes: torch.Tensor | None = None
+
+    def rows(self, part: slice) -> "TiledImageTextTokens":
+        return replace(super().rows(part), image_sizes=self.image_sizes[part])
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """`(H, W)` of the images before tiling (the heat map's size)."""
+        return tuple(self.image_sizes[0].tolist())

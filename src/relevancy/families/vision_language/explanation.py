@@ -25,9 +25,13 @@ class VisionLanguageExplanation(DecoderExplanation):
     cp_lrp, input_x_gradient), to the tower's patch tokens (generic_attention) or by occluding its patches
     (token_ablation; these two give no `pixel_scores`); False for the decoder-only attention methods (raw_attention,
     rollout, attention_gradcam), whose image map is the decoder's scores at the image's tokens laid back on the patch
-    grid through the projector's token layout, without passing through the tower (no `pixel_scores` then)."""
+    grid through the projector's token layout, without passing through the tower (no `pixel_scores` then).
+    LLaVA-NeXT (tiled images, `tiled.py`): `image_scores` the tiles' map on the grid the model lays their features
+    on, unpadded to the image's aspect; `base_scores` `(B, side, side)` the base tile's (the image downscaled to one
+    tile) on the tower's patch grid; `pixel_scores` `(B, tiles, H, W)` per tile, the base tile first."""
 
     image_scores: torch.Tensor | None = None
+    base_scores: torch.Tensor | None = None
     pixel_scores: torch.Tensor | None = field(default=None, repr=False)
     image_tokens: torch.Tensor | None = field(default=None, repr=False)  # (B, T) bool: the image's placeholder tokens
     image_size: tuple[int, int] | None = None  # (H, W) of the images

@@ -253,11 +253,19 @@ QWEN3_VL = QwenVisionLayout("qwen3_vl", ("Qwen3VLForConditionalGeneration", "Qwe
                             "language_model", None, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
                             merger=(("norm", (LAYER_NORM,)), ("", (STACKED_MERGER,))), deepstack="deepstack_merger_list")
 QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, *QWEN_LAYOUTS)
+#: LLaVA-NeXT: LLaVA's tower and projector run on each tile of an "anyres" image (`tiled.py`; the image's token count
+#: comes from its `image_sizes`)
+LLAVA_NEXT = VisionLanguageLayout("llava_next", ("LlavaNextForConditionalGeneration",), "vision_tower", "multi_modal_projector",
+                                  "language_model", None, (("", LLAVA_PROJECTOR),))
+TILED_LAYOUTS = (LLAVA_NEXT,)
+#: the layouts with an adapter of their own (`qwen.py`, `tiled.py`): their inputs differ from one square image per row
+OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS)
+LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, *QWEN_LAYOUTS, *TILED_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
-#: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's yet
-GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in QWEN_LAYOUTS for name in layout.classes)
+#: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's
+#: and LLaVA-NeXT's yet
+GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in OWN_ADAPTER_LAYOUTS for name in layout.classes)
 
 
 def is_vision_language(model: nn.Module) -> bool:

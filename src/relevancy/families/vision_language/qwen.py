@@ -21,14 +21,13 @@ from the flattened patches (`seen_pixels`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from ...lrp.engine import by_type, unchanged
-from ..causal_lm.adapter import CausalLMAdapter
 from ..causal_lm.layouts import rule_map as decoder_rule_map
 from .adapter import VisionLanguageAdapter
 from .batch import GridImageTextTokens
@@ -71,23 +70,7 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
         """A `GridImageTextTokens` on the model's device from the processor's output, each row's patches apart; a
         one-line error for anything but one image per row, every image of one grid (one call per size otherwise),
         its `t * h * w / k^2` placeholders in every row, before the processor's or the model's own error."""
-        if not isinstance(inputs, Mapping) or not {"pixel_values", "input_ids", "image_grid_thw"} <= set(inputs):
-            got = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
-            raise TypeError("inputs must be the processor's output, a dict with input_ids, attention_mask, pixel_values and "
-                            f"image_grid_thw; got {got}")
-        unknown = sorted(set(inputs) - set(QWEN_PROCESSOR_KEYS))
-        if unknown:
-            raise ValueError(f"the processor's output holds {', '.join(unknown)}, which relevancy does not take; it takes "
-                             f"{', '.join(QWEN_PROCESSOR_KEYS)} (images only: no videos)")
-        text = CausalLMAdapter.check_inputs(self, {key: inputs[key] for key in ("input_ids", "attention_mask") if key in inputs})
-        pixels, grid = inputs["pixel_values"], torch.as_tensor(inputs["image_grid_thw"])
-        if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
-            raise TypeError(f"pixel_values must be a float tensor (the processor's output), got {type(pixels).__name__}")
-        if tuple(grid.shape) != (len(text), 3):
-            raise ValueError(f"image_grid_thw must be (B, 3): one image per row, B = {len(text)}; got {tuple(grid.shape)}")
-        if bool((grid != grid[:1]).any()):
-            raise ValueError(f"the rows' images have different patch grids (image_grid_thw {grid.tolist()}): relevancy explains "
-                             "one grid per call; explain each size in a call of its own (or resize the images to one size)")
+        text, pixels, grid = self.sized_output(inputs, "image_grid_thw", 3, QWEN_PROCESSOR_KEYS, " (images only: no videos)", "patch grids")
         frames, rows, cols = grid[0].tolist()
         if frames != 1 or rows % self.merge or cols % self.merge:
             raise ValueError(f"image_grid_thw {grid[0].tolist()} is not one image's grid (t = 1, h and w multiples of the merge "

@@ -1,0 +1,142 @@
+"""LLaVA-NeXT (`LlavaNextForConditionalGeneration`), unmodified: "anyres" images, each split by the processor into tiles
+of the tower's size at the best of `image_grid_pinpoints` after a base tile (the image downscaled to one tile), every
+tile through the CLIP tower and LLaVA's projector, the tiles' features laid on one grid, unpadded to the image's
+aspect, a learned `image_newline` embedding after each of its rows; the base tile's features first.
+
+Inputs are the processor's output (`input_ids` with the image's placeholders, `pixel_values` `(B, tiles, C, H, W)`,
+`image_sizes`; one image per row, one image size per call). The model runs its own forward with the token embeddings
+and the tiles' pixels as leaves (the tower's and projector's rules those of LLaVA's layout); which tile's patch each
+image token is, or that it is a newline, the model's own `pack_image_features` says, run once per image size on the
+identity (`token_sources`). The maps: the base tile's on the tower's patch grid (`base_scores`), the other tiles'
+laid on the grid the model lays their features on, unpadded as it unpads them (`image_scores`, the image's aspect;
+`heatmap()` at the image's size); per tile per pixel (`pixel_scores` `(B, tiles, H, W)`, the pixel methods). The
+newline tokens are the model's parameter, not the image: the decoder-only methods' scores at them are left out of
+every map (the text scores hold 0 at all the image's placeholders), and the pixel methods' relevance reaching them
+stays on the parameter, outside `relevance_total`.
+"""
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..causal_lm.adapter import position_ids
+from .adapter import VisionLanguageAdapter
+from .batch import TiledImageTextTokens
+from .explanation import VisionLanguageExplanation
+from .layouts import TILED_LAYOUTS, is_vision_language, layout_named, pixel_patches
+
+#: what a LLaVA-NeXT processor's output may hold
+TILED_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_sizes")
+
+
+class TiledVisionLanguageAdapter(VisionLanguageAdapter):
+    family = "tiled vision-language decoder (LLaVA-NeXT)"
+    #: attnlrp, cp_lrp, input_x_gradient reach every tile's pixels through tower and projector, token_ablation occludes
+    #: every tile's patches; raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's
+    #: tokens laid back on the tiles' patches (the tower-token methods and token_activation_map, whose filter needs a
+    #: grid of image tokens, are refused by name)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
+    generates = False
+    examples = "transformers " + ", ".join(name for layout in TILED_LAYOUTS for name in layout.classes)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.mapped(model)
+        vision = model.config.vision_config
+        self.patch, self.tile = int(vision.patch_size), int(vision.image_size)
+        self.side = self.tile // self.patch  # each tile's patch grid is side x side
+        self.tower_prefix = self.vision.tower_prefix(model)
+        self.image_prefix = 0  # the model lays each tile's tokens on its patch grid: no [CLS] kept
+        #: transformers' modeling module of the model (its `image_size_to_num_patches`, `get_anyres_image_grid_shape`, `unpad_image`)
+        self.modeling = sys.modules[type(model.model).__module__]
+        self.sources = lru_cache(maxsize=8)(self.token_sources)
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        return is_vision_language(model) and layout_named(model) in TILED_LAYOUTS
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: object) -> TiledImageTextTokens:
+        """A `TiledImageTextTokens` on the model's device from the processor's output; a one-line error for anything but
+        one image per row, every row's of one size (one call per size otherwise), its tiles and its placeholders in
+        every row, before the processor's or the model's own error."""
+        text, pixels, sizes = self.sized_output(inputs, "image_sizes", 2, TILED_PROCESSOR_KEYS, "", "sizes")
+        size = tuple(sizes[0].tolist())
+        tiles = self.modeling.image_size_to_num_patches(size, self.model.config.image_grid_pinpoints, self.tile)
+        shape = (len(text), tiles, 3, self.tile, self.tile)
+        if tuple(pixels.shape) != shape:
+            raise ValueError(f"pixel_values must be the processor's tiles (B, tiles, 3, H, W) = {shape} for an image of size "
+                             f"{list(size)}; got {tuple(pixels.shape)}")
+        count = len(self.sources(size))
+        placeholders = (text.input_ids == self.image_token).sum(1)
+        if (placeholders != count).any():
+            raise ValueError(f"input_ids must hold one image's {count} placeholder tokens (id {self.image_token}) in every row for "
+                             f"an image of size {list(size)}; counted per row: {placeholders.tolist()}: make the inputs with the "
+                             "model's processor, processor(images=image, text=prompt)")
+        device, dtype = text.input_ids.device, next(self.model.parameters()).dtype
+        return TiledImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "tokens", "word_ids")},
+                                    pixel_values=pixels.to(device, dtype), image_sizes=sizes.to(device))
+
+    def token_sources(self, size: tuple[int, int]) -> torch.Tensor:
+        """`(image tokens, tiles * side * side)`: each of an image's tokens (of `size`) as the weights of the tiles'
+        patch tokens it is made of (a row of 0s: a newline), from the model's own `pack_image_features` run on the
+        identity (the base tile's tokens, then the tiles' grid row by row, each row closed by a newline)."""
+        tiles = self.modeling.image_size_to_num_patches(size, self.model.config.image_grid_pinpoints, self.tile)
+        count = tiles * self.side ** 2
+        identity = torch.eye(count, dtype=torch.float64).view(tiles, self.side ** 2, count)
+        packed, _ = self.model.model.pack_image_features([identity], torch.tensor([size]), self.model.config.vision_feature_select_strategy,
+                                                         image_newline=torch.zeros(count, dtype=torch.float64))
+        return packed[0]
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def hidden_of(self, inputs: TiledImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
+                  source: torch.Tensor, types: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's own forward over the token rows `ids` (`mask`) with the tiles `pixels`, row `r` of input row
+        `source[r]` (its `image_sizes`): the decoder's last hidden states `(R, N, D)` (`types`: none on this layout)."""
+        return self.model.model(input_ids=ids, pixel_values=pixels, image_sizes=inputs.image_sizes[source], attention_mask=mask,
+                                position_ids=position_ids(mask), use_cache=False).last_hidden_state
+
+    def patch_grid(self, inputs: TiledImageTextTokens) -> tuple[int, int]:
+        """Token ablation's units: every tile's patches, the tiles' grids one under the other `(tiles * side, side)`."""
+        return inputs.pixel_values.shape[1] * self.side, self.side
+
+    def without_patches(self, pixels: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+        """The rows' tiles `(R, tiles, C, H, W)` with the patches `removed` `(R, tiles * side, side)` (bool) set to 0,
+        the processor's mean."""
+        keep = ~removed.view(len(removed), -1, self.side, self.side).repeat_interleave(self.patch, -2).repeat_interleave(self.patch, -1)
+        return pixels * keep[:, :, None].to(pixels.dtype)
+
+    def pixel_relevance(self, relevance: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
+        """Each tile's pixels' relevance `(R, tiles, H, W)`, summed over the colour channels."""
+        return relevance.sum(-3)
+
+    def explanation(self, scores: dict[str, torch.Tensor], inputs: TiledImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
+        """The text scores (0 at the image's placeholders) and the image's maps (module docstring) from the tiles'
+        patches: the pixels' relevance summed per patch (attnlrp, cp_lrp, input_x_gradient), the occluded patches'
+        (token_ablation), or the decoder's scores at the image's tokens laid back on the patches they are made of
+        (the attention methods, `through_tower` False; the newlines' left out)."""
+        described = self.describe_inputs(inputs)
+        text, image = scores["text"], described["image_tokens"].to(scores["text"].device)
+        pixels, through = None, True
+        if "image" in scores:
+            patches = scores["image"].view(len(text), -1, self.side, self.side)
+        elif "leaves" in fields:
+            pixels = self.pixel_relevance(fields.pop("leaves")["image"], inputs)
+            patches = pixel_patches(pixels, self.patch)
+        else:
+            sources = self.sources(inputs.image_size).to(text.device, text.dtype)
+            patches, through = (text[image].view(len(text), -1) @ sources).view(len(text), -1, self.side, self.side), False
+        return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=through,
+                                         image_scores=self.tiles_grid(patches[:, 1:], inputs), base_scores=patches[:, 0],
+                                         pixel_scores=pixels, image_size=inputs.image_size)
+
+    def tiles_grid(self, patches: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
+        """The tiles' patch maps `(B, tiles, side, side)` (the base tile left out) laid on one grid as the model lays
+        their features, row-major tiles, and unpadded as it unpads them (`unpad_image`): `(B, rows, cols)`."""
+        size = inputs.image_size
+        rows, cols = self.modeling.get_anyres_image_grid_shape(size, self.model.config.image_grid_pinpoints, self.tile)
+        grid = patches.view(len(patches), rows, cols, self.side, self.side).permute(0, 1, 3, 2, 4).reshape(len(patches), rows * self.side, -1)
+        return self.modeling.unpad_image(grid, size)
