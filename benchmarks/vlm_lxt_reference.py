@@ -1,6 +1,6 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
-random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, LLaVA-NeXT), text and pixel maps,
-in float64.
+random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, LLaVA-NeXT, LLaVA-OneVision), text
+and pixel maps, in float64.
 
     /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt] [--only FAMILY ...]
 
@@ -26,9 +26,10 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
   Gemma 3's 1 at the image's tokens, PaliGemma's prefix as the inputs hold it); each row's target is the
   plain model's most probable next token after its last real token; the maps are input x gradient summed over
   the width at the embeddings `(B, T)` and over the colour channels at the pixels `(B, H, W)`;
-- LLaVA-NeXT (`vlm_models.TILED`): LLaVA's maps (lxt's Llama map, the CLIP tower's patches) on the model's own
-  forward from its tiles and `image_sizes` (the tiles' features unpadded and laid out by the model, its newline
-  embedding a parameter), the pixel map per tile `(B, tiles, H, W)`.
+- LLaVA-NeXT and LLaVA-OneVision (`vlm_models.TILED`): LLaVA's maps (lxt's Llama map and the CLIP tower's patches;
+  OneVision's: lxt's Qwen2 map and the SigLIP tower's) on the model's own forward from its tiles and `image_sizes`
+  (the tiles' features unpadded, OneVision's interpolated, and laid out by the model, its newline embedding a
+  parameter), the pixel map per tile `(B, tiles, H, W)`.
 Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
 checksums (not their weights), the inputs, the targets and the maps; padded rows equal single ones to 1e-10 (checked).
 """
@@ -52,7 +53,8 @@ from vlm_models import FAMILIES, PREFIX_FAMILIES, TILED, alone, build, checksum,
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
-        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "llava_next": ("llama", "clip")}
+        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "llava_next": ("llama", "clip"),
+        "llava_onevision": ("qwen2", "siglip")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 

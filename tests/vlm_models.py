@@ -1,4 +1,4 @@
-"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, Gemma 3, Idefics3, PaliGemma 1 and 2) and their inputs, built from fixed seeds
+"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2) and their inputs, built from fixed seeds
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ EXTRA = {"llava_siglip": (24, 16)}
 #: LLaVA-NeXT's "anyres" images, their own tests (`test_llava_next.py`): the image's 16 x 16 tiles of its best
 #: resolution among `PINPOINTS` after the base image (the image downscaled to one tile); a 24 x 32 image (H, W) takes
 #: 32 x 32, 2 x 2 tiles, whose 8 x 8 patch grid is unpadded to the image's aspect, 6 x 8 (a row of patches cut above
-#: and below), each of its rows followed by the newline embedding: 16 + 6 x 9 = 70 image tokens
-TILED = {"llava_next": (40, 70)}
+#: and below), each of its rows followed by the newline embedding: 16 + 6 x 9 = 70 image tokens; LLaVA-OneVision's
+#: "anyres_max_1" interpolates that grid of more than 1 tile's patches down to 3 x 4 (each token the mean of 2 x 2
+#: patches): 16 + 3 x 5 = 31
+TILED = {"llava_next": (40, 70), "llava_onevision": (41, 31)}
 PINPOINTS = [[32, 32], [16, 32], [32, 16]]
 IMAGE_SIZE, TILES = (24, 32), 5
 
@@ -47,6 +49,12 @@ def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, ima
         return transformers.LlavaNextConfig(vision_config=transformers.CLIPVisionConfig(**_VISION), text_config=transformers.LlamaConfig(**text),
                                             image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-2,
                                             vision_feature_select_strategy="default", image_grid_pinpoints=PINPOINTS)
+    if family == "llava_onevision":  # SigLIP's last layer, all its patch tokens; a Qwen2 decoder
+        return transformers.LlavaOnevisionConfig(vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=False),
+                                                 text_config=transformers.Qwen2Config(**{**text, "max_position_embeddings": 128}),
+                                                 image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-1,
+                                                 vision_feature_select_strategy="full", image_grid_pinpoints=PINPOINTS,
+                                                 vision_aspect_ratio="anyres_max_1")
     if family == "llava_siglip":  # the last layer's patch tokens, all kept (there is no [CLS])
         return transformers.LlavaConfig(vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=True),
                                         text_config=transformers.LlamaConfig(**text), image_token_id=image_token, projector_hidden_act="gelu",

@@ -1,4 +1,5 @@
-"""An offline processor for the tiny random LLaVA of `vlm_models.py` (and LLaVA-NeXT's, `next_processor`): a
+"""An offline processor for the tiny random LLaVA of `vlm_models.py` (and LLaVA-NeXT's and LLaVA-OneVision's,
+`tiled_processor`): a
 word-level tokenizer over a small vocabulary (its image placeholder `<image>` at `IMAGE_TOKEN`), CLIP's image
 processor at the tower's size, and pictures of coloured squares; `saved_llava` writes model and processor to a folder as `save_pretrained` does."""
 from __future__ import annotations
@@ -39,13 +40,19 @@ def processor() -> transformers.LlavaProcessor:
                                        num_additional_image_tokens=1)
 
 
-def next_processor() -> transformers.LlavaNextProcessor:
-    """The tiny LLaVA-NeXT's processor: tiles of 16 x 16 pixels at the model's `PINPOINTS`, 4 x 4 patches, [CLS]
-    cropped."""
-    images = transformers.LlavaNextImageProcessor(size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE},
-                                                  image_grid_pinpoints=PINPOINTS)
-    return transformers.LlavaNextProcessor(image_processor=images, tokenizer=tokenizer(), patch_size=PATCH,
-                                           vision_feature_select_strategy="default", image_token="<image>", num_additional_image_tokens=1)
+def tiled_processor(family: str) -> transformers.ProcessorMixin:
+    """The tiny LLaVA-NeXT's or LLaVA-OneVision's processor: tiles of 16 x 16 pixels at the models' `PINPOINTS`, 4 x 4
+    patches (NeXT: [CLS] cropped; OneVision: SigLIP's 16 tokens a tile, "anyres_max_1")."""
+    if family == "llava_next":
+        images = transformers.LlavaNextImageProcessor(size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE},
+                                                      image_grid_pinpoints=PINPOINTS)
+        return transformers.LlavaNextProcessor(image_processor=images, tokenizer=tokenizer(), patch_size=PATCH, image_token="<image>",
+                                               vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    square = {"height": SIDE, "width": SIDE}
+    return transformers.LlavaOnevisionProcessor(
+        image_processor=transformers.LlavaOnevisionImageProcessor(size=square, image_grid_pinpoints=PINPOINTS), tokenizer=tokenizer(),
+        video_processor=transformers.LlavaOnevisionVideoProcessor(size=square), num_image_tokens=(SIDE // PATCH) ** 2,
+        vision_feature_select_strategy="full", image_token="<image>", video_token="w90", vision_aspect_ratio="anyres_max_1")
 
 
 def picture(seed: int = 0) -> Image.Image:

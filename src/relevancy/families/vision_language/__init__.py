@@ -1,4 +1,4 @@
-"""Vision-language decoders: LLaVA, LLaVA-NeXT, Gemma 3 with images, Idefics3 / SmolVLM, Qwen2-VL and Qwen2.5-VL (`layouts.py`, `qwen.py`, `tiled.py`), explained from the
+"""Vision-language decoders: LLaVA, LLaVA-NeXT / OneVision, Gemma 3 with images, Idefics3 / SmolVLM, Qwen2-VL and Qwen2.5-VL (`layouts.py`, `qwen.py`, `tiled.py`), explained from the
 pixels and the prompt's tokens (`adapter.py`)."""
 from .adapter import VisionLanguageAdapter
 from .qwen import QwenVisionLanguageAdapter

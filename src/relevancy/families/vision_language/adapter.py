@@ -94,7 +94,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
         """Any transformers vision-language decoder but those with an adapter of their own (Qwen2-VL's, `qwen.py`;
-        LLaVA-NeXT's, `tiled.py`): one relevancy does not map is refused by `__init__`, naming those it maps."""
+        LLaVA-NeXT's and OneVision's, `tiled.py`): one relevancy does not map is refused by `__init__`, naming those it maps."""
         return is_vision_language(model) and layout_named(model) not in OWN_ADAPTER_LAYOUTS
 
     # -- inputs ---------------------------------------------------------------------------------------------

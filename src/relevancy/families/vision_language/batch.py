@@ -49,9 +49,9 @@ class GridImageTextTokens(ImageTextTokens):
 
 @dataclass(frozen=True)
 class TiledImageTextTokens(ImageTextTokens):
-    """LLaVA-NeXT's processor output on the model's device: the tokens and each row's image as its tiles, `pixel_values`
-    `(B, tiles, C, H, W)` (the base image, the image downscaled to one tile, first), `image_sizes` `(B, 2)` each row's
-    image's `(height, width)` before tiling (one size per batch)."""
+    """LLaVA-NeXT's and LLaVA-OneVision's processor output on the model's device: the tokens and each row's image as
+    its tiles, `pixel_values` `(B, tiles, C, H, W)` (the base image, the image downscaled to one tile, first),
+    `image_sizes` `(B, 2)` each row's image's `(height, width)` before tiling (one size per batch)."""
 
     image_sizes: torch.Tensor | None = None
 

@@ -26,8 +26,8 @@ class VisionLanguageExplanation(DecoderExplanation):
     (token_ablation; these two give no `pixel_scores`); False for the decoder-only attention methods (raw_attention,
     rollout, attention_gradcam), whose image map is the decoder's scores at the image's tokens laid back on the patch
     grid through the projector's token layout, without passing through the tower (no `pixel_scores` then).
-    LLaVA-NeXT (tiled images, `tiled.py`): `image_scores` the tiles' map on the grid the model lays their features
-    on, unpadded to the image's aspect; `base_scores` `(B, side, side)` the base tile's (the image downscaled to one
+    LLaVA-NeXT and OneVision (tiled images, `tiled.py`): `image_scores` the tiles' map on the grid the model lays
+    their features on, unpadded to the image's aspect; `base_scores` `(B, side, side)` the base tile's (the image downscaled to one
     tile) on the tower's patch grid; `pixel_scores` `(B, tiles, H, W)` per tile, the base tile first."""
 
     image_scores: torch.Tensor | None = None

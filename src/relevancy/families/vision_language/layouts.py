@@ -253,18 +253,31 @@ QWEN3_VL = QwenVisionLayout("qwen3_vl", ("Qwen3VLForConditionalGeneration", "Qwe
                             "language_model", None, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
                             merger=(("norm", (LAYER_NORM,)), ("", (STACKED_MERGER,))), deepstack="deepstack_merger_list")
 QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
-#: LLaVA-NeXT: LLaVA's tower and projector run on each tile of an "anyres" image (`tiled.py`; the image's token count
-#: comes from its `image_sizes`)
-LLAVA_NEXT = VisionLanguageLayout("llava_next", ("LlavaNextForConditionalGeneration",), "vision_tower", "multi_modal_projector",
-                                  "language_model", None, (("", LLAVA_PROJECTOR),))
-TILED_LAYOUTS = (LLAVA_NEXT,)
+
+
+@dataclass(frozen=True)
+class TiledLayout(VisionLanguageLayout):
+    """LLaVA's tower and projector run on each tile of an "anyres" image (`tiled.py`; the image's token count comes
+    from its `image_sizes`); `pack_settings`: the config's settings the model's `pack_image_features` takes by name
+    besides the features, the sizes and the newline (LLaVA-NeXT's select strategy, LLaVA-OneVision's
+    `vision_aspect_ratio`, whose "anyres_max_k" interpolates a grid of more than k tiles' patches down)."""
+
+    pack_settings: tuple[str, ...] = ()
+
+
+LLAVA_NEXT = TiledLayout("llava_next", ("LlavaNextForConditionalGeneration",), "vision_tower", "multi_modal_projector",
+                         "language_model", None, (("", LLAVA_PROJECTOR),), pack_settings=("vision_feature_select_strategy",))
+#: LLaVA-OneVision: a SigLIP tower, LLaVA's projector, a Qwen2 decoder
+LLAVA_ONEVISION = TiledLayout("llava_onevision", ("LlavaOnevisionForConditionalGeneration",), "vision_tower", "multi_modal_projector",
+                              "language_model", None, (("", LLAVA_PROJECTOR),), pack_settings=("vision_aspect_ratio",))
+TILED_LAYOUTS = (LLAVA_NEXT, LLAVA_ONEVISION)
 #: the layouts with an adapter of their own (`qwen.py`, `tiled.py`): their inputs differ from one square image per row
 OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS)
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, *QWEN_LAYOUTS, *TILED_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 #: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's
-#: and LLaVA-NeXT's yet
+#: and LLaVA-NeXT's / OneVision's yet
 GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in OWN_ADAPTER_LAYOUTS for name in layout.classes)
 
 

@@ -1,7 +1,9 @@
-"""LLaVA-NeXT (`LlavaNextForConditionalGeneration`), unmodified: "anyres" images, each split by the processor into tiles
-of the tower's size at the best of `image_grid_pinpoints` after a base tile (the image downscaled to one tile), every
-tile through the CLIP tower and LLaVA's projector, the tiles' features laid on one grid, unpadded to the image's
-aspect, a learned `image_newline` embedding after each of its rows; the base tile's features first.
+"""LLaVA-NeXT and LLaVA-OneVision (`LlavaNextForConditionalGeneration`, `LlavaOnevisionForConditionalGeneration`),
+unmodified: "anyres" images, each split by the processor into tiles of the tower's size at the best of
+`image_grid_pinpoints` after a base tile (the image downscaled to one tile), every tile through the tower (CLIP;
+OneVision's SigLIP) and LLaVA's projector, the tiles' features laid on one grid, unpadded to the image's aspect
+(OneVision's interpolated down past its "anyres_max_k"), a learned `image_newline` embedding after each of its rows;
+the base tile's features first.
 
 Inputs are the processor's output (`input_ids` with the image's placeholders, `pixel_values` `(B, tiles, C, H, W)`,
 `image_sizes`; one image per row, one image size per call). The model runs its own forward with the token embeddings
@@ -9,7 +11,7 @@ and the tiles' pixels as leaves (the tower's and projector's rules those of LLaV
 image token is, or that it is a newline, the model's own `pack_image_features` says, run once per image size on the
 identity (`token_sources`). The maps: the base tile's on the tower's patch grid (`base_scores`), the other tiles'
 laid on the grid the model lays their features on, unpadded as it unpads them (`image_scores`, the image's aspect;
-`heatmap()` at the image's size); per tile per pixel (`pixel_scores` `(B, tiles, H, W)`, the pixel methods). The
+`heatmap()` at the image's size; OneVision's before its interpolation); per tile per pixel (`pixel_scores` `(B, tiles, H, W)`, the pixel methods). The
 newline tokens are the model's parameter, not the image: the decoder-only methods' scores at them are left out of
 every map (the text scores hold 0 at all the image's placeholders), and the pixel methods' relevance reaching them
 stays on the parameter, outside `relevance_total`.
@@ -29,12 +31,13 @@ from .batch import TiledImageTextTokens
 from .explanation import VisionLanguageExplanation
 from .layouts import TILED_LAYOUTS, is_vision_language, layout_named, pixel_patches
 
-#: what a LLaVA-NeXT processor's output may hold
-TILED_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_sizes")
+#: what a LLaVA-NeXT processor's output may hold (batch_num_images: LLaVA-OneVision's images per row, 1 each, which
+#: the model's forward then reads as it reads none)
+TILED_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_sizes", "batch_num_images")
 
 
 class TiledVisionLanguageAdapter(VisionLanguageAdapter):
-    family = "tiled vision-language decoder (LLaVA-NeXT)"
+    family = "tiled vision-language decoder (LLaVA-NeXT, LLaVA-OneVision)"
     #: attnlrp, cp_lrp, input_x_gradient reach every tile's pixels through tower and projector, token_ablation occludes
     #: every tile's patches; raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's
     #: tokens laid back on the tiles' patches (the tower-token methods and token_activation_map, whose filter needs a
@@ -64,6 +67,8 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         one image per row, every row's of one size (one call per size otherwise), its tiles and its placeholders in
         every row, before the processor's or the model's own error."""
         text, pixels, sizes = self.sized_output(inputs, "image_sizes", 2, TILED_PROCESSOR_KEYS, "", "sizes")
+        if "batch_num_images" in inputs and torch.as_tensor(inputs["batch_num_images"]).tolist() != [1] * len(text):
+            raise ValueError(f"batch_num_images must be 1 for every row (one image per row); got {torch.as_tensor(inputs['batch_num_images']).tolist()}")
         size = tuple(sizes[0].tolist())
         tiles = self.modeling.image_size_to_num_patches(size, self.model.config.image_grid_pinpoints, self.tile)
         shape = (len(text), tiles, 3, self.tile, self.tile)
@@ -82,13 +87,15 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
 
     def token_sources(self, size: tuple[int, int]) -> torch.Tensor:
         """`(image tokens, tiles * side * side)`: each of an image's tokens (of `size`) as the weights of the tiles'
-        patch tokens it is made of (a row of 0s: a newline), from the model's own `pack_image_features` run on the
-        identity (the base tile's tokens, then the tiles' grid row by row, each row closed by a newline)."""
+        patch tokens it is made of (a row of 0s: a newline; OneVision's interpolated tokens several patches'), from
+        the model's own `pack_image_features` run on the identity (the base tile's tokens, then the tiles' grid row by
+        row, each row closed by a newline)."""
         tiles = self.modeling.image_size_to_num_patches(size, self.model.config.image_grid_pinpoints, self.tile)
         count = tiles * self.side ** 2
         identity = torch.eye(count, dtype=torch.float64).view(tiles, self.side ** 2, count)
-        packed, _ = self.model.model.pack_image_features([identity], torch.tensor([size]), self.model.config.vision_feature_select_strategy,
-                                                         image_newline=torch.zeros(count, dtype=torch.float64))
+        settings = {name: getattr(self.model.config, name) for name in self.vision.pack_settings}
+        packed, _ = self.model.model.pack_image_features([identity], torch.tensor([size]), image_newline=torch.zeros(count, dtype=torch.float64),
+                                                         **settings)
         return packed[0]
 
     # -- running ----------------------------------------------------------------------------------------------
