@@ -195,7 +195,7 @@ def test_the_model_is_unchanged_after_a_call_and_after_a_failure(family):
 
 def test_what_is_refused_by_name():
     """Images of different sizes in one batch, tiles that are not the image's, placeholders that are not its tokens,
-    the tower-token methods and TAM: each a one-line error that says so."""
+    the tower-token methods, TAM and a generation: each a one-line error that says so."""
     batch = inputs(FAMILY)
     with pytest.raises(ValueError, match="different sizes"):
         relevancy.explain(model(), {**batch, "image_sizes": torch.tensor([[24, 32], [32, 24]])}, method="attnlrp")
@@ -209,6 +209,10 @@ def test_what_is_refused_by_name():
     for method in ("generic_attention", "transformer_attribution", "token_activation_map", "lrp"):
         with pytest.raises(UnsupportedModelError, match=f"'{method}' does not apply to the tiled vision-language decoder"):
             relevancy.explain(model(), batch, method=method)
+    from vlm_processor import tiled_processor
+
+    with pytest.raises(UnsupportedModelError, match="explain_generation explains decoder language models, not the tiled vision-language"):
+        relevancy.explain_generation(model(), tiled_processor(FAMILY), "describe it", image=None, method="attnlrp")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

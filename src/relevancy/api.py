@@ -205,6 +205,11 @@ Inputs, by model family:
       tower to the pixels); generic_attention (the ICCV'21 rule carried into the tower's patch tokens); token_ablation
       (text tokens deleted, the tower's patches set to 0); raw_attention, rollout, attention_gradcam (the decoder's
       attention at the image's tokens laid on the patch grid, not through the tower: through_tower=False).
+  transformers LlavaNextForConditionalGeneration / LlavaOnevisionForConditionalGeneration: the processor's output
+      with the image's tiles (pixel_values (B, tiles, 3, H, W)) and image_sizes (one size per call). image_scores
+      (B, rows, cols): the tiles' patches on the model's grid, unpadded to the image's aspect; base_scores (B, side,
+      side): the base (downscaled) image's; pixel_scores (B, tiles, H, W). Methods: attnlrp, cp_lrp,
+      input_x_gradient, token_ablation, raw_attention, rollout, attention_gradcam (docs/vision_language.md#llava-next).
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

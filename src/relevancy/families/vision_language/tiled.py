@@ -8,8 +8,8 @@ the base tile's features first.
 Inputs are the processor's output (`input_ids` with the image's placeholders, `pixel_values` `(B, tiles, C, H, W)`,
 `image_sizes`; one image per row, one image size per call). The model runs its own forward with the token embeddings
 and the tiles' pixels as leaves (the tower's and projector's rules those of LLaVA's layout); which tile's patch each
-image token is, or that it is a newline, the model's own `pack_image_features` says, run once per image size on the
-identity (`token_sources`). The maps: the base tile's on the tower's patch grid (`base_scores`), the other tiles'
+image token is, or that it is a newline, the model's own `pack_image_features` says: the decoder-only methods'
+scores at the image's tokens go back through its adjoint (`tokens_on_tiles`, autograd of the packing, a linear map). The maps: the base tile's on the tower's patch grid (`base_scores`), the other tiles'
 laid on the grid the model lays their features on, unpadded as it unpads them (`image_scores`, the image's aspect;
 `heatmap()` at the image's size; OneVision's before its interpolation); per tile per pixel (`pixel_scores` `(B, tiles, H, W)`, the pixel methods). The
 newline tokens are the model's parameter, not the image: the decoder-only methods' scores at them are left out of
@@ -19,7 +19,6 @@ stays on the parameter, outside `relevance_total`.
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -55,7 +54,6 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         self.image_prefix = 0  # the model lays each tile's tokens on its patch grid: no [CLS] kept
         #: transformers' modeling module of the model (its `image_size_to_num_patches`, `get_anyres_image_grid_shape`, `unpad_image`)
         self.modeling = sys.modules[type(model.model).__module__]
-        self.sources = lru_cache(maxsize=8)(self.token_sources)
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -67,15 +65,16 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         one image per row, every row's of one size (one call per size otherwise), its tiles and its placeholders in
         every row, before the processor's or the model's own error."""
         text, pixels, sizes = self.sized_output(inputs, "image_sizes", 2, TILED_PROCESSOR_KEYS, "", "sizes")
-        if "batch_num_images" in inputs and torch.as_tensor(inputs["batch_num_images"]).tolist() != [1] * len(text):
-            raise ValueError(f"batch_num_images must be 1 for every row (one image per row); got {torch.as_tensor(inputs['batch_num_images']).tolist()}")
+        images = inputs.get("batch_num_images")
+        if images is not None and torch.as_tensor(images).tolist() != [1] * len(text):
+            raise ValueError(f"batch_num_images must be 1 for every row (one image per row); got {torch.as_tensor(images).tolist()}")
         size = tuple(sizes[0].tolist())
         tiles = self.modeling.image_size_to_num_patches(size, self.model.config.image_grid_pinpoints, self.tile)
         shape = (len(text), tiles, 3, self.tile, self.tile)
         if tuple(pixels.shape) != shape:
             raise ValueError(f"pixel_values must be the processor's tiles (B, tiles, 3, H, W) = {shape} for an image of size "
                              f"{list(size)}; got {tuple(pixels.shape)}")
-        count = len(self.sources(size))
+        count = len(self.packed(torch.zeros(tiles, self.side ** 2, 1, dtype=torch.float64, device=torch.device("cpu")), size))
         placeholders = (text.input_ids == self.image_token).sum(1)
         if (placeholders != count).any():
             raise ValueError(f"input_ids must hold one image's {count} placeholder tokens (id {self.image_token}) in every row for "
@@ -85,18 +84,25 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         return TiledImageTextTokens(**{name: getattr(text, name) for name in ("input_ids", "attention_mask", "tokens", "word_ids")},
                                     pixel_values=pixels.to(device, dtype), image_sizes=sizes.to(device))
 
-    def token_sources(self, size: tuple[int, int]) -> torch.Tensor:
-        """`(image tokens, tiles * side * side)`: each of an image's tokens (of `size`) as the weights of the tiles'
-        patch tokens it is made of (a row of 0s: a newline; OneVision's interpolated tokens several patches'), from
-        the model's own `pack_image_features` run on the identity (the base tile's tokens, then the tiles' grid row by
-        row, each row closed by a newline)."""
-        tiles = self.modeling.image_size_to_num_patches(size, self.model.config.image_grid_pinpoints, self.tile)
-        count = tiles * self.side ** 2
-        identity = torch.eye(count, dtype=torch.float64).view(tiles, self.side ** 2, count)
+    def packed(self, features: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """The model's own `pack_image_features` of one image's per-tile features `(tiles, side * side, C)` (of `size`):
+        `(image tokens, C)`, the base tile's tokens, then the tiles' grid row by row (unpadded; OneVision's
+        interpolated), each row closed by a newline, which is 0 here."""
         settings = {name: getattr(self.model.config, name) for name in self.vision.pack_settings}
-        packed, _ = self.model.model.pack_image_features([identity], torch.tensor([size]), image_newline=torch.zeros(count, dtype=torch.float64),
-                                                         **settings)
+        packed, _ = self.model.model.pack_image_features([features], torch.tensor([size], device=features.device),
+                                                         image_newline=features.new_zeros(features.shape[-1]), **settings)
         return packed[0]
+
+    def tokens_on_tiles(self, on_tokens: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
+        """Scores of the image's tokens `(B, image tokens)` laid back on the tiles' patches `(B, tiles, side, side)`
+        through the adjoint of the packing (autograd of `packed`, a linear map): each token's score on the patch it is
+        made of (OneVision's interpolated tokens: on their patches in the interpolation's weights), the newlines'
+        dropped."""
+        rows, tiles = len(on_tokens), inputs.pixel_values.shape[1]
+        with torch.enable_grad():
+            features = on_tokens.new_zeros(tiles, self.side ** 2, rows, requires_grad=True)
+            laid, = torch.autograd.grad((self.packed(features, inputs.image_size) * on_tokens.T).sum(), features)
+        return laid.permute(2, 0, 1).reshape(rows, tiles, self.side, self.side)
 
     # -- running ----------------------------------------------------------------------------------------------
     def hidden_of(self, inputs: TiledImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
@@ -134,8 +140,7 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
             pixels = self.pixel_relevance(fields.pop("leaves")["image"], inputs)
             patches = pixel_patches(pixels, self.patch)
         else:
-            sources = self.sources(inputs.image_size).to(text.device, text.dtype)
-            patches, through = (text[image].view(len(text), -1) @ sources).view(len(text), -1, self.side, self.side), False
+            patches, through = self.tokens_on_tiles(text[image].view(len(text), -1), inputs), False
         return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=through,
                                          image_scores=self.tiles_grid(patches[:, 1:], inputs), base_scores=patches[:, 0],
                                          pixel_scores=pixels, image_size=inputs.image_size)
