@@ -65,6 +65,7 @@ CASES = {
     "qwen2_vl": ("qwen2_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),
     "qwen3_vl": ("qwen3_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),  # DeepStack: as for Qwen2-VL, their code reads logits only
     "paligemma": ("paligemma", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
+    "internvl": ("internvl", (2, 2), [33, 40, 71, 17, 71, 30, 8]),  # the 4 x 4 patches pixel-shuffled 2 x 2
 }
 #: what a family's forward reads beside its processor's output, from the tokens and the prompt's length, as
 #: relevancy's adapter passes it (Gemma 3: each image's tokens attend to each other; Qwen2-VL: which tokens are the

@@ -1,10 +1,10 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
-random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, LLaVA-NeXT, LLaVA-OneVision), text
-and pixel maps, in float64.
+random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL with a Qwen2 and with a
+Llama decoder, LLaVA-NeXT, LLaVA-OneVision), text and pixel maps, in float64.
 
     /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt] [--only FAMILY ...]
 
-`--only`: record those families' entries alone, the file's other entries kept as they were recorded.
+`--only`: those families recorded (again) into the existing file, every other entry kept as it was recorded.
 
 Run it in a venv with lxt (never a dependency of relevancy; see `llm_lxt_reference.py`: lxt 2.1, transformers 5.24).
 lxt maps decoders only; "lxt's rules composed over the whole model" is here:
@@ -13,12 +13,15 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
   Gemma or Gemma 2 (PaliGemma's decoders), so its Gemma 3 map is carried over to their classes, the same patches
   (gated MLP, the norm's divisor constant, dropout, attention) on `GemmaMLP` / `Gemma2MLP`, `GemmaRMSNorm` /
   `Gemma2RMSNorm` and their modeling module (`carried_gemma3_map`; the tiny Gemma 2 has no attention soft-cap);
-- the vision tower (transformers' CLIP, SigLIP, Idefics3 modules) and the projector: lxt's patches as its ViT map
+- the vision tower (transformers' CLIP, SigLIP, Idefics3, InternVL modules) and the projector: lxt's patches as its ViT map
   (`lxt.efficient.models.vit_torch`) and its decoder maps use them: every attention function of the tower's modeling
   module wrapped by `patch_attention` (AttnLRP: queries and keys 1/4, values 1/2) or `patch_cp_attention` (CP-LRP:
   queries and keys detached), `torch.nn.LayerNorm` by `layer_norm_forward` (the divisor constant), and the
   activation classes of the tower's MLP and the projector (QuickGELU, GELU, tanh-GELU) by `non_linear_forward`
-  (the identity rule). One adaptation: lxt's LayerNorm keeps its input's memory layout, and Idefics3's pixel shuffle
+  (the identity rule), the tower's RMSNorms (InternViT-6B's layout: its layers' norms, its query and key norms) by
+  `rms_norm_forward` (the divisor constant); InternViT's layer scale, the pixel shuffle and the projector's Linears
+  are plain autograd (a constant factor, reshapes, linear maps: lxt has no InternViT map, its generic rules composed
+  as for the other towers). One adaptation: lxt's LayerNorm keeps its input's memory layout, and Idefics3's pixel shuffle
   views the tower's output, so the patched LayerNorm returns `.contiguous()` (the same values);
 - the model (float64, eval, attention through transformers' `sdpa`: an exact float64 softmax) runs its own forward
   from `input_ids` and `pixel_values`, the token embeddings made a leaf by a hook on the embedding's output, with
@@ -53,8 +56,8 @@ from vlm_models import FAMILIES, PREFIX_FAMILIES, TILED, alone, build, checksum,
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
-        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "llava_next": ("llama", "clip"),
-        "llava_onevision": ("qwen2", "siglip")}
+        "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "internvl": ("qwen2", "internvl"),
+        "internvl_rms": ("llama", "internvl"), "llava_next": ("llama", "clip"), "llava_onevision": ("qwen2", "siglip")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 
@@ -73,15 +76,18 @@ def decoder_map(decoder: str, variant: str) -> dict:
     return carried_gemma3_map(decoder, variant) if decoder in ("gemma", "gemma2") else getattr(lxt_models(decoder), variant)
 
 
-def tower_map(variant: str) -> dict:
-    """lxt's patches for the tower and projector: attention, LayerNorm, the activations (identity rule)."""
+def tower_map(variant: str, tower_module: object | None = None) -> dict:
+    """lxt's patches for the tower and projector: attention, LayerNorm, the RMSNorms of the tower's modeling module
+    (where given), the activations (identity rule)."""
     lxt_models("llama")  # lxt.efficient entered as a bare namespace (see there)
-    from lxt.efficient.patches import layer_norm_forward, non_linear_forward, patch_attention, patch_cp_attention, patch_method
+    from lxt.efficient.patches import layer_norm_forward, non_linear_forward, patch_attention, patch_cp_attention, patch_method, rms_norm_forward
     from transformers import activations
 
     def contiguous_layer_norm(self, x):
         return layer_norm_forward(self, x).contiguous()
 
+    rms_norms = [cls for name, cls in vars(tower_module).items() if isinstance(cls, type) and name.endswith("RMSNorm")
+                 and cls.__module__ == tower_module.__name__] if tower_module is not None else []
     gelus = {activations.QuickGELUActivation, activations.GELUActivation, type(activations.ACT2FN["gelu_pytorch_tanh"])}
     def cp_attention(module) -> bool:
         """lxt's CP-LRP patch wraps transformers' one shared ALL_ATTENTION_FUNCTIONS in place, so after the decoder's
@@ -92,6 +98,7 @@ def tower_map(variant: str) -> dict:
 
     return {"attention": patch_attention if variant == "attnLRP" else cp_attention,
             torch.nn.LayerNorm: partial(patch_method, contiguous_layer_norm),
+            **{cls: partial(patch_method, rms_norm_forward) for cls in rms_norms},
             **{cls: partial(patch_method, non_linear_forward, keep_original=True) for cls in gelus}}
 
 
@@ -137,17 +144,15 @@ def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], tar
     return logits.detach(), text, image.sum(-3) if family in TILED else image.flatten(1, -3).sum(1)
 
 
-def arguments(doc: str, name: str) -> argparse.Namespace:
-    """A reference script's arguments: `--out` (default `tests/golden/<name>`), `--only` (families)."""
+def out_path(doc: str, name: str, only: bool = False) -> Path | tuple[Path, list[str]]:
+    """The `--out` argument of a reference script (default `tests/golden/<name>`); with `only`, also its `--only`
+    families (none: every family)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/golden" / name)
-    parser.add_argument("--only", nargs="+", help="record these families alone, the file's other entries kept")
-    return parser.parse_args()
-
-
-def out_path(doc: str, name: str) -> Path:
-    """The `--out` argument of a reference script (default `tests/golden/<name>`)."""
-    return arguments(doc, name).out
+    if only:
+        parser.add_argument("--only", nargs="+", choices=[*FAMILIES, *TILED], default=[])
+    args = parser.parse_args()
+    return (args.out, args.only) if only else args.out
 
 
 def sdpa_models(families: dict, build: Callable) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -160,15 +165,11 @@ def sdpa_models(families: dict, build: Callable) -> Iterator[tuple[str, torch.nn
 
 
 def main() -> None:
-    args = arguments(__doc__, "vlm_lxt_reference.pt")
+    out, only = out_path(__doc__, "vlm_lxt_reference.pt", only=True)
     import transformers
 
-    families = {**FAMILIES, **TILED}
-    golden: dict = {"transformers": transformers.__version__, "models": {}}
-    if args.only:
-        golden = torch.load(args.out, weights_only=False)
-        families = {family: families[family] for family in args.only}
-    for family, model in sdpa_models(families, build):
+    golden: dict = torch.load(out, weights_only=False) if only else {"transformers": transformers.__version__, "models": {}}
+    for family, model in sdpa_models(only or {**FAMILIES, **TILED}, build):
         decoder, tower = MAPS[family]
         decoder_module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
         tower_module = importlib.import_module(f"transformers.models.{tower}.modeling_{tower}")
@@ -176,7 +177,7 @@ def main() -> None:
         entry = {"checksum": checksum(model), "inputs": data,
                  "targets": {name: run(model, family, batch, None)[0].argmax(-1) for name, batch in data.items()}}
         for variant, key in VARIANTS.items():
-            patches = tower_map(variant)
+            patches = tower_map(variant, tower_module)
             attention = patches.pop("attention")
             with ExitStack() as stack:
                 stack.enter_context(lxt_applied(decoder_module, decoder_map(decoder, variant)))
@@ -184,7 +185,7 @@ def main() -> None:
                 maps = {name: run(model, family, batch, entry["targets"][name])[1:] for name, batch in data.items()}
             entry[key] = recorded(family, variant, data, maps)
         golden["models"][family] = entry
-    write_golden(golden, args.out)
+    write_golden(golden, out)
 
 
 if __name__ == "__main__":

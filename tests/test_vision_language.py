@@ -1,5 +1,5 @@
-"""Vision-language decoders (tiny random float64 LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3 of
-`vlm_models.py`): AttnLRP and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single
+"""Vision-language decoders (tiny random float64 LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3,
+PaliGemma 1 and 2, InternVL with a Qwen2 and with a Llama decoder of `vlm_models.py`): AttnLRP and CP-LRP equal to lxt's rules composed over the whole model, text and pixels, single
 and padded both ways (tests/golden/vlm_lxt_reference.pt, made by benchmarks/vlm_lxt_reference.py); the result's
 shapes and fields; the attention methods on the decoder's attention, the image's tokens laid back on the patch
 grid (LLaVA's by hand); what is refused, by name."""
@@ -201,12 +201,13 @@ def test_paligemmas_prefix_attends_both_ways(family):
             relevancy.explain(model, {**batch, "token_type_ids": bad}, method="input_x_gradient")
 
 
-@pytest.mark.parametrize("family", ["paligemma", "paligemma2"])
-def test_paligemmas_input_x_gradient_is_autograd_of_its_own_forward(family):
+@pytest.mark.parametrize("family", ["paligemma", "paligemma2", "internvl", "internvl_rms"])
+def test_input_x_gradient_is_autograd_of_the_models_own_forward(family):
     """input_x_gradient on a batch padded right and left equals autograd through the model's own forward (a copy, its
-    attention transformers' sdpa, exact in float64; the processor's token types, positions from 1 over the real
-    tokens) at the token embeddings and at the pixels, to 1e-10 of each map's largest value."""
-    from vlm_models import embedding_leaf
+    attention transformers' sdpa, exact in float64; PaliGemma's token types and positions from 1 over the real
+    tokens; InternVL through InternViT's layer scale, the pixel shuffle and the normed projector) at the token
+    embeddings and at the pixels, to 1e-10 of each map's largest value."""
+    from vlm_models import PREFIX_FAMILIES, embedding_leaf
 
     own = copy.deepcopy(model_of(family))
     for config in (own.config, own.config.text_config, own.config.vision_config):
@@ -217,11 +218,32 @@ def test_paligemmas_input_x_gradient_is_autograd_of_its_own_forward(family):
         mask = batch["attention_mask"]
         pixels = batch["pixel_values"].clone().requires_grad_(True)
         with embedding_leaf(own) as leaf:
-            logits = own(**{**batch, "pixel_values": pixels}, position_ids=(mask.cumsum(-1) - 1).clamp(min=0) + 1).logits
+            logits = own(**{**batch, "pixel_values": pixels}, position_ids=(mask.cumsum(-1) - 1).clamp(min=0) + int(family in PREFIX_FAMILIES)).logits
         last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
         logits[torch.arange(2), last].gather(1, explanation.target[:, None]).sum().backward()
         assert_close_to(explanation.scores, (leaf["text"] * leaf["text"].grad).sum(-1), f"{family} {side} text", 1e-10)
         assert_close_to(explanation.pixel_scores, (pixels * pixels.grad).sum(1), f"{family} {side} pixels", 1e-10)
+
+
+def test_internvls_tiles_and_other_towers_are_refused_by_name():
+    """InternVL's dynamic tiles (several rows of pixel_values per image, their placeholders) are refused naming the
+    processor's setting that gives one tile; a tower of non-square images, or whose layer has a part InternViT's
+    layout does not know, naming it; the model unchanged after each refusal."""
+    model, batch = model_of("internvl"), inputs("internvl")
+    before = snapshot(model)
+    tiles = {**batch, "pixel_values": batch["pixel_values"].repeat_interleave(3, 0)}
+    with pytest.raises(ValueError, match=r"pixel_values must be \(B, 3, H, W\): one image per row, one tile, without InternVL's dynamic "
+                                         r"tiles and thumbnail \(crop_to_patches=False\)"):
+        relevancy.explain(model, tiles, method="attnlrp")
+    assert_same(before, snapshot(model))
+    wide = copy.deepcopy(model)
+    wide.config.vision_config.image_size = (16, 32)
+    with pytest.raises(UnsupportedModelError, match=r"non-square size \(16, 32\)"):
+        relevancy.explain(wide, batch, method="attnlrp")
+    extra = copy.deepcopy(model)
+    extra.model.vision_tower.encoder.layer[1].gamma = torch.nn.Parameter(torch.ones(16, dtype=torch.float64))
+    with pytest.raises(UnsupportedModelError, match=r"model.vision_tower.encoder.layer.1.gamma belongs to no part of the internvl vision tower"):
+        relevancy.explain(extra, batch, method="attnlrp")
 
 
 @pytest.mark.parametrize("family", ["llava", "gemma3"])

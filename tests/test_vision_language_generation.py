@@ -128,12 +128,13 @@ class GivenInputs:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-@pytest.mark.parametrize("family", ["llava_full", "gemma3", "idefics3", "paligemma", "paligemma2"])
+@pytest.mark.parametrize("family", ["llava_full", "gemma3", "idefics3", "paligemma", "paligemma2", "internvl", "internvl_rms"])
 def test_every_familys_generation_equals_explain(family):
     """LLaVA with [CLS] kept and two tower layers (Qwen2 decoder), Gemma 3 (pooled projector, each image's tokens
     attending to each other), Idefics3 (pixel shuffle, one image of shape (1, 3, H, W) per row), PaliGemma 1 and 2
     (image and prompt a prefix attending both ways: row g equals explain on the prefix with the g generated tokens
-    typed 1, after the prefix, as the model's generate types them)."""
+    typed 1, after the prefix, as the model's generate types them), InternVL (InternViT's layer scale, pixel shuffle,
+    a normed projector; InternViT-6B's RMSNorms and query and key norms with a Llama decoder)."""
     model = build(family)
     result = relevancy.explain_generation(model, GivenInputs(family), PROMPT, image=picture(), max_new_tokens=3, method="cp_lrp")
     batch = inputs(family, lengths=(4,))

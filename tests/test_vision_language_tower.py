@@ -1,5 +1,5 @@
 """`generic_attention` carried into the vision tower of vision-language decoders (tiny random float64 LLaVA with a Llama
-and with a Qwen2 decoder and with a SigLIP tower, Gemma 3, Idefics3 of `vlm_models.py`), equal to the ICCV'21 rule
+and with a Qwen2 decoder and with a SigLIP tower, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL of `vlm_models.py`), equal to the ICCV'21 rule
 computed naively: the full relevance matrices built with plain torch from the attentions and gradients of the model's
 own eager forward, the decoder's readout row at the image's tokens laid on the tower's tokens by hand and multiplied
 through the tower's matrix; padded batches equal each row alone; the model unchanged, also after an error."""
@@ -42,10 +42,10 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
     model = copy.deepcopy(model_of(family))
     model.set_attn_implementation("eager")
     adapter = adapter_for(model)
-    tower = adapter.vision.transformer(model).encoder.layers
+    tower = [getattr(layer, adapter.vision.residual.attention) for layer in adapter.vision.tower_layers(model)]  # InternViT's `attention`
     found: dict[str, list[torch.Tensor]] = {"tower": [], "decoder": []}
-    hooks = [layer.self_attn.register_forward_hook(lambda _m, _i, out, key=key: found[key].append(out[1]))
-             for key, layers in (("tower", tower), ("decoder", adapter.blocks)) for layer in layers]
+    hooks = [attention.register_forward_hook(lambda _m, _i, out, key=key: found[key].append(out[1]))
+             for key, attentions in (("tower", tower), ("decoder", [block.self_attn for block in adapter.blocks])) for attention in attentions]
     ids = row["input_ids"]
     logit = model(**{**row, **own_types(family, ids, row)}).logits[0, -1, target]
     for hook in hooks:
@@ -63,8 +63,9 @@ def naive(family: str, row: dict[str, torch.Tensor], target: int) -> tuple[torch
         entering, depths = tokens, [2, 1]
     elif family in ("llava_siglip", "paligemma", "paligemma2"):  # the last layer's patch tokens, all kept: a SigLIP tower has no [CLS]
         entering, depths = tokens, [layers]
-    else:  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares (no [CLS])
+    else:  # each of the 2 x 2 tokens made of its 2 x 2 block of patches, in equal shares (InternViT's [CLS] cropped, 0)
         entering, depths = tokens.view(2, 2).repeat_interleave(2, 0).repeat_interleave(2, 1).flatten() / 4, [layers]
+        entering = torch.cat([torch.zeros(int(family.startswith("internvl")), dtype=torch.float64), entering])
     patches = sum(entering @ rule(found["tower"][:d], gradients[:d]) for d in depths)
     return decoder.masked_fill(image, 0), patches[-16:].view(4, 4)
 

@@ -1,4 +1,4 @@
-"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2) and their inputs, built from fixed seeds
+"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL) and their inputs, built from fixed seeds
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ _TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_
 _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=SIDE, patch_size=PATCH,
                initializer_range=0.2)
 #: family -> (seed, image tokens per image)
-FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4), "paligemma": (25, 16), "paligemma2": (26, 16)}
+FAMILIES = {"llava": (20, 16), "llava_full": (21, 17), "gemma3": (22, 4), "idefics3": (23, 4), "paligemma": (25, 16), "paligemma2": (26, 16),
+            "internvl": (27, 4), "internvl_rms": (28, 4)}
 #: the families whose processor writes token types: PaliGemma's prefix (0: image and prompt, 1: a suffix after it)
 PREFIX_FAMILIES = ("paligemma", "paligemma2")
 #: built like FAMILIES' models, checked by tests of their own only: a LLaVA with a SigLIP tower (no [CLS], a pooling head)
@@ -71,6 +72,12 @@ def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, ima
                                              final_logit_softcapping=3.0))
         return transformers.PaliGemmaConfig(vision_config=transformers.SiglipVisionConfig(**_VISION, vision_use_head=False), text_config=decoder,
                                             image_token_index=image_token, projection_dim=text["hidden_size"])
+    if family.startswith("internvl"):  # InternViT-300M's layout and a Qwen2 decoder; InternViT-6B's (RMSNorm, query and key norms) and a Llama
+        rms = family == "internvl_rms"
+        vision = transformers.InternVLVisionConfig(**_VISION, norm_type="rms_norm" if rms else "layer_norm", use_qk_norm=rms,
+                                                   use_mean_pooling=rms)
+        return transformers.InternVLConfig(vision_config=vision, text_config=(transformers.LlamaConfig if rms else transformers.Qwen2Config)(**text),
+                                           image_token_id=image_token, downsample_ratio=0.5)
     return transformers.Idefics3Config(text_config=transformers.LlamaConfig(**text), vision_config=transformers.Idefics3VisionConfig(**_VISION),
                                        scale_factor=2, image_token_id=image_token)
 
@@ -90,6 +97,8 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
                 parameter.copy_(torch.randn_like(parameter) * 0.3 + (0.0 if gemma else 1.0))
             elif name.endswith("mm_input_projection_weight"):  # Gemma 3 starts it at 0: no image would reach the decoder
                 parameter.copy_(torch.randn_like(parameter) * 0.2)
+            elif name.endswith(("lambda_1", "lambda_2", "cls_token", "position_embeddings")):  # InternViT's layer scale, [CLS], positions
+                parameter.copy_(torch.randn_like(parameter) * 0.5)
     return model.to(dtype).eval()
 
 

@@ -1,7 +1,7 @@
 """Train (or evaluate) the retrieval world's small decoders, one per token mixer (`relevancy.worlds.retrieval_models`).
 
     python -m training.retrieval_models --mixer attention|deltanet|mamba2 [--seed S] [--minutes M | --steps N] [--init DIR]
-        [--people 2-4] [--restate K]
+        [--people 2-4] [--restate K] [--reverse K]
     python -m training.retrieval_models --mixer MIXER --evaluate-only [--n 1000]
 
 Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
@@ -14,7 +14,9 @@ benchmark's prompts alone (two people) stall at half the answers: a value of the
 half the time, and the binding of the person to the value comes late. Two options give binding more weight: `--people`
 draws each training prompt's number of people from a range (with four, the unbound guess is right a quarter of the
 time), and `--restate K` follows the answer with K more facts of the context written as answers
-(`Answer: Ben's code word is Echo.`), each value one more target of the answer loss. AdamW, the shared
+(`Answer: Ben's code word is Echo.`), each value one more target of the answer loss; `--reverse K` asks K facts
+backwards (`Question: Echo ? Ben.`), whose targets, the names, train each value to carry its fact's person, the half
+of the binding the answer reads. AdamW, the shared
 warm-up and cosine schedule of the shipped models (`training.shapes_vit.fit`), following wall-clock progress with
 `--minutes` or the step count with `--steps`. Validation (greedy answers on 300 test prompts of seed 1) at each
 checkpoint; the model and the world's tokenizer are saved with `save_pretrained` to `--out` (default: the shipped
@@ -52,18 +54,25 @@ def training_item(index: int, seed: int, people: tuple[int, int]) -> language.Re
     return language.prompt("train", index, seed=seed, n_people=people[0] + index % (people[1] - people[0] + 1))
 
 
-def restated(item: language.RetrievalPrompt, k: int) -> tuple[str, list[tuple[int, str]]]:
-    """The prompt with its answer, followed by `k` other facts of its context written as answers, and each value's
-    `(character start, value)` in that text, the prompt's own answer first: the targets of the answer loss. The
-    causal model reads the prompt as the benchmark does whatever follows it."""
+def restated(item: language.RetrievalPrompt, k: int, reverse: int = 0) -> tuple[str, list[tuple[int, str]]]:
+    """The prompt with its answer, followed by `k` other facts of its context written as answers, then `reverse`
+    facts asked backwards (`Question: Paris ? Anna.`: whose value it is), and each target's `(character start,
+    token)` in that text, the prompt's own answer first: the targets of the answer loss. The causal model reads the
+    prompt as the benchmark does whatever follows it."""
     text = item.text + item.answer + "."
     targets = [(len(item.text) + 1, item.answer.strip())]
+    draw = random.Random(item.text)
     others = [fact for i, fact in enumerate(item.facts) if i != item.evidence_fact]
-    for fact in random.Random(item.text).sample(others, min(k, len(others))):
+    for fact in draw.sample(others, min(k, len(others))):
         prefix, value = fact[:-1].rsplit(" ", 1)
         text += f"\nAnswer: {prefix} "
         targets.append((len(text), value))
         text += f"{value}."
+    for fact in draw.sample(item.facts, min(reverse, len(item.facts))):
+        value, name = fact[:-1].rsplit(" ", 1)[1], fact.split(" ", 1)[0].split("'")[0]
+        text += f"\nQuestion: {value} ? "
+        targets.append((len(text), name))
+        text += f"{name}."
     return text, targets
 
 
@@ -103,17 +112,18 @@ def _summary(found: dict[str, float], n: int) -> str:
 def train(args: argparse.Namespace) -> None:
     out, log, _ = start_run(args, "train.log")
     tokenizer = retrieval_models.world_tokenizer()
-    model = (retrieval_models.build(args.mixer, args.seed) if args.init is None
+    sizes = {} if args.hidden_size is None else {"hidden_size": args.hidden_size, "intermediate_size": 2 * args.hidden_size}
+    model = (retrieval_models.build(args.mixer, args.seed, **sizes) if args.init is None
              else retrieval_models.load_folder(Path(args.init))[0]).train()
     parameters = sum(p.numel() for p in model.parameters())
-    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} people={args.people} restate={args.restate} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
+    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} people={args.people} restate={args.restate} reverse={args.reverse} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
               f"minutes={args.minutes} steps={args.steps} threads={args.threads} {machine()}")
     optimizer = adamw(model.named_parameters(), lambda name, p: p.ndim >= 2, args, betas=(0.9, 0.98))
 
     def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         first = step * args.batch_size
         items = [training_item(first + j, args.seed, args.people) for j in range(args.batch_size)]
-        texts, targets = zip(*(restated(item, args.restate) for item in items))
+        texts, targets = zip(*(restated(item, args.restate, args.reverse) for item in items))
         inputs = tokenizer(list(texts), padding=True, return_tensors="pt", return_offsets_mapping=True)
         starts = inputs.pop("offset_mapping")[..., 0]
         every = model(**inputs, use_cache=False).logits
@@ -128,7 +138,7 @@ def train(args: argparse.Namespace) -> None:
         modelled = F.cross_entropy(every[:, :-1][read], inputs["input_ids"][:, 1:][read])
         total = answer + args.lm_weight * modelled
         logged = {"loss": answer.item(), "lm": modelled.item(), "acc": (logits[own].argmax(-1) == wanted[own]).float().mean().item()}
-        if args.restate:
+        if args.restate or args.reverse:
             total = total + F.cross_entropy(logits[~own], wanted[~own])
         return total, logged
 
@@ -157,6 +167,8 @@ def main(argv=None) -> None:
     ap.add_argument("--init", default=None, help="start from the model saved in this folder (a second stage)")
     ap.add_argument("--people", type=people_range, default=(2, 2), help="people per training prompt: N or LOW-HIGH")
     ap.add_argument("--restate", type=int, default=0, help="facts restated as answers after each training answer")
+    ap.add_argument("--hidden-size", type=int, default=None, help="width (the MLP twice it); default the builder's, 64")
+    ap.add_argument("--reverse", type=int, default=0, help="facts asked backwards (value -> person) after those")
     args_known, _ = ap.parse_known_args(argv)
     ap.set_defaults(out=str(retrieval_models.folder(args_known.mixer)))
     run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped runs: 1)", ckpt_minutes=5.0,

@@ -69,14 +69,15 @@ def world_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, unk_token=UNK)
 
 
-def build(mixer: str, seed: int = 0) -> nn.Module:
-    """An untrained model of `mixer` ("attention", "deltanet", "mamba2") over the world's vocabulary, float32."""
+def build(mixer: str, seed: int = 0, **sizes: int) -> nn.Module:
+    """An untrained model of `mixer` ("attention", "deltanet", "mamba2") over the world's vocabulary, float32;
+    `sizes` override the common config's (`hidden_size=128, intermediate_size=256`: a wider model)."""
     import transformers
 
     if mixer not in ARCHITECTURES:
         raise ValueError(f"unknown mixer {mixer!r}; the retrieval models: {', '.join(ARCHITECTURES)}")
     config_name, model_name, options = ARCHITECTURES[mixer]
-    config = getattr(transformers, config_name)(vocab_size=len(world_vocabulary()), **{**_COMMON, **options})
+    config = getattr(transformers, config_name)(vocab_size=len(world_vocabulary()), **{**_COMMON, **options, **sizes})
     torch.manual_seed(seed)
     return getattr(transformers, model_name)(config).eval()
 

@@ -95,7 +95,8 @@ class Residual:
     is computed once and read by both, as Cohere computes it), `parallel`, the layer's flag that says the MLP reads
     the layer's input beside attention (GPT-NeoX) or True where it always does (Cohere), summed as the model sums,
     and `branch_scale`, the layer's attribute that scales each branch's output before its add (Granite's
-    `residual_multiplier`; a constant factor passes relevance)."""
+    `residual_multiplier`; a pair: attention's and the MLP's, InternViT's layer scale `lambda_1`, `lambda_2`; a
+    constant factor passes relevance)."""
 
     attention: str
     mlp: str
@@ -104,7 +105,7 @@ class Residual:
     after_attention: str | None = None
     after_mlp: str | None = None
     parallel: str | bool | None = None
-    branch_scale: str | None = None
+    branch_scale: str | tuple[str, str] | None = None
 
     def is_parallel(self, layer: nn.Module) -> bool:
         """Whether `layer` feeds its MLP beside attention."""
@@ -120,22 +121,23 @@ class Residual:
             out = getattr(layer, self.mlp)(x)
             return out[0] if isinstance(out, tuple) else out
 
-        def scaled(x: torch.Tensor) -> torch.Tensor:
+        def scaled(x: torch.Tensor, branch: int) -> torch.Tensor:
             if self.branch_scale is None:
                 return x
-            return passthrough(session, lambda t: t * getattr(layer, self.branch_scale), x)
+            name = self.branch_scale if isinstance(self.branch_scale, str) else self.branch_scale[branch]
+            return passthrough(session, lambda t: t * getattr(layer, name), x)
 
         def forward(hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
             named = _by_name(layer, args, kwargs)
             x = branch(session, hidden_states)
             shared = self.before_attention is not None and self.before_attention == self.before_mlp
             normed = branch(session, around(self.before_attention, x)) if shared else around(self.before_attention, x)
-            attended = scaled(around(self.after_attention, getattr(layer, self.attention)(normed, **named)[0]))
+            attended = scaled(around(self.after_attention, getattr(layer, self.attention)(normed, **named)[0]), 0)
             if self.is_parallel(layer):
-                fed = scaled(around(self.after_mlp, mlp(normed if shared else around(self.before_mlp, x))))
+                fed = scaled(around(self.after_mlp, mlp(normed if shared else around(self.before_mlp, x))), 1)
                 return add(session, add(session, fed, attended), x)
             x = branch(session, add(session, x, attended))
-            return add(session, x, scaled(around(self.after_mlp, mlp(around(self.before_mlp, x)))))
+            return add(session, x, scaled(around(self.after_mlp, mlp(around(self.before_mlp, x))), 1))
 
         return {"forward": forward}
 

@@ -1,6 +1,7 @@
 """Vision-language decoders: transformers' LLaVA (a CLIP or SigLIP tower, its projector, a Llama / Mistral / Qwen2
-decoder), Gemma 3 with images (SigLIP, pooled projector, Gemma 3 decoder) and Idefics3 / SmolVLM (SigLIP, pixel
-shuffle, Llama decoder), unmodified.
+decoder), Gemma 3 with images (SigLIP, pooled projector, Gemma 3 decoder), Idefics3 / SmolVLM (SigLIP, pixel
+shuffle, Llama decoder), PaliGemma 1 and 2 and InternVL (InternViT, pixel shuffle, a normed MLP, a Qwen2 / Qwen3 /
+Llama decoder), unmodified.
 
 Inputs are the processor's output (`input_ids` with the image's placeholder tokens, `attention_mask`, `pixel_values`:
 one image per row). The model runs its own forward (tower, `vision_feature_layer` and select strategy as
@@ -33,8 +34,8 @@ from ..text_batch import TextBatch
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GENERATING_CLASSES, IDEFICS3, LLAVA, OWN_ADAPTER_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
-    pixel_patches, tokens_on_patches,
+    GENERATING_CLASSES, IDEFICS3, OWN_ADAPTER_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
+    pixel_patches, square, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 
@@ -62,9 +63,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
     def __init__(self, model: nn.Module) -> None:
         self.mapped(model)
         self.image_tokens = self.vision.image_token_count(model)  # the placeholders of one image in a row
-        self.patch = int(model.config.vision_config.patch_size)
-        self.side = int(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
-        self.tower_prefix = self.vision.tower_prefix(model)  # CLIP's [CLS] (none for SigLIP)
+        self.patch = square(model.config.vision_config.patch_size)
+        self.side = square(model.config.vision_config.image_size) // self.patch  # the tower's patch grid is side x side
+        self.tower_prefix = self.vision.tower_prefix(model)  # CLIP's and InternViT's [CLS] (none for SigLIP)
         #: the image tokens before the patch tokens: LLaVA's [CLS] where its tower has one and its select strategy keeps it
         self.image_prefix = self.tower_prefix if getattr(model.config, "vision_feature_select_strategy", None) == "full" else 0
 
@@ -112,11 +113,11 @@ class VisionLanguageAdapter(CausalLMAdapter):
         pixels = inputs["pixel_values"]
         if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
             raise TypeError(f"pixel_values must be a float tensor (the processor's output), got {type(pixels).__name__}")
-        side = self.model.config.vision_config.image_size
+        side = self.side * self.patch
         images = 1 if self.vision is IDEFICS3 else None
         shape = (len(text), 1, 3, side, side) if images else (len(text), 3, side, side)
         if tuple(pixels.shape) != shape:
-            what = "(B, 1, 3, H, W): one image per row, without image splitting (do_image_splitting=False)" if images else "(B, 3, H, W): one image per row"
+            what = f"{'(B, 1, 3, H, W)' if images else '(B, 3, H, W)'}: one image per row{', ' + self.vision.one_image if self.vision.one_image else ''}"
             raise ValueError(f"pixel_values must be {what} of the tower's size {side} x {side}, i.e. {shape}; got {tuple(pixels.shape)}")
         placeholders = (text.input_ids == self.image_token).sum(1)
         if (placeholders != self.image_tokens).any():
@@ -232,14 +233,13 @@ class VisionLanguageAdapter(CausalLMAdapter):
     def feeds(self, inputs: ImageTextTokens) -> list[Feed]:
         """The image's tokens in the decoder, fed by the vision tower through the projector (`generic_attention`
         carries the decoder's relevance on into the tower): the tower's tokens (CLIP's [CLS] first, none for
-        SigLIP) read after the layers `vision_feature_layer` names (LLaVA: `hidden_states[k]`, one or several
+        SigLIP) read after the layers `vision_feature_layer` names (LLaVA, InternVL: `hidden_states[k]`, one or several
         side by side; Gemma 3, Idefics3: the last layer's), each image token made of one tower token (LLaVA; a
         kept [CLS] of the tower's [CLS]) or of its block of patch tokens, pooled or pixel-shuffled, in equal shares
         (`tokens_on_patches`' layout)."""
-        transformer = self.vision.transformer(self.model)
-        layers = transformer.encoder.layers
+        layers = self.vision.tower_layers(self.model)
         patches, prefix = self.side ** 2, self.tower_prefix
-        selected = getattr(self.model.config, "vision_feature_layer", -1) if self.vision is LLAVA else -1
+        selected = self.model.config.vision_feature_layer if self.vision.feature_layer else -1
         depths = tuple(sorted({k % (len(layers) + 1) for k in ([selected] if isinstance(selected, int) else selected)}))
         positions = inputs.input_ids == self.image_token
         count = self.image_tokens  # every row holds its image's tokens once (`check_inputs`)
@@ -247,7 +247,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
         weights[:self.image_prefix, :self.image_prefix] = torch.eye(self.image_prefix, dtype=torch.float64, device=positions.device)  # LLaVA's kept [CLS]
         weights[self.image_prefix:, prefix:] = tokens_on_patches(torch.eye(count - self.image_prefix, dtype=torch.float64,
                                                                            device=positions.device), self.side).flatten(1)
-        sites = tuple(AttentionSite(IMAGE, IMAGE, OutputPart(layer.self_attn, attention_probabilities)) for layer in layers)
+        attention = self.vision.residual.attention
+        sites = tuple(AttentionSite(IMAGE, IMAGE, OutputPart(getattr(layer, attention), attention_probabilities)) for layer in layers)
         return [Feed(Stream(IMAGE, "image", prefix, None, grid=(self.side, self.side)), sites, depths, "text", positions, weights)]
 
     def ablated(self, inputs: ImageTextTokens) -> tuple[dict[str, torch.Tensor], dict[str, Stream]]:
@@ -303,7 +304,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
     def recomputed_layers(self) -> list[nn.Module]:
         """`checkpoint=True` runs the tower's layers again in the backward too, not only the decoder's."""
-        return [*self.vision.transformer(self.model).encoder.layers, *self.blocks]
+        return [*self.vision.tower_layers(self.model), *self.blocks]
 
     def explanation(self, scores: dict[str, torch.Tensor], inputs: ImageTextTokens, **fields: Any) -> VisionLanguageExplanation:
         """The text scores and, from the pixels' relevance (`leaves`), the image's per pixel and per patch; where a

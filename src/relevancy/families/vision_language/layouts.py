@@ -10,7 +10,9 @@ Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's tower (`QwenVisionLayout`: blocks with a
 patch merger as the projector; Qwen3-VL's DeepStack mergers beside it) is checked with the same parts; its images are
 of any size (`patch_pixels`, `blocks_on_patches`). PaliGemma 1 and 2
 (SigLIP, one Linear, a Gemma or Gemma 2 decoder) differ by their token types (a bidirectional prefix) and position ids
-counted from 1 (`token_types`, `first_position`).
+counted from 1 (`token_types`, `first_position`). InternVL's tower, InternViT, has layers of its own parts (`layers`,
+`layer`, `residual`: the layer scale a constant factor on each branch, query and key norms where configured), its
+projector a LayerNorm before LLaVA's MLP over the pixel-shuffled tokens.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from torch import nn
 from ..base import UnsupportedModelError
 from ...lrp.engine import Session
 from ..causal_lm.layouts import (
-    GATED_MLP, LAYER_NORM, ONE_PLUS_RMS_NORM, RMS_NORM, Part, RuleForward, fits_attention, fits_plain_mlp, layer_misfit, plain_mlp,
-    rule_forwards,
+    GATED_MLP, LAYER_NORM, ONE_PLUS_RMS_NORM, RMS_NORM, Part, Residual, RuleForward, fits_attention, fits_plain_mlp, layer_misfit,
+    plain_mlp, rule_forwards,
 )
 
 VISION_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, out_proj", fits_attention("q_proj", "k_proj", "v_proj", "out_proj"),
@@ -36,6 +38,8 @@ VISION_MLP = Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "activ
 TOWER_LAYER = (("layer_norm1", (LAYER_NORM,)), ("self_attn", (VISION_ATTENTION,)), ("layer_norm2", (LAYER_NORM,)), ("mlp", (VISION_MLP,)))
 #: the tower's norms outside its layers (those it has)
 TOWER_NORMS = ("pre_layrnorm", "post_layernorm")
+#: the tower's encoder layer: `x + attn(layer_norm1(x))`, then `x + mlp(layer_norm2(x))` (CLIP's, SigLIP's)
+TOWER_RESIDUAL = Residual("self_attn", "mlp", before_attention="layer_norm1", before_mlp="layer_norm2")
 
 
 def _fits_projector(module: nn.Module, width: int) -> bool:
@@ -46,6 +50,41 @@ def _fits_projector(module: nn.Module, width: int) -> bool:
 
 
 LLAVA_PROJECTOR = Part("LLaVA's projector linear_2(act(linear_1(x)))", _fits_projector, plain_mlp("linear_1", "linear_2", "act"))
+
+
+def _fits_normed_projector(module: nn.Module, width: int) -> bool:
+    """InternVL's projector `linear_2(act(linear_1(layer_norm(x))))` over k x k tower tokens side by side."""
+    norm = getattr(module, "layer_norm", None)
+    return (_fits_projector(module, width) and isinstance(norm, nn.Module)
+            and LAYER_NORM.fits(norm, module.linear_1.in_features))
+
+
+def _normed_projector(module: nn.Module, session: Session) -> Callable[[torch.Tensor], torch.Tensor]:
+    """InternVL's projector as the model computes it: its LayerNorm (its own rule forward), then LLaVA's MLP."""
+    mlp = plain_mlp("linear_1", "linear_2", "act")(module, session)
+    return lambda x: mlp(module.layer_norm(x))
+
+
+#: InternVL's projector; its LayerNorm, over the pixel-shuffled tokens' width, a part of its own
+NORMED_PROJECTOR = Part("InternVL's projector linear_2(act(linear_1(layer_norm(x))))", _fits_normed_projector, _normed_projector)
+SHUFFLED_LAYER_NORM = Part("a LayerNorm over k x k tower tokens side by side",
+                           lambda module, width: isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1
+                           and module.normalized_shape[0] % width == 0 and LAYER_NORM.fits(module, module.normalized_shape[0]),
+                           LAYER_NORM.forward)
+#: InternViT's attention: q_proj, k_proj, v_proj, projection_layer (its query and key norms parts of their own)
+INTERNVIT_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, projection_layer",
+                           fits_attention("q_proj", "k_proj", "v_proj", "projection_layer"), owns=("q_proj", "k_proj", "v_proj", "projection_layer"))
+#: a query or key norm that is not there (InternViT's `nn.Identity` where `use_qk_norm` is off)
+NO_NORM = Part("nn.Identity", lambda module, width: isinstance(module, nn.Identity), owns=())
+#: InternViT's layer scale: `lambda_1`, `lambda_2`, a constant factor of the width on each branch (`INTERNVIT_RESIDUAL`)
+LAYER_SCALE = Part("a layer scale lambda_1, lambda_2 of the width", lambda module, width: all(
+    isinstance(getattr(module, name, None), nn.Parameter) and tuple(getattr(module, name).shape) == (width,) for name in ("lambda_1", "lambda_2")),
+    owns=("lambda_1", "lambda_2"))
+INTERNVIT_NORMS = (LAYER_NORM, RMS_NORM)  # `norm_type`: layer_norm (InternViT-300M) or rms_norm (InternViT-6B)
+INTERNVIT_LAYER = (("layernorm_before", INTERNVIT_NORMS), ("attention", (INTERNVIT_ATTENTION,)), ("attention.q_norm", (RMS_NORM, NO_NORM)),
+                   ("attention.k_norm", (RMS_NORM, NO_NORM)), ("layernorm_after", INTERNVIT_NORMS), ("mlp", (VISION_MLP,)), ("", (LAYER_SCALE,)))
+INTERNVIT_RESIDUAL = Residual("attention", "mlp", before_attention="layernorm_before", before_mlp="layernorm_after",
+                              branch_scale=("lambda_1", "lambda_2"))
 #: PaliGemma's projector: one Linear from the tower's width (the decoder map's Linear rule)
 TOWER_LINEAR = Part("a Linear from the tower's width", lambda module, width: isinstance(module, nn.Linear) and module.in_features == width)
 
@@ -76,6 +115,16 @@ class VisionLanguageLayout:
     #: what `explain_generation` puts between the image's token and a text prompt that does not hold it (PaliGemma's
     #: processor puts its BOS there itself: nothing)
     image_separator: str = "\n"
+    #: the tower's layers (their path on the vision transformer), each of the `layer` parts, their residual adds
+    #: (whose attention the tower's attention sites are) and the tower's norms outside them (those it has)
+    layers: str = "encoder.layers"
+    layer: tuple[tuple[str, tuple[Part, ...]], ...] = TOWER_LAYER
+    residual: Residual = TOWER_RESIDUAL
+    norms: tuple[str, ...] = TOWER_NORMS
+    #: whether the projector reads the config's `vision_feature_layer` (the others the tower's last layer)
+    feature_layer: bool = False
+    #: the processor's setting that gives one image per row, named where `pixel_values` hold more
+    one_image: str = ""
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
@@ -83,9 +132,26 @@ class VisionLanguageLayout:
         return getattr(tower, "vision_model", tower)
 
     def tower_prefix(self, model: nn.Module) -> int:
-        """The tower's tokens before its patch tokens: CLIP's [CLS] (none for SigLIP)."""
-        patches = patch_count(model.config)
-        return int(getattr(self.transformer(model).embeddings, "num_positions", patches)) - patches
+        """The tower's tokens before its patch tokens: CLIP's [CLS] (counted in its `num_positions`), InternViT's
+        `cls_token`; none for SigLIP."""
+        embeddings = self.transformer(model).embeddings
+        positions = getattr(embeddings, "num_positions", None)
+        if positions is None:
+            return int(isinstance(getattr(embeddings, "cls_token", None), nn.Parameter))
+        return int(positions) - patch_count(model.config)
+
+    def tower_layers(self, model: nn.Module) -> nn.ModuleList | None:
+        """The tower's layers (at `layers` on the vision transformer), None where there is no list of them."""
+        found = self.transformer(model)
+        for name in self.layers.split("."):
+            found = getattr(found, name, None)
+        return found if isinstance(found, nn.ModuleList) else None
+
+    def tower_norms(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The tower's norms outside its layers `(name, norm)`, those it has (InternViT's `nn.Identity` is none)."""
+        transformer = self.transformer(model)
+        found = ((name, getattr(transformer, name, None)) for name in self.norms)
+        return [(name, norm) for name, norm in found if norm is not None and not isinstance(norm, nn.Identity)]
 
     def image_token_count(self, model: nn.Module) -> int:
         """The placeholder tokens one image takes in the decoder's sequence (its features are put there)."""
@@ -93,18 +159,16 @@ class VisionLanguageLayout:
 
     def misfit(self, model: nn.Module) -> str | None:
         """What of the tower or projector does not fit this layout (by its path), or None."""
-        transformer = self.transformer(model)
         width = model.config.vision_config.hidden_size
-        layers = getattr(getattr(transformer, "encoder", None), "layers", None)
-        if not isinstance(layers, nn.ModuleList):
-            return f"model.{self.tower} has no encoder.layers (a list of layers)"
+        layers = self.tower_layers(model)
+        if layers is None:
+            return f"model.{self.tower} has no {self.layers} (a list of layers)"
         for index, layer in enumerate(layers):
-            problem = layer_misfit(layer, TOWER_LAYER, width, f"model.{self.tower}.encoder.layers.{index}", f"{self.name} vision tower")
+            problem = layer_misfit(layer, self.layer, width, f"model.{self.tower}.{self.layers}.{index}", f"{self.name} vision tower")
             if problem is not None:
                 return problem
-        for name in TOWER_NORMS:
-            norm = getattr(transformer, name, None)
-            if norm is not None and not LAYER_NORM.fits(norm, width):
+        for name, norm in self.tower_norms(model):
+            if not LAYER_NORM.fits(norm, width):
                 return f"model.{self.tower}.{name} ({type(norm).__name__}) is not {LAYER_NORM.what}"
         projector = getattr(model.model, self.projector)
         for path, part in self.projector_parts:
@@ -115,22 +179,37 @@ class VisionLanguageLayout:
 
     def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
         """The tower's and projector's modules that run a rule forward under a rule set, with it."""
-        transformer = self.transformer(model)
-        found = [(getattr(layer, path), kinds) for layer in transformer.encoder.layers for path, kinds in TOWER_LAYER]
-        found += [(getattr(transformer, name), (LAYER_NORM,)) for name in TOWER_NORMS if getattr(transformer, name, None) is not None]
+        found = [(_at(layer, path), kinds) for layer in self.tower_layers(model) for path, kinds in self.layer]
+        found += [(norm, (LAYER_NORM,)) for _, norm in self.tower_norms(model)]
         projector = getattr(model.model, self.projector)
         found += [(getattr(projector, path) if path else projector, (part,)) for path, part in self.projector_parts]
         return rule_forwards(found, model.config.vision_config.hidden_size)
 
 
+def _at(module: nn.Module, path: str) -> nn.Module:
+    """The module at the dotted `path` on `module` ("" for itself)."""
+    for name in path.split(".") if path else ():
+        module = getattr(module, name)
+    return module
+
+
+def square(size: int | tuple[int, ...] | list[int]) -> int:
+    """A size of the config as one side: an int, or a square pair (InternViT's `image_size`, `patch_size`)."""
+    if isinstance(size, (tuple, list)):
+        if len(size) != 2 or size[0] != size[1]:
+            raise UnsupportedModelError(f"cannot map a vision tower of non-square size {tuple(size)}: relevancy maps square images and patches")
+        return int(size[0])
+    return int(size)
+
+
 def patch_count(config: Any) -> int:
     """The patches of the tower's square grid (`vision_config`'s image and patch size)."""
-    return (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+    return (square(config.vision_config.image_size) // square(config.vision_config.patch_size)) ** 2
 
 
 LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                              lambda config, prefix: patch_count(config) + prefix * (config.vision_feature_select_strategy == "full"),  # [CLS] kept
-                             (("", LLAVA_PROJECTOR),))
+                             (("", LLAVA_PROJECTOR),), feature_layer=True)
 GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                               lambda config, prefix: config.mm_tokens_per_image,  # the patches average-pooled
                               (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),), token_types="images")
@@ -139,7 +218,14 @@ PALIGEMMA = VisionLanguageLayout("paligemma", ("PaliGemmaForConditionalGeneratio
                                  "language_model", lambda config, prefix: patch_count(config), (("linear", TOWER_LINEAR),),
                                  token_types="prefix", first_position=1, image_separator="")
 IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), "vision_model", "connector",
-                                "text_model", lambda config, prefix: patch_count(config) // config.scale_factor ** 2)  # pixel shuffle
+                                "text_model", lambda config, prefix: patch_count(config) // config.scale_factor ** 2,  # pixel shuffle
+                                one_image="without image splitting (do_image_splitting=False)")
+#: InternVL 3 / 3.5: InternViT (its [CLS] cropped), pixel shuffle, a LayerNorm and an MLP, a Qwen2 / Qwen3 / Llama decoder
+INTERNVL = VisionLanguageLayout("internvl", ("InternVLForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
+                                lambda config, prefix: round(patch_count(config) * config.downsample_ratio ** 2),  # pixel shuffle
+                                (("layer_norm", SHUFFLED_LAYER_NORM), ("", NORMED_PROJECTOR)), layers="encoder.layer", layer=INTERNVIT_LAYER,
+                                residual=INTERNVIT_RESIDUAL, norms=("layernorm",), feature_layer=True,
+                                one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)")
 
 
 def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
@@ -273,7 +359,7 @@ LLAVA_ONEVISION = TiledLayout("llava_onevision", ("LlavaOnevisionForConditionalG
 TILED_LAYOUTS = (LLAVA_NEXT, LLAVA_ONEVISION)
 #: the layouts with an adapter of their own (`qwen.py`, `tiled.py`): their inputs differ from one square image per row
 OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS)
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, *QWEN_LAYOUTS, *TILED_LAYOUTS)
+LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 #: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's

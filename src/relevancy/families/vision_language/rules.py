@@ -11,11 +11,12 @@ paper's rules for `transformer_attribution`), over the whole model: decoder, pro
   shuffle (reshapes and a permutation, whose gradient routes relevance) and its Linear (the Linear rule); Gemma 3's
   average pooling sharing each pooled value's relevance equally among its patches, its RMSNorm the normalisation
   rule, its product with a bare matrix the Linear rule (`_pooled_projection`);
-- the tower's layers: the pre-norm residual adds under the add rule (`TOWER_RESIDUAL`, the decoders' `Residual`),
+- the tower's layers: the pre-norm residual adds under the add rule (the layout's `residual`, the decoders' `Residual`;
+  InternViT's layer scale a constant factor on each branch, passing relevance),
   their norms and MLPs the layout's rule forwards, their attention relevancy's one attention (`attend`, through the
   configs as for the decoder) under the session, so that it records the tower's probabilities first, in the order
   of the adapter's `Feed` sites, then the decoder's;
-- the tower's embeddings (patch convolution, [CLS], position embedding): relevance stops at their output, the
+- the tower's embeddings (patch convolution, however nested, [CLS], position embedding): relevance stops at their output, the
   tower's input tokens, recorded as the image stream's input (`Session.stream_input`), as the seeds' transformer
   attribution needs the relevance at the attentions only.
 """
@@ -25,11 +26,9 @@ import torch
 from torch import nn
 
 from ...lrp.engine import ForwardFactory, Replacements, Session, by_type, linear, unchanged
-from ..causal_lm.layouts import Layout, Residual, RuleForward, rule_map as decoder_rule_map, session_attribute
+from ..causal_lm.layouts import Layout, RuleForward, rule_map as decoder_rule_map, session_attribute
 from .layouts import GEMMA3, VisionLanguageLayout, decoder_view
 
-#: the tower's encoder layer: `x + attn(layer_norm1(x))`, then `x + mlp(layer_norm2(x))` (CLIP's, SigLIP's)
-TOWER_RESIDUAL = Residual("self_attn", "mlp", before_attention="layer_norm1", before_mlp="layer_norm2")
 #: the name of the tower's stream (the adapter's `Feed` source), under which the session records its input tokens
 IMAGE = "image"
 
@@ -63,7 +62,7 @@ def rule_map(model: nn.Module, vision: VisionLanguageLayout, layout: Layout, rul
     """Module type -> rule for every module of a vision-language decoder (`ruled`: the decoder's, tower's and
     projector's parts with their rule forwards)."""
     transformer = vision.transformer(model)
-    layers = list(transformer.encoder.layers)
+    layers = list(vision.tower_layers(model))
     embeddings = transformer.embeddings
     return {
         # first, so that the entries after them win where a type is shared (the map is keyed by type): the projector's
@@ -72,9 +71,9 @@ def rule_map(model: nn.Module, vision: VisionLanguageLayout, layout: Layout, rul
         # output the decoder does not read (no relevance reaches it)
         **by_type([*getattr(model.model, vision.projector).modules(), *getattr(transformer, "head", nn.Identity()).modules()], unchanged),
         **decoder_rule_map(layout, decoder_view(model, vision), ruled),
-        **by_type([model.model, getattr(model.model, vision.tower), transformer, transformer.encoder, *embeddings.children()], unchanged),
+        **by_type([model.model, getattr(model.model, vision.tower), transformer, transformer.encoder, *embeddings.modules()], unchanged),
         type(embeddings): _tower_input,
-        **by_type(layers, TOWER_RESIDUAL.rule),
-        **by_type([layer.self_attn for layer in layers], session_attribute),
+        **by_type(layers, vision.residual.rule),
+        **by_type([getattr(layer, vision.residual.attention) for layer in layers], session_attribute),
         **({type(model.model.multi_modal_projector): _pooled_projection} if vision is GEMMA3 else {}),
     }
