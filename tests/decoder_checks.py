@@ -1,6 +1,7 @@
 """Checks the decoder layouts' tests share (transformer, state-space and hybrid decoders alike): input x gradient
 through the model's own forward, a padded batch's rows against each row alone, the model unchanged after a call
-and after an exception, a hybrid's attention methods refused naming its layers without attention."""
+and after an exception, a hybrid's attention methods refused naming its layers without attention, a generation's
+rows explained as their prefixes."""
 from __future__ import annotations
 
 import pytest
@@ -44,6 +45,21 @@ def assert_padded_rows_are_alone(model: torch.nn.Module, method: str, padding: s
     for row in range(len(mask)):
         single = relevancy.explain(model, batch(f"single{row}"), method=method).scores[0]
         assert_close_to(batched[row][mask[row]], single, f"{what} {method} row {row}", tolerance)
+
+
+def assert_generation_rows_are_their_prefixes(model: torch.nn.Module, method: str, tolerance: float) -> None:
+    """`explain_generation` (3 tokens after `test_generation.PROMPT`, generated with the model's own cache) explains
+    each row on the whole sequence: each equals `explain` on its prefix (to `tolerance` of the map), its target the
+    generated token."""
+    from test_generation import PROMPT, Characters
+
+    tokenizer = Characters()
+    result = relevancy.explain_generation(model, tokenizer, PROMPT, max_new_tokens=3, method=method)
+    ids, start = torch.tensor([tokenizer(PROMPT)["input_ids"] + result.generated_ids.tolist()]), len(PROMPT)
+    for row in range(3):
+        alone = relevancy.explain(model, ids[:, :start + row], method=method)
+        assert int(alone.target[0]) == int(result.generated_ids[row])
+        assert_close_to(result.scores[row, :start + row], alone.scores[0], f"{method} row {row}", tolerance)
 
 
 def assert_unchanged_after_a_call_and_an_error(model: torch.nn.Module, method: str) -> None:

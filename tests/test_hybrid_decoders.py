@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from decoder_checks import (
-    ATTENTION_METHODS, assert_input_x_gradient_is_autograds, assert_padded_rows_are_alone, assert_refused_naming_the_layers,
-    assert_unchanged_after_a_call_and_an_error,
+    ATTENTION_METHODS, assert_generation_rows_are_their_prefixes, assert_input_x_gradient_is_autograds, assert_padded_rows_are_alone,
+    assert_refused_naming_the_layers, assert_unchanged_after_a_call_and_an_error,
 )
 from hybrid_models import FAMILIES, VOCAB, build
 from test_causal_lm import assert_close_to, batch
@@ -198,15 +198,7 @@ def test_a_generations_rows_are_explain_on_their_prefixes(method):
     """`explain_generation` generates with the model's own cache of linear and full attention, then explains each
     row on the whole sequence: each equals `explain` on its prefix (the model's own float32 delta rule under input x
     gradient: 2e-9 measured)."""
-    from test_generation import PROMPT, Characters
-
-    model, tokenizer = model_of("qwen3_next"), Characters()
-    result = relevancy.explain_generation(model, tokenizer, PROMPT, max_new_tokens=3, method=method)
-    ids, start = torch.tensor([tokenizer(PROMPT)["input_ids"] + result.generated_ids.tolist()]), len(PROMPT)
-    for row in range(3):
-        alone = relevancy.explain(model, ids[:, :start + row], method=method)
-        assert int(alone.target[0]) == int(result.generated_ids[row])
-        assert_close_to(result.scores[row, :start + row], alone.scores[0], f"{method} row {row}", 1e-6 if method == "input_x_gradient" else 1e-10)
+    assert_generation_rows_are_their_prefixes(model_of("qwen3_next"), method, 1e-6 if method == "input_x_gradient" else 1e-10)
 
 
 def test_the_chunked_delta_rule_is_the_recurrence():

@@ -12,7 +12,10 @@ float64's.
 
 The gated delta rule of Qwen3-Next's and Qwen3.5's linear attention (`gated_delta_rule`) is a recurrence of the same
 kind whose transition is itself built from the keys: its rule (`delta_rule_factors`) holds the transition constant
-and lets the queries, the written keys and the values share the backward as a softmax attention's do.
+and lets the queries, the written keys and the values share the backward as a softmax attention's do
+(`shared_factors`). MiniMax's lightning attention is a linear attention whose transition is a constant decay per
+head: Mamba-2's scan per head (`head_scan`) with a unit step, the keys as `B`, the queries as `C` and the values as
+what it carries, under the same sharing.
 """
 from __future__ import annotations
 
@@ -40,8 +43,17 @@ def delta_rule_factors(session: Session | None, q: torch.Tensor, k: torch.Tensor
     written keys None: the keys)."""
     if session is None:
         return q, k, None, v
+    q, written, v = shared_factors(session, q, k, v)
+    return q, k.detach(), written, v
+
+
+def shared_factors(session: Session, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queries, keys and values of a linear attention whose output is linear in each of them (the transition
+    held constant) sharing its backward as a softmax attention's do under the session's rule set (`RuleSet.query_key`,
+    `value`: AttnLRP a quarter, a quarter, a half; CP-LRP the values alone): the three shares of gradient x input
+    add up to the output."""
     rules = session.rule_set
-    return gradient.take(q, rules.query_key), k.detach(), gradient.take(k, rules.query_key), gradient.take(v, rules.value)
+    return gradient.take(q, rules.query_key), gradient.take(k, rules.query_key), gradient.take(v, rules.value)
 
 
 def selective_scan(u: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

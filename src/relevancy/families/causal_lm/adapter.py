@@ -44,7 +44,7 @@ from .targets import Contrast, Reading, RowTarget, Span, reading, row_targets
 #: the name under which relevancy's attention is registered in transformers (with `_fused`: torch's fused kernel)
 ATTENTION_NAME = "relevancy_causal"
 #: the methods a decoder with layers that mix tokens without attention offers (a state-space decoder: Mamba;
-#: Falcon-H1's mixers beside attention; a hybrid's linear-attention layers: Qwen3-Next): those that read no attention
+#: Falcon-H1's mixers beside attention; a hybrid's linear-attention layers: Qwen3-Next, MiniMax): those that read no attention
 #: matrix (which would miss what those layers mix) and no explicit relevance pass (no map of a recurrence), in the
 #: registry's order
 RECURRENT_METHODS = ("token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
@@ -214,10 +214,9 @@ class CausalLMAdapter(Adapter):
 
     @functools.cached_property
     def attentionless(self) -> list[int]:
-        """The indices of the decoder's layers without attention (every layer of a state-space decoder, a hybrid's
-        linear-attention layers)."""
-        return [index for index, layer in enumerate(self.blocks)
-                if self.layout.attention is None or getattr(layer, self.layout.attention, None) is None]
+        """The indices of the decoder's layers without softmax attention (every layer of a state-space decoder, a
+        hybrid's linear-attention layers: `Layout.attentionless`)."""
+        return self.layout.attentionless(self.model)
 
     @functools.cached_property
     def configs(self) -> list[object]:

@@ -171,7 +171,8 @@ class Layout:
     that read attention alone; such a decoder (Mamba: no attention, `attention` and `attention_output` None) has no
     explicit rule map (`residual` None: its layers run as they are under the gradient rules, their residual adds'
     gradient the add rule). `mixer`: what a hybrid's layers without attention mix tokens with, named in the refusal
-    of the methods that read attention.
+    of the methods that read attention. `linear_attention`: the kind of module at `attention` that is a linear
+    attention (MiniMax keeps its lightning attention under the softmax attention's name): its layers have none.
     """
 
     name: str
@@ -190,6 +191,15 @@ class Layout:
     embedding_scale: str | None = None
     state_space: str | None = None
     mixer: str = "linear-attention"
+    linear_attention: Part | None = None
+
+    def attentionless(self, model: nn.Module) -> list[int]:
+        """The indices of `model`'s layers without softmax attention: every layer of a state-space decoder, a hybrid's
+        layers without an attention module or whose attention is the layout's `linear_attention`."""
+        width, layers = _width(model), getattr(getattr(model, self.decoder), self.layers)
+        modules = [None if self.attention is None else getattr(layer, self.attention, None) for layer in layers]
+        return [index for index, module in enumerate(modules)
+                if module is None or (self.linear_attention is not None and self.linear_attention.fits(module, width))]
 
     def misfit(self, model: nn.Module) -> str | None:
         """What in `model` does not fit this layout (the first such part, by its path), or None."""
@@ -793,6 +803,9 @@ MAMBA2_MIXER = Part("Mamba-2's state-space mixer (in_proj, conv1d, A_log, D, dt_
 #: LFM2's gated short convolution, beside attention in a hybrid's other layers (`recurrent.short_convolution`)
 SHORT_CONVOLUTION = Part("LFM2's gated short convolution (in_proj to B, C, x; a depth-wise conv; out_proj)", recurrent.fits_short_convolution,
                          recurrent.short_convolution)
+#: MiniMax's lightning attention, at `self_attn` in its linear-attention layers (`recurrent.lightning_attention`)
+LIGHTNING_ATTENTION = Part("MiniMax's lightning attention (qkv_proj, output_gate, a norm, out_proj, a decay per head)",
+                           recurrent.fits_lightning_attention, recurrent.lightning_attention, owns=("qkv_proj", "output_gate", "out_proj"))
 LFM2_MLP = Part("LFM2's gated MLP w2(silu(w1(x)) * w3(x))", fits_gated_mlp(("w1", "w3", "w2"), lambda module: F.silu), _lfm2_mlp)
 LFM2_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, out_proj", fits_attention("q_proj", "k_proj", "v_proj", "out_proj"),
                       owns=("q_proj", "k_proj", "v_proj", "out_proj"))
@@ -911,6 +924,18 @@ LFM2 = Layout(
            ("self_attn.k_layernorm", (RMS_NORM, ABSENT)), ("conv", (SHORT_CONVOLUTION, ABSENT)), ("ffn_norm", (RMS_NORM,)),
            ("feed_forward", (LFM2_MLP,))),
     final=("embedding_norm", RMS_NORM), residual=None, mixer="short-convolution")
+#: MiniMax (MiniMax-Text-01): layers of one token mixer each under one name (`self_attn`), lightning (linear) attention
+#: or grouped-query softmax attention as the config's `layer_types` alternate them, then a mixture of experts; each
+#: branch's residual the normed input, the residual and the branch each times a constant (`..._alpha_factor`,
+#: `..._beta_factor`: constant factors pass relevance); the lightning attention's norm a part of its own. The layers
+#: run as they are under the gradient rules (no explicit rule map: `residual` None); the lightning layers have no
+#: attention matrix (the adapter offers the methods that need none)
+MINIMAX = Layout(
+    "minimax", ("MiniMaxForCausalLM",), ("minimax",), decoder="model", embeddings="embed_tokens", layers="layers", attention="self_attn",
+    attention_norm="input_layernorm", attention_output="o_proj",
+    parts=(("input_layernorm", (RMS_NORM,)), ("self_attn", (ATTENTION, LIGHTNING_ATTENTION)), ("self_attn.norm", (RMS_NORM, ABSENT)),
+           ("post_attention_layernorm", (RMS_NORM,)), ("mlp", (MIXTURE,))),
+    final=("norm", RMS_NORM), residual=None, mixer="lightning-attention", linear_attention=LIGHTNING_ATTENTION)
 GPT_NEOX = Layout(
     "gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), decoder="gpt_neox", embeddings="embed_in", layers="layers",
     attention="attention", attention_norm="input_layernorm", attention_output="dense",
@@ -946,7 +971,7 @@ FALCON_H1 = Layout(
     embedding_scale="embedding_multiplier",
     state_space="a state-space mixer beside attention in every layer, which attention maps do not see")
 LAYOUTS = (LLAMA, GRANITE, QWEN3, QWEN3_MOE, MIXTRAL, GLM4_MOE, DEEPSEEK_V3, LLAMA4, QWEN3_NEXT, GEMMA3, GEMMA2, GEMMA, PHI3, OLMO2, COHERE, GPT_OSS,
-           HUNYUAN_DENSE, LFM2, GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
+           HUNYUAN_DENSE, LFM2, MINIMAX, GPT_NEOX, GPT2, MAMBA, MAMBA2, FALCON_H1)  # for an unknown model type: the first that fits
 #: the decoder classes relevancy maps, for messages
 DECODER_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 

@@ -1,7 +1,8 @@
 """The recurrent token mixers as layout parts - the state-space mixers of transformers' Mamba, Mamba-2 and Falcon-H1
-decoders, the gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5, LFM2's gated short convolution - what each must be, and its forward under a
-rule set that carries a gradient (AttnLRP's and CP-LRP's; the seeds' explicit rules have no map of a recurrence and
-are not offered on these layouts). The gated DeltaNet's rules: `gated_delta_net` and `lrp.recurrence.delta_rule_factors`.
+decoders, the gated DeltaNet (linear attention) of Qwen3-Next and Qwen3.5, MiniMax's lightning attention, LFM2's
+gated short convolution - what each must be, and its forward under a rule set that carries a gradient (AttnLRP's and
+CP-LRP's; the seeds' explicit rules have no map of a recurrence and are not offered on these layouts). The gated
+DeltaNet's rules: `gated_delta_net` and `lrp.recurrence.delta_rule_factors`.
 
 A state-space mixer's forward is the model's own computation, written with the engine's operations so that each
 rule applies where MambaLRP (Jafari et al., NeurIPS 2024) puts it:
@@ -15,6 +16,8 @@ rule applies where MambaLRP (Jafari et al., NeurIPS 2024) puts it:
   normalisation); Falcon-H1's mixer is Mamba-2's with constant multipliers, its norm optional or after the gate;
 - LFM2's short convolution `C * conv(B * x)`: its gates `B`, `C` held constant as the scan's are, the convolution
   linear (`short_convolution`).
+- MiniMax's lightning attention: a linear attention with a constant decay per head (`lightning_attention`), its
+  queries, keys and values sharing the backward as the gated DeltaNet's do.
 The recurrence runs in float32 at least (transformers casts parts of its own scan to float32: a float64 model's maps
 are float64's here, its own logits float32's at those steps).
 """
@@ -162,6 +165,27 @@ def gated_delta_net(mixer: nn.Module, session: Session) -> Callable[..., torch.T
     return forward
 
 
+def lightning_attention(attention: nn.Module, session: Session) -> Callable[..., tuple[torch.Tensor, None]]:
+    """MiniMax's linear attention (`MiniMaxLightningAttention`): `qkv_proj` and its SiLU (the identity rule), padding
+    set to 0 after it; per head `o_t = sum_{s <= t} exp(-lambda (t - s)) (q_t . k_s) v_s`, its decay `lambda` a
+    constant per head (`recurrence.head_scan` with a unit step), the queries, keys and values sharing the backward
+    (`recurrence.shared_factors`); the RMSNorm over all heads (a part of its own: the divisor held constant), the
+    sigmoid output gate (the gate rule, the sigmoid under the identity rule), `out_proj`. Returned beside None, as the
+    layer unpacks it."""
+
+    def forward(hidden_states: torch.Tensor, position_embeddings: object = None, attention_mask: torch.Tensor | None = None,
+                cache: object = None, **kwargs) -> tuple[torch.Tensor, None]:
+        _refuse_cache(cache)
+        width = attention.head_dim
+        qkv = _masked(activation(session, attention.act_fn, attention.qkv_proj(hidden_states)), attention_mask)
+        q, k, v = recurrence.shared_factors(session, *_wide(qkv).unflatten(-1, (attention.num_attention_heads, 3 * width)).split(width, dim=-1))
+        o = recurrence.head_scan(v, torch.ones_like(q[..., 0]), -attention.slope_rate.flatten().to(q.dtype), k, q)
+        gated = gated_product(session, torch.sigmoid, _wide(attention.output_gate(hidden_states)), attention.norm(o.flatten(2)))
+        return attention.out_proj(gated.to(hidden_states.dtype)), None
+
+    return forward
+
+
 def _l2_normed(session: Session | None, x: torch.Tensor) -> torch.Tensor:
     """`x / sqrt(sum(x^2) + 1e-6)` over the last dimension (transformers' `l2norm` of queries and keys), the divisor
     held constant under a rule set (the identity rule on a normalisation)."""
@@ -236,3 +260,19 @@ def fits_gated_delta_net(module: nn.Module, width: int) -> bool:
             and all(tuple(getattr(getattr(module, name, None), "shape", ())) == (v_heads,) for name in ("A_log", "dt_bias"))
             and tuple(getattr(getattr(norm, "weight", None), "shape", ())) == (v_dim,) and isinstance(getattr(norm, "variance_epsilon", None), float)
             and module.conv1d.groups == conv_dim and module.conv1d.bias is None and getattr(module, "activation", None) in ACT2FN)
+
+
+def fits_lightning_attention(module: nn.Module, width: int) -> bool:
+    """MiniMax's lightning attention: `qkv_proj` from the width to the queries, keys and values of every head (each
+    head's side by side), `output_gate` from the width to the heads' width, an RMSNorm of the heads' width,
+    `out_proj` back to the width, a decay `slope_rate` per head and an activation `act_fn`."""
+    heads, head_dim = getattr(module, "num_attention_heads", None), getattr(module, "head_dim", None)
+    if not (isinstance(heads, int) and isinstance(head_dim, int)):
+        return False
+    inner, norm = heads * head_dim, getattr(module, "norm", None)
+    linears = [(getattr(module, name, None), into, out) for name, into, out in
+               (("qkv_proj", width, 3 * inner), ("output_gate", width, inner), ("out_proj", inner, width))]
+    return (all(isinstance(layer, nn.Linear) and (layer.in_features, layer.out_features) == (into, out) and layer.bias is None
+                for layer, into, out in linears)
+            and tuple(getattr(getattr(module, "slope_rate", None), "shape", ())) == (heads, 1, 1) and callable(getattr(module, "act_fn", None))
+            and tuple(getattr(getattr(norm, "weight", None), "shape", ())) == (inner,) and isinstance(getattr(norm, "variance_epsilon", None), float))
