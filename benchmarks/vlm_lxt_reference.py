@@ -1,6 +1,6 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
 random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL with a Qwen2 and with a
-Llama decoder, LLaVA-NeXT, LLaVA-OneVision), text and pixel maps, in float64.
+Llama decoder, LLaVA-NeXT, LLaVA-OneVision, Mistral 3), text and pixel maps, in float64.
 
     /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt] [--only FAMILY ...]
 
@@ -32,7 +32,11 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
 - LLaVA-NeXT and LLaVA-OneVision (`vlm_models.TILED`): LLaVA's maps (lxt's Llama map and the CLIP tower's patches;
   OneVision's: lxt's Qwen2 map and the SigLIP tower's) on the model's own forward from its tiles and `image_sizes`
   (the tiles' features unpadded, OneVision's interpolated, and laid out by the model, its newline embedding a
-  parameter), the pixel map per tile `(B, tiles, H, W)`.
+  parameter), the pixel map per tile `(B, tiles, H, W)`;
+- Mistral 3 (`vlm_models.SIZED`): lxt 2.1 has no Mistral map, so its Llama map is carried over to the Mistral classes
+  (`carried_llama_map`); the Pixtral tower's patches as the other towers' (attention, its RMSNorms), its gated MLP as
+  lxt's Llama map patches one, the projector's RMSNorm by `rms_norm_forward`, the 2-D RoPE, the patch merger's unfold
+  and the Linears plain autograd (`merged_projector_map`); the model's own forward from its pixels and `image_sizes`.
 Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
 checksums (not their weights), the inputs, the targets and the maps; padded rows equal single ones to 1e-10 (checked).
 """
@@ -52,12 +56,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
-from vlm_models import FAMILIES, PREFIX_FAMILIES, TILED, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
+from vlm_models import FAMILIES, PREFIX_FAMILIES, SIZED, TILED, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
         "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "internvl": ("qwen2", "internvl"),
-        "internvl_rms": ("llama", "internvl"), "llava_next": ("llama", "clip"), "llava_onevision": ("qwen2", "siglip")}
+        "internvl_rms": ("llama", "internvl"), "llava_next": ("llama", "clip"), "llava_onevision": ("qwen2", "siglip"),
+        "mistral3": ("mistral", "pixtral")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 
@@ -71,9 +76,33 @@ def carried_gemma3_map(decoder: str, variant: str) -> dict:
             if target.__name__.startswith("Gemma3") else target: patch for target, patch in gemma3.items()}
 
 
+def carried_llama_map(variant: str) -> dict:
+    """lxt's Llama patch map (`variant`) on transformers' Mistral classes (a Llama decoder by another name: gated MLP,
+    RMSNorm, attention), each Llama class's patch on its namesake, the attention patch on the module."""
+    from transformers.models.mistral import modeling_mistral
+
+    return {modeling_mistral if not isinstance(target, type) else getattr(modeling_mistral, target.__name__.replace("Llama", "Mistral"))
+            if target.__name__.startswith("Llama") else target: patch for target, patch in getattr(lxt_models("llama"), variant).items()}
+
+
 def decoder_map(decoder: str, variant: str) -> dict:
-    """lxt's patch map of the decoder's family, or its Gemma 3 map carried over (Gemma, Gemma 2: no map in lxt 2.1)."""
+    """lxt's patch map of the decoder's family, or its Gemma 3 map carried over (Gemma, Gemma 2: no map in lxt 2.1),
+    or its Llama map (Mistral: none in lxt 2.1)."""
+    if decoder == "mistral":
+        return carried_llama_map(variant)
     return carried_gemma3_map(decoder, variant) if decoder in ("gemma", "gemma2") else getattr(lxt_models(decoder), variant)
+
+
+def merged_projector_map(variant: str) -> dict:
+    """Mistral 3's Pixtral tower and projector beyond `tower_map`'s patches: the tower's gated MLP as lxt's Llama map
+    patches a gated MLP, the projector's RMSNorm by `rms_norm_forward` (the divisor constant)."""
+    lxt_models("llama")
+    from lxt.efficient.patches import cp_gated_mlp_forward, gated_mlp_forward, patch_method, rms_norm_forward
+    from transformers.models.mistral3.modeling_mistral3 import Mistral3RMSNorm
+    from transformers.models.pixtral.modeling_pixtral import PixtralMLP
+
+    return {PixtralMLP: partial(patch_method, gated_mlp_forward if variant == "attnLRP" else cp_gated_mlp_forward),
+            Mistral3RMSNorm: partial(patch_method, rms_norm_forward)}
 
 
 def tower_map(variant: str, tower_module: object | None = None) -> dict:
@@ -131,7 +160,7 @@ def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], tar
     ids, mask = batch["input_ids"], batch["attention_mask"]
     pixels = batch["pixel_values"].clone().requires_grad_(True)
     first = int(family in PREFIX_FAMILIES)  # PaliGemma counts positions from 1
-    sizes = {"image_sizes": batch["image_sizes"]} if family in TILED else {}
+    sizes = {"image_sizes": batch["image_sizes"]} if family in TILED or family in SIZED else {}
     with embedding_leaf(model) as leaf:
         logits = model(input_ids=ids, pixel_values=pixels, attention_mask=mask, position_ids=positions(mask) + first, use_cache=False,
                        **own_types(family, ids, batch), **sizes).logits
@@ -150,7 +179,7 @@ def out_path(doc: str, name: str, only: bool = False) -> Path | tuple[Path, list
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/golden" / name)
     if only:
-        parser.add_argument("--only", nargs="+", choices=[*FAMILIES, *TILED], default=[])
+        parser.add_argument("--only", nargs="+", choices=[*FAMILIES, *TILED, *SIZED], default=[])
     args = parser.parse_args()
     return (args.out, args.only) if only else args.out
 
@@ -169,7 +198,7 @@ def main() -> None:
     import transformers
 
     golden: dict = torch.load(out, weights_only=False) if only else {"transformers": transformers.__version__, "models": {}}
-    for family, model in sdpa_models(only or {**FAMILIES, **TILED}, build):
+    for family, model in sdpa_models(only or {**FAMILIES, **TILED, **SIZED}, build):
         decoder, tower = MAPS[family]
         decoder_module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
         tower_module = importlib.import_module(f"transformers.models.{tower}.modeling_{tower}")
@@ -177,7 +206,7 @@ def main() -> None:
         entry = {"checksum": checksum(model), "inputs": data,
                  "targets": {name: run(model, family, batch, None)[0].argmax(-1) for name, batch in data.items()}}
         for variant, key in VARIANTS.items():
-            patches = tower_map(variant, tower_module)
+            patches = {**tower_map(variant, tower_module), **(merged_projector_map(variant) if family in SIZED else {})}
             attention = patches.pop("attention")
             with ExitStack() as stack:
                 stack.enter_context(lxt_applied(decoder_module, decoder_map(decoder, variant)))

@@ -15,11 +15,11 @@ from .swin.adapter import SwinAdapter
 from .swin.hf import HFSwinAdapter, HFSwinv2Adapter
 from .timm_vit.adapter import TimmViTAdapter
 from .visual_bert.adapter import VisualBertAdapter
-from .vision_language import QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, VisionLanguageAdapter
+from .vision_language import Mistral3VisionLanguageAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, VisionLanguageAdapter
 
 BUILT_IN: tuple[type[Adapter], ...] = (
     TimmViTAdapter, SwinAdapter, HFBertAdapter, HFViTAdapter, HFSwinAdapter, HFSwinv2Adapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
-    CausalLMAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, VisionLanguageAdapter,
+    CausalLMAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, Mistral3VisionLanguageAdapter, VisionLanguageAdapter,
 )
 # families registered by users, the latest first; checked before the built-in ones
 _REGISTERED: list[type[Adapter]] = []
@@ -54,4 +54,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapted_base", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter", "QwenVisionLanguageAdapter", "TiledVisionLanguageAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapted_base", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter", "QwenVisionLanguageAdapter", "TiledVisionLanguageAdapter", "Mistral3VisionLanguageAdapter"]

@@ -28,14 +28,15 @@ from ...core.streams import AttentionSite, Feed, Stream
 from .._shared import OutputPart
 from ..hf_attention import attention_probabilities
 from ..base import Adapter
+from ...lrp.engine import by_type, unchanged
 from ..causal_lm.adapter import CausalLMAdapter, last_real, position_ids
-from ..causal_lm.layouts import recognised, structure
+from ..causal_lm.layouts import recognised, rule_map as decoder_rule_map, structure
 from ..text_batch import TextBatch
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GENERATING_CLASSES, IDEFICS3, OWN_ADAPTER_LAYOUTS, decoder_view, is_vision_language, layout_named, layout_of, occluded,
-    pixel_patches, square, tokens_on_patches,
+    GENERATING_CLASSES, IDEFICS3, OWN_ADAPTER_LAYOUTS, blocks_on_patches, decoder_view, is_vision_language, layout_named, layout_of,
+    occluded, pixel_patches, square, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 
@@ -208,12 +209,14 @@ class VisionLanguageAdapter(CausalLMAdapter):
     def hidden_of(self, inputs: ImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
                   source: torch.Tensor, types: torch.Tensor | None = None) -> torch.Tensor:
         """The model's own forward (tower, projector, decoder) over the token rows `ids` (`mask`) with the images
-        `pixels`, row `r` of input row `source[r]`: the decoder's last hidden states `(R, N, D)`. `types`: the
+        `pixels`, row `r` of input row `source[r]` (its `image_sizes` where the inputs have them): the decoder's last hidden states `(R, N, D)`. `types`: the
         prefix's token types of `ids` (PaliGemma; None: the input rows', 1 at the positions after them, a
         generation's tokens)."""
         further: dict[str, torch.Tensor] = {}
         if inputs.pixel_attention_mask is not None:
             further["pixel_attention_mask"] = inputs.pixel_attention_mask[source]
+        if getattr(inputs, "image_sizes", None) is not None:  # LLaVA-NeXT's, Mistral 3's (`SizedImageTextTokens`)
+            further["image_sizes"] = inputs.image_sizes[source]
         if self.vision.token_types == "images":  # each image's tokens attend to each other
             further["token_type_ids"] = (ids == self.image_token).long()
         elif self.vision.token_types == "prefix":  # image and prompt attend to each other, what follows causally
@@ -364,3 +367,30 @@ class VisionLanguageAdapter(CausalLMAdapter):
         return VisionLanguageGenerationExplanation(**fields, image_scores=images["patches"] if "patches" in images else pixel_patches(images["image"], self.patch),
                                                    image_tokens=(ids == self.image_token).cpu(),
                                                    image_url=None if picture is None else picture_url(picture))
+
+
+class MergedGridAdapter(VisionLanguageAdapter):
+    """A vision-language adapter for images of their own patch grid (`patch_grid`), whose image tokens are that grid
+    merged k x k (`merge`) in row-major order (Qwen-VL's patch merger, Mistral 3's): what the decoder-only methods'
+    image map and TAM's filter read, and the whole model's rule map of the decoder alone."""
+
+    merge: int = 1
+
+    def image_token_grid(self, inputs: ImageTextTokens) -> tuple[int, int]:
+        """`(rows, cols)` of the image's tokens: the patch grid merged k x k (the merger's order is row-major on it)."""
+        rows, cols = self.patch_grid(inputs)
+        return rows // self.merge, cols // self.merge
+
+    def image_token_map(self, on_tokens: torch.Tensor, inputs: ImageTextTokens) -> torch.Tensor:
+        """Scores of the image's tokens `(B, image tokens)` laid back on the image's patch grid `(B, h, w)`, each
+        merged token's score shared equally by its k x k patches (sums kept)."""
+        return blocks_on_patches(on_tokens, self.image_token_grid(inputs), self.merge)
+
+    def model_rule_map(self) -> dict:
+        """The decoder's rule map, the tower's and projector's modules as they are (the explicit rules' methods are
+        not offered on these families: the map serves the decoder's own-forward check, whose probe is text)."""
+        projector = getattr(self.model.model, self.vision.projector)
+        return {**by_type([*self.vision.transformer(self.model).modules(), *projector.modules()], unchanged),  # first: the decoder's entries win a shared type
+                **decoder_rule_map(self.layout, decoder_view(self.model, self.vision), self.decoder_ruled),
+                **by_type([self.model.model], unchanged)}
+

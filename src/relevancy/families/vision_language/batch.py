@@ -48,17 +48,23 @@ class GridImageTextTokens(ImageTextTokens):
 
 
 @dataclass(frozen=True)
-class TiledImageTextTokens(ImageTextTokens):
-    """LLaVA-NeXT's and LLaVA-OneVision's processor output on the model's device: the tokens and each row's image as
-    its tiles, `pixel_values` `(B, tiles, C, H, W)` (the base image, the image downscaled to one tile, first),
-    `image_sizes` `(B, 2)` each row's image's `(height, width)` before tiling (one size per batch)."""
+class SizedImageTextTokens(ImageTextTokens):
+    """A processor's output whose images come with their sizes: `image_sizes` `(B, 2)` each row's image's `(height,
+    width)` (one size per batch), which the model's forward reads beside the pixels (Mistral 3's `(B, C, H, W)`)."""
 
     image_sizes: torch.Tensor | None = None
 
-    def rows(self, part: slice) -> "TiledImageTextTokens":
+    def rows(self, part: slice) -> "SizedImageTextTokens":
         return replace(super().rows(part), image_sizes=self.image_sizes[part])
 
     @property
     def image_size(self) -> tuple[int, int]:
-        """`(H, W)` of the images before tiling (the heat map's size)."""
+        """`(H, W)` of the images (LLaVA-NeXT's before tiling: the heat map's size)."""
         return tuple(self.image_sizes[0].tolist())
+
+
+@dataclass(frozen=True)
+class TiledImageTextTokens(SizedImageTextTokens):
+    """LLaVA-NeXT's and LLaVA-OneVision's processor output on the model's device: the tokens and each row's image as
+    its tiles, `pixel_values` `(B, tiles, C, H, W)` (the base image, the image downscaled to one tile, first),
+    `image_sizes` `(B, 2)` each row's image's `(height, width)` before tiling (one size per batch)."""

@@ -121,6 +121,8 @@ class VisionLanguageLayout:
     layer: tuple[tuple[str, tuple[Part, ...]], ...] = TOWER_LAYER
     residual: Residual = TOWER_RESIDUAL
     norms: tuple[str, ...] = TOWER_NORMS
+    #: what the tower's norms outside its layers must be (Pixtral's `ln_pre` an RMSNorm)
+    norm: Part = LAYER_NORM
     #: whether the projector reads the config's `vision_feature_layer` (the others the tower's last layer)
     feature_layer: bool = False
     #: the processor's setting that gives one image per row, named where `pixel_values` hold more
@@ -133,8 +135,8 @@ class VisionLanguageLayout:
 
     def tower_prefix(self, model: nn.Module) -> int:
         """The tower's tokens before its patch tokens: CLIP's [CLS] (counted in its `num_positions`), InternViT's
-        `cls_token`; none for SigLIP."""
-        embeddings = self.transformer(model).embeddings
+        `cls_token`; none for SigLIP and Pixtral (no `embeddings`)."""
+        embeddings = getattr(self.transformer(model), "embeddings", None)
         positions = getattr(embeddings, "num_positions", None)
         if positions is None:
             return int(isinstance(getattr(embeddings, "cls_token", None), nn.Parameter))
@@ -168,8 +170,8 @@ class VisionLanguageLayout:
             if problem is not None:
                 return problem
         for name, norm in self.tower_norms(model):
-            if not LAYER_NORM.fits(norm, width):
-                return f"model.{self.tower}.{name} ({type(norm).__name__}) is not {LAYER_NORM.what}"
+            if not self.norm.fits(norm, width):
+                return f"model.{self.tower}.{name} ({type(norm).__name__}) is not {self.norm.what}"
         projector = getattr(model.model, self.projector)
         for path, part in self.projector_parts:
             module = getattr(projector, path) if path else projector
@@ -180,7 +182,7 @@ class VisionLanguageLayout:
     def ruled(self, model: nn.Module) -> list[tuple[nn.Module, RuleForward]]:
         """The tower's and projector's modules that run a rule forward under a rule set, with it."""
         found = [(_at(layer, path), kinds) for layer in self.tower_layers(model) for path, kinds in self.layer]
-        found += [(norm, (LAYER_NORM,)) for _, norm in self.tower_norms(model)]
+        found += [(norm, (self.norm,)) for _, norm in self.tower_norms(model)]
         projector = getattr(model.model, self.projector)
         found += [(getattr(projector, path) if path else projector, (part,)) for path, part in self.projector_parts]
         return rule_forwards(found, model.config.vision_config.hidden_size)
@@ -226,6 +228,34 @@ INTERNVL = VisionLanguageLayout("internvl", ("InternVLForConditionalGeneration",
                                 (("layer_norm", SHUFFLED_LAYER_NORM), ("", NORMED_PROJECTOR)), layers="encoder.layer", layer=INTERNVIT_LAYER,
                                 residual=INTERNVIT_RESIDUAL, norms=("layernorm",), feature_layer=True,
                                 one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)")
+
+
+def _fits_merged_projector(module: nn.Module, width: int) -> bool:
+    """Mistral 3's projector: an RMSNorm `norm` of the tower's width (a part of its own), the `patch_merger` (k x k
+    patches unfolded side by side into one Linear `merging_layer` back to the width), then LLaVA's MLP."""
+    merging = getattr(getattr(module, "patch_merger", None), "merging_layer", None)
+    return (_fits_projector(module, width) and isinstance(merging, nn.Linear) and merging.out_features == width
+            and merging.in_features % width == 0 and isinstance(getattr(module, "norm", None), nn.Module))
+
+
+def _merged_projector(module: nn.Module, session: Session) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Mistral 3's projector as the model computes it: its norm (its own rule forward), the patch merger's unfold and
+    Linear (linear maps, plain autograd), LLaVA's MLP under `plain_mlp`'s rule (the identity rule at the GELU)."""
+    mlp = plain_mlp("linear_1", "linear_2", "act")(module, session)
+    return lambda features, image_sizes: mlp(module.patch_merger(module.norm(features), image_sizes))
+
+
+MERGED_PROJECTOR = Part("Mistral 3's projector linear_2(act(linear_1(patch_merger(norm(x)))))", _fits_merged_projector, _merged_projector)
+#: Pixtral's attention: q_proj, k_proj, v_proj, o_proj (2-D rotary on queries and keys, a constant rotation)
+PIXTRAL_ATTENTION = Part("self-attention with q_proj, k_proj, v_proj, o_proj", fits_attention("q_proj", "k_proj", "v_proj", "o_proj"),
+                         owns=("q_proj", "k_proj", "v_proj", "o_proj"))
+PIXTRAL_LAYER = (("attention_norm", (RMS_NORM,)), ("attention", (PIXTRAL_ATTENTION,)), ("ffn_norm", (RMS_NORM,)), ("feed_forward", (GATED_MLP,)))
+PIXTRAL_RESIDUAL = Residual("attention", "feed_forward", before_attention="attention_norm", before_mlp="ffn_norm")
+#: Mistral 3 (Mistral Small 3.1 / 3.2): a Pixtral tower (RMSNorms, 2-D RoPE, images of any size, `image_sizes`), the
+#: merged projector, a Mistral decoder; the image's token count comes from its size (`mistral3.py`)
+MISTRAL3 = VisionLanguageLayout("mistral3", ("Mistral3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
+                                None, (("norm", RMS_NORM), ("", MERGED_PROJECTOR)), layers="transformer.layers", layer=PIXTRAL_LAYER,
+                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True)
 
 
 def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
@@ -357,9 +387,9 @@ LLAVA_NEXT = TiledLayout("llava_next", ("LlavaNextForConditionalGeneration",), "
 LLAVA_ONEVISION = TiledLayout("llava_onevision", ("LlavaOnevisionForConditionalGeneration",), "vision_tower", "multi_modal_projector",
                               "language_model", None, (("", LLAVA_PROJECTOR),), pack_settings=("vision_aspect_ratio",))
 TILED_LAYOUTS = (LLAVA_NEXT, LLAVA_ONEVISION)
-#: the layouts with an adapter of their own (`qwen.py`, `tiled.py`): their inputs differ from one square image per row
-OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS)
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS)
+#: the layouts with an adapter of their own (`qwen.py`, `tiled.py`, `mistral3.py`): their inputs differ from one square image per row
+OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
+LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
 #: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server): not Qwen2-VL's

@@ -27,11 +27,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ...lrp.engine import by_type, unchanged
-from ..causal_lm.layouts import rule_map as decoder_rule_map
-from .adapter import VisionLanguageAdapter
+from .adapter import MergedGridAdapter
 from .batch import GridImageTextTokens
-from .layouts import QWEN_LAYOUTS, blocks_on_patches, decoder_view, patch_pixels, patches_on_pixels
+from .layouts import QWEN_LAYOUTS, patch_pixels, patches_on_pixels
 
 #: what a Qwen2-VL processor's output may hold (mm_token_type_ids: made again from the placeholder tokens)
 QWEN_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
@@ -42,7 +40,7 @@ def is_qwen_vl(model: nn.Module) -> bool:
     return any(type(model).__name__ in layout.classes for layout in QWEN_LAYOUTS)
 
 
-class QwenVisionLanguageAdapter(VisionLanguageAdapter):
+class QwenVisionLanguageAdapter(MergedGridAdapter):
     family = "Qwen-VL vision-language decoder"
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
     #: image's patches (`ablated`); raw_attention, rollout, attention_gradcam read the decoder's attention only and
@@ -115,26 +113,9 @@ class QwenVisionLanguageAdapter(VisionLanguageAdapter):
         grouped = removed.view(count, rows, self.merge, cols, self.merge).permute(0, 1, 3, 2, 4).reshape(count, -1)
         return pixels * (~grouped)[..., None].to(pixels.dtype)
 
-    def model_rule_map(self) -> dict:
-        """The decoder's rule map, the tower's modules as they are (the explicit rules' methods are not offered on
-        this family: the map serves the decoder's own-forward check, whose probe is text)."""
-        return {**by_type([*self.vision.transformer(self.model).modules()], unchanged),  # first: the decoder's entries win a shared type
-                **decoder_rule_map(self.layout, decoder_view(self.model, self.vision), self.decoder_ruled),
-                **by_type([self.model.model], unchanged)}
-
     def recomputed_layers(self) -> list[nn.Module]:
         """`checkpoint=True` runs the tower's blocks again in the backward too, not only the decoder's layers."""
         return [*self.vision.transformer(self.model).blocks, *self.blocks]
-
-    def image_token_grid(self, inputs: GridImageTextTokens) -> tuple[int, int]:
-        """`(rows, cols)` of the image's tokens: the patch grid merged k x k (the merger's order is row-major on it)."""
-        rows, cols = self.patch_grid(inputs)
-        return rows // self.merge, cols // self.merge
-
-    def image_token_map(self, on_tokens: torch.Tensor, inputs: GridImageTextTokens) -> torch.Tensor:
-        """Scores of the image's tokens `(B, image tokens)` laid back on the image's patch grid `(B, h, w)`, each
-        merged token's score shared equally by its k x k patches (sums kept)."""
-        return blocks_on_patches(on_tokens, self.image_token_grid(inputs), self.merge)
 
     def pixel_relevance(self, relevance: torch.Tensor, inputs: GridImageTextTokens) -> torch.Tensor:
         """The flattened patches' relevance `(R, h * w, C * T * P * P)` laid back on each image's pixels `(R, h * P,

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..causal_lm.adapter import position_ids
 from .adapter import VisionLanguageAdapter
 from .batch import TiledImageTextTokens
 from .explanation import VisionLanguageExplanation
@@ -105,13 +104,6 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         return laid.permute(2, 0, 1).reshape(rows, tiles, self.side, self.side)
 
     # -- running ----------------------------------------------------------------------------------------------
-    def hidden_of(self, inputs: TiledImageTextTokens, ids: torch.Tensor, mask: torch.Tensor, pixels: torch.Tensor,
-                  source: torch.Tensor, types: torch.Tensor | None = None) -> torch.Tensor:
-        """The model's own forward over the token rows `ids` (`mask`) with the tiles `pixels`, row `r` of input row
-        `source[r]` (its `image_sizes`): the decoder's last hidden states `(R, N, D)` (`types`: none on this layout)."""
-        return self.model.model(input_ids=ids, pixel_values=pixels, image_sizes=inputs.image_sizes[source], attention_mask=mask,
-                                position_ids=position_ids(mask), use_cache=False).last_hidden_state
-
     def patch_grid(self, inputs: TiledImageTextTokens) -> tuple[int, int]:
         """Token ablation's units: every tile's patches, the tiles' grids one under the other `(tiles * side, side)`."""
         return inputs.pixel_values.shape[1] * self.side, self.side
