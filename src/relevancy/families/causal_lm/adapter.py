@@ -216,7 +216,7 @@ class CausalLMAdapter(Adapter):
     def attentionless(self) -> list[int]:
         """The indices of the decoder's layers without softmax attention (every layer of a state-space decoder, a
         hybrid's linear-attention layers: `Layout.attentionless`)."""
-        return self.layout.attentionless(self.model)
+        return self.layout.attentionless(self.decoder)
 
     @functools.cached_property
     def configs(self) -> list[object]:

@@ -193,10 +193,11 @@ class Layout:
     mixer: str = "linear-attention"
     linear_attention: Part | None = None
 
-    def attentionless(self, model: nn.Module) -> list[int]:
-        """The indices of `model`'s layers without softmax attention: every layer of a state-space decoder, a hybrid's
-        layers without an attention module or whose attention is the layout's `linear_attention`."""
-        width, layers = _width(model), getattr(getattr(model, self.decoder), self.layers)
+    def attentionless(self, decoder: nn.Module) -> list[int]:
+        """The indices of the bare `decoder`'s layers without softmax attention: every layer of a state-space decoder,
+        a hybrid's layers without an attention module or whose attention is the layout's `linear_attention` (the
+        bare decoder's: a vision-language model's decoder is one part of it)."""
+        width, layers = _width(decoder), getattr(decoder, self.layers)
         modules = [None if self.attention is None else getattr(layer, self.attention, None) for layer in layers]
         return [index for index, module in enumerate(modules)
                 if module is None or (self.linear_attention is not None and self.linear_attention.fits(module, width))]
