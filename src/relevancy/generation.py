@@ -310,9 +310,12 @@ def _unwrapped(model: Any, tokenizer: Any, prompt: Any) -> tuple[nn.Module, Any,
     inner = getattr(model, "model", None)
     if isinstance(inner, nn.Module) and getattr(model, "tokenizer", None) is not None:
         return inner, model.tokenizer, tokenizer if prompt is None else prompt
-    decoders = "; ".join(family.examples for family in adapters() if family.generates)
-    raise UnsupportedModelError(f"explain_generation takes a decoder language model ({decoders}) or a transformers "
-                                f"text-generation pipeline, got {type(model).__name__}")
+    families = [family for family in adapters() if family.generates]
+    firsts = ", ".join(family.examples.removeprefix("transformers ").split(", ")[0] for family in families)
+    raise UnsupportedModelError(f"explain_generation takes a decoder language model or a vision-language decoder of the "
+                                f"families relevancy maps ({', '.join(family.family for family in families)}: e.g. "
+                                f"{firsts}; every class in docs/language_models.md and docs/vision_language.md) or a "
+                                f"transformers text-generation pipeline, got {type(model).__name__}")
 
 
 @cancellable
