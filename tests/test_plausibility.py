@@ -1,4 +1,5 @@
-"""TAM's plausibility metrics (`relevancy.evaluation.metrics.plausibility`): Otsu's threshold as scikit-image finds it,
+"""TAM's plausibility metrics (`relevancy.evaluation.metrics.plausibility`): Otsu's threshold (OpenCV's, the DETR
+test's) as scikit-image finds it,
 the object IoU of a thresholded map, the function IoU against a threshold, their F1, and the common grey scale."""
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 from skimage.filters import threshold_otsu
 
-from relevancy.evaluation.metrics.plausibility import f1_iou, function_iou, grey_levels, object_iou, otsu_threshold
+from relevancy.evaluation.metrics.detection_masks import otsu_threshold
+from relevancy.evaluation.metrics.plausibility import f1_iou, function_iou, grey_levels, object_iou
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -17,12 +19,12 @@ def test_otsu_equals_scikit_image(seed):
     """Two blobs of grey levels: the level that splits them best, as scikit-image's `threshold_otsu` gives it."""
     rng = np.random.default_rng(seed)
     grey = np.concatenate([rng.normal(60, 15, 500), rng.normal(170, 25, 300)]).clip(0, 255).astype(np.uint8)
-    assert otsu_threshold(torch.from_numpy(grey)) == int(threshold_otsu(grey))
+    assert otsu_threshold(grey) == int(threshold_otsu(grey))
 
 
 def test_otsu_of_constant_and_two_levels():
-    assert otsu_threshold(torch.full((4, 4), 7, dtype=torch.uint8)) == 0
-    two = torch.tensor([10] * 5 + [200] * 3, dtype=torch.uint8)
+    assert otsu_threshold(np.full((4, 4), 7, dtype=np.uint8)) == 0
+    two = np.array([10] * 5 + [200] * 3, dtype=np.uint8)
     assert 10 <= otsu_threshold(two) < 200  # everything at 200 above it, at 10 not
 
 

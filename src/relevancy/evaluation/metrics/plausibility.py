@@ -2,8 +2,8 @@
 word names, and how empty the maps of words that name nothing stay.
 
 * ``object IoU`` (their Obj-IoU): the map, as 8-bit grey values and upsampled bilinearly to the mask's size, split
-  by Otsu's threshold (`otsu_threshold`); the intersection over union of the pixels above it with the named
-  object's mask.
+  by Otsu's threshold as OpenCV computes it (`detection_masks.otsu_threshold`, the DETR test's); the intersection
+  over union of the pixels above it with the named object's mask.
 * ``function IoU`` (their Func-IoU): for a word that names nothing (an article, a conjunction), the fraction of its
   map's cells below the foreground threshold, the mean of the Otsu thresholds of the object words' maps of the
   same answer: a map that stays below what the object words call foreground is "right" everywhere.
@@ -20,23 +20,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["otsu_threshold", "grey_levels", "object_iou", "function_iou", "f1_iou"]
+from .detection_masks import otsu_threshold
 
-LEVELS = 256
-
-
-def otsu_threshold(grey: torch.Tensor) -> int:
-    """Otsu's threshold of uint8 values (any shape): the level `t` whose split into `<= t` and `> t` has the
-    largest between-class variance (the first on ties; OpenCV's `THRESH_OTSU`); 0 for constant values."""
-    counts = torch.bincount(grey.flatten().long(), minlength=LEVELS).double()
-    levels = torch.arange(LEVELS, dtype=torch.float64)
-    below = counts.cumsum(0)  # pixels at levels <= t
-    mass = (counts * levels).cumsum(0)
-    total, total_mass = below[-1], mass[-1]
-    above = total - below
-    valid = (below > 0) & (above > 0)
-    between = torch.where(valid, (mass * total - total_mass * below) ** 2 / (below * above).clamp_min(1), torch.zeros(()))
-    return int(between.argmax()) if bool(valid.any()) else 0
+__all__ = ["grey_levels", "object_iou", "function_iou", "f1_iou"]
 
 
 def grey_levels(maps: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -52,7 +38,7 @@ def object_iou(grey: torch.Tensor, masks: torch.Tensor) -> tuple[torch.Tensor, t
     (rounded to grey levels, as an 8-bit resize is), split at its Otsu threshold, against the mask."""
     up = F.interpolate(grey.double()[:, None], size=tuple(masks.shape[-2:]), mode="bilinear", align_corners=False)[:, 0]
     up = up.round().clamp(0, 255).to(torch.uint8)
-    thresholds = torch.tensor([otsu_threshold(row) for row in up], dtype=torch.float64)
+    thresholds = torch.tensor([otsu_threshold(row.numpy()) for row in up.cpu()], dtype=torch.float64)
     found = up > thresholds.to(torch.uint8)[:, None, None]
     masks = masks.bool()
     union = (found | masks).flatten(1).sum(1)
