@@ -6,12 +6,14 @@
 
 Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
 the test prompts come from another seed by construction). Loss: cross-entropy of the answer's token after the prompt
-(`Answer: <name> lives in` -> `Paris`), read at each row's last real token (rows right-padded), plus `--lm-weight`
-times the next-token cross-entropy over every position of the prompt: the answer gives one target per prompt, while
+(`Answer: <name> lives in` -> `Paris`), read at the token before it (located by its characters' offset; rows
+right-padded), plus `--lm-weight` times the next-token cross-entropy over every position: the answer gives one target
+per prompt, while
 copying the question's name after `Answer:` and the templates' words give many, and copying is the mechanism the
 answer needs (a first run on the answer alone reached 37 % of the training answers in 9 minutes). Runs on the
 benchmark's prompts alone (two people) stall at half the answers: a value of the asked kind, either person's, is right
-half the time, and the binding of the person to the value comes late. Two options give binding more weight: `--people`
+half the time, and the binding of the person to the value comes late. Three options are meant to give binding more
+weight (none has made a run bind yet: the runs are in docs/language_models.md): `--people`
 draws each training prompt's number of people from a range (with four, the unbound guess is right a quarter of the
 time), and `--restate K` follows the answer with K more facts of the context written as answers
 (`Answer: Ben's code word is Echo.`), each value one more target of the answer loss; `--reverse K` asks K facts

@@ -344,9 +344,9 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
-    A vision-language decoder (LLaVA, Gemma 3, Idefics3, Qwen2-VL, Qwen2.5-VL) generates about `image` (one image: a
-    PIL image, an image file's path, or an array (H, W, C) or tensor (C, H, W); a list, a 0-size or non-finite image
-    is refused), the processor given in place of the tokenizer and one text prompt (holding the image token once;
+    A vision-language decoder (LLaVA, Gemma 3, Idefics3, PaliGemma, InternVL, the Qwen-VL models) generates about
+    `image` (one image: a PIL image, an image file's path, or an array (H, W, C) or tensor (C, H, W); a list, a
+    0-size or non-finite image is refused), the processor given in place of the tokenizer and one text prompt (holding the image token once;
     the image's placeholder token put first where the prompt does not hold it) or chat messages (through the
     processor's chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
     (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a

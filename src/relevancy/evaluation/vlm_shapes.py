@@ -224,15 +224,15 @@ def plausibility(maps: torch.Tensor, words: Sequence[Word], objects: int, target
     first ``objects`` of ``words`` object words (``target`` their objects' masks ``(objects, H, W)``), the others
     function words: each answer's maps on the scale of its object words' largest value (`grey_levels`)."""
     maps = maps.detach().double().cpu()
-    items = torch.tensor([w.item for w in words])
-    peaks = maps[:objects].clamp_min(0).flatten(1).amax(1)
-    scale = torch.stack([peaks[items[:objects] == i].max() if bool((items[:objects] == i).any()) else torch.zeros((), dtype=torch.float64)
-                         for i in items.tolist()]) if len(words) else torch.zeros(0, dtype=torch.float64)
-    grey = grey_levels(maps, scale)
+    items = [w.item for w in words]
+    peak: dict[int, float] = {}  # per answer, its object words' largest value
+    for item, value in zip(items[:objects], maps[:objects].clamp_min(0).flatten(1).amax(1).tolist()):
+        peak[item] = max(peak.get(item, 0.0), value)
+    grey = grey_levels(maps, torch.tensor([peak.get(item, 0.0) for item in items], dtype=torch.float64))
     iou, thresholds = object_iou(grey[:objects], target)
-    foreground = {i: thresholds[items[:objects] == i].mean() for i in set(items[:objects].tolist())}
-    kept = [k for k in range(objects, len(words)) if words[k].item in foreground]
-    function = function_iou(grey[kept], torch.stack([foreground[words[k].item] for k in kept])) if kept else torch.zeros(0, dtype=torch.float64)
+    foreground = {item: thresholds[[k for k in range(objects) if items[k] == item]].mean() for item in peak}
+    kept = [k for k in range(objects, len(words)) if items[k] in foreground]
+    function = function_iou(grey[kept], torch.stack([foreground[items[k]] for k in kept])) if kept else torch.zeros(0, dtype=torch.float64)
     return iou, function
 
 

@@ -23,7 +23,6 @@ import difflib
 import importlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -15,7 +15,6 @@ pixels' relevance summed over the channels (`pixel_scores`) and per patch on the
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from .adapter import MergedGridAdapter
