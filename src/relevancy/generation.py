@@ -434,7 +434,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
             relevance_total=None if totals is None else totals[:length].cpu(),
         )
         results.append(adapter.generation_explanation(fields, ids[b, start:end].cpu(), {name: value[b, :length].cpu()
-                                                      for name, value in maps.items()}, picture))
+                                                      for name, value in maps.items()}, picture, call.inputs))
     return results[0] if single else results
 
 
