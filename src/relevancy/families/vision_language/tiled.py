@@ -18,8 +18,8 @@ stays on the parameter, outside `relevance_total`. TAM filters the base tile's t
 left out of it, of its normalisation and of its causal inference) apart, as the authors' code filters several images.
 
 `explain_generation` decodes with transformers' `generate` on the tiles and `image_sizes` (`decoding_inputs`); each
-generated token's maps are the same `base_scores` and `image_scores` per row, its picture the tiles laid on the grid
-and unpadded as the model lays their features (`seen_pixels`), the base tile's map drawn over it too.
+generated token gets both maps, `image_scores` and `base_scores`; the picture is the tiles laid on the grid and
+unpadded as the model lays their features (`seen_pixels`), what `image_scores` lies on.
 """
 from __future__ import annotations
 
