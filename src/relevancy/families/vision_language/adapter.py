@@ -356,7 +356,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
         """The grids TAM filters on apart, each `(indices of its tokens among the image's placeholders, row-major;
         (rows, cols))`: here one, `image_token_grid`, after the prefix (LLaVA's kept [CLS] is no cell of it)."""
         rows, cols = self.image_token_grid(inputs)
-        return (torch.arange(self.image_prefix, self.image_prefix + rows * cols), (rows, cols)),
+        return (torch.arange(self.image_prefix, self.image_prefix + rows * cols, device=inputs.input_ids.device), (rows, cols)),
 
     def image_token_map(self, on_tokens: torch.Tensor, inputs: ImageTextTokens) -> torch.Tensor:
         """Scores of the image's tokens `(B, image tokens)` laid back on the tower's patch grid `(B, side, side)`

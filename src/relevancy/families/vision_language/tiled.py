@@ -148,11 +148,11 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         """TAM's two grids among the image's placeholders: the base tile's `side x side` tokens, then the tiles' grid
         as the model packs it (unpadded; OneVision's interpolated), its rows' newlines left out: a packing of ones
         (`packed`) is 0 at the newlines alone."""
-        tiles = inputs.pixel_values.shape[1]
-        laid = self.packed(torch.ones(tiles, self.side ** 2, 1, dtype=torch.float64), inputs.image_size)[:, 0]
+        tiles, device = inputs.pixel_values.shape[1], inputs.input_ids.device
+        laid = self.packed(torch.ones(tiles, self.side ** 2, 1, dtype=torch.float64, device=device), inputs.image_size)[:, 0]
         cells = (laid != 0).nonzero()[self.side ** 2:, 0]
         rows = int((laid == 0).sum())
-        return (torch.arange(self.side ** 2), (self.side, self.side)), (cells, (rows, len(cells) // rows))
+        return (torch.arange(self.side ** 2, device=device), (self.side, self.side)), (cells, (rows, len(cells) // rows))
 
     def seen_pixels(self, inputs: TiledImageTextTokens) -> torch.Tensor:
         """The first row's image `(C, H, W)` in the processor's normalised pixels as the tiles' map lies on it: its
