@@ -348,7 +348,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
     def image_token_grid(self, inputs: ImageTextTokens) -> tuple[int, int]:
         """`(rows, cols)` of the image's tokens after the prefix as the projector lays them out (`tokens_on_patches`:
-        a square grid in these layouts), the grid TAM filters on."""
+        a square grid in these layouts), the one grid of `image_token_grids`, which TAM filters on."""
         side = math.isqrt(self.image_tokens - self.image_prefix)
         return side, side
 
