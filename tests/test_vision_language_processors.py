@@ -84,15 +84,17 @@ def test_explain_generation_with_chat_messages_through_the_real_processor(real):
 
 
 def test_the_servers_memory_estimate_counts_the_images_tokens_in_the_decoder(real):
-    """Gemma 3 pools the tower's 16 patches into 4 tokens, Idefics3 shuffles them into 4: the estimate counts those."""
+    """Gemma 3 pools the tower's 16 patches into 4 tokens, Idefics3 shuffles them into 4: the processor's count, which
+    the estimate adds."""
     from relevancy.apps.serve.catalog import LanguageModel
-    from relevancy.apps.serve.jobs import attention_bytes, estimate_generation
+    from relevancy.apps.serve.jobs import attention_bytes, estimate_generation, image_token_count
     from relevancy.apps.serve.schemas import GenerationRequest
 
     family, processor, model = real
     entry = LanguageModel("tiny", "tiny", model, processor, reads_images=True)
     prompt = len(processor.tokenizer(QUESTION)["input_ids"])
-    estimate = estimate_generation(GenerationRequest(prompt=QUESTION, max_new_tokens=3), entry)
+    assert image_token_count(entry, picture()) == IMAGE_TOKENS
+    estimate = estimate_generation(GenerationRequest(prompt=QUESTION, max_new_tokens=3), entry, IMAGE_TOKENS)
     assert estimate == attention_bytes(prompt + IMAGE_TOKENS + 3, model)
 
 

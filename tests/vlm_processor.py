@@ -18,18 +18,20 @@ WORDS = ["a", "an", "the", "red", "green", "blue", "star", "circle", "square", "
          "ASSISTANT", "it", "this", "one", "two", "big", "small"]
 
 
-def tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """Whole words and the special tokens, every id below the model's vocabulary; unknown words at id 3."""
+def tokenizer(named: dict[int, str] | None = None) -> transformers.PreTrainedTokenizerFast:
+    """Whole words and the special tokens, every id below the model's vocabulary; unknown words at id 3. `named`:
+    special tokens of a processor by id and name (`qwen_processor`'s), in place of `<image>` at `IMAGE_TOKEN`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
+    named = named or {IMAGE_TOKEN: "<image>"}
     vocab = {token: k for k, token in enumerate([*SPECIAL, "<unk>", *WORDS])}
-    vocab.update({f"w{k}": k for k in range(len(vocab), IMAGE_TOKEN)})
-    vocab["<image>"] = IMAGE_TOKEN
+    vocab.update({f"w{k}": k for k in range(len(vocab), VOCAB) if k not in named})
+    vocab.update({token: k for k, token in named.items()})
     assert len(vocab) == VOCAB
     inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    inner.pre_tokenizer = pre_tokenizers.Whitespace()  # <image>, a special token, is found before
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()  # the special tokens are found before
     return transformers.PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                                unk_token="<unk>", additional_special_tokens=["<image>"])
+                                                unk_token="<unk>", additional_special_tokens=list(named.values()))
 
 
 def processor() -> transformers.LlavaProcessor:
@@ -53,6 +55,18 @@ def tiled_processor(family: str) -> transformers.ProcessorMixin:
         image_processor=transformers.LlavaOnevisionImageProcessor(size=square, image_grid_pinpoints=PINPOINTS), tokenizer=tokenizer(),
         video_processor=transformers.LlavaOnevisionVideoProcessor(size=square), num_image_tokens=(SIDE // PATCH) ** 2,
         vision_feature_select_strategy="full", image_token="<image>", video_token="w90", vision_aspect_ratio="anyres_max_1")
+
+
+def qwen_processor() -> transformers.Qwen2VLProcessor:
+    """The tiny Qwen2-VL's processor (`qwen_vl_models.py`): the word-level tokenizer with Qwen's image, video and
+    vision start / end tokens at the model's ids, and Qwen2-VL's image processor at its 4-pixel patches merged 2 x 2,
+    resizing to at most 32 x 32 pixels (a 32 x 32 picture: an 8 x 8 patch grid, 16 image tokens)."""
+    from qwen_vl_models import IMAGE_TOKEN as QWEN_IMAGE, MERGE, PATCH as QWEN_PATCH, TEMPORAL, VISION_END, VISION_START
+
+    named = {VISION_START: "<|vision_start|>", VISION_END: "<|vision_end|>", 94: "<|video_pad|>", QWEN_IMAGE: "<|image_pad|>"}
+    sizes = dict(patch_size=QWEN_PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL, size={"shortest_edge": 256, "longest_edge": 32 * 32})
+    return transformers.Qwen2VLProcessor(image_processor=transformers.Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer(named),
+                                         video_processor=transformers.Qwen2VLVideoProcessor(**sizes))
 
 
 def picture(seed: int = 0) -> Image.Image:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -135,26 +135,44 @@ def _check_folder(name: str, option: str) -> None:
         raise FileNotFoundError(f"{option} {name}: no such folder (a model folder, or a hub name such as org/model)")
 
 
-def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
-    """`(model, processor)` of a vision-language decoder in a local folder (`save_pretrained` of a transformers
-    LLaVA, Gemma 3 or Idefics3 `...ForConditionalGeneration` and its processor). Errors are one line naming what
-    was wrong."""
-    from .families.vision_language.layouts import GENERATING_CLASSES
+def image_decoder_families() -> dict[str, type]:
+    """Each vision-language decoder class relevancy maps, and the family that takes it: the first, in the order
+    `families.adapters()` asks them, of the families that read images whose `layouts` hold the class (the apps'
+    loaders take their classes from the adapters, not from a list of their own)."""
+    from .families import adapters
 
-    wanted = f"a vision-language decoder ({GENERATING_CLASSES}; docs/vision_language.md) and its processor"
+    taken: dict[str, type] = {}
+    for family in adapters():
+        if family.reads_images:
+            for layout in getattr(family, "layouts", ()):
+                for name in layout.classes:
+                    taken.setdefault(name, family)
+    return taken
+
+
+def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
+    """`(model, processor)` of a vision-language decoder whose generations relevancy explains (a family that reads
+    images and generates, `image_decoder_families`) in a local folder (`save_pretrained` of the transformers model
+    and its processor, read with `AutoProcessor`: the processor writes what the family's inputs hold). Errors are one
+    line naming what was wrong."""
+    families = image_decoder_families()
+    generating = [family for family in dict.fromkeys(families.values()) if family.generates]
+    wanted = (f"a vision-language decoder ({', '.join(a for a, family in families.items() if family in generating)}; "
+              f"docs/vision_language.md) and its processor")
+    silent = [a for a, family in families.items() if family not in generating]
+    if silent:
+        wanted += f" (the generations of {', '.join(silent)} are not explained: relevancy.explain explains their next tokens in Python)"
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: --image takes a local folder of {wanted} (save_pretrained); no such folder")
-    from .families.vision_language import VisionLanguageAdapter
-
-    return _local_decoder(name, wanted, lambda a: a in GENERATING_CLASSES.split(", "),
-                          "AutoModelForImageTextToText", "AutoProcessor", VisionLanguageAdapter)
+    return _local_decoder(name, wanted, lambda a: a in families and families[a] in generating,
+                          "AutoModelForImageTextToText", "AutoProcessor", generating)
 
 
 def _local_decoder(name: str, wanted: str, accepted: Callable[[str], bool], model_auto: str, companion_auto: str,
-                   adapter: type) -> tuple[nn.Module, object]:
+                   families: Sequence[type]) -> tuple[nn.Module, object]:
     """`(model, tokenizer or processor)` from the local folder `name` through transformers' `model_auto` and
     `companion_auto` classes, checked before loading by its config's architectures (`accepted`) and after by the
-    family's `adapter` on its modules: each refusal one line naming `wanted`. A peft adapter's folder
+    first of `families` whose `supports` takes it, on its modules: each refusal one line naming `wanted`. A peft adapter's folder
     (`adapter_config.json`) loads its base model's folder and the adapter on it (the tokenizer from the adapter's
     folder where it holds one)."""
     from .families import UnsupportedModelError, adapted_base
@@ -173,7 +191,8 @@ def _local_decoder(name: str, wanted: str, accepted: Callable[[str], bool], mode
     except (OSError, ValueError) as error:
         raise RuntimeError(f"--model {name}: could not load {wanted}: {error}") from error
     inner = adapted_base(model)
-    if not adapter.supports(inner):
+    adapter = next((family for family in families if family.supports(inner)), None)
+    if adapter is None:
         raise ValueError(f"--model {name} holds a {type(inner).__name__}; this command takes {wanted}")
     try:
         adapter(inner)  # checked on its modules: a refusal names the part it could not map
@@ -197,13 +216,13 @@ def _adapter_base(name: str, wanted: str) -> str | None:
 
 
 def reads_images(name: str) -> bool:
-    """Whether `name` is a local folder of a vision-language decoder whose generations relevancy explains (its
-    config.json names one of `GENERATING_CLASSES`): what `load_vision_language_model` loads."""
-    from .families.vision_language.layouts import GENERATING_CLASSES
-
+    """Whether `name` is a local folder of a vision-language decoder relevancy maps (its config.json names a class of
+    `image_decoder_families`): what `load_vision_language_model` loads, or refuses by name where the family does not
+    generate."""
     wanted = "a model and its tokenizer or processor"
+    families = image_decoder_families()
     return Path(name).expanduser().is_dir() and any(
-        a in GENERATING_CLASSES.split(", ") for a in _saved_architectures(_adapter_base(name, wanted) or name, wanted))
+        a in families for a in _saved_architectures(_adapter_base(name, wanted) or name, wanted))
 
 
 def _check_saved_model(name: str, accepted: Callable[[str], bool], wanted: str) -> None:
@@ -430,4 +449,4 @@ def load_language_model(name: str = SHIPPED_LANGUAGE_MODEL) -> tuple[nn.Module, 
     from .families.causal_lm import CausalLMAdapter
 
     return _local_decoder(name, wanted, lambda a: a.endswith(("ForCausalLM", "LMHeadModel")),
-                          "AutoModelForCausalLM", "AutoTokenizer", CausalLMAdapter)
+                          "AutoModelForCausalLM", "AutoTokenizer", (CausalLMAdapter,))

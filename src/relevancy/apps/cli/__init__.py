@@ -97,9 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=None, metavar="TEXT", help="explain this continuation of the prompt instead of "
                                                                   f"generating (at most {MAX_NEW_TOKENS} tokens; mind the leading space)")
     p.add_argument("--image", default=None, metavar="PICTURE", help="an image file the prompt asks about: --model is then a "
-                                                                   "local folder of a vision-language decoder (LLaVA, Gemma 3, "
-                                                                   "Idefics3) with its processor (docs/vision_language.md); each "
-                                                                   "generated token's image map comes with its text relevance")
+                                                                   "local folder of a vision-language decoder whose generations "
+                                                                   "relevancy explains (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, "
+                                                                   "Idefics3, PaliGemma, InternVL, Qwen2/2.5/3-VL; "
+                                                                   "docs/vision_language.md) with its processor, which makes the "
+                                                                   "model's inputs; each generated token's image map comes with "
+                                                                   "its text relevance")
     p.add_argument("--out", default=None, help="write the HTML page here (e.g. generation.html)")
     p.add_argument("--json", action="store_true", help=f"print the result as JSON on stdout: {TO_JSON} (the tokens, the prompt "
                                                        "length, the generated ids and text, the (G, T + G) scores, the relevance totals)")

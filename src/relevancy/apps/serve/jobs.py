@@ -264,21 +264,28 @@ def generation_methods(entry: LanguageModel) -> dict[str, str]:
     return {name: registry()[name].summary for name in ONE_FORWARD_METHODS if name in offered}
 
 
-def estimate_generation(request: GenerationRequest, entry: LanguageModel) -> int:
-    """The estimated peak memory of a generation request: `attention_bytes` of the prompt's tokens plus the tokens
-    to generate (or the continuation's); a vision-language decoder's image counts the tokens it takes in the decoder
-    (a token per patch of the tower for LLaVA, fewer where the patches are pooled: Gemma 3, Idefics3)."""
-    from ...families.vision_language.layouts import layout_named
-
+def estimate_generation(request: GenerationRequest, entry: LanguageModel, image_tokens: int = 0) -> int:
+    """The estimated peak memory of a generation request: `attention_bytes` of the prompt's tokens, a vision-language
+    decoder's `image_tokens` (`image_token_count`) and the tokens to generate (or the continuation's)."""
     tokenizer = text_tokenizer(entry)
-    tokens = len(tokenizer(request.prompt)["input_ids"])
-    if entry.reads_images:  # a model the catalog loaded: its layout is one relevancy maps
-        tokens += layout_named(entry.model).image_token_count(entry.model)
+    tokens = len(tokenizer(request.prompt)["input_ids"]) + image_tokens
     if request.continuation is not None:
         tokens += len(tokenizer(request.continuation, add_special_tokens=False)["input_ids"])
     else:
         tokens += request.max_new_tokens
     return attention_bytes(tokens, entry.model)
+
+
+def image_token_count(entry: LanguageModel, picture: Any) -> int:
+    """The placeholder tokens `picture` takes in a vision-language decoder's sequence, as the entry's processor writes
+    them (a token per patch of the tower for LLaVA, fewer where patches are pooled or merged, a count from the image's
+    size where it is tiled or has a grid of its own)."""
+    processor = entry.tokenizer
+    try:
+        made = processor(images=picture, text=processor.image_token, return_tensors="pt")
+    except ValueError as error:  # e.g. a picture the image processor cannot resize
+        raise RequestError(400, f"the image: {error}") from None
+    return int((made["input_ids"] == entry.model.config.image_token_id).sum())
 
 
 def text_tokenizer(entry: LanguageModel) -> Any:
@@ -308,7 +315,9 @@ def check_generation(request: GenerationRequest, catalog: Catalog, samples: dict
     if not entry.reads_images and request.image is not None:
         raise RequestError(400, f"the {entry.name} model reads text only: leave the image out")
     upload = None if request.image is None else sample_or_upload(request.image, samples, limits, "the image")
-    check_memory(estimate_generation(request, entry) + (0 if upload is None else image_bytes_estimate([upload], limits)),
+    picture = None if upload is None else _picture(upload, None, limits, "the image")
+    image_tokens = 0 if picture is None else image_token_count(entry, picture)
+    check_memory(estimate_generation(request, entry, image_tokens) + (0 if upload is None else image_bytes_estimate([upload], limits)),
                  "this generation", limits)
 
     def job(deadline: Deadline) -> dict[str, Any]:
@@ -317,7 +326,6 @@ def check_generation(request: GenerationRequest, catalog: Catalog, samples: dict
 
         started = time.perf_counter()
         deadline.check()
-        picture = None if upload is None else _picture(upload, None, limits, "the image")
         try:
             result = explain_generation(entry.model, entry.tokenizer, request.prompt, max_new_tokens=request.max_new_tokens,
                                         method=method, continuation=request.continuation, should_stop=deadline.should_stop,

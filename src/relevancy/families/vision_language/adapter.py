@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from ..text_batch import TextBatch
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    GENERATING_CLASSES, IDEFICS3, OWN_ADAPTER_LAYOUTS, blocks_on_patches, decoder_view, is_vision_language, layout_named, layout_of,
+    IDEFICS3, LAYOUTS, OWN_ADAPTER_LAYOUTS, VisionLanguageLayout, blocks_on_patches, decoder_view, is_vision_language, layout_named, layout_of,
     occluded, pixel_patches, square, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
@@ -58,7 +58,9 @@ class VisionLanguageAdapter(CausalLMAdapter):
                "attnlrp", "cp_lrp", "input_x_gradient", "token_activation_map")
     generates = True
     reads_images = True
-    examples = "transformers " + GENERATING_CLASSES
+    #: the layouts this family maps: `supports` takes their classes, and the apps' loaders read the classes from here
+    layouts: ClassVar[tuple[VisionLanguageLayout, ...]] = tuple(layout for layout in LAYOUTS if layout not in OWN_ADAPTER_LAYOUTS)
+    examples = "transformers " + ", ".join(name for layout in layouts for name in layout.classes)
     explanation_class = VisionLanguageExplanation
 
     def __init__(self, model: nn.Module) -> None:
@@ -95,8 +97,8 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        """Any transformers vision-language decoder but those with an adapter of their own (Qwen2-VL's, `qwen.py`;
-        LLaVA-NeXT's and OneVision's, `tiled.py`): one relevancy does not map is refused by `__init__`, naming those it maps."""
+        """Any transformers vision-language decoder but those with an adapter of their own (`qwen.py`, `tiled.py`,
+        `mistral3.py`): one relevancy does not map is refused by `__init__`, naming those it maps."""
         return is_vision_language(model) and layout_named(model) not in OWN_ADAPTER_LAYOUTS
 
     # -- inputs ---------------------------------------------------------------------------------------------

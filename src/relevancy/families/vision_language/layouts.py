@@ -392,10 +392,6 @@ OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
-#: those of the base adapter, `VisionLanguageAdapter`, which the CLI's --image and the server load; not yet the layouts
-#: with an adapter of their own (the Qwen-VL models', LLaVA-NeXT's and OneVision's generations are explained by
-#: `explain_generation` in Python only; Mistral 3's are not)
-GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in OWN_ADAPTER_LAYOUTS for name in layout.classes)
 
 
 def is_vision_language(model: nn.Module) -> bool:

@@ -34,6 +34,7 @@ class Mistral3VisionLanguageAdapter(MergedGridAdapter):
     methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
                "token_activation_map")
     generates = False
+    layouts = (MISTRAL3,)
     examples = "transformers " + ", ".join(MISTRAL3.classes)
 
     def __init__(self, model: nn.Module) -> None:
@@ -43,7 +44,7 @@ class Mistral3VisionLanguageAdapter(MergedGridAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        return is_vision_language(model) and layout_named(model) is MISTRAL3
+        return is_vision_language(model) and layout_named(model) in cls.layouts
 
     def check_inputs(self, inputs: object) -> SizedImageTextTokens:
         """A `SizedImageTextTokens` on the model's device from the processor's output; a one-line error for anything

@@ -35,11 +35,6 @@ from .layouts import QWEN_LAYOUTS, patch_pixels, patches_on_pixels
 QWEN_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 
 
-def is_qwen_vl(model: nn.Module) -> bool:
-    """Whether `model` is of a Qwen2-VL, Qwen2.5-VL or Qwen3-VL class relevancy maps."""
-    return any(type(model).__name__ in layout.classes for layout in QWEN_LAYOUTS)
-
-
 class QwenVisionLanguageAdapter(MergedGridAdapter):
     family = "Qwen-VL vision-language decoder"
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and merger, token_ablation occludes the
@@ -49,7 +44,8 @@ class QwenVisionLanguageAdapter(MergedGridAdapter):
     methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
                "token_activation_map")
     generates = True
-    examples = "transformers " + ", ".join(name for layout in QWEN_LAYOUTS for name in layout.classes)
+    layouts = QWEN_LAYOUTS
+    examples = "transformers " + ", ".join(name for layout in layouts for name in layout.classes)
 
     def __init__(self, model: nn.Module) -> None:
         self.mapped(model)  # the tower and merger, the Qwen2 decoder
@@ -61,7 +57,7 @@ class QwenVisionLanguageAdapter(MergedGridAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        return is_qwen_vl(model)
+        return type(model).__name__ in {name for layout in cls.layouts for name in layout.classes}
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> GridImageTextTokens:

@@ -49,7 +49,8 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
     methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
                "token_activation_map")
     generates = True
-    examples = "transformers " + ", ".join(name for layout in TILED_LAYOUTS for name in layout.classes)
+    layouts = TILED_LAYOUTS
+    examples = "transformers " + ", ".join(name for layout in layouts for name in layout.classes)
 
     def __init__(self, model: nn.Module) -> None:
         self.mapped(model)
@@ -63,7 +64,7 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        return is_vision_language(model) and layout_named(model) in TILED_LAYOUTS
+        return is_vision_language(model) and layout_named(model) in cls.layouts
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> TiledImageTextTokens:

@@ -3,7 +3,8 @@
    generated tokens as buttons; choosing one colours every token before it by its relevance for that token (its
    row). A vision-language decoder's generation (scores.image, image_url) also shows its picture as it is and, beside
    it, the chosen token's map over a greyed copy, drawn on the patch grid in the same colours, and its image placeholder tokens as one
-   [image] mark. Plain script, no library, no network: used by saved pages and by the web page's generation tab. */
+   [image] mark; where the result has a base tile's map too (base_scores: LLaVA-NeXT, LLaVA-OneVision), that map over
+   another copy beside it, both maps coloured on one scale (their largest |score|). Plain script, no library, no network: used by saved pages and by the web page's generation tab. */
 function relevancyGeneration(box, data, palette) {
   var steps = data.signed ? (palette.length - 1) / 2 : palette.length - 1;
   var shown = function (value) { return value === null ? 'n/a' : Number(value.toPrecision(4)); };
@@ -47,45 +48,59 @@ function relevancyGeneration(box, data, palette) {
   scale.appendChild(bar);
   scale.appendChild(high);
   var image = data.scores.image ? document.createElement('div') : null;
-  var canvas = null;
-  if (image) {
-    var grid = data.scores.image[0] || [[0]];
-    image.className = 'generation-image';
-    image.style.cssText = 'display:inline-flex;gap:8px;margin:6px 0;line-height:0';
-    // the picture as the model saw it, in its own colours (the words name them), and beside it the chosen token's
-    // map over a greyed copy
-    var plain = document.createElement('img');
-    plain.className = 'generation-picture';
-    plain.src = data.image_url || '';
-    plain.alt = 'the image the model saw';
-    plain.style.cssText = 'width:224px;height:224px;image-rendering:auto';
+  var maps = [];  // [grids per generated token, canvas]: the image's map, and the base tile's where there is one
+  function overlaid(grids, alt) {
+    // the chosen token's map on its patch grid over a greyed copy of the picture
     var overlay = document.createElement('div');
     overlay.style.cssText = 'position:relative;display:inline-block';
     var picture = document.createElement('img');
     picture.src = data.image_url || '';
-    picture.alt = 'the chosen token\'s map over the image';
+    picture.alt = alt;
     picture.style.cssText = 'width:224px;height:224px;image-rendering:auto;filter:grayscale(0.6)';
-    canvas = document.createElement('canvas');
+    var grid = grids[0] || [[0]];
+    var canvas = document.createElement('canvas');
     canvas.width = grid[0].length;
     canvas.height = grid.length;
     canvas.style.cssText = 'position:absolute;left:0;top:0;width:224px;height:224px;opacity:0.6';
     overlay.appendChild(picture);
     overlay.appendChild(canvas);
-    image.appendChild(plain);
     image.appendChild(overlay);
+    maps.push([grids, canvas]);
+    return overlay;
+  }
+  if (image) {
+    image.className = 'generation-image';
+    image.style.cssText = 'display:inline-flex;gap:8px;margin:6px 0;line-height:0';
+    // the picture as the model saw it, in its own colours (the words name them), and beside it the chosen token's
+    // map over a greyed copy (and the base tile's map over another)
+    var plain = document.createElement('img');
+    plain.className = 'generation-picture';
+    plain.src = data.image_url || '';
+    plain.alt = 'the image the model saw';
+    plain.style.cssText = 'width:224px;height:224px;image-rendering:auto';
+    image.appendChild(plain);
+    overlaid(data.scores.image, 'the chosen token\'s map over the image');
+    if (data.base_scores) {
+      overlaid(data.base_scores, 'the chosen token\'s map of the base tile (the whole image at one tile\'s size)').className = 'generation-base';
+    }
+  }
+  function largest(map, most) {
+    return map.reduce(function (m, line) {
+      return line.reduce(function (n, v) { return Math.max(n, Math.abs(v)); }, m);
+    }, most);
   }
   function drawImage(g) {
-    var map = data.scores.image[g];
-    var bound = map.reduce(function (most, line) {
-      return line.reduce(function (m, v) { return Math.max(m, Math.abs(v)); }, most);
-    }, 0);
-    var context = canvas.getContext('2d');
-    map.forEach(function (line, y) {
-      line.forEach(function (v, x) { context.fillStyle = colour(v, bound)[0]; context.fillRect(x, y, 1, 1); });
+    var bound = maps.reduce(function (most, pair) { return largest(pair[0][g], most); }, 0);
+    maps.forEach(function (pair) {
+      var context = pair[1].getContext('2d');
+      pair[0][g].forEach(function (line, y) {
+        line.forEach(function (v, x) { context.fillStyle = colour(v, bound)[0]; context.fillRect(x, y, 1, 1); });
+      });
     });
     image.dataset.bound = shown(bound);
     image.dataset.token = g;
-    image.title = 'the image\'s relevance for ' + JSON.stringify(data.tokens[data.prompt_length + g]) + ' (patch grid, largest |score| ' + shown(bound) + ')';
+    image.title = 'the image\'s relevance for ' + JSON.stringify(data.tokens[data.prompt_length + g]) + ' (patch grid' +
+      (data.base_scores ? ', then the base tile\'s' : '') + ', largest |score| ' + shown(bound) + ')';
   }
   function colour(value, bound) {
     var share = bound > 0 ? value / bound : 0;

@@ -1,0 +1,135 @@
+"""The command line's `explain-generation --image` and the web page's generation tab on the vision-language families
+with an adapter of their own: a tiny random Qwen2-VL (`qwen_vl_models.py`, with `vlm_processor.qwen_processor`) and
+a tiny LLaVA-NeXT (`vlm_models.py`, `vlm_processor.tiled_processor`), each saved with `save_pretrained` (model and
+processor) to a folder and loaded back by the apps' loader (`relevancy.models.load_vision_language_model`, whose
+classes come from the adapters' `layouts`). A given continuation (`--target`) is explained as `relevancy.explain` explains
+each of its tokens on the processor's output; a generation's JSON is the library call's; the page holds the
+LLaVA-NeXT base tile's map; the web API answers the library's result; Mistral 3, whose generations are not
+explained, is refused by name."""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from fastapi.testclient import TestClient
+from qwen_vl_models import build as build_qwen
+from test_causal_lm import assert_close_to
+from test_serve import LIMITS, refused, scene_png
+from vlm_models import build as build_vlm
+from vlm_processor import picture, qwen_processor, tiled_processor
+
+import relevancy
+from relevancy.apps.cli import main
+from relevancy.apps.serve import create_app, load_catalog, make_samples
+from relevancy.apps.serve.limits import open_image
+from relevancy.core.files import strict_json
+from relevancy.core.pictures import read_image
+
+PROMPT = "what is in the image ?"
+#: family -> (model, processor), each built from its seed in float32
+MADE = {"qwen2_vl": lambda: (build_qwen("qwen2_vl", torch.float32), qwen_processor()),
+        "llava_next": lambda: (build_vlm("llava_next", torch.float32), tiled_processor("llava_next"))}
+
+
+@pytest.fixture(scope="module", params=list(MADE))
+def saved(request, tmp_path_factory) -> tuple[str, Path]:
+    """`(family, folder)`: the family's model and processor saved with `save_pretrained`."""
+    folder = tmp_path_factory.mktemp(request.param)
+    model, processor = MADE[request.param]()
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return request.param, folder
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("image") / "scene.png"
+    picture(4).save(path)
+    return path
+
+
+def run(capsys, *words: str) -> tuple[int, str, str]:
+    code = main(["explain-generation", *words])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def loaded(folder: Path) -> tuple[torch.nn.Module, object]:
+    """The folder's model and processor as transformers reads them."""
+    return transformers.AutoModelForImageTextToText.from_pretrained(folder).eval(), transformers.AutoProcessor.from_pretrained(folder)
+
+
+def test_a_continuation_is_explained_as_explain_explains_each_token(saved, image, capsys, tmp_path):
+    """`--target "red star"`: each token's text and image rows (LLaVA-NeXT: and the base tile's) equal `explain` on the
+    processor's output for the image and prompt with the tokens before it, that token the target (to 1e-4 of each
+    map's maximum, float32); the page is written with the base tile's map where there is one."""
+    family, folder = saved
+    out = tmp_path / "seen.html"
+    code, text, err = run(capsys, PROMPT, "--model", str(folder), "--image", str(image), "--target", "red star", "--json", "--out", str(out))
+    assert code == 0, err
+    (numbers,) = json.loads(text)
+    model, processor = loaded(folder)
+    made = dict(processor(images=read_image(str(image)), text=f"{processor.image_token}\n{PROMPT}", return_tensors="pt"))
+    start = made["input_ids"].shape[1]
+    ids = torch.cat([made["input_ids"], torch.tensor([numbers["generated_ids"]])], 1)
+    assert numbers["prompt_length"] == start and len(numbers["generated_ids"]) == 2
+    for g, token in enumerate(numbers["generated_ids"]):
+        prefix = {**made, "input_ids": ids[:, :start + g], "attention_mask": torch.ones(1, start + g, dtype=torch.long)}
+        if "mm_token_type_ids" in made:
+            prefix["mm_token_type_ids"] = (prefix["input_ids"] == model.config.image_token_id).int()
+        alone = relevancy.explain(model, prefix, method="attnlrp", target=token)
+        assert_close_to(torch.tensor(numbers["scores"]["text"][g][:start + g]), alone.scores[0].float(), f"{family} text {g}", 1e-4)
+        assert_close_to(torch.tensor(numbers["scores"]["image"][g]), alone.image_scores[0].float(), f"{family} image {g}", 1e-4)
+        if family == "llava_next":
+            assert_close_to(torch.tensor(numbers["base_scores"][g]), alone.base_scores[0].float(), f"{family} base {g}", 1e-4)
+    assert (numbers["base_scores"] is None) == (family != "llava_next")
+    page = out.read_text()
+    assert "function relevancyGeneration" in page and "generation-base" in page and numbers["image_url"] in page
+
+
+def test_a_generation_equals_the_library_call(saved, image, capsys):
+    family, folder = saved
+    code, text, err = run(capsys, PROMPT, "--model", str(folder), "--image", str(image), "--max-new-tokens", "2", "--json",
+                          "--method", "cp_lrp")
+    assert code == 0, err
+    (numbers,) = json.loads(text)
+    model, processor = loaded(folder)
+    expected = relevancy.explain_generation(model, processor, PROMPT, image=read_image(str(image)), max_new_tokens=2, method="cp_lrp")
+    assert numbers == json.loads(json.dumps(strict_json(expected.to_json())))
+    assert numbers["kind"] == "VisionLanguageGenerationExplanation" and len(numbers["scores"]["image"]) == len(expected.generated_ids)
+
+
+def test_the_web_page_answers_the_librarys_result_with_the_base_tiles_map(tmp_path):
+    """The LLaVA-NeXT folder as the generation tab's model: an upload is answered with the library call's `to_json()`,
+    `base_scores` in it; a request without an image is refused."""
+    folder = tmp_path / "llava_next"
+    model, processor = MADE["llava_next"]()
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    catalog = load_catalog(["shapes"], text="none", pairs="none", language=str(folder))
+    with TestClient(create_app(catalog, make_samples(scenes=1, pairs=1), LIMITS)) as client:
+        assert client.get("/api/info").json()["language_model"]["reads_images"] is True
+        upload = scene_png(seed=5)
+        response = client.post("/api/explain-generation", json={"prompt": PROMPT, "max_new_tokens": 2,
+                                                                "image": {"data": base64.b64encode(upload).decode()}})
+        assert response.status_code == 200, response.text
+        (answer,) = response.json()["results"]
+        entry = catalog.language
+        expected = relevancy.explain_generation(entry.model, entry.tokenizer, PROMPT, max_new_tokens=2, image=open_image(upload, LIMITS, "the image"))
+        assert answer["explanation"] == json.loads(json.dumps(strict_json(expected.to_json())))
+        assert len(answer["explanation"]["base_scores"]) == len(expected.generated_ids)
+        refused(client.post("/api/explain-generation", json={"prompt": PROMPT}), 400, "generates about an image: give one")
+
+
+def test_a_family_that_does_not_generate_is_refused_by_name(image, capsys, tmp_path):
+    folder = tmp_path / "mistral3"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Mistral3ForConditionalGeneration"]}))
+    code, _, err = run(capsys, PROMPT, "--model", str(folder), "--image", str(image))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "holds a Mistral3ForConditionalGeneration" in err and "the generations of Mistral3ForConditionalGeneration are not explained" in err
+    assert "Qwen2VLForConditionalGeneration" in err and "LlavaNextForConditionalGeneration" in err
