@@ -4,7 +4,7 @@ a tiny LLaVA-NeXT (`vlm_models.py`, `vlm_processor.tiled_processor`), each saved
 processor) to a folder and loaded back by the apps' loader (`relevancy.models.load_vision_language_model`, whose
 classes come from the adapters' `layouts`). A given continuation (`--target`) is explained as `relevancy.explain` explains
 each of its tokens on the processor's output; a generation's JSON is the library call's; the page holds the
-LLaVA-NeXT base tile's map; the web API answers the library's result; Mistral 3, whose generations are not
+LLaVA-NeXT base tile's map, drawn in headless Chromium beside the tiles' map; the web API answers the library's result; Mistral 3, whose generations are not
 explained, is refused by name."""
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ import torch
 import transformers
 from fastapi.testclient import TestClient
 from qwen_vl_models import build as build_qwen
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 from test_causal_lm import assert_close_to
 from test_serve import LIMITS, refused, scene_png
+from test_serve_browser import browser  # noqa: F401  (the browser fixture)
 from vlm_models import build as build_vlm
 from vlm_processor import picture, qwen_processor, tiled_processor
 
@@ -101,6 +104,28 @@ def test_a_generation_equals_the_library_call(saved, image, capsys):
     expected = relevancy.explain_generation(model, processor, PROMPT, image=read_image(str(image)), max_new_tokens=2, method="cp_lrp")
     assert numbers == json.loads(json.dumps(strict_json(expected.to_json())))
     assert numbers["kind"] == "VisionLanguageGenerationExplanation" and len(numbers["scores"]["image"]) == len(expected.generated_ids)
+
+
+def test_the_page_draws_the_base_tiles_map_beside_the_tiles(browser, image, tmp_path):  # noqa: F811
+    """A LLaVA-NeXT generation's page (the script the web page's tab shares): two maps over the picture, the tiles' on
+    their grid and the base tile's on its 4 x 4, both coloured; choosing another token redraws both."""
+    model, processor = MADE["llava_next"]()
+    result = relevancy.explain_generation(model, processor, PROMPT, image=read_image(str(image)), continuation="red star")
+    page = result.save(tmp_path / "seen.html")
+    browser.get(page.resolve().as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".generation-image canvas"))
+    image_box = browser.find_element(By.CSS_SELECTOR, ".generation-image")
+    tiles, base = image_box.find_elements(By.TAG_NAME, "canvas")
+    rows, cols = result.image_scores.shape[1:]
+    assert (tiles.get_attribute("width"), tiles.get_attribute("height")) == (str(cols), str(rows))
+    assert (base.get_attribute("width"), base.get_attribute("height")) == ("4", "4")
+    assert base.find_element(By.XPATH, "..").get_attribute("class") == "generation-base"
+    read = "const c = arguments[0]; return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data);"
+    first = browser.execute_script(read, base)
+    assert len(first) == 4 * 16 and any(value not in (0, 255) for value in first[::4])
+    browser.find_elements(By.CSS_SELECTOR, "button.generated-token")[1].click()
+    WebDriverWait(browser, 10).until(lambda d: image_box.get_attribute("data-token") == "1")
+    assert browser.execute_script(read, base) != first
 
 
 def test_the_web_page_answers_the_librarys_result_with_the_base_tiles_map(tmp_path):
