@@ -5,7 +5,7 @@ processor) to a folder and loaded back by the apps' loader (`relevancy.models.lo
 classes come from the adapters' `layouts`). A given continuation (`--target`) is explained as `relevancy.explain` explains
 each of its tokens on the processor's output; a generation's JSON is the library call's; the page holds the
 LLaVA-NeXT base tile's map, drawn in headless Chromium beside the tiles' map; the web API answers the library's result; Mistral 3, whose generations are not
-explained, is refused by name."""
+explained, is refused by name; Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision load and generate too."""
 from __future__ import annotations
 
 import base64
@@ -148,6 +148,21 @@ def test_the_web_page_answers_the_librarys_result_with_the_base_tiles_map(tmp_pa
         assert answer["explanation"] == json.loads(json.dumps(strict_json(expected.to_json())))
         assert len(answer["explanation"]["base_scores"]) == len(expected.generated_ids)
         refused(client.post("/api/explain-generation", json={"prompt": PROMPT}), 400, "generates about an image: give one")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "llava_onevision"])
+def test_the_other_families_load_from_their_folders_and_generate(family, image, capsys, tmp_path):
+    """Qwen2.5-VL, Qwen3-VL (their processors) and LLaVA-OneVision (`tiled_processor`), saved and read back: one
+    generated token, the JSON the library call's."""
+    model, processor = (build_qwen(family, torch.float32), qwen_processor(family)) if family.startswith("qwen") else \
+        (build_vlm(family, torch.float32), tiled_processor(family))
+    model.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    code, text, err = run(capsys, PROMPT, "--model", str(tmp_path), "--image", str(image), "--max-new-tokens", "1", "--json")
+    assert code == 0, err
+    model, processor = loaded(tmp_path)
+    expected = relevancy.explain_generation(model, processor, PROMPT, image=read_image(str(image)), max_new_tokens=1)
+    assert json.loads(text) == [json.loads(json.dumps(strict_json(expected.to_json())))]
 
 
 def test_a_family_that_does_not_generate_is_refused_by_name(image, capsys, tmp_path):

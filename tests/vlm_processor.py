@@ -57,16 +57,19 @@ def tiled_processor(family: str) -> transformers.ProcessorMixin:
         vision_feature_select_strategy="full", image_token="<image>", video_token="w90", vision_aspect_ratio="anyres_max_1")
 
 
-def qwen_processor() -> transformers.Qwen2VLProcessor:
-    """The tiny Qwen2-VL's processor (`qwen_vl_models.py`): the word-level tokenizer with Qwen's image, video and
-    vision start / end tokens at the model's ids, and Qwen2-VL's image processor at its 4-pixel patches merged 2 x 2,
-    resizing to at most 32 x 32 pixels (a 32 x 32 picture: an 8 x 8 patch grid, 16 image tokens)."""
+def qwen_processor(family: str = "qwen2_vl") -> transformers.ProcessorMixin:
+    """The processor of the family's tiny model (`qwen_vl_models.py`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL): the word-level
+    tokenizer with Qwen's image, video and vision start / end tokens at the model's ids, and Qwen2-VL's image processor
+    at its 4-pixel patches merged 2 x 2, resizing to at most 32 x 32 pixels (a 32 x 32 picture: an 8 x 8 patch grid, 16
+    image tokens)."""
     from qwen_vl_models import IMAGE_TOKEN as QWEN_IMAGE, MERGE, PATCH as QWEN_PATCH, TEMPORAL, VISION_END, VISION_START
 
     named = {VISION_START: "<|vision_start|>", VISION_END: "<|vision_end|>", 94: "<|video_pad|>", QWEN_IMAGE: "<|image_pad|>"}
     sizes = dict(patch_size=QWEN_PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL, size={"shortest_edge": 256, "longest_edge": 32 * 32})
-    return transformers.Qwen2VLProcessor(image_processor=transformers.Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer(named),
-                                         video_processor=transformers.Qwen2VLVideoProcessor(**sizes))
+    processor, videos = {"qwen2_vl": (transformers.Qwen2VLProcessor, transformers.Qwen2VLVideoProcessor),
+                         "qwen2_5_vl": (transformers.Qwen2_5_VLProcessor, transformers.Qwen2VLVideoProcessor),
+                         "qwen3_vl": (transformers.Qwen3VLProcessor, transformers.Qwen3VLVideoProcessor)}[family]
+    return processor(image_processor=transformers.Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer(named), video_processor=videos(**sizes))
 
 
 def picture(seed: int = 0) -> Image.Image:
