@@ -158,5 +158,6 @@ class GenerationResponse(BaseModel):
     results: list[GenerationResult] = Field(description="the one method's: a GenerationExplanation (text, tokens, "
                                                         "prompt_length, generated_ids, a row per generated token); a "
                                                         "vision-language decoder's VisionLanguageGenerationExplanation "
-                                                        "adds an image map per generated token (scores.image, image_url)")
+                                                        "adds an image map per generated token (scores.image, image_url; "
+                                                        "LLaVA-NeXT / OneVision: base_scores, the base tile's map)")
     seconds: float
