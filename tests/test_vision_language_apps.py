@@ -2,8 +2,8 @@
 with an adapter of their own: a tiny random Qwen2-VL (`qwen_vl_models.py`, with `vlm_processor.qwen_processor`) and
 a tiny LLaVA-NeXT (`vlm_models.py`, `vlm_processor.tiled_processor`), each saved with `save_pretrained` (model and
 processor) to a folder and loaded back by the apps' loader (`relevancy.models.load_vision_language_model`, whose
-classes come from the adapters' `layouts`). A given continuation (`--target`) is explained as `relevancy.explain` explains
-each of its tokens on the processor's output; a generation's JSON is the library call's; the page holds the
+classes come from the adapters' `layouts`). A given continuation (`--target`) is explained as `relevancy.explain`
+explains each of its tokens on the processor's output; a generation's JSON is the library call's; the page holds the
 LLaVA-NeXT base tile's map, drawn in headless Chromium beside the tiles' map; the web API answers the library's result; Mistral 3, whose generations are not
 explained, is refused by name; Qwen2.5-VL, Qwen3-VL and LLaVA-OneVision load and generate too."""
 from __future__ import annotations

@@ -35,8 +35,8 @@ from ..text_batch import TextBatch
 from .batch import ImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import (
-    IDEFICS3, LAYOUTS, OWN_ADAPTER_LAYOUTS, VisionLanguageLayout, blocks_on_patches, decoder_view, is_vision_language, layout_named, layout_of,
-    occluded, pixel_patches, square, tokens_on_patches,
+    IDEFICS3, LAYOUTS, OWN_ADAPTER_LAYOUTS, VisionLanguageLayout, blocks_on_patches, decoder_view, is_vision_language, layout_named,
+    layout_of, occluded, pixel_patches, square, tokens_on_patches,
 )
 from .rules import IMAGE, rule_map
 

@@ -4,7 +4,8 @@
    row). A vision-language decoder's generation (scores.image, image_url) also shows its picture as it is and, beside
    it, the chosen token's map over a greyed copy, drawn on the patch grid in the same colours, and its image placeholder tokens as one
    [image] mark; where the result has a base tile's map too (base_scores: LLaVA-NeXT, LLaVA-OneVision), that map over
-   another copy beside it, both maps coloured on one scale (their largest |score|). Plain script, no library, no network: used by saved pages and by the web page's generation tab. */
+   another copy beside it, both maps coloured on one scale (their largest |score|). Plain script, no library, no
+   network: used by saved pages and by the web page's generation tab. */
 function relevancyGeneration(box, data, palette) {
   var steps = data.signed ? (palette.length - 1) / 2 : palette.length - 1;
   var shown = function (value) { return value === null ? 'n/a' : Number(value.toPrecision(4)); };
@@ -81,7 +82,8 @@ function relevancyGeneration(box, data, palette) {
     image.appendChild(plain);
     overlaid(data.scores.image, 'the chosen token\'s map over the image');
     if (data.base_scores) {
-      overlaid(data.base_scores, 'the chosen token\'s map of the base tile (the whole image at one tile\'s size)').className = 'generation-base';
+      var base = overlaid(data.base_scores, 'the chosen token\'s map of the base tile (the whole image at one tile\'s size)');
+      base.className = 'generation-base';
     }
   }
   function largest(map, most) {
