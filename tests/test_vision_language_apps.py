@@ -28,6 +28,7 @@ from vlm_processor import picture, qwen_processor, tiled_processor
 import relevancy
 from relevancy.apps.cli import main
 from relevancy.apps.serve import create_app, load_catalog, make_samples
+from relevancy.apps.serve.jobs import image_token_count
 from relevancy.apps.serve.limits import open_image
 from relevancy.core.files import strict_json
 from relevancy.core.pictures import read_image
@@ -130,7 +131,8 @@ def test_the_page_draws_the_base_tiles_map_beside_the_tiles(browser, image, tmp_
 
 def test_the_web_page_answers_the_librarys_result_with_the_base_tiles_map(tmp_path):
     """The LLaVA-NeXT folder as the generation tab's model: an upload is answered with the library call's `to_json()`,
-    `base_scores` in it; a request without an image is refused."""
+    `base_scores` in it; the memory estimate counts the image's placeholders as the processor writes them; a request
+    without an image is refused."""
     folder = tmp_path / "llava_next"
     model, processor = MADE["llava_next"]()
     model.save_pretrained(folder)
@@ -147,6 +149,8 @@ def test_the_web_page_answers_the_librarys_result_with_the_base_tiles_map(tmp_pa
         expected = relevancy.explain_generation(entry.model, entry.tokenizer, PROMPT, max_new_tokens=2, image=open_image(upload, LIMITS, "the image"))
         assert answer["explanation"] == json.loads(json.dumps(strict_json(expected.to_json())))
         assert len(answer["explanation"]["base_scores"]) == len(expected.generated_ids)
+        # the memory estimate's count of the image's tokens: the processor's for this picture's tiles
+        assert image_token_count(entry, open_image(upload, LIMITS, "the image")) == int(expected.image_tokens.sum())
         refused(client.post("/api/explain-generation", json={"prompt": PROMPT}), 400, "generates about an image: give one")
 
 
