@@ -15,6 +15,7 @@ pixels' relevance summed over the channels (`pixel_scores`) and per patch on the
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .adapter import MergedGridAdapter
@@ -30,10 +31,10 @@ class Mistral3VisionLanguageAdapter(MergedGridAdapter):
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and projector, token_ablation occludes the
     #: image's patches; raw_attention, rollout, attention_gradcam read the decoder's attention only and
     #: token_activation_map its logits at every position, the image's tokens laid back on the patch grid (the
-    #: tower-token methods and generations are refused by name)
+    #: tower-token methods are refused by name); generations with those of one forward (`methods_generating`)
     methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
                "token_activation_map")
-    generates = False
+    generates = True
     examples = "transformers " + ", ".join(MISTRAL3.classes)
 
     def __init__(self, model: nn.Module) -> None:
@@ -71,3 +72,7 @@ class Mistral3VisionLanguageAdapter(MergedGridAdapter):
         """The image's own patch grid `(H / P, W / P)` (one size per batch, `check_inputs`)."""
         height, width = inputs.image_size
         return height // self.patch, width // self.patch
+
+    def decoding_inputs(self, inputs: SizedImageTextTokens) -> dict[str, torch.Tensor]:
+        """What the model's `generate` reads besides the token ids and their mask: the pixels and `image_sizes`."""
+        return {"pixel_values": inputs.pixel_values, "image_sizes": inputs.image_sizes}
