@@ -90,6 +90,44 @@ TOWER_LINEAR = Part("a Linear from the tower's width", lambda module, width: isi
 
 
 @dataclass(frozen=True)
+class ImageSpan:
+    """Which tokens around and among an image's placeholders are the image's own: `before` tokens right before the
+    first placeholder (Qwen2-VL's vision start, Gemma 3's begin of image, InternVL's `<img>`), `after` right after the
+    last (their ends, Mistral 3's `[IMG_END]`), and with `inside` every other token between the first and the last
+    (Mistral 3's `[IMG_BREAK]` after each row of placeholders). Known by their place, as the processor writes them
+    (InternVL's and Mistral 3's configs name no id for them); `named`: the config's ids of the tokens before and
+    after where it names them, which alone are the image's there (Qwen2-VL's processor writes the placeholders
+    only, its chat template the tokens around them). They delimit the image and are no words of the text."""
+
+    before: int = 0
+    inside: bool = False
+    after: int = 0
+    named: tuple[str, ...] = ()
+
+    def delimiters(self, ids: torch.Tensor, image: torch.Tensor, config: Any) -> torch.Tensor:
+        """The image's own tokens other than its placeholders `(N,)` (bool) in one sequence of tokens `ids` `(N,)`
+        whose placeholders are `image` `(N,)` (bool), of a model of `config`; none where it holds no placeholder."""
+        found = torch.zeros_like(image)
+        where = image.nonzero()[:, 0]
+        if not len(where):
+            return found
+        first, last = int(where[0]), int(where[-1])
+        found[max(first - self.before, 0):first] = True
+        found[last + 1:last + 1 + self.after] = True
+        if self.inside:
+            found[first:last] = ~image[first:last]
+        if self.named:
+            known = [int(value) for name in self.named if (value := getattr(config, name, None)) is not None]
+            found &= torch.isin(ids, torch.tensor(known, dtype=ids.dtype, device=ids.device))
+        return found
+
+
+#: Qwen2-VL's vision start and end, where the prompt holds them; Gemma 3's begin and end of image
+QWEN_SPAN = ImageSpan(before=1, after=1, named=("vision_start_token_id", "vision_end_token_id"))
+GEMMA3_SPAN = ImageSpan(before=1, after=1, named=("boi_token_index", "eoi_token_index"))
+
+
+@dataclass(frozen=True)
 class VisionLanguageLayout:
     """One vision-language layout: the classes it maps, the attribute of the tower, of the projector and of the
     bare decoder on the model's inner `model`, and the projector's ruled parts (path on the projector, "" for itself; the other
@@ -127,6 +165,8 @@ class VisionLanguageLayout:
     feature_layer: bool = False
     #: the processor's setting that gives one image per row, named where `pixel_values` hold more
     one_image: str = ""
+    #: the tokens the processor writes around and among the image's placeholders (none: LLaVA's, PaliGemma's)
+    image_span: ImageSpan = ImageSpan()
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
@@ -214,7 +254,7 @@ LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "visio
                              (("", LLAVA_PROJECTOR),), feature_layer=True)
 GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                               lambda config, prefix: config.mm_tokens_per_image,  # the patches average-pooled
-                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),), token_types="images")
+                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),), token_types="images", image_span=GEMMA3_SPAN)
 #: PaliGemma 1 and 2: SigLIP's patch tokens through one Linear, a Gemma or Gemma 2 decoder over a bidirectional prefix
 PALIGEMMA = VisionLanguageLayout("paligemma", ("PaliGemmaForConditionalGeneration",), "vision_tower", "multi_modal_projector",
                                  "language_model", lambda config, prefix: patch_count(config), (("linear", TOWER_LINEAR),),
@@ -227,7 +267,7 @@ INTERNVL = VisionLanguageLayout("internvl", ("InternVLForConditionalGeneration",
                                 lambda config, prefix: round(patch_count(config) * config.downsample_ratio ** 2),  # pixel shuffle
                                 (("layer_norm", SHUFFLED_LAYER_NORM), ("", NORMED_PROJECTOR)), layers="encoder.layer", layer=INTERNVIT_LAYER,
                                 residual=INTERNVIT_RESIDUAL, norms=("layernorm",), feature_layer=True,
-                                one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)")
+                                one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)", image_span=ImageSpan(before=1, after=1))
 
 
 def _fits_merged_projector(module: nn.Module, width: int) -> bool:
@@ -255,7 +295,8 @@ PIXTRAL_RESIDUAL = Residual("attention", "feed_forward", before_attention="atten
 #: merged projector, a Mistral decoder; the image's token count comes from its size (`mistral3.py`)
 MISTRAL3 = VisionLanguageLayout("mistral3", ("Mistral3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                                 None, (("norm", RMS_NORM), ("", MERGED_PROJECTOR)), layers="transformer.layers", layer=PIXTRAL_LAYER,
-                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True)
+                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True,
+                                image_span=ImageSpan(inside=True, after=1))
 
 
 def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
@@ -355,9 +396,9 @@ class QwenVisionLayout(VisionLanguageLayout):
 
 #: Qwen2-VL's vision MLP (Qwen2.5-VL's is SwiGLU, the decoders' `GATED_MLP`)
 QWEN2_VL_MLP = Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "act"), plain_mlp("fc1", "fc2", "act"))
-QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "visual", "visual", "language_model", None,
+QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "visual", "visual", "language_model", None, image_span=QWEN_SPAN,
                             block=(("norm1", (LAYER_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (LAYER_NORM,)), ("mlp", (QWEN2_VL_MLP,))))
-QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None,
+QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None, image_span=QWEN_SPAN,
                               block=(("norm1", (RMS_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (RMS_NORM,)), ("mlp", (GATED_MLP,))),
                               merger=(("ln_q", (RMS_NORM,)), ("mlp", (MERGER_MLP,))))
 #: Qwen3-VL's vision MLP `linear_fc2(act_fn(linear_fc1(x)))` (a tanh GELU)
@@ -366,7 +407,7 @@ QWEN3_VL_MLP = Part("an MLP linear_fc2(act_fn(linear_fc1(x)))", fits_plain_mlp("
 #: Qwen3-VL (a Qwen3 decoder) and Qwen3-VL-MoE (a Qwen3-MoE one): Qwen2-VL's blocks with their own MLP, the mergers
 #: `STACKED_MERGER`, DeepStack's among them
 QWEN3_VL = QwenVisionLayout("qwen3_vl", ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"), "visual", "visual",
-                            "language_model", None, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
+                            "language_model", None, image_span=QWEN_SPAN, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
                             merger=(("norm", (LAYER_NORM,)), ("", (STACKED_MERGER,))), deepstack="deepstack_merger_list")
 QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
