@@ -1,5 +1,5 @@
-"""`relevancy.explain_generation` on the tiny random float64 Mistral 3 of `vlm_models.py` with an offline
-`PixtralProcessor` (`vlm_processor.pixtral_processor`: the word-level tokenizer with `[IMG]`, `[IMG_BREAK]` and
+"""`relevancy.explain_generation` on the tiny random float64 Mistral 3 (and Pixtral-12B's LLaVA) of `vlm_models.py`
+with an offline `PixtralProcessor` (`vlm_processor.pixtral_processor`: the word-level tokenizer with `[IMG]`, `[IMG_BREAK]` and
 `[IMG_END]`, `PixtralImageProcessor`): transformers' `generate` decodes greedily from the pixels and `image_sizes`;
 every generated token's text and image maps, from one forward, equal `explain` on that prefix with that token as
 target (attnlrp, cp_lrp, input_x_gradient; TAM's first row), the image maps on the image's own patch grid; the
@@ -15,14 +15,14 @@ import torch
 from PIL import Image
 from test_causal_lm import assert_close_to
 from test_model_unchanged import assert_same, snapshot
-from vlm_models import IMAGE_TOKEN, MERGE, PATCH, SIZED_IMAGE, build
+from vlm_models import IMAGE_TOKEN, MERGE, MERGES, PATCH, SIZED_IMAGE, build
 from vlm_processor import pixtral_processor
 
 import relevancy
 from relevancy.families.base import UnsupportedModelError
 from relevancy.families.vision_language import VisionLanguageGenerationExplanation
 
-model_of = functools.lru_cache(maxsize=None)(lambda: build("mistral3"))
+model_of = functools.lru_cache(maxsize=None)(lambda family="mistral3": build(family))
 GRID = (SIZED_IMAGE[0] // PATCH, SIZED_IMAGE[1] // PATCH)  # the image's 4 x 6 patches
 STEPS = 3
 PROMPT = "what is in the image ?"
@@ -33,9 +33,9 @@ def scene(seed: int = 0) -> Image.Image:
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*SIZED_IMAGE, 3), dtype=np.uint8))
 
 
-def processed(text: str = PROMPT) -> dict[str, torch.Tensor]:
+def processed(text: str = PROMPT, family: str = "mistral3") -> dict[str, torch.Tensor]:
     """The processor's output for the prompt with the image first, as `explain_generation` makes it."""
-    return dict(pixtral_processor(MERGE)(images=scene(), text=f"[IMG]\n{text}", return_tensors="pt"))
+    return dict(pixtral_processor(MERGES[family])(images=scene(), text=f"[IMG]\n{text}", return_tensors="pt"))
 
 
 def prefix(batch: dict[str, torch.Tensor], ids: torch.Tensor, length: int) -> dict[str, torch.Tensor]:
@@ -45,14 +45,16 @@ def prefix(batch: dict[str, torch.Tensor], ids: torch.Tensor, length: int) -> di
 
 
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp", "input_x_gradient"])
-def test_each_tokens_maps_equal_explain_on_its_prefix(method):
+@pytest.mark.parametrize("family", list(MERGES))
+def test_each_tokens_maps_equal_explain_on_its_prefix(family, method):
     """Text and image maps to 1e-12 of each map's maximum, the logits and relevance totals; the processor's prompt
-    holds the 2 x 3 placeholders with [IMG_BREAK] after the first row and [IMG_END] after the last; the image maps on
-    the 4 x 6 patch grid."""
-    model, batch = model_of(), processed()
-    result = relevancy.explain_generation(model, pixtral_processor(MERGE), PROMPT, image=scene(), max_new_tokens=STEPS, method=method)
+    holds the placeholders (Mistral 3: 2 x 3, Pixtral: 4 x 6) with [IMG_BREAK] after each row but the last and
+    [IMG_END] after it; the image maps on the 4 x 6 patch grid."""
+    model, batch = model_of(family), processed(family=family)
+    result = relevancy.explain_generation(model, pixtral_processor(MERGES[family]), PROMPT, image=scene(), max_new_tokens=STEPS, method=method)
     start = batch["input_ids"].shape[1]
-    assert batch["input_ids"][0, :8].tolist() == [IMAGE_TOKEN] * 3 + [93] + [IMAGE_TOKEN] * 3 + [94]
+    rows, cols = GRID[0] // MERGES[family], GRID[1] // MERGES[family]
+    assert batch["input_ids"][0, :rows * (cols + 1)].tolist() == ([IMAGE_TOKEN] * cols + [93]) * (rows - 1) + [IMAGE_TOKEN] * cols + [94]
     assert isinstance(result, VisionLanguageGenerationExplanation) and result.prompt_length == start
     assert result.scores.shape == (STEPS, start + STEPS) and result.image_scores.shape == (STEPS, *GRID)
     assert result.image_tokens.tolist() == [t == IMAGE_TOKEN for t in batch["input_ids"][0].tolist()] + [False] * STEPS
@@ -60,8 +62,8 @@ def test_each_tokens_maps_equal_explain_on_its_prefix(method):
     for g in range(STEPS):
         alone = relevancy.explain(model, prefix(batch, ids, start + g), method=method, target=int(result.generated_ids[g]))
         assert int(alone.logits[0].argmax()) == int(result.generated_ids[g])  # greedy: generate read the same pixels and sizes
-        assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{method} text {g}", 1e-12)
-        assert_close_to(result.image_scores[g], alone.image_scores[0], f"{method} image {g}", 1e-12)
+        assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{family} {method} text {g}", 1e-12)
+        assert_close_to(result.image_scores[g], alone.image_scores[0], f"{family} {method} image {g}", 1e-12)
         assert (result.scores[g, start + g:] == 0).all()
         assert torch.allclose(result.logits[g, 0], alone.logits[0, result.generated_ids[g]], rtol=1e-12)
         if alone.relevance_total is None:
@@ -115,7 +117,7 @@ def test_the_model_is_left_as_it_was():
 
 @pytest.mark.parametrize("method", ["rollout", "raw_attention", "token_ablation"])
 def test_the_methods_of_a_forward_per_prefix_are_refused_by_name(method):
-    with pytest.raises(UnsupportedModelError, match="explain_generation on a Mistral 3 vision-language decoder takes the methods of one "
+    with pytest.raises(UnsupportedModelError, match="explain_generation on a Mistral 3 / Pixtral vision-language decoder takes the methods of one "
                                                     "forward over prompt, image and generation: attnlrp, cp_lrp, input_x_gradient, "
                                                     f"token_activation_map; got '{method}'"):
         relevancy.explain_generation(model_of(), pixtral_processor(MERGE), PROMPT, image=scene(), method=method)

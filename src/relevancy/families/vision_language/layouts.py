@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -167,6 +167,9 @@ class VisionLanguageLayout:
     one_image: str = ""
     #: the tokens the processor writes around and among the image's placeholders (none: LLaVA's, PaliGemma's)
     image_span: ImageSpan = ImageSpan()
+    #: the vision config's `model_type` this layout maps among its classes' (None: any; Pixtral-12B's LLaVA class
+    #: with a Pixtral tower is a layout of its own, `PIXTRAL`)
+    tower_type: str | None = None
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
@@ -293,10 +296,14 @@ PIXTRAL_LAYER = (("attention_norm", (RMS_NORM,)), ("attention", (PIXTRAL_ATTENTI
 PIXTRAL_RESIDUAL = Residual("attention", "feed_forward", before_attention="attention_norm", before_mlp="ffn_norm")
 #: Mistral 3 (Mistral Small 3.1 / 3.2): a Pixtral tower (RMSNorms, 2-D RoPE, images of any size, `image_sizes`), the
 #: merged projector, a Mistral decoder; the image's token count comes from its size (`mistral3.py`)
+#: what the Pixtral tower's processor writes: `[IMG_BREAK]` after each row of placeholders, `[IMG_END]` after the last
+PIXTRAL_SPAN = ImageSpan(inside=True, after=1)
 MISTRAL3 = VisionLanguageLayout("mistral3", ("Mistral3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                                 None, (("norm", RMS_NORM), ("", MERGED_PROJECTOR)), layers="transformer.layers", layer=PIXTRAL_LAYER,
-                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True,
-                                image_span=ImageSpan(inside=True, after=1))
+                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True, image_span=PIXTRAL_SPAN)
+#: Pixtral-12B: LLaVA's class with a Pixtral tower (Mistral 3's, its images of any size) and LLaVA's projector, no
+#: patch merger (each patch one token), a Mistral decoder
+PIXTRAL = replace(MISTRAL3, name="pixtral", classes=LLAVA.classes, projector_parts=LLAVA.projector_parts, tower_type="pixtral")
 
 
 def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
@@ -429,13 +436,16 @@ LLAVA_ONEVISION = TiledLayout("llava_onevision", ("LlavaOnevisionForConditionalG
                               "language_model", None, (("", LLAVA_PROJECTOR),), pack_settings=("vision_aspect_ratio",))
 TILED_LAYOUTS = (LLAVA_NEXT, LLAVA_ONEVISION)
 #: the layouts with an adapter of their own (`qwen.py`, `tiled.py`, `mistral3.py`): their inputs differ from one square image per row
-OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
+OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3, PIXTRAL)
+#: the layouts of the Pixtral tower, images of any size (`mistral3.py`)
+PIXTRAL_LAYOUTS = (MISTRAL3, PIXTRAL)
+#: PIXTRAL before LLAVA: a class's layout of the model's tower type before the one of any (`layout_named`)
+LAYOUTS = (PIXTRAL, LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
 #: the vision-language classes relevancy maps, for messages
-VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
-#: those of the base adapter, `VisionLanguageAdapter`, which the CLI's --image and the server load; not yet the layouts
-#: with an adapter of their own (the Qwen-VL models', LLaVA-NeXT's and OneVision's generations are explained by
-#: `explain_generation` in Python only; Mistral 3's are not)
+VISION_LANGUAGE_CLASSES = ", ".join(dict.fromkeys(name for layout in LAYOUTS for name in layout.classes))
+#: those of the base adapter, `VisionLanguageAdapter`, which the CLI's --image and the server load (Pixtral-12B's too:
+#: LLaVA's class); not yet the layouts with an adapter of their own (the Qwen-VL models', LLaVA-NeXT's, OneVision's
+#: and Mistral 3's generations are explained by `explain_generation` in Python only)
 GENERATING_CLASSES = ", ".join(name for layout in LAYOUTS if layout not in OWN_ADAPTER_LAYOUTS for name in layout.classes)
 
 
@@ -447,8 +457,9 @@ def is_vision_language(model: nn.Module) -> bool:
 
 
 def layout_named(model: nn.Module) -> VisionLanguageLayout | None:
-    """The layout of the model's class, unchecked (None for a class relevancy does not map)."""
-    return next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes), None)
+    """The layout of the model's class and vision tower type, unchecked (None for a class relevancy does not map)."""
+    tower = getattr(getattr(model.config, "vision_config", None), "model_type", None)
+    return next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes and layout.tower_type in (None, tower)), None)
 
 
 def layout_of(model: nn.Module) -> VisionLanguageLayout:
