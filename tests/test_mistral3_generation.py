@@ -14,6 +14,8 @@ import pytest
 import torch
 from PIL import Image
 from test_causal_lm import assert_close_to
+from test_mistral3 import failing_in_the_tower
+from test_qwen_vl_generation import assert_rows_equal_explain, prefix
 from test_model_unchanged import assert_same, snapshot
 from vlm_models import IMAGE_TOKEN, MERGE, MERGES, PATCH, SIZED_IMAGE, build
 from vlm_processor import pixtral_processor
@@ -38,12 +40,6 @@ def processed(text: str = PROMPT, family: str = "mistral3") -> dict[str, torch.T
     return dict(pixtral_processor(MERGES[family])(images=scene(), text=f"[IMG]\n{text}", return_tensors="pt"))
 
 
-def prefix(batch: dict[str, torch.Tensor], ids: torch.Tensor, length: int) -> dict[str, torch.Tensor]:
-    """The processor's output for the first `length` tokens of `ids` (the prompt's image)."""
-    return {"input_ids": ids[:, :length], "attention_mask": torch.ones(1, length, dtype=torch.long),
-            "pixel_values": batch["pixel_values"], "image_sizes": batch["image_sizes"]}
-
-
 @pytest.mark.parametrize("method", ["attnlrp", "cp_lrp", "input_x_gradient"])
 @pytest.mark.parametrize("family", list(MERGES))
 def test_each_tokens_maps_equal_explain_on_its_prefix(family, method):
@@ -57,20 +53,7 @@ def test_each_tokens_maps_equal_explain_on_its_prefix(family, method):
     assert batch["input_ids"][0, :rows * (cols + 1)].tolist() == ([IMAGE_TOKEN] * cols + [93]) * (rows - 1) + [IMAGE_TOKEN] * cols + [94]
     assert isinstance(result, VisionLanguageGenerationExplanation) and result.prompt_length == start
     assert result.scores.shape == (STEPS, start + STEPS) and result.image_scores.shape == (STEPS, *GRID)
-    assert result.image_tokens.tolist() == [t == IMAGE_TOKEN for t in batch["input_ids"][0].tolist()] + [False] * STEPS
-    ids = torch.cat([batch["input_ids"], result.generated_ids[None]], 1)
-    for g in range(STEPS):
-        alone = relevancy.explain(model, prefix(batch, ids, start + g), method=method, target=int(result.generated_ids[g]))
-        assert int(alone.logits[0].argmax()) == int(result.generated_ids[g])  # greedy: generate read the same pixels and sizes
-        assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{family} {method} text {g}", 1e-12)
-        assert_close_to(result.image_scores[g], alone.image_scores[0], f"{family} {method} image {g}", 1e-12)
-        assert (result.scores[g, start + g:] == 0).all()
-        assert torch.allclose(result.logits[g, 0], alone.logits[0, result.generated_ids[g]], rtol=1e-12)
-        if alone.relevance_total is None:
-            assert result.relevance_total is None
-        else:
-            assert torch.allclose(result.relevance_total[g], alone.relevance_total[0], rtol=1e-12)
-    assert not torch.equal(result.image_scores[0], result.image_scores[1])  # each token has a map of its own
+    assert_rows_equal_explain(model, result, batch, f"{family} {method}", 1e-12)
 
 
 def test_token_activation_maps_lie_on_the_patch_grid_and_the_picture_is_the_processors():
@@ -101,17 +84,7 @@ def test_the_model_is_left_as_it_was():
     asked = []  # should_stop answers True at its third question: inside the decoding, the model switched for the call
     with pytest.raises(relevancy.core.cancel.Cancelled):
         relevancy.explain_generation(model, made, PROMPT, image=scene(), max_new_tokens=4, should_stop=lambda: asked.append(1) or len(asked) >= 3)
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("inside the tower")
-
-    layer = model.model.vision_tower.transformer.layers[1]
-    layer.forward = broken
-    try:
-        with pytest.raises(RuntimeError, match="inside the tower"):
-            relevancy.explain_generation(model, made, PROMPT, image=scene(), max_new_tokens=2)
-    finally:
-        del layer.forward
+    failing_in_the_tower(model, lambda: relevancy.explain_generation(model, made, PROMPT, image=scene(), max_new_tokens=2))
     assert_same(before, snapshot(model))
 
 

@@ -2,9 +2,9 @@
 `PixtralVisionModel`: Mistral 3's tower before LLaVA's projector, no patch merger; a 16 x 24 image, its 4 x 6
 patches each a placeholder, the processor's [IMG_BREAK] after each row of them and [IMG_END] after the last): taken by
 its layout, the LLaVA class with another tower by LLaVA's; AttnLRP and CP-LRP equal to lxt's rules composed over the
-whole model, text and pixels, single and padded both ways (tests/golden/vlm_lxt_reference.pt); input x gradient
-equal to autograd through the model's own forward; token ablation equal to a hand loop; the model unchanged after a
-call and after a failure; what is refused, by name. (A batch equal to its rows alone, every method run or refused by
+whole model, text and pixels, single and padded both ways (tests/golden/vlm_lxt_reference.pt); token ablation equal
+to a hand loop; what is refused, by name. (Input x gradient equal to autograd through the model's own forward, the
+model unchanged after a call and after a failure: `test_mistral3.py`.) (A batch equal to its rows alone, every method run or refused by
 name: the family contract, `family_cases.py`; generations: `test_mistral3_generation.py`.)"""
 from __future__ import annotations
 
@@ -13,16 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_causal_lm import assert_close_to
-from test_mistral3 import own_logits
-from test_model_unchanged import assert_same, snapshot
+from test_mistral3 import assert_ablation_by_hand
 from test_vision_language import assert_equals_lxt
-from vlm_models import IMAGE_TOKEN, PATCH, SIZED_IMAGE, alone, build, checksum, embedding_leaf, inputs
+from vlm_models import IMAGE_TOKEN, PATCH, SIZED_IMAGE, build, checksum, inputs
 
 import relevancy
 from relevancy.families import Mistral3VisionLanguageAdapter, adapter_for
 from relevancy.families.base import UnsupportedModelError
-from relevancy.families.causal_lm.adapter import last_real
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "vlm_lxt_reference.pt", weights_only=False)
 GRID = (SIZED_IMAGE[0] // PATCH, SIZED_IMAGE[1] // PATCH)  # the image's 4 x 6 patches, each one placeholder
@@ -48,65 +45,13 @@ def test_lrp_equals_lxt(method):
     assert_equals_lxt(model_of(), GOLDEN["models"]["pixtral"], method, "pixtral")
 
 
-@pytest.mark.parametrize("side", ["right", "left"])
-def test_input_x_gradient_is_autograd_through_the_models_own_forward(side):
-    """The model's own forward from its own inputs: its logits are the explanation's (1e-12), the target's logit
-    differentiated at the token embeddings and the pixels gives relevancy's maps to 1e-10."""
-    model, batch = model_of(), inputs("pixtral", side)
-    explanation = relevancy.explain(model, batch, method="input_x_gradient", target=[7, 9])
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    pixels = batch["pixel_values"].clone().requires_grad_(True)
-    with embedding_leaf(model) as leaf:
-        logits = own_logits(model, batch, pixels)
-    last = last_real(mask)
-    assert_close_to(explanation.logits, logits[torch.arange(2), last].detach(), "the model's own logits", 1e-12)
-    logits[torch.arange(2), last, torch.tensor([7, 9])].sum().backward()
-    text = (leaf["text"] * leaf["text"].grad).sum(-1)
-    assert_close_to(explanation.scores.masked_fill(ids == IMAGE_TOKEN, 0), text.masked_fill(ids == IMAGE_TOKEN, 0), "text", 1e-10)
-    assert_close_to(explanation.pixel_scores, (pixels * pixels.grad).sum(1), "pixels", 1e-10)
-    assert explanation.image_scores.shape == (2, *GRID)
-
-
 def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_hand():
     """Each patch set to 0 (the processor's mean), each text token deleted: a batch padded left, in chunks of 7
     sequences, equal to a hand loop of the model's own forwards on each row alone."""
     model, batch, targets = model_of(), inputs("pixtral", "left"), [5, 7]
     explanation = relevancy.explain(model, batch, method="token_ablation", target=targets, chunk_size=7)
     assert explanation.image_scores.shape == (2, *GRID)
-    with torch.no_grad():
-        for row in range(2):
-            one = alone(batch, row)
-            full = own_logits(model, one)[0, -1, targets[row]]
-            ids = one["input_ids"]
-            for j in range(ids.shape[1]):
-                kept = {**one, "input_ids": torch.cat([ids[:, :j], ids[:, j + 1:]], 1), "attention_mask": torch.ones(1, ids.shape[1] - 1, dtype=torch.long)}
-                drop = 0.0 if ids[0, j] == IMAGE_TOKEN else full - own_logits(model, kept)[0, -1, targets[row]]
-                assert abs(explanation.scores[row, batch["attention_mask"][row].bool()][j] - drop) < 1e-10
-            for r in range(GRID[0]):
-                for c in range(GRID[1]):
-                    pixels = one["pixel_values"].clone()
-                    pixels[..., r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH] = 0
-                    drop = full - own_logits(model, one, pixels)[0, -1, targets[row]]
-                    assert abs(explanation.image_scores[row, r, c] - drop) < 1e-10, (row, r, c)
-
-
-def test_the_model_is_unchanged_after_a_call_and_after_a_failure():
-    model = model_of()
-    before = snapshot(model)
-    relevancy.explain(model, inputs("pixtral"), method="attnlrp")
-    assert_same(before, snapshot(model))
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("inside the tower")
-
-    layer = model.model.vision_tower.transformer.layers[1]
-    layer.forward = broken
-    try:
-        with pytest.raises(RuntimeError, match="inside the tower"):
-            relevancy.explain(model, inputs("pixtral"), method="cp_lrp")
-    finally:
-        del layer.forward
-    assert_same(before, snapshot(model))
+    assert_ablation_by_hand(model, batch, explanation, targets)
 
 
 def test_what_is_refused_by_name():
