@@ -28,8 +28,9 @@ instead, which no earlier word of these prompts is, as none is the last prompt t
 continuation starts with that token). Rounds 1.. are the maps of the generated tokens 1.. . Everything is recorded
 twice: with their `least_squares`, and (`_exact`) with it answering the least-squares scale `<a, b> / <b, b>` that
 their scipy Brent search finds to its tolerance. A case is one entry of `CASES` (the family's name in
-`tests/vlm_models.py` or `tests/qwen_vl_models.py`, its image tokens' grid, a continuation); the Qwen2-VL's prompt
-holds its image between its vision start and end tokens, which their Qwen2-VL demo's special ids locate it by.
+`tests/vlm_models.py` or `tests/qwen_vl_models.py`, its image tokens' grid, a continuation); the Qwen2-VL's, Gemma 3's
+and InternVL's prompts hold the image between its start and end tokens, as their processors write it, which their
+Qwen2-VL demo's special ids locate it by (`ENCLOSED`).
 LLaVA-NeXT's image is two grids, the base tile's and the tiles' (their `vision_shape` as a list, the way their code
 takes several images: normalised together, filtered apart); the newline after each row of the tiles' grid is no
 cell of it, so those positions are taken out of the tokens and the logits their code reads (`NEWLINES`), the choice
@@ -85,16 +86,26 @@ FORWARD_EXTRAS = {"gemma3": lambda ids, _: {"token_type_ids": (ids == IMAGE_TOKE
                   "paligemma": lambda ids, prompt: {"token_type_ids": (torch.arange(ids.shape[1]) >= prompt).long()[None]}}
 
 
+#: the families whose processor writes a token before the image's placeholders and one after (`ImageSpan`'s
+#: before and after), their ids in the tiny models: Gemma 3's begin and end of image (its config's), InternVL's
+#: `<img>` and `</img>` (no config names them)
+ENCLOSED = {"gemma3": (93, 94), "internvl": (93, 94)}
+
+
 def layout(family: str) -> tuple[object, list[int], list[int], dict]:
     """`(the family's models module, the prompt's tokens before PROMPT, the two end tokens, their special_ids)`:
-    LLaVA and the others the image's placeholders alone (`img_id` every placeholder); Qwen2-VL its placeholders
-    between its vision start and end tokens, located by those two as their Qwen2-VL demo does."""
+    LLaVA and the others the image's placeholders alone (`img_id` every placeholder); Qwen2-VL, Gemma 3 and InternVL
+    their placeholders between the image's start and end tokens, located by those two as their Qwen2-VL demo does."""
     if family in qwen_vl_models.FAMILIES:
         start, end = qwen_vl_models.VISION_START, qwen_vl_models.VISION_END
         count = qwen_vl_models.image_tokens()
         return (qwen_vl_models, [start] + [IMAGE_TOKEN] * count + [end], QWEN_END,
                 {"img_id": [start, end], "prompt_id": [end, QWEN_END[1]], "answer_id": [QWEN_END, -1]})
     count = int((vlm_models.inputs(family, lengths=(1,))["input_ids"] == IMAGE_TOKEN).sum())
+    if family in ENCLOSED:
+        start, end = ENCLOSED[family]
+        return (vlm_models, [start] + [IMAGE_TOKEN] * count + [end], END,
+                {"img_id": [start, end], "prompt_id": [end, END[1]], "answer_id": [END, -1]})
     return vlm_models, [IMAGE_TOKEN] * count, END, {"img_id": [IMAGE_TOKEN], "prompt_id": [[IMAGE_TOKEN], END[1]], "answer_id": [END, -1]}
 
 

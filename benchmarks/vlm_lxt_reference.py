@@ -1,6 +1,6 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
 random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL with a Qwen2 and with a
-Llama decoder, LLaVA-NeXT, LLaVA-OneVision, Mistral 3), text and pixel maps, in float64.
+Llama decoder, LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Pixtral-12B's LLaVA), text and pixel maps, in float64.
 
     /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt] [--only FAMILY ...]
 
@@ -36,7 +36,8 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
 - Mistral 3 (`vlm_models.SIZED`): lxt 2.1 has no Mistral map, so its Llama map is carried over to the Mistral classes
   (`carried_llama_map`); the Pixtral tower's patches as the other towers' (attention, its RMSNorms), its gated MLP as
   lxt's Llama map patches one, the projector's RMSNorm by `rms_norm_forward`, the 2-D RoPE, the patch merger's unfold
-  and the Linears plain autograd (`merged_projector_map`); the model's own forward from its pixels and `image_sizes`.
+  and the Linears plain autograd (`pixtral_map`); the model's own forward from its pixels and `image_sizes`;
+  Pixtral-12B's LLaVA (`SIZED` too) likewise, its projector LLaVA's (the GELU's identity rule, the Linears).
 Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
 checksums (not their weights), the inputs, the targets and the maps; padded rows equal single ones to 1e-10 (checked).
 """
@@ -62,7 +63,7 @@ from vlm_models import FAMILIES, PREFIX_FAMILIES, SIZED, TILED, alone, build, ch
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
         "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "internvl": ("qwen2", "internvl"),
         "internvl_rms": ("llama", "internvl"), "llava_next": ("llama", "clip"), "llava_onevision": ("qwen2", "siglip"),
-        "mistral3": ("mistral", "pixtral")}
+        "mistral3": ("mistral", "pixtral"), "pixtral": ("mistral", "pixtral")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 
@@ -93,16 +94,16 @@ def decoder_map(decoder: str, variant: str) -> dict:
     return carried_gemma3_map(decoder, variant) if decoder in ("gemma", "gemma2") else getattr(lxt_models(decoder), variant)
 
 
-def merged_projector_map(variant: str) -> dict:
-    """Mistral 3's Pixtral tower and projector beyond `tower_map`'s patches: the tower's gated MLP as lxt's Llama map
-    patches a gated MLP, the projector's RMSNorm by `rms_norm_forward` (the divisor constant)."""
+def pixtral_map(family: str, variant: str) -> dict:
+    """The Pixtral tower beyond `tower_map`'s patches: its gated MLP as lxt's Llama map patches a gated MLP; Mistral
+    3's projector's RMSNorm by `rms_norm_forward` (the divisor constant; Pixtral-12B's LLaVA projector has none)."""
     lxt_models("llama")
     from lxt.efficient.patches import cp_gated_mlp_forward, gated_mlp_forward, patch_method, rms_norm_forward
     from transformers.models.mistral3.modeling_mistral3 import Mistral3RMSNorm
     from transformers.models.pixtral.modeling_pixtral import PixtralMLP
 
-    return {PixtralMLP: partial(patch_method, gated_mlp_forward if variant == "attnLRP" else cp_gated_mlp_forward),
-            Mistral3RMSNorm: partial(patch_method, rms_norm_forward)}
+    mlp = {PixtralMLP: partial(patch_method, gated_mlp_forward if variant == "attnLRP" else cp_gated_mlp_forward)}
+    return {**mlp, Mistral3RMSNorm: partial(patch_method, rms_norm_forward)} if family == "mistral3" else mlp
 
 
 def tower_map(variant: str, tower_module: object | None = None) -> dict:
@@ -206,7 +207,7 @@ def main() -> None:
         entry = {"checksum": checksum(model), "inputs": data,
                  "targets": {name: run(model, family, batch, None)[0].argmax(-1) for name, batch in data.items()}}
         for variant, key in VARIANTS.items():
-            patches = {**tower_map(variant, tower_module), **(merged_projector_map(variant) if family in SIZED else {})}
+            patches = {**tower_map(variant, tower_module), **(pixtral_map(family, variant) if family in SIZED else {})}
             attention = patches.pop("attention")
             with ExitStack() as stack:
                 stack.enter_context(lxt_applied(decoder_module, decoder_map(decoder, variant)))

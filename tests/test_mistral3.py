@@ -8,6 +8,7 @@ token ablation equal to a hand loop; the model unchanged after a call and after 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from relevancy.families.causal_lm.adapter import last_real
 
 GOLDEN = torch.load(Path(__file__).parent / "golden" / "vlm_lxt_reference.pt", weights_only=False)
 GRID = (SIZED_IMAGE[0] // PATCH, SIZED_IMAGE[1] // PATCH)  # the image's 4 x 6 patches
-model_of = functools.lru_cache(maxsize=None)(lambda: build("mistral3"))
+model_of = functools.lru_cache(maxsize=None)(lambda family="mistral3": build(family))
 
 
 def own_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], pixels: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,10 +56,12 @@ def test_lrp_equals_lxt(method):
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_input_x_gradient_is_autograd_through_the_models_own_forward(side):
+@pytest.mark.parametrize("family", ["mistral3", "pixtral"])
+def test_input_x_gradient_is_autograd_through_the_models_own_forward(family, side):
     """The model's own forward from its own inputs: its logits are the explanation's (1e-12), the target's logit
-    differentiated at the token embeddings and the pixels gives relevancy's maps to 1e-10."""
-    model, batch = model_of(), inputs("mistral3", side)
+    differentiated at the token embeddings and the pixels gives relevancy's maps to 1e-10 (Pixtral-12B's layout
+    too)."""
+    model, batch = model_of(family), inputs(family, side)
     explanation = relevancy.explain(model, batch, method="input_x_gradient", target=[7, 9])
     ids, mask = batch["input_ids"], batch["attention_mask"]
     pixels = batch["pixel_values"].clone().requires_grad_(True)
@@ -103,6 +106,12 @@ def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_h
     model, batch, targets = model_of(), inputs("mistral3", "left"), [5, 7]
     explanation = relevancy.explain(model, batch, method="token_ablation", target=targets, chunk_size=5)
     assert explanation.image_scores.shape == (2, *GRID) and explanation.through_tower and explanation.pixel_scores is None
+    assert_ablation_by_hand(model, batch, explanation, targets)
+
+
+def assert_ablation_by_hand(model: torch.nn.Module, batch: dict[str, torch.Tensor], explanation: object, targets: list[int]) -> None:
+    """Token ablation's scores of the `batch` (two rows) for `targets` within 1e-10 of the model's own forwards on
+    each row alone, each text token deleted, each patch of the `GRID` set to 0."""
     with torch.no_grad():
         for row in range(2):
             one = alone(batch, row)
@@ -120,13 +129,8 @@ def test_token_ablation_equals_occluding_each_patch_and_deleting_each_token_by_h
                     assert abs(explanation.image_scores[row, r, c] - drop) < 1e-10, (row, r, c)
 
 
-def test_the_model_is_unchanged_after_a_call_and_after_a_failure():
-    """Weights, modes, hooks, forwards and the configs' attention as they were after a call, and after a call that
-    fails inside the tower (its error comes through)."""
-    model = model_of()
-    before = snapshot(model)
-    relevancy.explain(model, inputs("mistral3"), method="attnlrp")
-    assert_same(before, snapshot(model))
+def failing_in_the_tower(model: torch.nn.Module, call: Callable[[], object]) -> None:
+    """`call()` while the Pixtral tower's second layer raises: its error comes through, the layer restored after."""
 
     def broken(*args, **kwargs):
         raise RuntimeError("inside the tower")
@@ -135,9 +139,21 @@ def test_the_model_is_unchanged_after_a_call_and_after_a_failure():
     layer.forward = broken
     try:
         with pytest.raises(RuntimeError, match="inside the tower"):
-            relevancy.explain(model, inputs("mistral3"), method="cp_lrp")
+            call()
     finally:
         del layer.forward
+
+
+@pytest.mark.parametrize("family", ["mistral3", "pixtral"])
+def test_the_model_is_unchanged_after_a_call_and_after_a_failure(family):
+    """Weights, modes, hooks, forwards and the configs' attention as they were after a call, and after a call that
+    fails inside the tower (its error comes through); Pixtral-12B's layout too."""
+    model = build(family)
+    relevancy.explain(model, inputs(family), method="input_x_gradient")  # transformers' own first-run hooks
+    before = snapshot(model)
+    relevancy.explain(model, inputs(family), method="attnlrp")
+    assert_same(before, snapshot(model))
+    failing_in_the_tower(model, lambda: relevancy.explain(model, inputs(family), method="cp_lrp"))
     assert_same(before, snapshot(model))
 
 

@@ -13,6 +13,7 @@ import torch
 from bimodal_golden import assert_same, snapshot
 from test_causal_lm import assert_close_to, build as build_decoder
 from test_vision_language_generation import GivenInputs
+import vlm_models
 from vlm_models import build, checksum, inputs
 from vlm_processor import picture
 
@@ -157,6 +158,48 @@ def test_the_model_is_left_as_it_was(models):
     finally:
         handle.remove()
     assert_same(before, snapshot(model))
+
+
+def enclosed(batch: dict[str, torch.Tensor], start: int, end: int) -> dict[str, torch.Tensor]:
+    """`vlm_models.inputs` (one image of placeholders a row) with `start` put right before each row's placeholders
+    and `end` right after them, as InternVL's processor writes `<img>` and `</img>`."""
+    image = (batch["input_ids"][0] == vlm_models.IMAGE_TOKEN).nonzero()[:, 0]  # at the same place in every row: padded right
+    first, last = int(image[0]), int(image[-1]) + 1
+    put = lambda rows, a, b: torch.cat([rows[:, :first], torch.full((len(rows), 1), a), rows[:, first:last], torch.full((len(rows), 1), b), rows[:, last:]], 1)  # noqa: E731
+    return {**batch, "input_ids": put(batch["input_ids"], start, end), "attention_mask": put(batch["attention_mask"], 1, 1)}
+
+
+@pytest.mark.parametrize("family", ["mistral3", "internvl", "qwen2_vl"])
+def test_the_images_delimiters_are_no_words(family):
+    """The tokens a processor writes around and among the image's placeholders, known by their place (Mistral 3's
+    [IMG_BREAK] after each row of placeholders and [IMG_END] after the last; InternVL's `<img>` right before the
+    first and `</img>` right after the last, 93 and 94 here; Qwen2-VL's vision start and end), are left out of TAM's
+    words: its history's text positions are every real token but the placeholders and those, and their scores are
+    0. Qwen2-VL's are known by their config's ids too: a text prompt, whose processor writes no vision start and
+    end, loses no word."""
+    from relevancy.families import adapter_for
+    from relevancy.methods.activation import history
+
+    model = build_case(family)
+    batch = (qwen_vl_models if family == "qwen2_vl" else vlm_models).inputs(family)
+    edges = (qwen_vl_models.VISION_START, qwen_vl_models.VISION_END) if family == "qwen2_vl" else (93, 94)
+    if family == "internvl":
+        batch = enclosed(batch, *edges)
+    adapter = adapter_for(model)
+    checked = adapter.check_inputs(batch)
+    ids, real = checked.input_ids, checked.attention_mask.bool()
+    delimiter = torch.isin(ids, torch.tensor(edges)) & real
+    assert delimiter.sum(1).tolist() == [2, 2]
+    hidden = torch.zeros(ids.shape[1], model.config.get_text_config().hidden_size, dtype=torch.float64)  # the positions alone are read
+    for row in range(2):
+        read = history(adapter, hidden, ids[row], real[row], ids.shape[1], adapter.image_token_grids(checked))
+        assert read.text.tolist() == (real[row] & (ids[row] != adapter.image_token) & ~delimiter[row]).nonzero()[:, 0].tolist()
+    tam = relevancy.explain(model, batch, method="token_activation_map")
+    assert (tam.scores[delimiter] == 0).all() and (tam.scores[real & ~delimiter & (ids != adapter.image_token)] > 0).any()
+    if family == "qwen2_vl":  # a text prompt: the processor writes the placeholders alone, the tokens around them are words
+        words = ids.masked_fill(delimiter, 7)
+        read = history(adapter, hidden, words[0], real[0], ids.shape[1], adapter.image_token_grids(checked))
+        assert read.text.tolist() == (real[0] & (ids[0] != adapter.image_token)).nonzero()[:, 0].tolist()
 
 
 def test_bad_options_and_targets_are_named(models):

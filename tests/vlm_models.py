@@ -1,4 +1,4 @@
-"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL, Mistral 3) and their inputs, built from fixed seeds
+"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL, Mistral 3, Pixtral-12B's LLaVA) and their inputs, built from fixed seeds
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ EXTRA = {"llava_siglip": (24, 16)}
 TILED = {"llava_next": (40, 70), "llava_onevision": (41, 31)}
 PINPOINTS = [[32, 32], [16, 32], [32, 16]]
 IMAGE_SIZE, TILES = (24, 32), 5
-#: images of their own size (`image_sizes`), their own tests (`test_mistral3.py`): Mistral 3's 16 x 24 image, a 4 x 6
-#: patch grid merged 2 x 2 into 2 x 3 placeholders, the processor's [IMG_BREAK] (93) after each row of them and
-#: [IMG_END] (94) after the last
-SIZED = {"mistral3": (42, 6)}
+#: images of their own size (`image_sizes`), their own tests (`test_mistral3.py`, `test_pixtral.py`): Mistral 3's 16 x
+#: 24 image, a 4 x 6 patch grid merged 2 x 2 into 2 x 3 placeholders (Pixtral-12B's LLaVA: unmerged, 4 x 6), the
+#: processor's [IMG_BREAK] (93) after each row of them and [IMG_END] (94) after the last
+SIZED = {"mistral3": (42, 6), "pixtral": (43, 24)}
 SIZED_IMAGE, MERGE = (16, 24), 2
+#: each sized family's merge (k x k patches a placeholder)
+MERGES = {"mistral3": MERGE, "pixtral": 1}
 
 
 def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, image_edges: tuple[int, int] = (93, 94)
@@ -61,9 +63,13 @@ def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, ima
                                                  image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-1,
                                                  vision_feature_select_strategy="full", image_grid_pinpoints=PINPOINTS,
                                                  vision_aspect_ratio="anyres_max_1")
-    if family == "mistral3":  # a Pixtral tower (RMSNorm, 2-D RoPE), the merged projector, a Mistral decoder
+    if family in SIZED:  # a Pixtral tower (RMSNorm, 2-D RoPE), the merged projector (Pixtral-12B: LLaVA's), a Mistral decoder
         vision = transformers.PixtralVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                                                   image_size=SIDE * 2, patch_size=PATCH, head_dim=8, initializer_range=0.2)
+        if family == "pixtral":  # Pixtral-12B's settings: the last layer's every patch token
+            return transformers.LlavaConfig(vision_config=vision, text_config=transformers.MistralConfig(**text, head_dim=8),
+                                            image_token_id=image_token, projector_hidden_act="gelu", vision_feature_layer=-1,
+                                            vision_feature_select_strategy="full")
         return transformers.Mistral3Config(vision_config=vision, text_config=transformers.MistralConfig(**text, head_dim=8),
                                            image_token_index=image_token, spatial_merge_size=MERGE, vision_feature_layer=-1)
     if family == "llava_siglip":  # the last layer's patch tokens, all kept (there is no [CLS])
@@ -132,7 +138,7 @@ def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), 
     images = {**FAMILIES, **EXTRA, **TILED, **SIZED}[family][1]
     start = [IMAGE_TOKEN] * images + [1] if family in PREFIX_FAMILIES else [1] + [IMAGE_TOKEN] * images
     if family in SIZED:  # each row of merged tokens closed by [IMG_BREAK], the last by [IMG_END]
-        per_row = SIZED_IMAGE[1] // (PATCH * MERGE)
+        per_row = SIZED_IMAGE[1] // (PATCH * MERGES[family])
         start = [1] + [token for row in range(images // per_row) for token in [IMAGE_TOKEN] * per_row + [93 if row < images // per_row - 1 else 94]]
     rows = [torch.cat([torch.tensor(start), torch.randint(2, 90, (n,), generator=generator)]) for n in lengths]
     ids, mask = padded(rows, side)

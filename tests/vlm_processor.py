@@ -1,5 +1,5 @@
 """An offline processor for the tiny random LLaVA of `vlm_models.py` (and LLaVA-NeXT's and LLaVA-OneVision's,
-`tiled_processor`): a
+`tiled_processor`; Mistral 3's, `pixtral_processor`): a
 word-level tokenizer over a small vocabulary (its image placeholder `<image>` at `IMAGE_TOKEN`), CLIP's image
 processor at the tower's size, and pictures of coloured squares; `saved_llava` writes model and processor to a folder as `save_pretrained` does."""
 from __future__ import annotations
@@ -70,6 +70,16 @@ def qwen_processor(family: str = "qwen2_vl") -> transformers.ProcessorMixin:
                          "qwen2_5_vl": (transformers.Qwen2_5_VLProcessor, transformers.Qwen2VLVideoProcessor),
                          "qwen3_vl": (transformers.Qwen3VLProcessor, transformers.Qwen3VLVideoProcessor)}[family]
     return processor(image_processor=transformers.Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer(named), video_processor=videos(**sizes))
+
+
+def pixtral_processor(merge: int) -> transformers.PixtralProcessor:
+    """The tiny Mistral 3's (merge 2) or Pixtral's (merge 1) processor: `[IMG]` at `IMAGE_TOKEN`, `[IMG_BREAK]` (93) after
+    each row of placeholders and `[IMG_END]` (94) after the last, images up to 24 pixels a side cut to whole merged
+    patches, a [-1, 1] normalisation."""
+    images = transformers.PixtralImageProcessor(size={"longest_edge": 24}, patch_size={"height": PATCH * merge, "width": PATCH * merge},
+                                                image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    words = tokenizer({93: "[IMG_BREAK]", 94: "[IMG_END]", IMAGE_TOKEN: "[IMG]"})
+    return transformers.PixtralProcessor(image_processor=images, tokenizer=words, patch_size=PATCH, spatial_merge_size=merge)
 
 
 def picture(seed: int = 0) -> Image.Image:

@@ -345,7 +345,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
     A vision-language decoder (LLaVA, Gemma 3, Idefics3, PaliGemma, InternVL, the Qwen-VL models, LLaVA-NeXT and
-    OneVision) generates about
+    OneVision, Mistral 3) generates about
     `image` (one image: a PIL image, an image file's path, or an array (H, W, C) or tensor (C, H, W); a list, a
     0-size or non-finite image is refused), the processor given in place of the tokenizer and one text prompt (holding the image token once;
     the image's placeholder token put first where the prompt does not hold it) or chat messages (through the

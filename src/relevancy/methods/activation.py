@@ -94,7 +94,7 @@ def history(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: tor
     image = (ids == adapter.image_token) & real
     placeholders = image.nonzero()[:, 0]
     grid = placeholders[torch.cat([cells for cells, _ in grids]).to(placeholders.device)]
-    delimiter = torch.isin(ids, torch.tensor(adapter.image_delimiters, dtype=ids.dtype, device=ids.device))
+    delimiter = adapter.image_delimiters(ids, image)
     text = (~image & ~delimiter & real).nonzero()[:, 0]
     following = ids.roll(-1)[text]  # the next token (the last position's, wrapped round, is never read)
     stands_for = torch.where(text >= prompt_length, following, ids[text])

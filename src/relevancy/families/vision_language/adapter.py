@@ -40,8 +40,6 @@ from .layouts import (
 )
 from .rules import IMAGE, rule_map
 
-#: the config's ids of the tokens around an image's placeholders
-DELIMITERS = ("vision_start_token_id", "vision_end_token_id", "boi_token_index", "eoi_token_index")
 #: what a processor's output may hold (token_type_ids: Gemma 3's, made again from the placeholder tokens; PaliGemma's
 #: prefix, read as given; labels: PaliGemma's training targets, which it always writes and no method reads)
 PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "pixel_attention_mask", "token_type_ids", "mm_token_type_ids", "labels")
@@ -86,9 +84,13 @@ class VisionLanguageAdapter(CausalLMAdapter):
         self.ruled = [*self.decoder_ruled, *self.vision.ruled(model)]
         self.image_token = int(model.config.image_token_id)
         self.first_position = self.vision.first_position
-        #: the tokens that open and close an image's placeholders (Qwen2-VL's vision start and end, Gemma 3's begin
-        #: and end of image): part of the image's span, not words of the text (TAM leaves them out of its text)
-        self.image_delimiters = tuple(int(getattr(model.config, name)) for name in DELIMITERS if getattr(model.config, name, None) is not None)
+
+    def image_delimiters(self, ids: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """The tokens around and among one sequence's image placeholders `image` `(N,)` (bool) of its tokens `ids`
+        `(N,)` that are the image's own (the layout's `image_span`: Qwen2-VL's vision start and end, Gemma 3's begin
+        and end of image, InternVL's `<img>` and `</img>`, Mistral 3's `[IMG_BREAK]` and `[IMG_END]`): part of the
+        image's span, not words of the text (TAM leaves them out of its text)."""
+        return self.vision.image_span.delimiters(ids, image, self.model.config)
 
     @staticmethod
     def image_separator(model: nn.Module) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -90,6 +90,44 @@ TOWER_LINEAR = Part("a Linear from the tower's width", lambda module, width: isi
 
 
 @dataclass(frozen=True)
+class ImageSpan:
+    """Which tokens around and among an image's placeholders are the image's own: `before` tokens right before the
+    first placeholder (Qwen2-VL's vision start, Gemma 3's begin of image, InternVL's `<img>`), `after` right after the
+    last (their ends, Mistral 3's `[IMG_END]`), and with `inside` every other token between the first and the last
+    (Mistral 3's `[IMG_BREAK]` after each row of placeholders). Known by their place, as the processor writes them
+    (InternVL's and Mistral 3's configs name no id for them); `named`: the config's ids of the tokens before and
+    after where it names them, which alone are the image's there (Qwen2-VL's processor writes the placeholders
+    only, its chat template the tokens around them). They delimit the image and are no words of the text."""
+
+    before: int = 0
+    inside: bool = False
+    after: int = 0
+    named: tuple[str, ...] = ()
+
+    def delimiters(self, ids: torch.Tensor, image: torch.Tensor, config: Any) -> torch.Tensor:
+        """The image's own tokens other than its placeholders `(N,)` (bool) in one sequence of tokens `ids` `(N,)`
+        whose placeholders are `image` `(N,)` (bool), of a model of `config`; none where it holds no placeholder."""
+        found = torch.zeros_like(image)
+        where = image.nonzero()[:, 0]
+        if not len(where):
+            return found
+        first, last = int(where[0]), int(where[-1])
+        found[max(first - self.before, 0):first] = True
+        found[last + 1:last + 1 + self.after] = True
+        if self.inside:
+            found[first:last] = ~image[first:last]
+        if self.named:
+            known = [int(value) for name in self.named if (value := getattr(config, name, None)) is not None]
+            found &= torch.isin(ids, torch.tensor(known, dtype=ids.dtype, device=ids.device))
+        return found
+
+
+#: Qwen2-VL's vision start and end, where the prompt holds them; Gemma 3's begin and end of image
+QWEN_SPAN = ImageSpan(before=1, after=1, named=("vision_start_token_id", "vision_end_token_id"))
+GEMMA3_SPAN = ImageSpan(before=1, after=1, named=("boi_token_index", "eoi_token_index"))
+
+
+@dataclass(frozen=True)
 class VisionLanguageLayout:
     """One vision-language layout: the classes it maps, the attribute of the tower, of the projector and of the
     bare decoder on the model's inner `model`, and the projector's ruled parts (path on the projector, "" for itself; the other
@@ -127,6 +165,11 @@ class VisionLanguageLayout:
     feature_layer: bool = False
     #: the processor's setting that gives one image per row, named where `pixel_values` hold more
     one_image: str = ""
+    #: the tokens the processor writes around and among the image's placeholders (none: LLaVA's, PaliGemma's)
+    image_span: ImageSpan = ImageSpan()
+    #: the vision config's `model_type` this layout maps among its classes' (None: any; Pixtral-12B's LLaVA class
+    #: with a Pixtral tower is a layout of its own, `PIXTRAL`)
+    tower_type: str | None = None
 
     def transformer(self, model: nn.Module) -> nn.Module:
         """The vision transformer of the tower (`vision_model` inside a `...VisionModel`, else the tower)."""
@@ -214,7 +257,7 @@ LLAVA = VisionLanguageLayout("llava", ("LlavaForConditionalGeneration",), "visio
                              (("", LLAVA_PROJECTOR),), feature_layer=True)
 GEMMA3 = VisionLanguageLayout("gemma3", ("Gemma3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                               lambda config, prefix: config.mm_tokens_per_image,  # the patches average-pooled
-                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),), token_types="images")
+                              (("mm_soft_emb_norm", ONE_PLUS_RMS_NORM),), token_types="images", image_span=GEMMA3_SPAN)
 #: PaliGemma 1 and 2: SigLIP's patch tokens through one Linear, a Gemma or Gemma 2 decoder over a bidirectional prefix
 PALIGEMMA = VisionLanguageLayout("paligemma", ("PaliGemmaForConditionalGeneration",), "vision_tower", "multi_modal_projector",
                                  "language_model", lambda config, prefix: patch_count(config), (("linear", TOWER_LINEAR),),
@@ -227,7 +270,7 @@ INTERNVL = VisionLanguageLayout("internvl", ("InternVLForConditionalGeneration",
                                 lambda config, prefix: round(patch_count(config) * config.downsample_ratio ** 2),  # pixel shuffle
                                 (("layer_norm", SHUFFLED_LAYER_NORM), ("", NORMED_PROJECTOR)), layers="encoder.layer", layer=INTERNVIT_LAYER,
                                 residual=INTERNVIT_RESIDUAL, norms=("layernorm",), feature_layer=True,
-                                one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)")
+                                one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)", image_span=ImageSpan(before=1, after=1))
 
 
 def _fits_merged_projector(module: nn.Module, width: int) -> bool:
@@ -253,9 +296,14 @@ PIXTRAL_LAYER = (("attention_norm", (RMS_NORM,)), ("attention", (PIXTRAL_ATTENTI
 PIXTRAL_RESIDUAL = Residual("attention", "feed_forward", before_attention="attention_norm", before_mlp="ffn_norm")
 #: Mistral 3 (Mistral Small 3.1 / 3.2): a Pixtral tower (RMSNorms, 2-D RoPE, images of any size, `image_sizes`), the
 #: merged projector, a Mistral decoder; the image's token count comes from its size (`mistral3.py`)
+#: what the Pixtral tower's processor writes: `[IMG_BREAK]` after each row of placeholders, `[IMG_END]` after the last
+PIXTRAL_SPAN = ImageSpan(inside=True, after=1)
 MISTRAL3 = VisionLanguageLayout("mistral3", ("Mistral3ForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                                 None, (("norm", RMS_NORM), ("", MERGED_PROJECTOR)), layers="transformer.layers", layer=PIXTRAL_LAYER,
-                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True)
+                                residual=PIXTRAL_RESIDUAL, norms=("ln_pre",), norm=RMS_NORM, feature_layer=True, image_span=PIXTRAL_SPAN)
+#: Pixtral-12B: LLaVA's class with a Pixtral tower (Mistral 3's, its images of any size) and LLaVA's projector, no
+#: patch merger (each patch one token), a Mistral decoder
+PIXTRAL = replace(MISTRAL3, name="pixtral", classes=LLAVA.classes, projector_parts=LLAVA.projector_parts, tower_type="pixtral")
 
 
 def _fits_merger_mlp(module: nn.Module, width: int) -> bool:
@@ -355,9 +403,9 @@ class QwenVisionLayout(VisionLanguageLayout):
 
 #: Qwen2-VL's vision MLP (Qwen2.5-VL's is SwiGLU, the decoders' `GATED_MLP`)
 QWEN2_VL_MLP = Part("an MLP fc2(act(fc1(x)))", fits_plain_mlp("fc1", "fc2", "act"), plain_mlp("fc1", "fc2", "act"))
-QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "visual", "visual", "language_model", None,
+QWEN2_VL = QwenVisionLayout("qwen2_vl", ("Qwen2VLForConditionalGeneration",), "visual", "visual", "language_model", None, image_span=QWEN_SPAN,
                             block=(("norm1", (LAYER_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (LAYER_NORM,)), ("mlp", (QWEN2_VL_MLP,))))
-QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None,
+QWEN2_5_VL = QwenVisionLayout("qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "visual", "visual", "language_model", None, image_span=QWEN_SPAN,
                               block=(("norm1", (RMS_NORM,)), ("attn", (FUSED_VISION_ATTENTION,)), ("norm2", (RMS_NORM,)), ("mlp", (GATED_MLP,))),
                               merger=(("ln_q", (RMS_NORM,)), ("mlp", (MERGER_MLP,))))
 #: Qwen3-VL's vision MLP `linear_fc2(act_fn(linear_fc1(x)))` (a tanh GELU)
@@ -366,7 +414,7 @@ QWEN3_VL_MLP = Part("an MLP linear_fc2(act_fn(linear_fc1(x)))", fits_plain_mlp("
 #: Qwen3-VL (a Qwen3 decoder) and Qwen3-VL-MoE (a Qwen3-MoE one): Qwen2-VL's blocks with their own MLP, the mergers
 #: `STACKED_MERGER`, DeepStack's among them
 QWEN3_VL = QwenVisionLayout("qwen3_vl", ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"), "visual", "visual",
-                            "language_model", None, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
+                            "language_model", None, image_span=QWEN_SPAN, block=(*QWEN2_VL.block[:3], ("mlp", (QWEN3_VL_MLP,))),
                             merger=(("norm", (LAYER_NORM,)), ("", (STACKED_MERGER,))), deepstack="deepstack_merger_list")
 QWEN_LAYOUTS = (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)
 
@@ -388,10 +436,13 @@ LLAVA_ONEVISION = TiledLayout("llava_onevision", ("LlavaOnevisionForConditionalG
                               "language_model", None, (("", LLAVA_PROJECTOR),), pack_settings=("vision_aspect_ratio",))
 TILED_LAYOUTS = (LLAVA_NEXT, LLAVA_ONEVISION)
 #: the layouts with an adapter of their own (`qwen.py`, `tiled.py`, `mistral3.py`): their inputs differ from one square image per row
-OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
-LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
+OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3, PIXTRAL)
+#: the layouts of the Pixtral tower, images of any size (`mistral3.py`)
+PIXTRAL_LAYOUTS = (MISTRAL3, PIXTRAL)
+#: PIXTRAL before LLAVA: a class's layout of the model's tower type before the one of any (`layout_named`)
+LAYOUTS = (PIXTRAL, LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
 #: the vision-language classes relevancy maps, for messages
-VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
+VISION_LANGUAGE_CLASSES = ", ".join(dict.fromkeys(name for layout in LAYOUTS for name in layout.classes))
 
 
 def is_vision_language(model: nn.Module) -> bool:
@@ -402,8 +453,9 @@ def is_vision_language(model: nn.Module) -> bool:
 
 
 def layout_named(model: nn.Module) -> VisionLanguageLayout | None:
-    """The layout of the model's class, unchecked (None for a class relevancy does not map)."""
-    return next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes), None)
+    """The layout of the model's class and vision tower type, unchecked (None for a class relevancy does not map)."""
+    tower = getattr(getattr(model.config, "vision_config", None), "model_type", None)
+    return next((layout for layout in LAYOUTS if type(model).__name__ in layout.classes and layout.tower_type in (None, tower)), None)
 
 
 def layout_of(model: nn.Module) -> VisionLanguageLayout:

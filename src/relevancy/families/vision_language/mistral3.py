@@ -2,7 +2,8 @@
 gated MLP, 2-D RoPE over the patches' rows and columns, images of any size given by `image_sizes`, the images of a
 call in one sequence under a block-diagonal mask), its projector (an RMSNorm, the patch merger: k x k neighbouring
 patches unfolded side by side into one Linear, then LLaVA's MLP) and a Mistral decoder; what differs from the other
-layouts is `layouts.MISTRAL3`'s.
+layouts is `layouts.MISTRAL3`'s. Pixtral-12B (`LlavaForConditionalGeneration` with a `PixtralVisionModel` tower) is
+the same tower before LLaVA's projector, no merger (k = 1): `layouts.PIXTRAL`.
 
 Inputs are the processor's output (`input_ids` with the image's `[IMG]` placeholders, one per merged token, the
 processor's `[IMG_BREAK]` after each row of them and `[IMG_END]` after the last, which are text tokens;
@@ -15,31 +16,38 @@ pixels' relevance summed over the channels (`pixel_scores`) and per patch on the
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .adapter import MergedGridAdapter
 from .batch import SizedImageTextTokens
-from .layouts import MISTRAL3, is_vision_language, layout_named
+from ..base import UnsupportedModelError
+from .layouts import MISTRAL3, PIXTRAL_LAYOUTS, is_vision_language, layout_named
 
 #: what a Mistral 3 (Pixtral) processor's output may hold
 MISTRAL3_PROCESSOR_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_sizes")
 
 
 class Mistral3VisionLanguageAdapter(MergedGridAdapter):
-    family = "Mistral 3 vision-language decoder"
+    family = "Mistral 3 / Pixtral vision-language decoder"
     #: attnlrp, cp_lrp, input_x_gradient reach the pixels through tower and projector, token_ablation occludes the
     #: image's patches; raw_attention, rollout, attention_gradcam read the decoder's attention only and
     #: token_activation_map its logits at every position, the image's tokens laid back on the patch grid (the
-    #: tower-token methods and generations are refused by name)
+    #: tower-token methods are refused by name); generations with those of one forward (`methods_generating`)
     methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
                "token_activation_map")
-    generates = False
-    layouts = (MISTRAL3,)
-    examples = "transformers " + ", ".join(MISTRAL3.classes)
+    generates = True
+    layouts = PIXTRAL_LAYOUTS
+    examples = "transformers " + ", ".join(MISTRAL3.classes) + ", LlavaForConditionalGeneration with a PixtralVisionModel tower (Pixtral-12B)"
 
     def __init__(self, model: nn.Module) -> None:
         self.mapped(model)  # the Pixtral tower and projector, the Mistral decoder
-        self.patch, self.merge = int(model.config.vision_config.patch_size), int(model.config.spatial_merge_size)
+        strategy = getattr(model.config, "vision_feature_select_strategy", "full")  # LLaVA's (Pixtral-12B's "full")
+        if strategy != "full":
+            raise UnsupportedModelError(f"cannot map {type(model).__name__} with a Pixtral tower and vision_feature_select_strategy "
+                                        f"{strategy!r}: the tower has no [CLS] to crop; relevancy maps 'full' (Pixtral-12B's)")
+        self.patch = int(model.config.vision_config.patch_size)
+        self.merge = int(getattr(model.config, "spatial_merge_size", 1))  # LLaVA's projector merges none
         self.image_prefix = 0  # every image token is a cell of the merged grid
 
     @classmethod
@@ -72,3 +80,7 @@ class Mistral3VisionLanguageAdapter(MergedGridAdapter):
         """The image's own patch grid `(H / P, W / P)` (one size per batch, `check_inputs`)."""
         height, width = inputs.image_size
         return height // self.patch, width // self.patch
+
+    def decoding_inputs(self, inputs: SizedImageTextTokens) -> dict[str, torch.Tensor]:
+        """What the model's `generate` reads besides the token ids and their mask: the pixels and `image_sizes`."""
+        return {"pixel_values": inputs.pixel_values, "image_sizes": inputs.image_sizes}
