@@ -24,11 +24,11 @@ WINDOW = 3
 @dataclass(frozen=True)
 class History:
     """What one sequence's TAM reads for every token it explains: the positions of the image's grid tokens (laid out
-    `grid_shape`, rows x columns) and of the text tokens (real, neither the image's nor its delimiters), and per text position the token its map is left out for (`keys`) and
+    `grid_shape`, rows x columns, or tiles x rows x columns) and of the text tokens (real, neither the image's nor its delimiters), and per text position the token its map is left out for (`keys`) and
     that map, the clipped logit of the token it stands for at each grid token (`maps` `(grid, text)`)."""
 
     grid: torch.Tensor
-    grid_shape: tuple[int, int]
+    grid_shape: tuple[int, ...]
     text: torch.Tensor
     keys: torch.Tensor
     maps: torch.Tensor
@@ -82,7 +82,7 @@ def token_activation_generation(adapter: Adapter, ids: torch.Tensor, mask: torch
 
 
 def history(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: torch.Tensor, prompt_length: int,
-            grid_shape: tuple[int, int]) -> History:
+            grid_shape: tuple[int, ...]) -> History:
     """One sequence's `History` (`hidden` `(N, D)` its last hidden states, `ids` and `real` `(N,)` its tokens and real
     ones; the generated tokens start at `prompt_length`; `grid_shape` the image tokens' rows and columns). Which token a text position stands for is the authors'
     bookkeeping: a prompt token its own id (the first one the model's prediction there, the argmax of its logits), a
@@ -141,12 +141,13 @@ def without_interference(on_image: torch.Tensor, on_text: torch.Tensor, maps: to
 
 
 def rank_gaussian_filter(grid: torch.Tensor) -> torch.Tensor:
-    """The authors' rank Gaussian filter on a `(rows, cols)` map: each cell's 3 x 3 window (reflected at the edges)
+    """The authors' rank Gaussian filter on a `(rows, cols)` map (several `(n, rows, cols)`: each on its own, InternVL's
+    tiles): each cell's 3 x 3 window (reflected at the edges)
     sorted, weighted by a Gaussian over the ranks centred on the median whose width is the window's coefficient of
     variation (std / mean), 0 where the window's mean is not positive; a constant window keeps its value (the limit
     of a vanishing width, where the authors' code divides 0 by 0)."""
-    padded = F.pad(grid[None, None], (WINDOW // 2,) * 4, mode="reflect")
-    ranked = F.unfold(padded, WINDOW)[0].T.sort(-1).values  # (cells, 9)
+    padded = F.pad(grid.reshape(-1, 1, *grid.shape[-2:]), (WINDOW // 2,) * 4, mode="reflect")
+    ranked = F.unfold(padded, WINDOW).transpose(1, 2).reshape(-1, WINDOW ** 2).sort(-1).values  # (cells, 9)
     mean = ranked.mean(-1, keepdim=True)
     sigma = ranked.std(-1, correction=0, keepdim=True) / mean
     offsets = torch.arange(WINDOW ** 2, dtype=grid.dtype, device=grid.device) - WINDOW ** 2 // 2
