@@ -141,6 +141,50 @@ def test_raw_attention_lays_each_tiles_tokens_back_by_hand():
     assert torch.allclose(total, torch.ones((), dtype=torch.float64))
 
 
+def test_generic_attention_through_each_tile_equals_the_naive_rule():
+    """generic_attention carried into the tower, tile by tile: each row of a batch padded left equals the ICCV'21
+    rule's full matrices from the model's own eager forward on the row alone (`test_vision_language_tower.rule`):
+    the decoder's row at each tile's 2 x 2 tokens laid on its 2 x 2 blocks of patches (InternViT's [CLS] cropped, 0)
+    and multiplied through that tile's own tower matrix; the tiles laid by hand, to 1e-6 of each map's maximum (the
+    naive side reads Qwen2's stock eager attention, whose softmax runs in float32: 8e-8 measured)."""
+    from test_vision_language_tower import rule
+
+    batch, targets = inputs(FAMILY, "left"), [5, 7]
+    explanation = relevancy.explain(model(), batch, method="generic_attention", target=targets)
+    own = copy.deepcopy(model())
+    own.set_attn_implementation("eager")
+    adapter = adapter_for(own)
+    for row in range(2):
+        one = alone(batch, row)
+        found: dict[str, list[torch.Tensor]] = {"tower": [], "decoder": []}
+        hooks = [attention.register_forward_hook(lambda _m, _i, out, key=key: found[key].append(out[1]))
+                 for key, attentions in (("tower", [layer.attention for layer in adapter.vision.tower_layers(own)]),
+                                         ("decoder", [block.self_attn for block in adapter.blocks])) for attention in attentions]
+        logit = own(input_ids=one["input_ids"], pixel_values=one["pixel_values"]).logits[0, -1, targets[row]]
+        for hook in hooks:
+            hook.remove()
+        layers = len(found["tower"])
+        gradients = torch.autograd.grad(logit, found["tower"] + found["decoder"])
+        decoder = rule(found["decoder"], gradients[layers:])[-1]
+        image = one["input_ids"][0] == IMAGE_TOKEN
+        tokens = decoder[image].view(INTERN_TILES, 2, 2).repeat_interleave(2, 1).repeat_interleave(2, 2).flatten(1) / 4
+        tiles = torch.stack([(torch.cat([torch.zeros(1, dtype=torch.float64), tokens[t]])
+                              @ rule([a[t:t + 1] for a in found["tower"]], [g[t:t + 1] for g in gradients[:layers]]))[1:].view(4, 4)
+                             for t in range(INTERN_TILES)])
+        grid, thumbnail = laid_by_hand(tiles[None])
+        assert_close_to(explanation.image_scores[row], grid[0], f"row {row} grid", 1e-6)
+        assert_close_to(explanation.base_scores[row], thumbnail[0], f"row {row} thumbnail", 1e-6)
+        assert_close_to(explanation.scores[row, batch["attention_mask"][row].bool()], decoder.masked_fill(image, 0), f"row {row} text", 1e-6)
+
+
+def test_transformer_attribution_conserves_over_the_tiles():
+    """transformer_attribution's relevance total counts every tile's tower input beside the text: 1 under the
+    paper's rules (to 1e-6)."""
+    explanation = relevancy.explain(model(), inputs(FAMILY), method="transformer_attribution")
+    assert torch.allclose(explanation.relevance_total, torch.ones(2, dtype=torch.float64), atol=1e-6)
+    assert explanation.through_tower and bool((explanation.image_scores != 0).any())
+
+
 def own_logit(row: dict[str, torch.Tensor], target: int) -> float:
     with torch.no_grad():
         return float(model()(input_ids=row["input_ids"], pixel_values=row["pixel_values"], use_cache=False).logits[0, -1, target])

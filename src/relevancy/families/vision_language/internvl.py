@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from ...core.streams import Feed
 from ..causal_lm.adapter import CausalLMAdapter
 from .adapter import VisionLanguageAdapter
 from .batch import TileGridTokens
@@ -107,6 +109,11 @@ class InternVLAdapter(VisionLanguageAdapter):
     def model_pixels(pixels: torch.Tensor) -> torch.Tensor:
         """The rows' tiles `(R, tiles, C, H, W)` one after the other, as the model takes them: `(R * tiles, C, H, W)`."""
         return pixels.flatten(0, 1)
+
+    def feeds(self, inputs: TileGridTokens) -> list[Feed]:
+        """The tower's feed of the image's tokens (`VisionLanguageAdapter.feeds`), each row's from its tiles, which the
+        tower runs one after the other."""
+        return [replace(feed, tiles=inputs.pixel_values.shape[1]) for feed in super().feeds(inputs)]
 
     def patch_grid(self, inputs: TileGridTokens) -> tuple[int, int]:
         """Token ablation's units: every tile's patches, the tiles' grids one under the other `(tiles * side, side)`."""
