@@ -28,7 +28,10 @@ class VisionLanguageExplanation(DecoderExplanation):
     grid through the projector's token layout, without passing through the tower (no `pixel_scores` then).
     LLaVA-NeXT and OneVision (tiled images, `tiled.py`): `image_scores` the tiles' map on the grid the model lays
     their features on, unpadded to the image's aspect; `base_scores` `(B, side, side)` the base tile's (the image downscaled to one
-    tile) on the tower's patch grid; `pixel_scores` `(B, tiles, H, W)` per tile, the base tile first."""
+    tile) on the tower's patch grid; `pixel_scores` `(B, tiles, H, W)` per tile, the base tile first. InternVL with
+    several tiles (`internvl.py`): `image_scores` the grid's tiles side by side as the picture holds them,
+    `base_scores` the thumbnail's, `pixel_scores` `(B, tiles, H, W)` per tile in the processor's order, the thumbnail
+    last."""
 
     image_scores: torch.Tensor | None = None
     base_scores: torch.Tensor | None = None
