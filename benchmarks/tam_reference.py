@@ -30,6 +30,10 @@ twice: with their `least_squares`, and (`_exact`) with it answering the least-sq
 their scipy Brent search finds to its tolerance. A case is one entry of `CASES` (the family's name in
 `tests/vlm_models.py` or `tests/qwen_vl_models.py`, its image tokens' grid, a continuation); the Qwen2-VL's prompt
 holds its image between its vision start and end tokens, which their Qwen2-VL demo's special ids locate it by.
+LLaVA-NeXT's image is two grids, the base tile's and the tiles' (their `vision_shape` as a list, the way their code
+takes several images: normalised together, filtered apart); the newline after each row of the tiles' grid is no
+cell of it, so those positions are taken out of the tokens and the logits their code reads (`NEWLINES`), the choice
+relevancy makes; their records are then the grids' maps flattened one after the other.
 """
 from __future__ import annotations
 
@@ -66,7 +70,12 @@ CASES = {
     "qwen3_vl": ("qwen3_vl", (2, 3), [33, 40, 71, 17, 71, 30, 8]),  # DeepStack: as for Qwen2-VL, their code reads logits only
     "paligemma": ("paligemma", (4, 4), [33, 40, 71, 17, 71, 30, 8]),
     "internvl": ("internvl", (2, 2), [33, 40, 71, 17, 71, 30, 8]),  # the 4 x 4 patches pixel-shuffled 2 x 2
+    # the base tile's 4 x 4 tokens, then the tiles' 6 x 8 (a 24 x 32 image's 2 x 2 tiles, unpadded)
+    "llava_next": ("llava_next", ((4, 4), (6, 8)), [33, 40, 71, 17, 71, 30, 8]),
 }
+#: the image's placeholders that are no cell of its grids, by family: LLaVA-NeXT's newline after each of the tiles'
+#: grid's 6 rows of 8 tokens (after the base tile's 16)
+NEWLINES = {"llava_next": [16 + 9 * row + 8 for row in range(6)]}
 #: what a family's forward reads beside its processor's output, from the tokens and the prompt's length, as
 #: relevancy's adapter passes it (Gemma 3: each image's tokens attend to each other; Qwen2-VL: which tokens are the
 #: image's, as its processor marks them; PaliGemma: the prompt a prefix, 0, the continuation after it, 1, as its
@@ -114,10 +123,11 @@ class Words:
         return text.split()
 
 
-def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int], seed: int) -> dict:
+def their_maps(tam, family: str, shape: tuple, continuation: list[int], seed: int) -> dict:
     """Their maps of every round on one random image, the inputs and the records of the two wrapped functions; then
     (`exact`) the same with their `least_squares` answered by the least-squares scale itself, `<a, b> / <b, b>`
-    (0 for an all-zero `b`), which their Brent search approximates to its tolerance (1.48e-8 of the scale)."""
+    (0 for an all-zero `b`), which their Brent search approximates to its tolerance (1.48e-8 of the scale). The
+    positions of `NEWLINES` are left out of what their code reads (the record's `input_ids` keep them)."""
     models, head, end, special = layout(family)
     model = models.build(family)
     processed = models.inputs(family, lengths=(1,), seed=seed)
@@ -129,19 +139,23 @@ def their_maps(tam, family: str, shape: tuple[int, int], continuation: list[int]
         out = model(input_ids=ids, output_hidden_states=True, **image, **FORWARD_EXTRAS.get(family, lambda *_: {})(ids, len(prompt)))
         logits = model.lm_head(out.hidden_states[-1])
     assert torch.allclose(logits, out.logits, atol=0, rtol=1e-12)  # their logits are the model's
-    steps = [logits[:, :len(prompt)]] + [logits[:, len(prompt) + g - 1:len(prompt) + g] for g in range(1, len(continuation))]
+    kept = [k for k in range(len(prompt)) if k not in NEWLINES.get(family, [])]  # the placeholders come first
+    steps = [logits[:, kept]] + [logits[:, len(prompt) + g - 1:len(prompt) + g] for g in range(1, len(continuation))]
     steps = [step.as_subclass(KeepsFloat64) for step in steps]
+    read = [tokens[k] for k in kept] + continuation
     record = {"family": family, "checksum": checksum(model), "input_ids": ids, "prompt_length": len(prompt), "image": image}
     runs = {"": tam.least_squares, "_exact": lambda a, b: float(np.dot(a, b) / np.dot(b, b)) if np.dot(b, b) > 0 else 0.0}
     for suffix, least_squares in runs.items():
-        record.update({f"{name}{suffix}": value for name, value in their_rounds(tam, least_squares, tokens, shape, steps, special).items()})
+        record.update({f"{name}{suffix}": value for name, value in their_rounds(tam, least_squares, read, shape, steps, special).items()})
     return record
 
 
-def their_rounds(tam, least_squares, tokens: list[int], shape: tuple[int, int], steps: list[torch.Tensor], special: dict) -> dict:
+def their_rounds(tam, least_squares, tokens: list[int], shape: tuple, steps: list[torch.Tensor], special: dict) -> dict:
     """Their `TAM()` round by round, as their eval.py runs it, `least_squares` in place of theirs: the float maps
     their `rank_guassian_filter` gave (the next token's, the generated tokens' from the second on) and took (the
-    generated tokens'), their uint8 maps, and the scales `least_squares` gave beside `<a, b> / <b, b>`."""
+    generated tokens'), their uint8 maps, and the scales `least_squares` gave beside `<a, b> / <b, b>`. `shape`
+    a list of grids (several images to their code): each map the grids' flattened one after the other."""
+    grids = len(shape) if isinstance(shape[0], tuple) else 1
     filtered, scales = [], []
     filter_, their_least_squares = tam.rank_guassian_filter, tam.least_squares
 
@@ -159,17 +173,28 @@ def their_rounds(tam, least_squares, tokens: list[int], shape: tuple[int, int], 
     tam.rank_guassian_filter, tam.least_squares = recording_filter, recording_least_squares
     try:
         picture = np.zeros((16, 16, 3), dtype=np.uint8)  # read by their visualisation only
+        pictures = picture if grids == 1 else [picture] * grids
         history: list = []
-        quantised = [torch.from_numpy(np.array(tam.TAM(tokens, shape, steps, special, picture, Words(), "", g, history, False)))
+        quantised = [joined(tam.TAM(tokens, shape, steps, special, pictures, Words(), "", g, history, False), grids)
                      for g in range(len(steps))]
     finally:
         tam.rank_guassian_filter, tam.least_squares = filter_, their_least_squares
     words = len(PROMPT) + len(END)  # their round 0: a map per word of their prompt (PROMPT, END[0]) and the next token's
-    assert len(filtered) == words + len(steps) - 1, (len(filtered), words, len(steps))
+    assert len(filtered) == grids * (words + len(steps) - 1), (len(filtered), words, len(steps))
+    if grids > 1:  # one record per map: the grids' filter calls joined
+        filtered = [tuple(torch.cat([pair[k].flatten() for pair in filtered[at:at + grids]]) for k in range(2))
+                    for at in range(0, len(filtered), grids)]
     return {"next_token": torch.stack([out for _, out in filtered[:words]])[-1],
             "generated": torch.stack([out for _, out in filtered[words:]]),  # generated tokens 1..
             "generated_unfiltered": torch.stack([img for img, _ in filtered[words:]]),
             "uint8": torch.stack(quantised), "scales": torch.tensor(scales, dtype=torch.float64)}
+
+
+def joined(maps: object, grids: int) -> torch.Tensor:
+    """One map of their code as a tensor: the grids' maps (a list, `grids` > 1) flattened one after the other."""
+    if grids == 1:
+        return torch.from_numpy(np.array(maps))
+    return torch.cat([torch.from_numpy(np.array(one)).flatten() for one in maps])
 
 
 def main() -> None:

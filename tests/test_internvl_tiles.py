@@ -185,14 +185,13 @@ def test_transformer_attribution_conserves_over_the_tiles():
     assert explanation.through_tower and bool((explanation.image_scores != 0).any())
 
 
-def test_tams_rank_filter_runs_on_each_tiles_grid_alone():
-    """TAM's rank Gaussian filter on several grids `(tiles, k, k)` (InternVL's tiles, `image_token_grid`) equals the
-    filter on each grid alone (to 1e-14, the batched sums' rounding): no window crosses a tile's edge."""
-    from relevancy.methods.activation import rank_gaussian_filter
-
-    grids = torch.rand(INTERN_TILES, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(rank_gaussian_filter(grids), torch.stack([rank_gaussian_filter(grid) for grid in grids]), rtol=1e-14, atol=0)
-    assert adapter_for(model()).image_token_grid(adapter_for(model()).check_inputs(inputs(FAMILY))) == (INTERN_TILES, 2, 2)
+def test_tams_grids_are_the_tiles_apart():
+    """TAM filters each tile's 2 x 2 token grid apart (`image_token_grids`): tile t's grid holds placeholders 4t to
+    4t + 3, the thumbnail's last; none crosses a tile's edge."""
+    adapter = adapter_for(model())
+    grids = adapter.image_token_grids(adapter.check_inputs(inputs(FAMILY)))
+    assert [shape for _, shape in grids] == [(2, 2)] * INTERN_TILES
+    assert [cells.tolist() for cells, _ in grids] == [list(range(4 * tile, 4 * tile + 4)) for tile in range(INTERN_TILES)]
 
 
 def own_logit(row: dict[str, torch.Tensor], target: int) -> float:

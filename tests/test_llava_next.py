@@ -6,7 +6,8 @@ pixels, single and padded both ways (tests/golden/vlm_lxt_reference.pt); input x
 the model's own forward; the maps laid back by hand (the base tile's apart, the tiles' grid unpadded, the newlines
 left out); token ablation equal to a hand loop; a batch padded left equal to its rows alone for every method; the
 model unchanged after a call and after a failure; transformers' processor's output taken as it comes; what is
-refused, by name. (Right padding, every method run or
+refused, by name. (Generations: test_llava_next_generation.py; TAM against the authors' code:
+test_token_activation_map.py.) (Right padding, every method run or
 refused, the result protocol: the family contract, `family_cases.py`.)"""
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from relevancy.families.causal_lm.adapter import last_real
 
 FAMILY = "llava_next"
 FAMILIES = list(TILED)
-METHODS = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
+METHODS = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient", "token_activation_map")
 
 
 @functools.lru_cache(maxsize=None)
@@ -195,7 +196,7 @@ def test_the_model_is_unchanged_after_a_call_and_after_a_failure(family):
 
 def test_what_is_refused_by_name():
     """Images of different sizes in one batch, tiles that are not the image's, placeholders that are not its tokens,
-    the tower-token methods, TAM and a generation: each a one-line error that says so."""
+    the tower-token methods: each a one-line error that says so."""
     batch = inputs(FAMILY)
     with pytest.raises(ValueError, match="different sizes"):
         relevancy.explain(model(), {**batch, "image_sizes": torch.tensor([[24, 32], [32, 24]])}, method="attnlrp")
@@ -206,13 +207,9 @@ def test_what_is_refused_by_name():
         relevancy.explain(model(), {**batch, "image_sizes": torch.tensor([[32, 32]] * 2)}, method="attnlrp")
     with pytest.raises(TypeError, match="image_sizes"):
         relevancy.explain(model(), {name: value for name, value in batch.items() if name != "image_sizes"}, method="attnlrp")
-    for method in ("generic_attention", "transformer_attribution", "token_activation_map", "lrp"):
+    for method in ("generic_attention", "transformer_attribution", "lrp"):
         with pytest.raises(UnsupportedModelError, match=f"'{method}' does not apply to the tiled vision-language decoder"):
             relevancy.explain(model(), batch, method=method)
-    from vlm_processor import tiled_processor
-
-    with pytest.raises(UnsupportedModelError, match="explain_generation explains decoder language models, not the tiled vision-language"):
-        relevancy.explain_generation(model(), tiled_processor(FAMILY), "describe it", image=None, method="attnlrp")
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,6 +1,7 @@
 """`token_activation_map` (TAM, Li et al., ICCV 2025) on the tiny random float64 vision-language decoders: equal to
 the authors' own `tam.py` (tests/golden/tam_reference.pt, made by benchmarks/tam_reference.py) for the next token
-(`explain`) and every generated token (`explain_generation`); a left-padded batch equal to its rows alone; its options;
+(`explain`) and every generated token (`explain_generation`), LLaVA-NeXT's two grids (the base tile's, the tiles'
+without their newlines) among them; a left-padded batch equal to its rows alone; its options;
 the model left as it was after a call and after a failure; bad options refused by name; the rank filter's edges;
 half precision."""
 from __future__ import annotations
@@ -52,6 +53,15 @@ def on_token_grid(image_scores: torch.Tensor, grid: tuple[int, int]) -> torch.Te
     return image_scores.unflatten(-1, (grid[1], k)).unflatten(-3, (grid[0], k)).sum((-1, -3))
 
 
+def on_their_grids(image_scores: torch.Tensor, base_scores: torch.Tensor | None, case: dict) -> torch.Tensor:
+    """Our maps as their records lay them: on the token grid (`on_token_grid`), or, where their map is several
+    grids flattened one after the other (LLaVA-NeXT: the base tile's 4 x 4 tokens, the tiles' 6 x 8, a token a
+    patch), `base_scores` and `image_scores` flattened so."""
+    if case["next_token"].ndim == 1:
+        return torch.cat([base_scores.flatten(-2), image_scores.flatten(-2)], -1)
+    return on_token_grid(image_scores, case["next_token"].shape)
+
+
 def build_case(family: str) -> torch.nn.Module:
     return qwen_vl_models.build(family) if family in qwen_vl_models.FAMILIES else build(family)
 
@@ -70,8 +80,8 @@ def test_the_next_token_equals_the_authors_code(models, name):
     it as target (benchmarks/tam_reference.py)."""
     case = GOLDEN[name]
     last = int(case["input_ids"][0, case["prompt_length"] - 1])
-    ours = on_token_grid(relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=last).image_scores[0],
-                         case["next_token"].shape[-2:])
+    explanation = relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=last)
+    ours = on_their_grids(explanation.image_scores[0], None if explanation.base_scores is None else explanation.base_scores[0], case)
     assert_close_to(ours, case["next_token_exact"], f"{name} next token", EXACT_TOLERANCE)
     assert_close_to(ours, case["next_token"], f"{name} next token (Brent)", BRENT_TOLERANCE)
 
@@ -82,17 +92,19 @@ def test_every_generated_token_equals_the_authors_code(models, name):
     row 0 equals `explain` of the first continuation token (their round 0 returns another map, the model's
     prediction at the first prompt word)."""
     case = GOLDEN[name]
-    length, grid = case["prompt_length"], case["generated"].shape[-2:]
+    length = case["prompt_length"]
     continuation = case["input_ids"][0, length:].tolist()
     result = relevancy.explain_generation(models[name], Recorded(case), "the prompt", continuation=continuation,
                                           image=picture(), method="token_activation_map")
     assert isinstance(result, VisionLanguageGenerationExplanation) and result.generated_ids.tolist() == continuation
-    ours = on_token_grid(result.image_scores, grid)
+    ours = on_their_grids(result.image_scores, result.base_scores, case)
     assert_close_to(ours[1:], case["generated_exact"], f"{name} generated", EXACT_TOLERANCE)
     assert_close_to(ours[1:], case["generated"], f"{name} generated (Brent)", BRENT_TOLERANCE)
     assert torch.equal(torch.from_numpy((ours[1:].numpy() * 255).astype("uint8")), case["uint8_exact"][1:])
     first = relevancy.explain(models[name], prompt_of(case), method="token_activation_map", target=continuation[0])
     assert_close_to(result.image_scores[0], first.image_scores[0], f"{name} first token", EXACT_TOLERANCE)
+    if first.base_scores is not None:
+        assert_close_to(result.base_scores[0], first.base_scores[0], f"{name} first token's base tile", EXACT_TOLERANCE)
     assert_close_to(result.scores[0, :length], first.scores[0], f"{name} first token's text", EXACT_TOLERANCE)
     assert (result.scores[:, result.image_tokens] == 0).all()
     assert ((result.scores[:, :length] >= 0) & (result.scores[:, :length] <= 1)).all()

@@ -344,14 +344,16 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
     logit of generated token `g`, 0 at and after it; `tokens`, `generated_ids`, `text`, `relevance_total`. Row `g`
     equals `explain(model, prompt + first g generated tokens, method=method, target=token g)`. The model is left
     as it was; fp16 / bf16 models run in their own dtype (the maps in float32) for the one-forward methods.
-    A vision-language decoder (LLaVA, Gemma 3, Idefics3, PaliGemma, InternVL, the Qwen-VL models) generates about
+    A vision-language decoder (LLaVA, Gemma 3, Idefics3, PaliGemma, InternVL, the Qwen-VL models, LLaVA-NeXT and
+    OneVision) generates about
     `image` (one image: a PIL image, an image file's path, or an array (H, W, C) or tensor (C, H, W); a list, a
     0-size or non-finite image is refused), the processor given in place of the tokenizer and one text prompt (holding the image token once;
     the image's placeholder token put first where the prompt does not hold it) or chat messages (through the
     processor's chat template, the image first in the first user message unless an item places it); the methods that reach the pixels
     (`attnlrp`, `cp_lrp`, `input_x_gradient`) explain every token from one forward, and the result, a
     `VisionLanguageGenerationExplanation`, has `image_scores` `(G, rows, cols)` too: row `g` the relevance of each
-    patch for generated token `g`, equal to `explain` on that prefix and token. `token_activation_map` reads the same
+    patch for generated token `g`, equal to `explain` on that prefix and token (LLaVA-NeXT, OneVision: the tiles'
+    grid, and `base_scores` the base tile's). `token_activation_map` reads the same
     one forward, its row `g` cleared of the interference of the prompt's and the earlier generated tokens' maps (row
     0 equals `explain`; docs/methods.md).
     `should_stop` (keyword): a callable asked before the work, after every generated token and before every
@@ -434,7 +436,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
             relevance_total=None if totals is None else totals[:length].cpu(),
         )
         results.append(adapter.generation_explanation(fields, ids[b, start:end].cpu(), {name: value[b, :length].cpu()
-                                                      for name, value in maps.items()}, picture))
+                                                      for name, value in maps.items()}, picture, call.inputs))
     return results[0] if single else results
 
 

@@ -23,12 +23,12 @@ WINDOW = 3
 
 @dataclass(frozen=True)
 class History:
-    """What one sequence's TAM reads for every token it explains: the positions of the image's grid tokens (laid out
-    `grid_shape`, rows x columns, or tiles x rows x columns) and of the text tokens (real, neither the image's nor its delimiters), and per text position the token its map is left out for (`keys`) and
+    """What one sequence's TAM reads for every token it explains: the positions of the image's grid tokens (the
+    grids one after the other, each laid out as its `grid_shapes` entry, rows x columns) and of the text tokens (real, neither the image's nor its delimiters), and per text position the token its map is left out for (`keys`) and
     that map, the clipped logit of the token it stands for at each grid token (`maps` `(grid, text)`)."""
 
     grid: torch.Tensor
-    grid_shape: tuple[int, ...]
+    grid_shapes: tuple[tuple[int, int], ...]
     text: torch.Tensor
     keys: torch.Tensor
     maps: torch.Tensor
@@ -53,7 +53,7 @@ def token_activation_map(adapter: Adapter, inputs: Any, target: Any, causal_infe
                              "not a function of the logits")
         scores = []
         for b, end in enumerate(ends.tolist()):
-            read = history(adapter, hidden[b], inputs.input_ids[b], mask[b].bool(), end, adapter.image_token_grid(inputs))
+            read = history(adapter, hidden[b], inputs.input_ids[b], mask[b].bool(), end, adapter.image_token_grids(inputs))
             scores.append(activation_row(adapter, hidden[b], read, end, int(indices[b]), causal_inference, rank_filter))
     return torch.stack(scores), indices, logits
 
@@ -71,7 +71,7 @@ def token_activation_generation(adapter: Adapter, ids: torch.Tensor, mask: torch
         explained = adapter.picked_logits(hidden[:, prompt_length - 1:], ids[:, prompt_length:])
         scores = torch.zeros(len(ids), steps, ids.shape[1], dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         for b in range(len(ids)):
-            read = history(adapter, hidden[b], ids[b, :-1], mask[b, :-1].bool(), prompt_length, adapter.image_token_grid(inputs))
+            read = history(adapter, hidden[b], ids[b, :-1], mask[b, :-1].bool(), prompt_length, adapter.image_token_grids(inputs))
             for g in range(steps):
                 if mask[b, prompt_length + g]:
                     scores[b, g, :-1] = activation_row(adapter, hidden[b], read, prompt_length + g, int(ids[b, prompt_length + g]), True, True)
@@ -82,29 +82,33 @@ def token_activation_generation(adapter: Adapter, ids: torch.Tensor, mask: torch
 
 
 def history(adapter: Adapter, hidden: torch.Tensor, ids: torch.Tensor, real: torch.Tensor, prompt_length: int,
-            grid_shape: tuple[int, ...]) -> History:
+            grids: tuple[tuple[torch.Tensor, tuple[int, int]], ...]) -> History:
     """One sequence's `History` (`hidden` `(N, D)` its last hidden states, `ids` and `real` `(N,)` its tokens and real
-    ones; the generated tokens start at `prompt_length`; `grid_shape` the image tokens' rows and columns). Which token a text position stands for is the authors'
+    ones; the generated tokens start at `prompt_length`; `grids` the adapter's `image_token_grids`: which of the
+    image's placeholders each grid holds and its rows and columns; placeholders in no grid, LLaVA's kept [CLS] and
+    LLaVA-NeXT's newlines, are neither grid nor text). Which token a text position stands for is the authors'
     bookkeeping: a prompt token its own id (the first one the model's prediction there, the argmax of its logits), a
     generated token's position the token generated after it; its key is its own id up to the position before the
     last prompt token and the next token from there on (their word list moves on to the answer at the last prompt
     position, which keeps its own id's map). A map is left out where its key is the explained token."""
     image = (ids == adapter.image_token) & real
-    grid = image.nonzero()[adapter.image_prefix:, 0]  # LLaVA's kept [CLS] is no cell of the grid
+    placeholders = image.nonzero()[:, 0]
+    grid = placeholders[torch.cat([cells for cells, _ in grids]).to(placeholders.device)]
     delimiter = torch.isin(ids, torch.tensor(adapter.image_delimiters, dtype=ids.dtype, device=ids.device))
     text = (~image & ~delimiter & real).nonzero()[:, 0]
     following = ids.roll(-1)[text]  # the next token (the last position's, wrapped round, is never read)
     stands_for = torch.where(text >= prompt_length, following, ids[text])
     stands_for[:1] = adapter.head(hidden[text[:1]]).argmax(-1)
     keys = torch.where(text >= prompt_length - 1, following, ids[text])
-    return History(grid, grid_shape, text, keys, at_least_float32(adapter.class_logits(hidden[grid], stands_for)).clamp_min(0))
+    return History(grid, tuple(shape for _, shape in grids), text, keys, at_least_float32(adapter.class_logits(hidden[grid], stands_for)).clamp_min(0))
 
 
 def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explained_at: int, token: int,
                    causal_inference: bool, rank_filter: bool) -> torch.Tensor:
     """One row's TAM `(N,)` of `token` at position `explained_at`, read from the positions before it (`hidden` the
     row's last hidden states, `read` its `History`): the image's grid tokens get the map, the context's text tokens
-    (those before the last position read, which reads the token itself) their scores normalised with it."""
+    (those before the last position read, which reads the token itself) their scores normalised with it, every grid
+    together (the authors' several images), each grid filtered apart."""
     count = int((read.text < explained_at - 1).sum())
     context = read.text[:count]
     activation = at_least_float32(adapter.picked_logits(hidden[:explained_at], read.text.new_full((explained_at,), token))).clamp_min(0)
@@ -116,7 +120,8 @@ def activation_row(adapter: Adapter, hidden: torch.Tensor, read: History, explai
     both = (both - both.min()) / span if span > 0 else torch.zeros_like(both)
     on_image, on_text = both[:len(read.grid)], both[len(read.grid):]
     if rank_filter:
-        on_image = rank_gaussian_filter(on_image.view(read.grid_shape)).flatten()
+        cells = [rows * cols for rows, cols in read.grid_shapes]
+        on_image = torch.cat([rank_gaussian_filter(part.view(shape)).flatten() for part, shape in zip(on_image.split(cells), read.grid_shapes)])
     row = torch.zeros(len(hidden), dtype=activation.dtype, device=activation.device)
     row[context], row[read.grid] = on_text, on_image
     return row
@@ -141,13 +146,12 @@ def without_interference(on_image: torch.Tensor, on_text: torch.Tensor, maps: to
 
 
 def rank_gaussian_filter(grid: torch.Tensor) -> torch.Tensor:
-    """The authors' rank Gaussian filter on a `(rows, cols)` map (several `(n, rows, cols)`: each on its own, InternVL's
-    tiles): each cell's 3 x 3 window (reflected at the edges)
+    """The authors' rank Gaussian filter on a `(rows, cols)` map: each cell's 3 x 3 window (reflected at the edges)
     sorted, weighted by a Gaussian over the ranks centred on the median whose width is the window's coefficient of
     variation (std / mean), 0 where the window's mean is not positive; a constant window keeps its value (the limit
     of a vanishing width, where the authors' code divides 0 by 0)."""
-    padded = F.pad(grid.reshape(-1, 1, *grid.shape[-2:]), (WINDOW // 2,) * 4, mode="reflect")
-    ranked = F.unfold(padded, WINDOW).transpose(1, 2).reshape(-1, WINDOW ** 2).sort(-1).values  # (cells, 9)
+    padded = F.pad(grid[None, None], (WINDOW // 2,) * 4, mode="reflect")
+    ranked = F.unfold(padded, WINDOW)[0].T.sort(-1).values  # (cells, 9)
     mean = ranked.mean(-1, keepdim=True)
     sigma = ranked.std(-1, correction=0, keepdim=True) / mean
     offsets = torch.arange(WINDOW ** 2, dtype=grid.dtype, device=grid.device) - WINDOW ** 2 // 2

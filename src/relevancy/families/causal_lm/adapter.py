@@ -595,9 +595,9 @@ class CausalLMAdapter(Adapter):
         return {}
 
     def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
-                               picture: torch.Tensor | None) -> GenerationExplanation:
+                               picture: torch.Tensor | None, inputs: TextBatch) -> GenerationExplanation:
         """`explain_generation`'s result for one sequence `ids` `(T + G,)` from `fields` (what every generation
-        holds); a decoder reads no image (`images`, `picture` empty)."""
+        holds); a decoder reads no image (`images`, `picture` empty; `inputs`, the call's, unread)."""
         return GenerationExplanation(**fields)
 
     @property

@@ -355,9 +355,15 @@ class VisionLanguageAdapter(CausalLMAdapter):
 
     def image_token_grid(self, inputs: ImageTextTokens) -> tuple[int, int]:
         """`(rows, cols)` of the image's tokens after the prefix as the projector lays them out (`tokens_on_patches`:
-        a square grid in these layouts), the grid TAM filters on."""
+        a square grid in these layouts), the one grid of `image_token_grids`, which TAM filters on."""
         side = math.isqrt(self.image_tokens - self.image_prefix)
         return side, side
+
+    def image_token_grids(self, inputs: ImageTextTokens) -> tuple[tuple[torch.Tensor, tuple[int, int]], ...]:
+        """The grids TAM filters on apart, each `(indices of its tokens among the image's placeholders, row-major;
+        (rows, cols))`: here one, `image_token_grid`, after the prefix (LLaVA's kept [CLS] is no cell of it)."""
+        rows, cols = self.image_token_grid(inputs)
+        return (torch.arange(self.image_prefix, self.image_prefix + rows * cols, device=inputs.input_ids.device), (rows, cols)),
 
     def image_token_map(self, on_tokens: torch.Tensor, inputs: ImageTextTokens) -> torch.Tensor:
         """Scores of the image's tokens `(B, image tokens)` laid back on the tower's patch grid `(B, side, side)`
@@ -365,10 +371,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         return tokens_on_patches(on_tokens, self.side, self.image_prefix)
 
     def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
-                               picture: torch.Tensor | None) -> VisionLanguageGenerationExplanation:
+                               picture: torch.Tensor | None, inputs: ImageTextTokens) -> VisionLanguageGenerationExplanation:
         """A generation's result with its image part: `images["image"]` `(G, H, W)` the pixels' relevance per
         generated token, summed per patch, or `images["patches"]` `(G, rows, cols)` a map on the patch grid already
-        (`token_activation_map`'s); `picture` `(H, W, 3)` the image as the model saw it."""
+        (`token_activation_map`'s); `picture` `(H, W, 3)` the image as the model saw it; `inputs` the call's."""
         from ...results.viz import picture_url  # matplotlib, loaded when a page is drawn
 
         return VisionLanguageGenerationExplanation(**fields, image_scores=images["patches"] if "patches" in images else pixel_patches(images["image"], self.patch),

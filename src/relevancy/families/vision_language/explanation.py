@@ -73,9 +73,13 @@ class VisionLanguageGenerationExplanation(GenerationExplanation):
     `(G, rows, cols)`: row `g` the relevance of each patch of the tower's grid (Qwen2-VL: the image's own) for
     generated token `g` (each patch's pixels summed); `image_tokens` `(T + G,)` marks the placeholders; `image_url`: the image as the model saw
     it (the processor's pixels, back in [0, 1]) as a PNG data URL, under the maps of the page and of `.png`.
-    `relevance_total` (LRP methods): the share of each logit reaching text and pixels together."""
+    `relevance_total` (LRP methods): the share of each logit reaching text and pixels together.
+    LLaVA-NeXT and OneVision: `image_scores` the tiles' map on the grid the model lays their features on, unpadded,
+    `base_scores` `(G, side, side)` the base tile's, `image_url` the tiles laid on that grid (the page draws the
+    tiles' map)."""
 
     image_scores: torch.Tensor | None = None
+    base_scores: torch.Tensor | None = None
     image_tokens: torch.Tensor | None = field(default=None, repr=False)
     image_url: str | None = field(default=None, repr=False)
 

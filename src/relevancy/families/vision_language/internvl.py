@@ -14,7 +14,6 @@ per tile (`pixel_scores` `(B, tiles, S, S)`, the processor's order); one tile ke
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -124,11 +123,13 @@ class InternVLAdapter(VisionLanguageAdapter):
         summed = relevance.sum(-3)
         return summed[:, 0] if summed.shape[1] == 1 else summed
 
-    def image_token_grid(self, inputs: TileGridTokens) -> tuple[int, int, int]:
-        """`(tiles, k, k)`: each tile's k x k pixel-shuffled tokens, row-major, tile after tile (TAM filters each tile's
-        grid on its own)."""
-        per_side = math.isqrt(self.image_tokens)
-        return inputs.pixel_values.shape[1], per_side, per_side
+    def image_token_grids(self, inputs: TileGridTokens) -> tuple[tuple[torch.Tensor, tuple[int, int]], ...]:
+        """TAM's grids apart, one per tile (the thumbnail's last): its k x k pixel-shuffled tokens among the image's
+        placeholders, row-major, the tiles' one after the other (`image_token_grid`, each tile's)."""
+        rows, cols = self.image_token_grid(inputs)
+        device = inputs.input_ids.device
+        return tuple((torch.arange(tile * rows * cols, (tile + 1) * rows * cols, device=device), (rows, cols))
+                     for tile in range(inputs.pixel_values.shape[1]))
 
     def image_token_map(self, on_tokens: torch.Tensor, inputs: TileGridTokens) -> torch.Tensor:
         """Scores of the image's tokens `(B, tiles * tokens)` laid back on each tile's patches (`tokens_on_patches`),

@@ -392,8 +392,9 @@ OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3, INTERNVL)
 LAYOUTS = (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL, *QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3)
 #: the vision-language classes relevancy maps, for messages
 VISION_LANGUAGE_CLASSES = ", ".join(name for layout in LAYOUTS for name in layout.classes)
-#: those whose generations relevancy explains (`explain_generation`, the CLI's --image, the server; InternVL's with one
-#: tile per image): not Qwen2-VL's and LLaVA-NeXT's / OneVision's yet
+#: those the CLI's --image and the server load: the base adapter's, `VisionLanguageAdapter`, and InternVL's (one tile per
+#: image); not yet the other layouts with an adapter of their own (the Qwen-VL models', LLaVA-NeXT's and OneVision's
+#: generations are explained by `explain_generation` in Python only; Mistral 3's are not)
 GENERATING_CLASSES = ", ".join(name for layout in (LLAVA, GEMMA3, IDEFICS3, PALIGEMMA, INTERNVL) for name in layout.classes)
 
 
@@ -462,8 +463,8 @@ def occluded(pixels: torch.Tensor, removed: torch.Tensor, patch: int) -> torch.T
 
 
 def tiles_on_grid(patches: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Per-tile patch maps `(B, rows * cols, side, side)` of tiles cut row by row from one picture laid side by side
-    as the picture holds them: `(B, rows * side, cols * side)`."""
+    """Per-tile patch maps `(B, rows * cols, side, side)` (B any leading values per patch) of tiles cut row by row
+    from one picture laid side by side as the picture holds them: `(B, rows * side, cols * side)`."""
     side = patches.shape[-1]
     return patches.reshape(len(patches), rows, cols, side, side).permute(0, 1, 3, 2, 4).reshape(len(patches), rows * side, cols * side)
 

@@ -9,12 +9,17 @@ Inputs are the processor's output (`input_ids` with the image's placeholders, `p
 `image_sizes`; one image per row, one image size per call). The model runs its own forward with the token embeddings
 and the tiles' pixels as leaves (the tower's and projector's rules those of LLaVA's layout); which tile's patch each
 image token is, or that it is a newline, the model's own `pack_image_features` says: the decoder-only methods'
-scores at the image's tokens go back through its adjoint (`tokens_on_tiles`, autograd of the packing, a linear map). The maps: the base tile's on the tower's patch grid (`base_scores`), the other tiles'
+scores at the image's tokens go back through its adjoint (`image_token_map`, autograd of the packing, a linear map). The maps: the base tile's on the tower's patch grid (`base_scores`), the other tiles'
 laid on the grid the model lays their features on, unpadded as it unpads them (`image_scores`, the image's aspect;
 `heatmap()` at the image's size; OneVision's before its interpolation); per tile per pixel (`pixel_scores` `(B, tiles, H, W)`, the pixel methods). The
 newline tokens are the model's parameter, not the image: the decoder-only methods' scores at them are left out of
 every map (the text scores hold 0 at all the image's placeholders), and the pixel methods' relevance reaching them
-stays on the parameter, outside `relevance_total`.
+stays on the parameter, outside `relevance_total`. TAM filters the base tile's token grid and the tiles' (the newlines
+left out of it, of its normalisation and of its causal inference) apart, as the authors' code filters several images.
+
+`explain_generation` decodes with transformers' `generate` on the tiles and `image_sizes` (`decoding_inputs`); each
+generated token gets both maps, `image_scores` and `base_scores`; the picture is the tiles laid on the grid and
+unpadded as the model lays their features (`seen_pixels`), what `image_scores` lies on.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from torch import nn
 
 from .adapter import VisionLanguageAdapter
 from .batch import TiledImageTextTokens
-from .explanation import VisionLanguageExplanation
+from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import TILED_LAYOUTS, is_vision_language, layout_named, pixel_patches, tiles_on_grid
 
 #: what a LLaVA-NeXT processor's output may hold (batch_num_images: LLaVA-OneVision's images per row, 1 each, which
@@ -38,10 +43,12 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
     family = "tiled vision-language decoder (LLaVA-NeXT, LLaVA-OneVision)"
     #: attnlrp, cp_lrp, input_x_gradient reach every tile's pixels through tower and projector, token_ablation occludes
     #: every tile's patches; raw_attention, rollout, attention_gradcam read the decoder's attention only, the image's
-    #: tokens laid back on the tiles' patches (the tower-token methods and token_activation_map, whose filter needs a
-    #: grid of image tokens, are refused by name)
-    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient")
-    generates = False
+    #: tokens laid back on the tiles' patches, and token_activation_map its logits at every position, filtered on the
+    #: base tile's token grid and the tiles' apart (the tower-token methods are refused by name); generations with
+    #: those of one forward (`methods_generating`)
+    methods = ("raw_attention", "rollout", "attention_gradcam", "token_ablation", "attnlrp", "cp_lrp", "input_x_gradient",
+               "token_activation_map")
+    generates = True
     examples = "transformers " + ", ".join(name for layout in TILED_LAYOUTS for name in layout.classes)
 
     def __init__(self, model: nn.Module) -> None:
@@ -92,7 +99,7 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
                                                          image_newline=features.new_zeros(features.shape[-1]), **settings)
         return packed[0]
 
-    def tokens_on_tiles(self, on_tokens: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
+    def image_token_map(self, on_tokens: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
         """Scores of the image's tokens `(B, image tokens)` laid back on the tiles' patches `(B, tiles, side, side)`
         through the adjoint of the packing (autograd of `packed`, a linear map): each token's score on the patch it is
         made of (OneVision's interpolated tokens: on their patches in the interpolation's weights), the newlines'
@@ -126,14 +133,51 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
             pixels = self.pixel_relevance(fields.pop("leaves")["image"], inputs)
             patches = pixel_patches(pixels, self.patch)
         else:
-            patches, through = self.tokens_on_tiles(text[image].view(len(text), -1), inputs), False
+            patches, through = self.image_token_map(text[image].view(len(text), -1), inputs), False
         return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=through,
                                          image_scores=self.tiles_grid(patches[:, 1:], inputs), base_scores=patches[:, 0],
                                          pixel_scores=pixels, image_size=inputs.image_size)
 
+    def image_token_grids(self, inputs: TiledImageTextTokens) -> tuple[tuple[torch.Tensor, tuple[int, int]], ...]:
+        """TAM's two grids among the image's placeholders: the base tile's `side x side` tokens, then the tiles' grid
+        as the model packs it (unpadded; OneVision's interpolated), its rows' newlines left out: a packing of ones
+        (`packed`) is 0 at the newlines alone."""
+        tiles, device = inputs.pixel_values.shape[1], inputs.input_ids.device
+        laid = self.packed(torch.ones(tiles, self.side ** 2, 1, dtype=torch.float64, device=device), inputs.image_size)[:, 0]
+        cells = (laid != 0).nonzero()[self.side ** 2:, 0]
+        rows = int((laid == 0).sum())
+        return (torch.arange(self.side ** 2, device=device), (self.side, self.side)), (cells, (rows, len(cells) // rows))
+
+    def seen_pixels(self, inputs: TiledImageTextTokens) -> torch.Tensor:
+        """The first row's image `(C, H, W)` in the processor's normalised pixels as the tiles' map lies on it: its
+        tiles (the base tile left out) laid on the grid and unpadded as the model lays their patches (`tiles_grid`,
+        each patch's pixels carried with it), the image at the tiles' resolution."""
+        tiles = inputs.pixel_values[0, 1:]
+        channels = tiles.shape[1]
+        by_patch = tiles.unflatten(-1, (self.side, self.patch)).unflatten(-3, (self.side, self.patch))  # (tiles, C, side, P, side, P)
+        laid = self.tiles_grid(by_patch.permute(1, 3, 5, 0, 2, 4).flatten(0, 2), inputs)  # (C * P * P, rows, cols)
+        return laid.unflatten(0, (channels, self.patch, self.patch)).permute(0, 3, 1, 4, 2).flatten(3, 4).flatten(1, 2)
+
+    def decoding_inputs(self, inputs: TiledImageTextTokens) -> dict[str, torch.Tensor]:
+        """What the model's `generate` reads: the tiles `(B, tiles, C, H, W)` and `image_sizes`."""
+        return {"pixel_values": inputs.pixel_values, "image_sizes": inputs.image_sizes}
+
+    def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
+                               picture: torch.Tensor | None, inputs: TiledImageTextTokens) -> VisionLanguageGenerationExplanation:
+        """A generation's result with both maps per generated token, from every tile's pixels' relevance
+        (`images["image"]` `(G, tiles, H, W)`, summed per patch) or patch map (`images["patches"]` `(G, tiles, side,
+        side)`, TAM's): `base_scores` the base tile's, `image_scores` the tiles' grid (`tiles_grid`)."""
+        from ...results.viz import picture_url  # matplotlib, loaded when a page is drawn
+
+        patches = images["patches"] if "patches" in images else pixel_patches(images["image"], self.patch)
+        return VisionLanguageGenerationExplanation(**fields, image_scores=self.tiles_grid(patches[:, 1:], inputs), base_scores=patches[:, 0],
+                                                   image_tokens=(ids == self.image_token).cpu(),
+                                                   image_url=None if picture is None else picture_url(picture))
+
     def tiles_grid(self, patches: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
-        """The tiles' patch maps `(B, tiles, side, side)` (the base tile left out) laid on one grid as the model lays
-        their features, row-major tiles, and unpadded as it unpads them (`unpad_image`): `(B, rows, cols)`."""
+        """The tiles' patch maps `(B, tiles, side, side)` (the base tile left out; B any leading values per patch)
+        laid on one grid as the model lays their features, row-major tiles, and unpadded as it unpads them
+        (`unpad_image`): `(B, rows, cols)`."""
         size = inputs.image_size
         rows, cols = self.modeling.get_anyres_image_grid_shape(size, self.model.config.image_grid_pinpoints, self.tile)
         return self.modeling.unpad_image(tiles_on_grid(patches, rows, cols), size)
