@@ -245,6 +245,47 @@ def test_a_batch_equals_its_rows_alone(method):
     assert_same(before, snapshot(model()))
 
 
+@pytest.mark.parametrize("method", ["cp_lrp", "input_x_gradient"])
+def test_a_generation_equals_explain_on_each_prefix(method):
+    """`explain_generation` over the tiles (a processor stand-in answering the tiles and `image_sizes`): row g of
+    every map equals `explain` on the prompt and the g tokens generated before it (1e-10), the grid's tiles side by
+    side, the thumbnail's apart; the picture the grid's tiles side by side (32 x 48)."""
+    from test_vision_language_generation import PROMPT, GivenInputs
+    from vlm_processor import picture
+
+    result = relevancy.explain_generation(model(), GivenInputs(FAMILY), PROMPT, image=picture(), max_new_tokens=3, method=method)
+    batch = inputs(FAMILY, lengths=(4,))
+    start = batch["input_ids"].shape[1]
+    ids = torch.cat([batch["input_ids"], result.generated_ids[None]], 1)
+    assert result.image_scores.shape == (3, 8, 12) and result.base_scores.shape == (3, 4, 4)
+    assert result.pictures().shape == (3, 3, *INTERN_IMAGE) and result.heatmap().shape == (3, *INTERN_IMAGE)
+    for g in range(3):
+        alone = relevancy.explain(model(), {**batch, "input_ids": ids[:, :start + g], "attention_mask": torch.ones(1, start + g, dtype=torch.long)},
+                                  method=method, target=int(result.generated_ids[g]))
+        assert_close_to(result.scores[g, :start + g], alone.scores[0], f"{method} text {g}", 1e-10)
+        assert_close_to(result.image_scores[g], alone.image_scores[0], f"{method} grid {g}", 1e-10)
+        assert_close_to(result.base_scores[g], alone.base_scores[0], f"{method} thumbnail {g}", 1e-10)
+
+
+def test_a_generation_reads_the_tiles_grid_from_the_pictures_size():
+    """A processor that tiles but writes no `image_sizes` (InternVL's own): `explain_generation` gives the picture's
+    size (a 48 x 32 PIL image: height 32, width 48) as `image_sizes`, so the 2 x 3 grid is found; the maps those of
+    the processor output with `image_sizes` given (1e-12)."""
+    from PIL import Image
+    from test_vision_language_generation import PROMPT, GivenInputs
+
+    class Untiled(GivenInputs):
+        def __call__(self, images: object, text: str, return_tensors: str) -> dict[str, torch.Tensor]:
+            return {name: value for name, value in super().__call__(images, text, return_tensors).items() if name != "image_sizes"}
+
+    picture = Image.new("RGB", INTERN_IMAGE[::-1])
+    read = relevancy.explain_generation(model(), Untiled(FAMILY), PROMPT, image=picture, continuation=[7, 9], method="input_x_gradient")
+    given = relevancy.explain_generation(model(), GivenInputs(FAMILY), PROMPT, image=picture, continuation=[7, 9], method="input_x_gradient")
+    assert read.image_scores.shape == (2, 8, 12)
+    assert torch.allclose(read.image_scores, given.image_scores, rtol=0, atol=1e-12)
+    assert torch.allclose(read.base_scores, given.base_scores, rtol=0, atol=1e-12)
+
+
 def test_what_is_refused_by_name():
     """Several tiles without `image_sizes`, placeholders that are not every tile's, pixel rows that are not whole
     rows' tiles, two tiles, rows of different sizes: each a one-line error that says so; the model unchanged."""

@@ -93,6 +93,12 @@ class VisionLanguageAdapter(CausalLMAdapter):
         """What a generation's text prompt gets between the image's token, put first, and the text (the layout's)."""
         return layout_of(model).image_separator
 
+    @staticmethod
+    def image_size_inputs(size: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """What a generation's inputs need from the picture's `(height, width)` beside the processor's output (none
+        here; InternVL's `image_sizes`, which its processor does not write)."""
+        return {}
+
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
         """Any transformers vision-language decoder but those with an adapter of their own (Qwen2-VL's, `qwen.py`;

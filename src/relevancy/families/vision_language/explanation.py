@@ -76,7 +76,8 @@ class VisionLanguageGenerationExplanation(GenerationExplanation):
     `relevance_total` (LRP methods): the share of each logit reaching text and pixels together.
     LLaVA-NeXT and OneVision: `image_scores` the tiles' map on the grid the model lays their features on, unpadded,
     `base_scores` `(G, side, side)` the base tile's, `image_url` the tiles laid on that grid (the page draws the
-    tiles' map)."""
+    tiles' map). InternVL with several tiles: `image_scores` the grid's tiles side by side, `base_scores` the
+    thumbnail's, `image_url` the grid's tiles side by side."""
 
     image_scores: torch.Tensor | None = None
     base_scores: torch.Tensor | None = None

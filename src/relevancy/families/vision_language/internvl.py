@@ -11,6 +11,7 @@ images' size before tiling, `image_sizes` `(B, 2)` (height, width; one size per 
 transformers' own `get_optimal_tiled_canvas` gives the grid. The maps: the grid's tiles laid side by side as the
 picture holds them (`image_scores` `(B, rows * side, cols * side)`), the thumbnail's apart (`base_scores`), the pixels
 per tile (`pixel_scores` `(B, tiles, S, S)`, the processor's order); one tile keeps the other layouts' shapes.
+TAM filters each tile's token grid apart; a generation's inputs get the picture's size as `image_sizes`.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ...core.streams import Feed
 from ..causal_lm.adapter import CausalLMAdapter
 from .adapter import VisionLanguageAdapter
 from .batch import TileGridTokens
-from .explanation import VisionLanguageExplanation
+from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
 from .layouts import INTERNVL, is_vision_language, layout_named, pixel_patches, tiles_on_grid, tokens_on_patches
 
 #: what an InternVL processor's output may hold, and the images' sizes relevancy takes beside it
@@ -39,6 +40,11 @@ class InternVLAdapter(VisionLanguageAdapter):
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
         return is_vision_language(model) and layout_named(model) is INTERNVL
+
+    @staticmethod
+    def image_size_inputs(size: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """A generation's `image_sizes` `(1, 2)`, the picture's (height, width): the tiles' grid for `check_inputs`."""
+        return {"image_sizes": torch.tensor([size])}
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def check_inputs(self, inputs: object) -> TileGridTokens:
@@ -152,9 +158,30 @@ class InternVLAdapter(VisionLanguageAdapter):
             patches = pixel_patches(pixels, self.patch)
         else:
             patches, through = self.image_token_map(text[image].view(len(text), -1), inputs), False
-        per_tile = patches.reshape(len(text), -1, self.side, self.side)
+        grid, thumbnail = self.laid(patches, inputs)
+        return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=through, image_scores=grid,
+                                         base_scores=thumbnail, pixel_scores=pixels, image_size=inputs.image_size)
+
+    def laid(self, patches: torch.Tensor, inputs: TileGridTokens) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(the grid's tiles side by side (N, rows * side, cols * side), the thumbnail's map (N, side, side) or None
+        for one tile)` from per-tile patch maps, `(N, tiles, side, side)` or the tiles' grids one under the other."""
+        per_tile = patches.reshape(len(patches), -1, self.side, self.side)
         rows, cols = inputs.grid
-        return VisionLanguageExplanation(scores=text.masked_fill(image, 0), **described, **fields, through_tower=through,
-                                         image_scores=tiles_on_grid(per_tile[:, :rows * cols], rows, cols),
-                                         base_scores=per_tile[:, -1] if per_tile.shape[1] > 1 else None, pixel_scores=pixels,
-                                         image_size=inputs.image_size)
+        return tiles_on_grid(per_tile[:, :rows * cols], rows, cols), per_tile[:, -1] if per_tile.shape[1] > 1 else None
+
+    def seen_pixels(self, inputs: TileGridTokens) -> torch.Tensor:
+        """The first row's image `(C, H, W)` as the grid's map lies on it: its grid's tiles side by side (the
+        processor's normalised pixels; the thumbnail left out)."""
+        rows, cols = inputs.grid
+        return tiles_on_grid(inputs.pixel_values[0, :rows * cols].transpose(0, 1), rows, cols)
+
+    def generation_explanation(self, fields: dict[str, Any], ids: torch.Tensor, images: dict[str, torch.Tensor],
+                               picture: torch.Tensor | None, inputs: TileGridTokens) -> VisionLanguageGenerationExplanation:
+        """A generation's result with both maps per generated token, from every tile's pixels' relevance
+        (`images["image"]`, summed per patch) or TAM's patch maps (`images["patches"]`): `image_scores` the grid's
+        tiles side by side, `base_scores` the thumbnail's (None for one tile)."""
+        from ...results.viz import picture_url  # matplotlib, loaded when a page is drawn
+
+        grid, thumbnail = self.laid(images["patches"] if "patches" in images else pixel_patches(images["image"], self.patch), inputs)
+        return VisionLanguageGenerationExplanation(**fields, image_scores=grid, base_scores=thumbnail, image_tokens=(ids == self.image_token).cpu(),
+                                                   image_url=None if picture is None else picture_url(picture))
