@@ -34,7 +34,9 @@ Qwen2-VL demo's special ids locate it by (`ENCLOSED`).
 LLaVA-NeXT's image is two grids, the base tile's and the tiles' (their `vision_shape` as a list, the way their code
 takes several images: normalised together, filtered apart); the newline after each row of the tiles' grid is no
 cell of it, so those positions are taken out of the tokens and the logits their code reads (`NEWLINES`), the choice
-relevancy makes; their records are then the grids' maps flattened one after the other.
+relevancy makes; their records are then the grids' maps flattened one after the other. InternVL's tiles are seven
+grids the same way, each tile's tokens (the thumbnail's last); its `image_sizes`, which only relevancy reads, go to
+the model's forward too, which leaves them unread.
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ CASES = {
     "internvl": ("internvl", (2, 2), [33, 40, 71, 17, 71, 30, 8]),  # the 4 x 4 patches pixel-shuffled 2 x 2
     # the base tile's 4 x 4 tokens, then the tiles' 6 x 8 (a 24 x 32 image's 2 x 2 tiles, unpadded)
     "llava_next": ("llava_next", ((4, 4), (6, 8)), [33, 40, 71, 17, 71, 30, 8]),
+    # InternVL's 2 x 3 tiles and thumbnail, each its 2 x 2 pixel-shuffled tokens: seven grids, in the processor's order
+    "internvl_tiles": ("internvl_tiles", ((2, 2),) * 7, [33, 40, 71, 17, 71, 30, 8]),
 }
 #: the image's placeholders that are no cell of its grids, by family: LLaVA-NeXT's newline after each of the tiles'
 #: grid's 6 rows of 8 tokens (after the base tile's 16)

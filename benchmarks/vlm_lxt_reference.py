@@ -1,6 +1,6 @@
 """Make tests/golden/vlm_lxt_reference.pt: lxt's AttnLRP and CP-LRP composed over whole vision-language decoders (tiny
 random LLaVA with a Llama and with a Qwen2 decoder, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL with a Qwen2 and with a
-Llama decoder, LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Pixtral-12B's LLaVA), text and pixel maps, in float64.
+Llama decoder and with several tiles, LLaVA-NeXT, LLaVA-OneVision, Mistral 3, Pixtral-12B's LLaVA), text and pixel maps, in float64.
 
     /work/venvs/lxt/bin/python benchmarks/vlm_lxt_reference.py [--out tests/golden/vlm_lxt_reference.pt] [--only FAMILY ...]
 
@@ -38,6 +38,9 @@ lxt maps decoders only; "lxt's rules composed over the whole model" is here:
   lxt's Llama map patches one, the projector's RMSNorm by `rms_norm_forward`, the 2-D RoPE, the patch merger's unfold
   and the Linears plain autograd (`pixtral_map`); the model's own forward from its pixels and `image_sizes`;
   Pixtral-12B's LLaVA (`SIZED` too) likewise, its projector LLaVA's (the GELU's identity rule, the Linears).
+- InternVL with the processor's tiles (`vlm_models.INTERN_TILED`): InternVL's maps on the model's own forward from
+  every row's tiles one after the other (`pixel_values` `(B * tiles, 3, H, W)`; `image_sizes`, which only relevancy
+  reads, not given to it), the pixel map per tile `(B, tiles, H, W)`.
 Inputs: `tests/vlm_models.py`'s two rows padded right and left, and each row alone. The file holds the models'
 checksums (not their weights), the inputs, the targets and the maps; padded rows equal single ones to 1e-10 (checked).
 """
@@ -57,13 +60,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from llm_lxt_reference import last_real, lxt_applied, lxt_models, positions, write_golden  # noqa: E402
-from vlm_models import FAMILIES, PREFIX_FAMILIES, SIZED, TILED, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
+from vlm_models import FAMILIES, INTERN_TILED, PREFIX_FAMILIES, SIZED, TILED, alone, build, checksum, embedding_leaf, inputs, own_types  # noqa: E402
 
 #: family -> (lxt's decoder map module, the tower's transformers modeling module)
 MAPS = {"llava": ("llama", "clip"), "llava_full": ("qwen2", "clip"), "gemma3": ("gemma3", "siglip"), "idefics3": ("llama", "idefics3"),
         "paligemma": ("gemma", "siglip"), "paligemma2": ("gemma2", "siglip"), "internvl": ("qwen2", "internvl"),
         "internvl_rms": ("llama", "internvl"), "llava_next": ("llama", "clip"), "llava_onevision": ("qwen2", "siglip"),
-        "mistral3": ("mistral", "pixtral"), "pixtral": ("mistral", "pixtral")}
+        "mistral3": ("mistral", "pixtral"), "pixtral": ("mistral", "pixtral"), "internvl_tiles": ("qwen2", "internvl")}
 VARIANTS = {"attnLRP": "attnlrp", "cp_LRP": "cp_lrp"}
 
 
@@ -171,6 +174,8 @@ def run(model: torch.nn.Module, family: str, batch: dict[str, torch.Tensor], tar
     logits.gather(1, target[:, None]).sum().backward()
     text = (leaf["text"] * leaf["text"].grad).sum(-1).detach()
     image = (pixels * pixels.grad).detach()
+    if family in INTERN_TILED:  # the rows' tiles one after the other: (B, tiles, H, W)
+        return logits.detach(), text, image.sum(-3).unflatten(0, (len(ids), -1))
     return logits.detach(), text, image.sum(-3) if family in TILED else image.flatten(1, -3).sum(1)
 
 
@@ -180,7 +185,7 @@ def out_path(doc: str, name: str, only: bool = False) -> Path | tuple[Path, list
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests/golden" / name)
     if only:
-        parser.add_argument("--only", nargs="+", choices=[*FAMILIES, *TILED, *SIZED], default=[])
+        parser.add_argument("--only", nargs="+", choices=[*FAMILIES, *TILED, *SIZED, *INTERN_TILED], default=[])
     args = parser.parse_args()
     return (args.out, args.only) if only else args.out
 
@@ -199,7 +204,7 @@ def main() -> None:
     import transformers
 
     golden: dict = torch.load(out, weights_only=False) if only else {"transformers": transformers.__version__, "models": {}}
-    for family, model in sdpa_models(only or {**FAMILIES, **TILED, **SIZED}, build):
+    for family, model in sdpa_models(only or {**FAMILIES, **TILED, **SIZED, **INTERN_TILED}, build):
         decoder, tower = MAPS[family]
         decoder_module = importlib.import_module(f"transformers.models.{decoder}.modeling_{decoder}")
         tower_module = importlib.import_module(f"transformers.models.{tower}.modeling_{tower}")

@@ -19,7 +19,8 @@ from decoder_families import FAMILIES as DECODER_FAMILIES, build as build_decode
 from state_space_models import FAMILIES as STATE_SPACE_FAMILIES, build as build_state_space
 from hybrid_models import FAMILIES as HYBRID_FAMILIES, build as build_hybrid
 from conv_hybrid_models import FAMILIES as CONV_HYBRID_FAMILIES, build as build_conv_hybrid
-from vlm_models import FAMILIES as VLM_FAMILIES, SIZED as SIZED_VLM_FAMILIES, TILED as TILED_VLM_FAMILIES, alone, build as build_vlm, inputs as vlm_inputs
+from vlm_models import FAMILIES as VLM_FAMILIES, INTERN_TILED, SIZED as SIZED_VLM_FAMILIES, TILED as TILED_VLM_FAMILIES, alone, build as build_vlm, \
+    inputs as vlm_inputs
 from qwen_vl_models import SEEDS as QWEN_VL_FAMILIES, alone as qwen_alone, build as build_qwen_vl, inputs as qwen_inputs
 from test_causal_lm import batch as llm_batch, build as build_llm
 from test_clip import CASES as CLIP_CASES, build as build_clip
@@ -197,6 +198,6 @@ FAMILIES: dict[str, FamilyCase] = {
     **{f"hybrid_{family}": _decoder_case(family, build_hybrid, 1e-6) for family in HYBRID_FAMILIES},
     # LFM2's norms compute in float32 in its own forward (transformers'): its input x gradient too
     **{f"hybrid_{family}": _decoder_case(family, build_conv_hybrid, 1e-6) for family in CONV_HYBRID_FAMILIES},
-    **{f"vision_language_{family}": _vision_language_case(family) for family in {**VLM_FAMILIES, **TILED_VLM_FAMILIES, **SIZED_VLM_FAMILIES}},
+    **{f"vision_language_{family}": _vision_language_case(family) for family in {**VLM_FAMILIES, **TILED_VLM_FAMILIES, **SIZED_VLM_FAMILIES, **INTERN_TILED}},
     **{f"vision_language_{family}": _qwen_vl_case(family) for family in QWEN_VL_FAMILIES},
 }

@@ -1,7 +1,7 @@
 """`token_activation_map` (TAM, Li et al., ICCV 2025) on the tiny random float64 vision-language decoders: equal to
 the authors' own `tam.py` (tests/golden/tam_reference.pt, made by benchmarks/tam_reference.py) for the next token
 (`explain`) and every generated token (`explain_generation`), LLaVA-NeXT's two grids (the base tile's, the tiles'
-without their newlines) among them; a left-padded batch equal to its rows alone; its options;
+without their newlines) and InternVL's seven (its 2 x 3 tiles' and its thumbnail's) among them; a left-padded batch equal to its rows alone; its options;
 the model left as it was after a call and after a failure; bad options refused by name; the rank filter's edges;
 half precision."""
 from __future__ import annotations
@@ -57,7 +57,11 @@ def on_token_grid(image_scores: torch.Tensor, grid: tuple[int, int]) -> torch.Te
 def on_their_grids(image_scores: torch.Tensor, base_scores: torch.Tensor | None, case: dict) -> torch.Tensor:
     """Our maps as their records lay them: on the token grid (`on_token_grid`), or, where their map is several
     grids flattened one after the other (LLaVA-NeXT: the base tile's 4 x 4 tokens, the tiles' 6 x 8, a token a
-    patch), `base_scores` and `image_scores` flattened so."""
+    patch; InternVL: the 2 x 3 tiles' 2 x 2 tokens row by row, then the thumbnail's, each token 2 x 2 patches),
+    `base_scores` and `image_scores` flattened so."""
+    if case["family"] == "internvl_tiles":  # the 8 x 12 patch grid cut into its 2 x 3 tiles of 4 x 4 patches
+        tiles = image_scores.unflatten(-2, (2, 4)).unflatten(-1, (3, 4)).movedim(-3, -2).flatten(-4, -3)
+        return on_token_grid(torch.cat([tiles, base_scores.unsqueeze(-3)], -3), (2, 2)).flatten(-3)
     if case["next_token"].ndim == 1:
         return torch.cat([base_scores.flatten(-2), image_scores.flatten(-2)], -1)
     return on_token_grid(image_scores, case["next_token"].shape)

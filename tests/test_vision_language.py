@@ -225,15 +225,16 @@ def test_input_x_gradient_is_autograd_of_the_models_own_forward(family):
         assert_close_to(explanation.pixel_scores, (pixels * pixels.grad).sum(1), f"{family} {side} pixels", 1e-10)
 
 
-def test_internvls_tiles_and_other_towers_are_refused_by_name():
-    """InternVL's dynamic tiles (several rows of pixel_values per image, their placeholders) are refused naming the
-    processor's setting that gives one tile; a tower of non-square images, or whose layer has a part InternViT's
-    layout does not know, naming it; the model unchanged after each refusal."""
+def test_internvls_untiled_placeholders_and_other_towers_are_refused_by_name():
+    """InternVL's tiles without every tile's placeholders (several rows of pixel_values per image, one tile's
+    placeholders) are refused naming the count (the tiles themselves: tests/test_internvl_tiles.py); a tower of
+    non-square images, or whose layer has a part InternViT's layout does not know, naming it; the model unchanged
+    after each refusal."""
     model, batch = model_of("internvl"), inputs("internvl")
     before = snapshot(model)
     tiles = {**batch, "pixel_values": batch["pixel_values"].repeat_interleave(3, 0)}
-    with pytest.raises(ValueError, match=r"pixel_values must be \(B, 3, H, W\): one image per row, one tile, without InternVL's dynamic "
-                                         r"tiles and thumbnail \(crop_to_patches=False\)"):
+    with pytest.raises(ValueError, match=r"input_ids must hold 3 tile\(s\)' 12 placeholder tokens \(id 95, 4 per tile\) in every row; "
+                                         r"counted per row: \[4, 4\]"):
         relevancy.explain(model, tiles, method="attnlrp")
     assert_same(before, snapshot(model))
     wide = copy.deepcopy(model)

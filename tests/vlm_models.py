@@ -1,4 +1,4 @@
-"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL, Mistral 3, Pixtral-12B's LLaVA) and their inputs, built from fixed seeds
+"""Tiny random float64 vision-language decoders (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Idefics3, PaliGemma 1 and 2, InternVL with one tile and with several, Mistral 3, Pixtral-12B's LLaVA) and their inputs, built from fixed seeds
 and configs (no relevancy import: `benchmarks/vlm_lxt_reference.py` builds the same models in lxt's venv)."""
 from __future__ import annotations
 
@@ -39,6 +39,11 @@ SIZED = {"mistral3": (42, 6), "pixtral": (43, 24)}
 SIZED_IMAGE, MERGE = (16, 24), 2
 #: each sized family's merge (k x k patches a placeholder)
 MERGES = {"mistral3": MERGE, "pixtral": 1}
+#: InternVL's processor tiles (`crop_to_patches=True`), their own tests (`test_internvl_tiles.py`): a 32 x 48 image
+#: (H, W) on the grid of 6 tiles closest to its aspect, 2 rows x 3 columns of 16 x 16 tiles, then its thumbnail:
+#: `pixel_values` `(B * 7, 3, 16, 16)`, 4 placeholders per tile, 28 in all; `image_sizes` beside them
+INTERN_TILED = {"internvl_tiles": (29, 28)}
+INTERN_IMAGE, INTERN_GRID, INTERN_TILES = (32, 48), (2, 3), 7
 
 
 def _config(family: str, vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, image_edges: tuple[int, int] = (93, 94)
@@ -104,7 +109,7 @@ def build(family: str, dtype: torch.dtype = torch.float64, vocab: int = VOCAB, i
     `dtype`, eval mode; `vocab`, `image_token` and Gemma 3's `image_edges` (its begin and end of image tokens) to fit
     a real tokenizer."""
     config = _config(family, vocab, image_token, image_edges)
-    torch.manual_seed({**FAMILIES, **EXTRA, **TILED, **SIZED}[family][0])
+    torch.manual_seed({**FAMILIES, **EXTRA, **TILED, **SIZED, **INTERN_TILED}[family][0])
     model = getattr(transformers, type(config).__name__.replace("Config", "ForConditionalGeneration"))(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -135,7 +140,7 @@ def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), 
     row's last 2 tokens, a suffix), padded on `side` (pad id 0), one random image per row (LLaVA-NeXT: its `TILES`
     tiles `(B, tiles, 3, H, W)` and `image_sizes`)."""
     generator = torch.Generator().manual_seed(seed)
-    images = {**FAMILIES, **EXTRA, **TILED, **SIZED}[family][1]
+    images = {**FAMILIES, **EXTRA, **TILED, **SIZED, **INTERN_TILED}[family][1]
     start = [IMAGE_TOKEN] * images + [1] if family in PREFIX_FAMILIES else [1] + [IMAGE_TOKEN] * images
     if family in SIZED:  # each row of merged tokens closed by [IMG_BREAK], the last by [IMG_END]
         per_row = SIZED_IMAGE[1] // (PATCH * MERGES[family])
@@ -145,6 +150,9 @@ def inputs(family: str, side: str = "right", lengths: tuple[int, ...] = (5, 3), 
     if family in TILED:
         return {"input_ids": ids, "attention_mask": mask, "image_sizes": torch.tensor([IMAGE_SIZE] * len(rows)),
                 "pixel_values": torch.randn(len(rows), TILES, 3, SIDE, SIDE, generator=generator, dtype=torch.float64)}
+    if family in INTERN_TILED:
+        return {"input_ids": ids, "attention_mask": mask, "image_sizes": torch.tensor([INTERN_IMAGE] * len(rows)),
+                "pixel_values": torch.randn(len(rows) * INTERN_TILES, 3, SIDE, SIDE, generator=generator, dtype=torch.float64)}
     if family in SIZED:
         return {"input_ids": ids, "attention_mask": mask, "image_sizes": torch.tensor([SIZED_IMAGE] * len(rows)),
                 "pixel_values": torch.randn(len(rows), 3, *SIZED_IMAGE, generator=generator, dtype=torch.float64)}
@@ -184,8 +192,10 @@ def embedding_leaf(model: torch.nn.Module) -> Iterator[dict[str, torch.Tensor]]:
 
 
 def alone(batch: dict[str, torch.Tensor], row: int) -> dict[str, torch.Tensor]:
-    """Row `row` of a batch on its own, without its padding."""
+    """Row `row` of a batch on its own, without its padding (InternVL's tiles: the row's, `pixel_values` holding every
+    row's one after the other)."""
     keep = batch["attention_mask"][row].bool()
-    return {"pixel_values": batch["pixel_values"][row:row + 1],
+    tiles = len(batch["pixel_values"]) // len(batch["input_ids"])
+    return {"pixel_values": batch["pixel_values"][row * tiles:(row + 1) * tiles],
             **{name: batch[name][row:row + 1, keep] for name in ("input_ids", "attention_mask", "token_type_ids") if name in batch},
             **({"image_sizes": batch["image_sizes"][row:row + 1]} if "image_sizes" in batch else {})}

@@ -210,6 +210,9 @@ Inputs, by model family:
       (B, rows, cols): the tiles' patches on the model's grid, unpadded to the image's aspect; base_scores (B, side,
       side): the base (downscaled) image's; pixel_scores (B, tiles, H, W). Methods: attnlrp, cp_lrp,
       input_x_gradient, token_ablation, raw_attention, rollout, attention_gradcam (docs/vision_language.md#llava-next).
+  transformers InternVLForConditionalGeneration: one tile per image as above, or the processor's tiles
+      (pixel_values (B * tiles, 3, H, W)) with image_sizes (B, 2) added (one size per call): image_scores the grid's
+      tiles side by side, base_scores the thumbnail's, pixel_scores (B, tiles, H, W) (docs/vision_language.md#internvl).
 
 target:
   None                     the predicted class of each input (default); image-text pairs: the pair's logit

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numbers import Integral
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -205,13 +205,15 @@ def _continuations(tokenizer: Any, continuation: object, count: int, single: boo
     return forced
 
 
-def _image_prompt(processor: Any, prompt: object, image: Any, separator: str) -> dict[str, torch.Tensor]:
+def _image_prompt(processor: Any, prompt: object, image: Any, separator: str,
+                  sized: Callable[[tuple[int, int]], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """A vision-language decoder's prompt and image through its processor (one of each): the processor's output.
     A text gets the image's placeholder token and `separator` (the layout's) put before it where it does not hold it; chat messages go through the
     processor's chat template with the generation prompt, an image item put first in the first user message where
     none is there; a prompt that then holds the image token other than once is refused (the processor would count
     images and tokens in words of its own). A text that starts with the tokenizer's BOS (a chat template's) gets no
-    second one. The image is checked by `_one_image`."""
+    second one. The image is checked by `_one_image`; `sized` gives what the model's inputs read from its (height,
+    width) where the processor's output does not hold it (the adapter's `image_size_inputs`: InternVL's `image_sizes`)."""
     token = getattr(processor, "image_token", None)
     if not isinstance(token, str) or getattr(processor, "image_processor", None) is None:
         raise TypeError(f"a vision-language decoder generates with its processor (transformers AutoProcessor: tokenizer and "
@@ -227,10 +229,10 @@ def _image_prompt(processor: Any, prompt: object, image: Any, separator: str) ->
         raise ValueError(f"the prompt holds the image token {token!r} {text.count(token)} times, but one image is explained: write it "
                          "once where the image goes, or leave it out of a text prompt (it is put first), or give chat messages with "
                          "one image item")
-    image = _one_image(image)
+    image, size = _one_image(image)
     bos = getattr(processor.tokenizer, "bos_token", None)
     templated = {"add_special_tokens": False} if bos and text.startswith(bos) else {}
-    return dict(processor(images=image, text=text, return_tensors="pt", **templated))
+    return {**sized(size), **processor(images=image, text=text, return_tensors="pt", **templated)}  # the processor's own first
 
 
 #: what `image=` takes, for messages
@@ -238,8 +240,8 @@ IMAGES_TAKEN = ("a PIL image, an image file's path, or one image as an array (H,
                 "channels")
 
 
-def _one_image(image: object) -> Any:
-    """`image=` as the processor takes it: one picture (a path read as one), at least 1 x 1 pixels, finite; a one-line
+def _one_image(image: object) -> tuple[Any, tuple[int, int]]:
+    """`(image=` as the processor takes it, its (height, width))`: one picture (a path read as one), at least 1 x 1 pixels, finite; a one-line
     error naming the argument and what it takes otherwise (the processor's own errors speak of lists of images, or
     divide by zero)."""
     from PIL import Image
@@ -267,7 +269,7 @@ def _one_image(image: object) -> Any:
         raise TypeError(f"image= takes {IMAGES_TAKEN}; got {type(image).__name__}")
     if not width or not height:
         raise ValueError(f"image= is {width} x {height} pixels: an image has at least 1 x 1")
-    return image
+    return image, (int(height), int(width))
 
 
 def _chat_text(processor: Any, messages: Sequence[Mapping]) -> str:
@@ -377,7 +379,7 @@ def explain_generation(model: Any, tokenizer: Any = None, prompt: Any = None, ma
         if image is None:
             raise ValueError(f"a {family.family} generates about an image: pass image= ({IMAGES_TAKEN})")
         processor = tokenizer
-        processed = _image_prompt(processor, prompt, image, family.image_separator(model))
+        processed = _image_prompt(processor, prompt, image, family.image_separator(model), family.image_size_inputs)
         images = {key: value for key, value in processed.items() if key not in ("input_ids", "attention_mask")}
         tokenizer, prompt = processor.tokenizer, processed["input_ids"][0]
     elif image is not None:

@@ -159,10 +159,6 @@ def load_vision_language_model(name: str) -> tuple[nn.Module, object]:
     generating = [family for family in dict.fromkeys(families.values()) if family.generates]
     wanted = (f"a vision-language decoder ({', '.join(a for a, family in families.items() if family in generating)}; "
               f"docs/vision_language.md) and its processor")
-    silent = [a for a, family in families.items() if family not in generating]
-    if silent:
-        wanted += (f" (the generations of {', '.join(silent)} are not explained: relevancy.explain explains their next tokens "
-                   "in Python)")
     if not Path(name).expanduser().is_dir():
         raise FileNotFoundError(f"--model {name}: --image takes a local folder of {wanted} (save_pretrained); no such folder")
     return _local_decoder(name, wanted, lambda a: a in families and families[a] in generating,

@@ -103,7 +103,9 @@ class Feed:
     order; `depths`: after how many of them its tokens are read (several: read at each depth and put side by side,
     LLaVA's list of `vision_feature_layer`s); `positions` `(B, T)` bool: where they are in stream `into`, the same
     count N in every row; `weights` `(N, T_source)`: each fed token's share of each source token (rows summing to
-    1: one token per source token, or a block of them pooled or shuffled into one)."""
+    1: one token per source token, or a block of them pooled or shuffled into one); `tiles`: how many images of the
+    source each row's fed tokens come from, one after the other (InternVL's tiles: the source runs `B * tiles` images,
+    each fed token of a row's `tiles * N` its tile's by `weights`)."""
 
     source: Stream
     sites: tuple[AttentionSite, ...]
@@ -111,4 +113,5 @@ class Feed:
     into: str
     positions: torch.Tensor
     weights: torch.Tensor
+    tiles: int = 1
 

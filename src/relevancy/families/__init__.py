@@ -15,11 +15,12 @@ from .swin.adapter import SwinAdapter
 from .swin.hf import HFSwinAdapter, HFSwinv2Adapter
 from .timm_vit.adapter import TimmViTAdapter
 from .visual_bert.adapter import VisualBertAdapter
-from .vision_language import Mistral3VisionLanguageAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, VisionLanguageAdapter
+from .vision_language import InternVLAdapter, Mistral3VisionLanguageAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, VisionLanguageAdapter
 
 BUILT_IN: tuple[type[Adapter], ...] = (
     TimmViTAdapter, SwinAdapter, HFBertAdapter, HFViTAdapter, HFSwinAdapter, HFSwinv2Adapter, ClipAdapter, ZeroShotAdapter, DetrAdapter, LxmertAdapter, VisualBertAdapter,
-    CausalLMAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, Mistral3VisionLanguageAdapter, VisionLanguageAdapter,
+    CausalLMAdapter, QwenVisionLanguageAdapter, TiledVisionLanguageAdapter, Mistral3VisionLanguageAdapter, InternVLAdapter,
+    VisionLanguageAdapter,
 )
 # families registered by users, the latest first; checked before the built-in ones
 _REGISTERED: list[type[Adapter]] = []
@@ -54,4 +55,4 @@ def adapter_for(model: nn.Module) -> Adapter:
     )
 
 
-__all__ = ["Adapter", "UnsupportedModelError", "adapted_base", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter", "QwenVisionLanguageAdapter", "TiledVisionLanguageAdapter", "Mistral3VisionLanguageAdapter"]
+__all__ = ["Adapter", "UnsupportedModelError", "adapted_base", "adapter_for", "adapters", "register_adapter", "TimmViTAdapter", "HFBertAdapter", "HFViTAdapter", "ClipAdapter", "ZeroShotAdapter", "DetrAdapter", "LxmertAdapter", "VisualBertAdapter", "CausalLMAdapter", "VisionLanguageAdapter", "QwenVisionLanguageAdapter", "TiledVisionLanguageAdapter", "Mistral3VisionLanguageAdapter", "InternVLAdapter"]

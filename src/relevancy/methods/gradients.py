@@ -148,8 +148,9 @@ def carried_into(feed: Feed, row: torch.Tensor, updates: list[torch.Tensor]) -> 
     each is made from (`feed.weights`), then back through the source's blocks `R = prod_l (I + E_h (G_l * A_l)^+)`
     (`updates`: each block's `E_h (G_l * A_l)^+`, first to last). Read at several depths, the relevance enters at
     each: at the deepest, and again at each shallower one on its own path down, `v R_deep + v R_shallow` (the fed
-    token is made of both sides by side). `(B, N)` over the source's content tokens."""
-    entering = row[feed.positions.to(row.device)].view(len(row), -1) @ feed.weights.to(row)
+    token is made of both sides by side). `(B, N)` over the source's content tokens (`(B, tiles * N)`: each tile's
+    after the other, where each row's source is several images, `feed.tiles`)."""
+    entering = row[feed.positions.to(row.device)].view(len(row) * feed.tiles, -1) @ feed.weights.to(row)
     carried = torch.zeros_like(entering)
     for depth in range(max(feed.depths), 0, -1):
         if depth in feed.depths:
@@ -157,7 +158,7 @@ def carried_into(feed: Feed, row: torch.Tensor, updates: list[torch.Tensor]) -> 
         carried = carried + torch.bmm(carried.unsqueeze(1), updates[depth - 1]).squeeze(1)
     if 0 in feed.depths:
         carried = carried + entering
-    return carried[:, feed.source.prefix_tokens:]
+    return carried[:, feed.source.prefix_tokens:].reshape(len(row), -1)
 
 
 def generic_attention_block_by_block(adapter: Adapter, inputs: Any, target: Target, start_layer: StartLayer, how) -> tuple:

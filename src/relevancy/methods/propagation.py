@@ -107,7 +107,8 @@ def transformer_attribution(
             if feed.into == name:  # the fed tokens' relevance counted where it arrives, at the feeding model's input
                 reached = reached.masked_fill(feed.positions[..., None].to(relevance.device), 0)
                 sources.append(source)
-        totals.append(conservation(torch.cat([r.flatten(1) for r in (reached, *sources)], 1), PAPER, where)["relevance_total"])
+        # a source of several images per row (InternVL's tiles, `Feed.tiles`) holds each row's one after the other
+        totals.append(conservation(torch.cat([r.reshape(len(reached), -1) for r in (reached, *sources)], 1), PAPER, where)["relevance_total"])
     for feed in feeds:
         scores[feed.source.name] = carried_into(feed, scores[feed.into], [next(pending) for _ in range(max(feed.depths))])
     return per_stream_result(scores, totals, fwd)

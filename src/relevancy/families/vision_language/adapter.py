@@ -97,6 +97,12 @@ class VisionLanguageAdapter(CausalLMAdapter):
         """What a generation's text prompt gets between the image's token, put first, and the text (the layout's)."""
         return layout_of(model).image_separator
 
+    @staticmethod
+    def image_size_inputs(size: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """What a generation's inputs need from the picture's `(height, width)` beside the processor's output (none
+        here; InternVL's `image_sizes`, which its processor does not write)."""
+        return {}
+
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
         """Any transformers vision-language decoder but those with an adapter of their own (`qwen.py`, `tiled.py`,
@@ -226,8 +232,13 @@ class VisionLanguageAdapter(CausalLMAdapter):
         elif self.vision.token_types == "prefix":  # image and prompt attend to each other, what follows causally
             given = inputs.token_type_ids[source] if types is None else types
             further["token_type_ids"] = torch.nn.functional.pad(given, (0, ids.shape[1] - given.shape[1]), value=1)
-        return self.model.model(input_ids=ids, pixel_values=pixels, attention_mask=mask,
+        return self.model.model(input_ids=ids, pixel_values=self.model_pixels(pixels), attention_mask=mask,
                                 position_ids=position_ids(mask) + self.first_position, use_cache=False, **further).last_hidden_state
+
+    @staticmethod
+    def model_pixels(pixels: torch.Tensor) -> torch.Tensor:
+        """The rows' pixels as the model's forward takes them (InternVL's tiles: one after the other)."""
+        return pixels
 
     def forward(self, inputs: ImageTextTokens, graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's own forward (tower, projector, decoder; what the attention methods record): `(next-token
@@ -297,8 +308,10 @@ class VisionLanguageAdapter(CausalLMAdapter):
         return self.side, self.side
 
     def without_patches(self, pixels: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
-        """The rows' `pixels` with the patches `removed` `(R, rows, cols)` (bool) set to the processor's mean, 0."""
-        return occluded(pixels, removed, self.patch)
+        """The rows' `pixels` `(R, ..., C, H, W)` with the patches `removed` `(R, rows, cols)` (bool) set to the
+        processor's mean, 0 (tiles `(R, tiles, C, H, W)`: their grids one under the other, `patch_grid`)."""
+        grid = (pixels.shape[-2] // self.patch, pixels.shape[-1] // self.patch)
+        return occluded(pixels, removed.view(len(removed), *pixels.shape[1:-3], *grid), self.patch)
 
     def forward_shared(self, inputs: ImageTextTokens, graph: bool = False) -> None:
         """None: each row runs its own forward with its own image (`explain_generation` reads the methods of one
@@ -345,7 +358,7 @@ class VisionLanguageAdapter(CausalLMAdapter):
     def decoding_inputs(self, inputs: ImageTextTokens) -> dict[str, torch.Tensor]:
         """What the model's `generate` reads besides the token ids and their mask: the pixels (and Idefics3's pixel
         mask, where the processor gave one)."""
-        further = {"pixel_values": inputs.pixel_values}
+        further = {"pixel_values": self.model_pixels(inputs.pixel_values)}
         if inputs.pixel_attention_mask is not None:
             further["pixel_attention_mask"] = inputs.pixel_attention_mask
         return further

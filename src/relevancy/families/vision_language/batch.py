@@ -68,3 +68,19 @@ class TiledImageTextTokens(SizedImageTextTokens):
     """LLaVA-NeXT's and LLaVA-OneVision's processor output on the model's device: the tokens and each row's image as
     its tiles, `pixel_values` `(B, tiles, C, H, W)` (the base image, the image downscaled to one tile, first),
     `image_sizes` `(B, 2)` each row's image's `(height, width)` before tiling (one size per batch)."""
+
+
+@dataclass(frozen=True)
+class TileGridTokens(ImageTextTokens):
+    """InternVL's processor output on the model's device: the tokens and each row's image as its tiles, `pixel_values`
+    `(B, tiles, C, H, W)` in the processor's order (the grid's tiles row by row, then, where there are several, the
+    thumbnail: the whole image at one tile's size), `grid` `(rows, cols)` the tiles' arrangement (`(1, 1)`: one tile,
+    no thumbnail), `size` the images' `(height, width)` before tiling (`image_sizes`; None where not given)."""
+
+    grid: tuple[int, int] = (1, 1)
+    size: tuple[int, int] | None = None
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """`(H, W)` of the images: their size before tiling where given, else the tile's."""
+        return self.size or tuple(self.pixel_values.shape[-2:])

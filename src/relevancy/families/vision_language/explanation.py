@@ -28,7 +28,10 @@ class VisionLanguageExplanation(DecoderExplanation):
     grid through the projector's token layout, without passing through the tower (no `pixel_scores` then).
     LLaVA-NeXT and OneVision (tiled images, `tiled.py`): `image_scores` the tiles' map on the grid the model lays
     their features on, unpadded to the image's aspect; `base_scores` `(B, side, side)` the base tile's (the image downscaled to one
-    tile) on the tower's patch grid; `pixel_scores` `(B, tiles, H, W)` per tile, the base tile first."""
+    tile) on the tower's patch grid; `pixel_scores` `(B, tiles, H, W)` per tile, the base tile first. InternVL with
+    several tiles (`internvl.py`): `image_scores` the grid's tiles side by side as the picture holds them,
+    `base_scores` the thumbnail's, `pixel_scores` `(B, tiles, H, W)` per tile in the processor's order, the thumbnail
+    last."""
 
     image_scores: torch.Tensor | None = None
     base_scores: torch.Tensor | None = None
@@ -73,7 +76,8 @@ class VisionLanguageGenerationExplanation(GenerationExplanation):
     `relevance_total` (LRP methods): the share of each logit reaching text and pixels together.
     LLaVA-NeXT and OneVision: `image_scores` the tiles' map on the grid the model lays their features on, unpadded,
     `base_scores` `(G, side, side)` the base tile's, `image_url` the tiles laid on that grid (the page draws the
-    tiles' map)."""
+    tiles' map). InternVL with several tiles: `image_scores` the grid's tiles side by side, `base_scores` the
+    thumbnail's, `image_url` the grid's tiles side by side."""
 
     image_scores: torch.Tensor | None = None
     base_scores: torch.Tensor | None = None

@@ -269,8 +269,7 @@ IDEFICS3 = VisionLanguageLayout("idefics3", ("Idefics3ForConditionalGeneration",
 INTERNVL = VisionLanguageLayout("internvl", ("InternVLForConditionalGeneration",), "vision_tower", "multi_modal_projector", "language_model",
                                 lambda config, prefix: round(patch_count(config) * config.downsample_ratio ** 2),  # pixel shuffle
                                 (("layer_norm", SHUFFLED_LAYER_NORM), ("", NORMED_PROJECTOR)), layers="encoder.layer", layer=INTERNVIT_LAYER,
-                                residual=INTERNVIT_RESIDUAL, norms=("layernorm",), feature_layer=True,
-                                one_image="one tile, without InternVL's dynamic tiles and thumbnail (crop_to_patches=False)", image_span=ImageSpan(before=1, after=1))
+                                residual=INTERNVIT_RESIDUAL, norms=("layernorm",), feature_layer=True, image_span=ImageSpan(before=1, after=1))
 
 
 def _fits_merged_projector(module: nn.Module, width: int) -> bool:
@@ -435,8 +434,9 @@ LLAVA_NEXT = TiledLayout("llava_next", ("LlavaNextForConditionalGeneration",), "
 LLAVA_ONEVISION = TiledLayout("llava_onevision", ("LlavaOnevisionForConditionalGeneration",), "vision_tower", "multi_modal_projector",
                               "language_model", None, (("", LLAVA_PROJECTOR),), pack_settings=("vision_aspect_ratio",))
 TILED_LAYOUTS = (LLAVA_NEXT, LLAVA_ONEVISION)
-#: the layouts with an adapter of their own (`qwen.py`, `tiled.py`, `mistral3.py`): their inputs differ from one square image per row
-OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3, PIXTRAL)
+#: the layouts with an adapter of their own (`qwen.py`, `tiled.py`, `mistral3.py`, `internvl.py`): their inputs differ
+#: from one square image per row
+OWN_ADAPTER_LAYOUTS = (*QWEN_LAYOUTS, *TILED_LAYOUTS, MISTRAL3, PIXTRAL, INTERNVL)
 #: the layouts of the Pixtral tower, images of any size (`mistral3.py`)
 PIXTRAL_LAYOUTS = (MISTRAL3, PIXTRAL)
 #: PIXTRAL before LLAVA: a class's layout of the model's tower type before the one of any (`layout_named`)
@@ -503,10 +503,18 @@ def pixel_patches(relevance: torch.Tensor, patch: int) -> torch.Tensor:
 
 
 def occluded(pixels: torch.Tensor, removed: torch.Tensor, patch: int) -> torch.Tensor:
-    """A copy of `pixels` `(B, ..., C, H, W)` with the patches `removed` `(B, H / patch, W / patch)` (bool) set to 0:
-    the processor's mean, in its normalised pixel space."""
+    """A copy of `pixels` `(B, ..., C, H, W)` with the patches `removed` `(B, H / patch, W / patch)` (bool; `(B, tiles,
+    H / patch, W / patch)`: each tile's own, for tiles `(B, tiles, C, H, W)`) set to 0: the processor's mean, in its
+    normalised pixel space."""
     keep = ~removed.repeat_interleave(patch, -2).repeat_interleave(patch, -1)
-    return pixels * keep.view(len(keep), *[1] * (pixels.ndim - 3), *keep.shape[-2:]).to(pixels.dtype)
+    return pixels * keep.view(*keep.shape[:-2], *[1] * (pixels.ndim - keep.ndim), *keep.shape[-2:]).to(pixels.dtype)
+
+
+def tiles_on_grid(patches: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Per-tile patch maps `(B, rows * cols, side, side)` (B any leading values per patch) of tiles cut row by row
+    from one picture laid side by side as the picture holds them: `(B, rows * side, cols * side)`."""
+    side = patches.shape[-1]
+    return patches.reshape(len(patches), rows, cols, side, side).permute(0, 1, 3, 2, 4).reshape(len(patches), rows * side, cols * side)
 
 
 def tokens_on_patches(scores: torch.Tensor, side: int, prefix: int = 0) -> torch.Tensor:

@@ -32,7 +32,7 @@ from torch import nn
 from .adapter import VisionLanguageAdapter
 from .batch import TiledImageTextTokens
 from .explanation import VisionLanguageExplanation, VisionLanguageGenerationExplanation
-from .layouts import TILED_LAYOUTS, is_vision_language, layout_named, pixel_patches
+from .layouts import TILED_LAYOUTS, is_vision_language, layout_named, pixel_patches, tiles_on_grid
 
 #: what a LLaVA-NeXT processor's output may hold (batch_num_images: LLaVA-OneVision's images per row, 1 each, which
 #: the model's forward then reads as it reads none)
@@ -116,12 +116,6 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         """Token ablation's units: every tile's patches, the tiles' grids one under the other `(tiles * side, side)`."""
         return inputs.pixel_values.shape[1] * self.side, self.side
 
-    def without_patches(self, pixels: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
-        """The rows' tiles `(R, tiles, C, H, W)` with the patches `removed` `(R, tiles * side, side)` (bool) set to 0,
-        the processor's mean."""
-        keep = ~removed.view(len(removed), -1, self.side, self.side).repeat_interleave(self.patch, -2).repeat_interleave(self.patch, -1)
-        return pixels * keep[:, :, None].to(pixels.dtype)
-
     def pixel_relevance(self, relevance: torch.Tensor, inputs: TiledImageTextTokens) -> torch.Tensor:
         """Each tile's pixels' relevance `(R, tiles, H, W)`, summed over the colour channels."""
         return relevance.sum(-3)
@@ -187,5 +181,4 @@ class TiledVisionLanguageAdapter(VisionLanguageAdapter):
         (`unpad_image`): `(B, rows, cols)`."""
         size = inputs.image_size
         rows, cols = self.modeling.get_anyres_image_grid_shape(size, self.model.config.image_grid_pinpoints, self.tile)
-        grid = patches.reshape(len(patches), rows, cols, self.side, self.side).permute(0, 1, 3, 2, 4).reshape(len(patches), rows * self.side, -1)
-        return self.modeling.unpad_image(grid, size)
+        return self.modeling.unpad_image(tiles_on_grid(patches, rows, cols), size)
