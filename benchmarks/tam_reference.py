@@ -93,7 +93,7 @@ FORWARD_EXTRAS = {"gemma3": lambda ids, _: {"token_type_ids": (ids == IMAGE_TOKE
 #: the families whose processor writes a token before the image's placeholders and one after (`ImageSpan`'s
 #: before and after), their ids in the tiny models: Gemma 3's begin and end of image (its config's), InternVL's
 #: `<img>` and `</img>` (no config names them)
-ENCLOSED = {"gemma3": (93, 94), "internvl": (93, 94)}
+ENCLOSED = {"gemma3": (93, 94), "internvl": (93, 94), "internvl_tiles": (93, 94)}
 
 
 def layout(family: str) -> tuple[object, list[int], list[int], dict]:
