@@ -48,3 +48,16 @@ def test_bad_arguments_are_named():
         llm_world.prompt("dev", 0)
     with pytest.raises(ValueError, match="n_people must be between 1 and"):
         llm_world.prompt("test", 0, n_people=0)
+    with pytest.raises(ValueError, match="kinds must be some of place, colour, code, got \\('size',\\)"):
+        llm_world.prompt("test", 0, kinds=["size"])
+
+
+def test_prompts_of_some_kinds_hold_those_facts_only():
+    """A trainer's easier prompts (`kinds`): each person's facts of those kinds alone, the answer of one of them; the
+    benchmark's prompts (no `kinds`) are those of every kind, unchanged by the option."""
+    assert llm_world.prompts("test", 20) == [llm_world.prompt("test", i, kinds=tuple(llm_world.KINDS)) for i in range(20)]
+    for i in range(30):
+        item = llm_world.prompt("train", i, n_people=3, kinds=["colour"])
+        assert item.kind == "colour" and len(item.facts) == 3
+        assert all("favourite colour" in fact for fact in item.facts)
+        assert item.text[slice(*item.value_span)] == item.answer.strip()

@@ -51,9 +51,12 @@ def people_range(text: str) -> tuple[int, int]:
     return bounds
 
 
-def training_item(index: int, seed: int, people: tuple[int, int]) -> language.RetrievalPrompt:
-    """Training prompt `index`, its number of people drawn from `people` by the index."""
-    return language.prompt("train", index, seed=seed, n_people=people[0] + index % (people[1] - people[0] + 1))
+def training_item(index: int, seed: int, people: tuple[int, int], single_kind: float = 0.0) -> language.RetrievalPrompt:
+    """Training prompt `index`, its number of people drawn from `people` by the index; a `single_kind` fraction of the
+    prompts (drawn by the index) hold the facts of one kind only, the asked one's (its kind drawn by the index too)."""
+    draw = random.Random(index)
+    kinds = [draw.choice(list(language.KINDS))] if draw.random() < single_kind else None
+    return language.prompt("train", index, seed=seed, n_people=people[0] + index % (people[1] - people[0] + 1), kinds=kinds)
 
 
 def restated(item: language.RetrievalPrompt, k: int, reverse: int = 0) -> tuple[str, list[tuple[int, str]]]:
@@ -118,13 +121,13 @@ def train(args: argparse.Namespace) -> None:
     model = (retrieval_models.build(args.mixer, args.seed, **sizes) if args.init is None
              else retrieval_models.load_folder(Path(args.init))[0]).train()
     parameters = sum(p.numel() for p in model.parameters())
-    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} people={args.people} restate={args.restate} reverse={args.reverse} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
+    _log(log, f"start training mixer={args.mixer} seed={args.seed} init={args.init} people={args.people} single_kind={args.single_kind} restate={args.restate} reverse={args.reverse} params={parameters} batch={args.batch_size} lr={args.lr} lm_weight={args.lm_weight} "
               f"minutes={args.minutes} steps={args.steps} threads={args.threads} {machine()}")
     optimizer = adamw(model.named_parameters(), lambda name, p: p.ndim >= 2, args, betas=(0.9, 0.98))
 
     def loss(step: int, progress: float) -> tuple[torch.Tensor, dict[str, float]]:
         first = step * args.batch_size
-        items = [training_item(first + j, args.seed, args.people) for j in range(args.batch_size)]
+        items = [training_item(first + j, args.seed, args.people, args.single_kind) for j in range(args.batch_size)]
         texts, targets = zip(*(restated(item, args.restate, args.reverse) for item in items))
         inputs = tokenizer(list(texts), padding=True, return_tensors="pt", return_offsets_mapping=True)
         starts = inputs.pop("offset_mapping")[..., 0]
@@ -171,6 +174,7 @@ def main(argv=None) -> None:
     ap.add_argument("--restate", type=int, default=0, help="facts restated as answers after each training answer")
     ap.add_argument("--hidden-size", type=int, default=None, help="width (the MLP twice it); default the builder's, 64")
     ap.add_argument("--reverse", type=int, default=0, help="facts asked backwards (value -> person) after those")
+    ap.add_argument("--single-kind", type=float, default=0.0, help="fraction of training prompts with the facts of one kind only")
     args_known, _ = ap.parse_known_args(argv)
     ap.set_defaults(out=str(retrieval_models.folder(args_known.mixer)))
     run_training_command(ap, argv, train, evaluate, threads_help="torch threads (the shipped runs: 1)", ckpt_minutes=5.0,

@@ -50,16 +50,20 @@ class RetrievalPrompt:
         return [a < b and a < end and b > start for a, b in offsets]
 
 
-def prompt(split: str, index: int, seed: int = 0, n_people: int = 2) -> RetrievalPrompt:
-    """The `index`-th prompt of `split` ("train" or "test"): `n_people` people, one fact of every kind each."""
+def prompt(split: str, index: int, seed: int = 0, n_people: int = 2, kinds: Sequence[str] | None = None) -> RetrievalPrompt:
+    """The `index`-th prompt of `split` ("train" or "test"): `n_people` people, one fact of every kind each (of the
+    `kinds` given, a trainer's easier prompts; the benchmark's have all of `KINDS`)."""
     if split not in SPLIT_SEEDS:
         raise ValueError(f"unknown split '{split}'; valid splits: {', '.join(SPLIT_SEEDS)}")
     if not 1 <= n_people <= MAX_PEOPLE:
         raise ValueError(f"n_people must be between 1 and {MAX_PEOPLE}, got {n_people}")
+    kinds = tuple(KINDS) if kinds is None else tuple(kinds)
+    if not kinds or not set(kinds) <= set(KINDS):
+        raise ValueError(f"kinds must be some of {', '.join(KINDS)}, got {kinds!r}")
     rng = random.Random(SPLIT_SEEDS[split] * SEED_STRIDE + seed * 7919 + index)
     people = rng.sample(NAMES, n_people)
-    values = {kind: rng.sample(options, n_people) for kind, (options, *_) in KINDS.items()}
-    facts = [(kind, person, values[kind][k]) for k, person in enumerate(people) for kind in KINDS]
+    values = {kind: rng.sample(options, n_people) for kind, (options, *_) in KINDS.items() if kind in kinds}
+    facts = [(kind, person, values[kind][k]) for k, person in enumerate(people) for kind in values]
     rng.shuffle(facts)
     kind, name, value = facts[rng.randrange(len(facts))]
     sentences = [KINDS[k][1].format(name=p, value=v) for k, p, v in facts]

@@ -24,7 +24,7 @@ from . import language
 WEIGHTS = Path(__file__).parent / "weights"
 #: the tokenizer's special tokens: padding (never read: rows are masked) and unknown words
 PAD, UNK = "[PAD]", "[UNK]"
-_COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+_COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
                max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=0, bos_token_id=None, eos_token_id=None)
 #: mixer -> (transformers config class, model class, config options beyond the common ones)
 ARCHITECTURES: dict[str, tuple[str, str, dict]] = {
