@@ -68,7 +68,7 @@ def test_a_forced_continuation(folder, capsys):
     (["--max-new-tokens", "257"], "--max-new-tokens must be between 1 and 256, got 257"),
     (["--target", ""], "--target is empty"),
     (["--out", "page.png"], "--out must name an .html file"),
-    (["--model", "no/such/folder"], "--model no/such/folder: not 'smollm2' or 'gemma3', and no such folder"),
+    (["--model", "no/such/folder"], "--model no/such/folder: not 'smollm2' or 'gemma3'"),
 ])
 def test_bad_requests_are_one_line_and_write_nothing(folder, capsys, tmp_path, words, message):
     out = tmp_path / "page.html"

@@ -1,7 +1,10 @@
 """Train (or evaluate) the retrieval world's small decoders, one per token mixer (`relevancy.worlds.retrieval_models`).
 
     python -m training.retrieval_models --mixer attention|deltanet|mamba2 [--seed S] [--minutes M | --steps N] [--init DIR]
-        [--people 2-4] [--restate K] [--reverse K]
+        [--people 2-4] [--single-kind F] [--restate K] [--reverse K]
+
+The shipped Mamba-2 hybrid: `--mixer mamba2 --minutes 65 --threads 1 --lr 3e-3 --lm-weight 0 --single-kind 0.5
+--warmup 0.01` (all of 1,000 test prompts; its card: worlds/weights/retrieval_mamba2/README.md).
     python -m training.retrieval_models --mixer MIXER --evaluate-only [--n 1000]
 
 Data: fresh training prompts every step (`worlds.language.prompt("train", i, seed=S)`, prompt `i = step * batch + j`;
@@ -12,8 +15,9 @@ per prompt, while
 copying the question's name after `Answer:` and the templates' words give many, and copying is the mechanism the
 answer needs (a first run on the answer alone reached 37 % of the training answers in 9 minutes). Runs on the
 benchmark's prompts alone (two people) stall at half the answers: a value of the asked kind, either person's, is right
-half the time, and the binding of the person to the value comes late. Three options are meant to give binding more
-weight (none has made a run bind yet: the runs are in docs/language_models.md): `--people`
+half the time, and the binding of the person to the value comes late. `--single-kind F` made the Mamba-2 hybrid bind:
+a fraction F of the training prompts hold the facts of the asked kind only, where the binding is all there is to
+learn (the runs: docs/language_models.md). Three more options were tried without a run binding: `--people`
 draws each training prompt's number of people from a range (with four, the unbound guess is right a quarter of the
 time), and `--restate K` follows the answer with K more facts of the context written as answers
 (`Answer: Ben's code word is Echo.`), each value one more target of the answer loss; `--reverse K` asks K facts

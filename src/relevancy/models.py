@@ -427,9 +427,25 @@ def shapes_qwen_vl() -> tuple[nn.Module, object]:
     return load_shapes_qwen_vl()
 
 
+def retrieval_model(mixer: str) -> Callable[[], tuple[nn.Module, object]]:
+    """The loader of the shipped retrieval-world decoder of `mixer` (`worlds.retrieval_models`: "attention",
+    "deltanet", "mamba2"): `(model, tokenizer)`, eval mode, offline."""
+    from .worlds import retrieval_models
+
+    return lambda: retrieval_models.load(mixer)
+
+
+def _shipped_retrieval_mixers() -> tuple[str, ...]:
+    from .worlds import retrieval_models
+
+    return retrieval_models.shipped()
+
+
 SHIPPED_LANGUAGE_MODEL = "smollm2"
-#: the real language models relevancy loads offline from installed packages, by name
-LANGUAGE_MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {"smollm2": smollm2, "gemma3": gemma3}
+#: the language models relevancy loads offline by name: the real ones from installed packages, and the retrieval
+#: world's small decoders that ship with it ("retrieval-<mixer>")
+LANGUAGE_MODELS: dict[str, Callable[[], tuple[nn.Module, object]]] = {
+    "smollm2": smollm2, "gemma3": gemma3, **{f"retrieval-{mixer}": retrieval_model(mixer) for mixer in _shipped_retrieval_mixers()}}
 
 
 @lru_cache(maxsize=2)

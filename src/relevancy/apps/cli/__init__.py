@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "for shapes-detection the shipped shapes DETR, for shapes-vqa the shipped shapes LXMERT), a timm model "
                         "name, or a local checkpoint (with --arch; for shapes-clip a shapes-CLIP .safetensors file; for "
                         "shapes-detection a shapes-DETR, for shapes-vqa a shapes-LXMERT .safetensors file with its .json beside it); "
-                        "llm-retrieval: 'smollm2' (default), 'gemma3' or a folder of a causal language model and its tokenizer; "
+                        "llm-retrieval: 'smollm2' (default), 'gemma3', 'retrieval-attention', 'retrieval-deltanet', 'retrieval-mamba2' (the "
+                        "retrieval world's small decoders, those that ship) or a folder of a causal language model and its tokenizer; "
                         "vlm-shapes: 'shapes' (the shipped shapes LLaVA), 'shapes-qwen-vl' (the shipped shapes Qwen2.5-VL) or a shapes "
                         "model's .safetensors file with its .json")
     p.add_argument("--arch", help="timm architecture of a local checkpoint, or 'shapes' / 'shapes-swin' for a checkpoint of the shapes "

@@ -230,23 +230,25 @@ def _check_shapes_vqa(args: argparse.Namespace, n: int) -> None:
 
 
 def _check_llm_retrieval(args: argparse.Namespace, n: int) -> None:
-    """The llm-retrieval request: generated prompts, SmolLM2 or a local folder of a causal language model."""
+    """The llm-retrieval request: generated prompts, a language model by name or a local folder of a causal language model."""
+    from ...models import LANGUAGE_MODELS
+
     for option, value in (("--data", args.data), ("--images", args.images), ("--arch", args.arch)):
         if value is not None:
             raise UsageError(f"{option} is not used with --benchmark llm-retrieval (it generates its prompts; "
-                               "--model is 'smollm2', 'gemma3' or a folder of a causal language model and its tokenizer)")
+                               f"--model is {', '.join(map(repr, LANGUAGE_MODELS))} or a folder of a causal language model and its tokenizer)")
     if args.paper_settings:
         raise UsageError("--paper-settings is not used with --benchmark llm-retrieval")
     if n > MAX_LLM_PROMPTS:
         raise UsageError(f"--n must be at most {MAX_LLM_PROMPTS:,} on the llm-retrieval benchmark, got {n:,}")
     if args.seed > MAX_LLM_SEED:
         raise UsageError(f"--seed must be at most {MAX_LLM_SEED} on the llm-retrieval benchmark, got {args.seed}")
-    from ...models import LANGUAGE_MODELS
-
     if args.model not in LANGUAGE_MODELS and not Path(args.model).is_dir():
-        raise UsageError("--model for llm-retrieval: 'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md), 'gemma3' "
-                           "(Gemma-3-270M, docs/gemma3.md) or a local "
-                           f"folder of a causal language model and its tokenizer (save_pretrained), got {args.model!r}")
+        shipped = [repr(name) for name in LANGUAGE_MODELS if name.startswith("retrieval-")]
+        named = ["'smollm2' (SmolLM2-135M-Instruct, docs/smollm2.md)", "'gemma3' (Gemma-3-270M, docs/gemma3.md)",
+                 *([f"{', '.join(shipped)} (the retrieval world's small decoders, docs/language_models.md)"] if shipped else [])]
+        raise UsageError(f"--model for llm-retrieval: {', '.join(named)} or a local folder of a causal language model and its "
+                           f"tokenizer (save_pretrained), got {args.model!r}")
 
 
 def _check_vlm_shapes(args: argparse.Namespace, n: int) -> None:
@@ -572,14 +574,17 @@ def evaluate_shapes_clip(args: argparse.Namespace, methods: tuple[str, ...], n: 
 
 
 def evaluate_llm_retrieval(args: argparse.Namespace, methods: tuple[str, ...], n: int, shards: Shards) -> list[Path]:
-    """Retrieval prompts of the generated text world explained by each decoder method, scored against their known
-    evidence and by the deletion test (`relevancy.evaluation.llm_retrieval`); writes results.json and report.md."""
+    """Retrieval prompts of the generated text world explained by each decoder method the model's family offers (a
+    hybrid's attention maps are refused), scored against their known evidence and by the deletion test
+    (`relevancy.evaluation.llm_retrieval`); writes results.json and report.md."""
+    from ...evaluation.llm_retrieval import DEFAULT_METHODS, llm_report
     from ...evaluation.llm_retrieval import evaluate_llm_retrieval as run_benchmark
-    from ...evaluation.llm_retrieval import llm_report
+    from ...evaluation.support import supported_methods
     from ...models import load_language_model
 
     model, tokenizer = load_language_model(args.model)
     shards.weigh(model, tokenizer)
+    methods = _offered(args, methods, supported_methods(model, DEFAULT_METHODS), type(model).__name__, "llm-retrieval")
     results = run_benchmark(model, tokenizer, methods=methods, n=n, seed=args.seed, batch_size=args.batch_size,
                             progress=not args.quiet, shards=shards)
     return _write_generated(args, results, args.model, llm_report, shards)
