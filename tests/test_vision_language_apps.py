@@ -23,11 +23,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 from test_causal_lm import assert_close_to
 from test_serve import LIMITS, refused, scene_png
 from test_serve_browser import browser  # noqa: F401  (the browser fixture)
+from test_vision_language_generation_cli import image, run  # noqa: F401  (the picture fixture, the command's runner)
 from vlm_models import MERGES, build as build_vlm
-from vlm_processor import picture, pixtral_processor, qwen_processor, tiled_processor
+from vlm_processor import pixtral_processor, qwen_processor, tiled_processor
 
 import relevancy
-from relevancy.apps.cli import main
 from relevancy.apps.serve import create_app, load_catalog, make_samples
 from relevancy.apps.serve.jobs import image_token_count
 from relevancy.apps.serve.limits import open_image
@@ -50,17 +50,6 @@ def saved(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, folder
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("image") / "scene.png"
-    picture(4).save(path)
-    return path
-
-
-def run(capsys, *words: str) -> tuple[int, str, str]:
-    code = main(["explain-generation", *words])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def loaded(folder: Path) -> tuple[torch.nn.Module, object]:
